@@ -1,0 +1,5 @@
+import sys
+
+from jobpool.cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""Admin actions on jobs: DLQ list, replay, discard, stop, show, status (spec "DLQ-Verwaltung").
+
+Each takes a connection with dict rows and runs in the caller's transaction; each change
+writes its audit row with `actor` as `actor_principal_id`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
+from jobpool.sql import QUERIES
+
+Row = dict[str, Any]
+
+
+async def _fetchone(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> Row | None:
+    cur = await conn.execute(QUERIES[name].text, params)
+    row: Row | None = await cur.fetchone()
+    return row
+
+
+async def get_job(conn: AsyncConnection[Any], job_id: int) -> Row:
+    """Every column of job `job_id` plus `tenant_key`; raises JobNotFoundError."""
+    row = await _fetchone(conn, "get_job", {"id": job_id})
+    if row is None:
+        raise JobNotFoundError(job_id)
+    return row
+
+
+async def _refuse(conn: AsyncConnection[Any], job_id: int, action: str, allowed: str) -> None:
+    status = (await get_job(conn, job_id))["status"]
+    raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}")
+
+
+async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+    """DLQ → pending with attempts 0 and the claim cleared; audit `job_replay`.
+
+    Raises JobNotFoundError, or JobStateError (changing nothing) unless the job is in the DLQ.
+    """
+    if await _fetchone(conn, "replay_job", {"id": job_id, "actor": actor}) is None:
+        await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed")
+
+
+async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+    """Delete a job that is not running; audit `job_discard` with a snapshot of the row.
+
+    Raises JobNotFoundError, or JobStateError for a running job (stop it first).
+    """
+    if await _fetchone(conn, "discard_job", {"id": job_id, "actor": actor}) is None:
+        await _refuse(conn, job_id, "discard", "running jobs cannot be discarded (stop it first)")
+
+
+async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+    """Set the manual stop flag `failed` (pending, running or dlq jobs); audit `job_stop`.
+
+    A worker still running the job then loses its claim and changes nothing.
+    Raises JobNotFoundError, or JobStateError for a done or already stopped job.
+    """
+    if await _fetchone(conn, "stop_job", {"id": job_id, "actor": actor}) is None:
+        await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped")
+
+
+async def list_dlq(
+    conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | None = None, kind: str | None = None,
+    after: int = 0, limit: int = 100,
+) -> list[Row]:
+    """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`."""
+    cur = await conn.execute(QUERIES["list_dlq"].text, {
+        "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
+    })
+    rows: list[Row] = await cur.fetchall()
+    return rows
+
+
+async def job_counts(conn: AsyncConnection[Any]) -> list[Row]:
+    """Counts per (tenant_key, tenant_id, job_kind, status)."""
+    cur = await conn.execute(QUERIES["job_counts"].text)
+    rows: list[Row] = await cur.fetchall()
+    return rows
+
+
+async def resolve_tenant(conn: AsyncConnection[Any], ref: str) -> Row:
+    """The tenant whose key or id is `ref`; raises UnknownTenantError."""
+    row = await _fetchone(conn, "resolve_tenant", {"ref": ref})
+    if row is None:
+        raise UnknownTenantError(ref)
+    return row

@@ -1,0 +1,439 @@
+"""The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
+
+Every flag falls back to a `JOBPOOL_*` variable (shown in --help).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from jobpool import admin
+from jobpool.db.connect import connect, resolve_dsn
+from jobpool.db.migrate import check_schema, migrate, migration_script
+from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.errors import JobpoolError
+from jobpool.settings import Settings, configure
+
+log = logging.getLogger("jobpool")
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+class EnvDefault(argparse.Action):
+    """A flag whose default comes from an environment variable, named in --help."""
+
+    def __init__(self, envvar: str, required: bool = False, default: Any = None,
+                 **kwargs: Any) -> None:
+        default = os.environ.get(envvar) or default
+        if "help" in kwargs:
+            kwargs["help"] = f"{kwargs['help']} [env {envvar}]"
+        super().__init__(default=default, required=required and default is None, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -- database -----------------------------------------------------------------------------
+
+
+async def _open(settings: Settings) -> psycopg.AsyncConnection[Any]:
+    """A connection to a migrated database; the embedded one is migrated on first use."""
+    dsn = resolve_dsn(settings.dsn, settings.data_dir)
+    conn = await connect(dsn)
+    if not settings.dsn:
+        await migrate(conn)
+        await conn.set_autocommit(False)
+    await check_schema(conn)
+    return conn
+
+
+def _print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, default=str, indent=2))
+        return
+    widths = [max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    if args.print_sql:
+        print(migration_script(), end="")
+        return 0
+    dsn = resolve_dsn(settings.dsn, settings.data_dir)
+    async with await connect(dsn) as conn:
+        applied = await migrate(conn)
+    print(f"applied {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.registry import load_kind_modules
+    from jobpool.worker.config import WorkerConfig
+    from jobpool.worker.runtime import Worker
+
+    registry = load_kind_modules(args.imports)
+    config = WorkerConfig(
+        kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
+        slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
+        until_empty=args.until_empty,
+    )
+    conn = await _open(settings)
+    await conn.close()
+    worker = Worker(resolve_dsn(settings.dsn, settings.data_dir), registry, config,
+                    actor=settings.service_account)
+    worker.install_signal_handlers()
+    await worker.run()
+    return 0
+
+
+def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.core.poolspec import load_pool_file
+    from jobpool.worker.supervisor import lane_processes, supervise
+
+    pool = load_pool_file(args.pool)
+    asyncio.run(_prepare(settings))
+    for lane in pool.lanes:
+        kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
+        print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
+              f"{lane.workers_per_pod} slots; kinds: {kinds}"
+              f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
+              f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
+    processes = lane_processes(pool.lanes, imports=args.imports, until_empty=args.until_empty,
+                               grace=args.grace, log_level=args.log_level)
+    return supervise(processes)
+
+
+async def _prepare(settings: Settings) -> None:
+    conn = await _open(settings)
+    await conn.close()
+
+
+async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.db.store import register_kinds
+    from jobpool.registry import load_kind_modules
+
+    registry = load_kind_modules(args.imports)
+    async with await _open(settings) as conn:
+        await register_kinds(conn, registry.specs())
+        tenant = await admin.resolve_tenant(conn, args.tenant)
+        available_at = None
+        if args.delay:
+            cur = await conn.execute("SELECT now() AS now")
+            row = await cur.fetchone()
+            assert row is not None
+            available_at = row["now"] + timedelta(seconds=args.delay)
+        jobs = [
+            NewJob(tenant["id"], args.kind, args.payload, args.priority, available_at,
+                   args.idempotency_key, args.max_attempts)
+            for _ in range(args.count)
+        ]
+        results = await enqueue_many(conn, jobs, actor=args.actor)
+        await conn.commit()
+    for result in results[:20]:
+        print(f"job {result.id} {'enqueued' if result.created else 'exists (idempotency key)'}")
+    if len(results) > 20:
+        print(f"... {len(results)} jobs in all")
+    return 0
+
+
+async def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.db.store import recover_stale_claims
+
+    async with await _open(settings) as conn:
+        rows = await recover_stale_claims(conn, actor=args.actor)
+        await conn.commit()
+    for row in rows:
+        print(f"job {row['id']} ({row['job_kind']}): stale claim recovered -> {row['status']}")
+    print(f"{len(rows)} stale claim(s) recovered")
+    return 0
+
+
+async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
+    async with await _open(settings) as conn:
+        tenant_id = (await admin.resolve_tenant(conn, args.tenant))["id"] if args.tenant else None
+        rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=args.kind, after=args.after,
+                                    limit=args.limit)
+    columns = ["id", "tenant_key", "job_kind", "attempts", "dlq_at", "last_error"]
+    _print_rows(rows, columns, args.json)
+    return 0
+
+
+def _admin_action(action: Callable[..., Awaitable[None]], verb: str) -> Command:
+    async def run(args: argparse.Namespace, settings: Settings) -> int:
+        async with await _open(settings) as conn:
+            await action(conn, args.id, actor=args.actor)
+            await conn.commit()
+        print(f"job {args.id} {verb}")
+        return 0
+
+    return run
+
+
+async def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
+    async with await _open(settings) as conn:
+        row = await admin.get_job(conn, args.id)
+    if args.json:
+        print(json.dumps(row, default=str, indent=2))
+    else:
+        for key, value in row.items():
+            shown = json.dumps(value, default=str) if key in ("payload", "result") else value
+            print(f"{key:>16}: {shown}")
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    async with await _open(settings) as conn:
+        rows = await admin.job_counts(conn)
+    _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], args.json)
+    return 0
+
+
+async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
+    from psycopg.types.json import Jsonb
+
+    from jobpool.sql import QUERIES
+
+    if not isinstance(args.metadata, dict):
+        raise ValueError("--metadata must be a JSON object")
+    async with await _open(settings) as conn:
+        cur = await conn.execute(QUERIES["create_tenant"].text,
+                                 {"key": args.key, "metadata": Jsonb(args.metadata)})
+        row = await cur.fetchone()
+        await conn.commit()
+    assert row is not None
+    print(f"tenant {row['key']} {row['id']}")
+    return 0
+
+
+async def cmd_tenants_list(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.sql import QUERIES
+
+    async with await _open(settings) as conn:
+        cur = await conn.execute(QUERIES["list_tenants"].text)
+        rows = await cur.fetchall()
+    _print_rows(rows, ["key", "id", "metadata"], args.json)
+    return 0
+
+
+async def cmd_kinds_list(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.db.store import register_kinds
+    from jobpool.registry import load_kind_modules
+    from jobpool.sql import QUERIES
+
+    registry = load_kind_modules(args.imports)
+    async with await _open(settings) as conn:
+        await register_kinds(conn, registry.specs())
+        await conn.commit()
+        cur = await conn.execute(QUERIES["list_kinds"].text)
+        rows = await cur.fetchall()
+    _print_rows(rows, ["name", "priority", "max_attempts", "stale_ttl"], args.json)
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.demo import run_demo
+
+    return await run_demo(args, settings)
+
+
+# -- parser -------------------------------------------------------------------------------
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", action=EnvDefault, envvar="JOBPOOL_DSN",
+                        help="PostgreSQL connection string; unset: embedded PostgreSQL")
+    parser.add_argument("--data-dir", action=EnvDefault, envvar="JOBPOOL_DATA_DIR",
+                        default=".jobpool", help="folder of the embedded PostgreSQL")
+    parser.add_argument("--log-level", action=EnvDefault, envvar="JOBPOOL_LOG_LEVEL",
+                        default="info", choices=["debug", "info", "warning", "error"],
+                        help="log level")
+
+
+def _add_actor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--actor", action=EnvDefault, envvar="JOBPOOL_SERVICE_ACCOUNT",
+                        default="jobpool-worker", help="principal written to the audit log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jobpool", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="create or update the mdm schema")
+    _add_common(p)
+    p.add_argument("--print-sql", action="store_true",
+                   help="print the migrations as one SQL script instead of applying them")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")
+    _add_common(p)
+    p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
+    p.add_argument("--kinds", type=_csv, help="comma-separated kinds to serve (default: all)")
+    p.add_argument("--exclude-kinds", type=_csv, help="comma-separated kinds not to serve")
+    p.add_argument("--tenants", type=_csv, help="comma-separated tenant keys or ids (default: all)")
+    p.add_argument("--slots", type=_positive_int, action=EnvDefault, envvar="JOBPOOL_SLOTS",
+                   default=4, help="jobs run at once")
+    p.add_argument("--grace", type=float, action=EnvDefault, envvar="JOBPOOL_GRACE", default=30.0,
+                   help="seconds running jobs get after SIGTERM before they are handed back")
+    p.add_argument("--poll-interval", type=float, action=EnvDefault,
+                   envvar="JOBPOOL_POLL_INTERVAL", default=2.0,
+                   help="seconds between claims when no notification arrives")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE to register more kinds (repeatable)")
+    p.add_argument("--until-empty", action="store_true",
+                   help="exit once nothing runnable is left")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
+    _add_common(p)
+    _add_actor(p)
+    p.add_argument("kind")
+    p.add_argument("--tenant", required=True, help="tenant key or id")
+    p.add_argument("--payload", type=_json_arg, default={}, help="JSON payload")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--delay", type=float, help="seconds until the job becomes runnable")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--max-attempts", type=_positive_int)
+    p.add_argument("--count", type=_positive_int, default=1, help="enqueue this many copies")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("recover", help="recover stale claims now (what cleanup_jobs does)")
+    _add_common(p)
+    _add_actor(p)
+    p.set_defaults(func=cmd_recover)
+
+    dlq = sub.add_parser("dlq", help="list, replay or discard dead-lettered jobs")
+    dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    p = dsub.add_parser("list", help="list DLQ jobs")
+    _add_common(p)
+    p.add_argument("--tenant")
+    p.add_argument("--kind")
+    p.add_argument("--after", type=int, default=0, help="list ids after this one")
+    p.add_argument("--limit", type=_positive_int, default=100)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_dlq_list)
+    for name, action, verb, text in (
+        ("replay", admin.replay, "replayed", "put a DLQ job back to pending with attempts 0"),
+        ("discard", admin.discard, "discarded", "delete a job (audited with a snapshot)"),
+    ):
+        p = dsub.add_parser(name, help=text)
+        _add_common(p)
+        _add_actor(p)
+        p.add_argument("id", type=int)
+        p.set_defaults(func=_admin_action(action, verb))
+
+    jobs = sub.add_parser("jobs", help="show or stop one job")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    p = jsub.add_parser("show", help="every column of one job")
+    _add_common(p)
+    p.add_argument("id", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs_show)
+    p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
+    _add_common(p)
+    _add_actor(p)
+    p.add_argument("id", type=int)
+    p.set_defaults(func=_admin_action(admin.stop, "stopped"))
+
+    p = sub.add_parser("status", help="job counts per tenant, kind and status")
+    _add_common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    tenants = sub.add_parser("tenants", help="add or list tenants")
+    tsub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="ACTION")
+    p = tsub.add_parser("add", help="add a tenant (or merge metadata into an existing one)")
+    _add_common(p)
+    p.add_argument("key")
+    p.add_argument("--metadata", type=_json_arg, default={}, help="JSON object, e.g. rate limits")
+    p.set_defaults(func=cmd_tenants_add)
+    p = tsub.add_parser("list", help="list tenants")
+    _add_common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tenants_list)
+
+    kinds = sub.add_parser("kinds", help="list the registered job kinds")
+    ksub = kinds.add_subparsers(dest="kinds_command", required=True, metavar="ACTION")
+    p = ksub.add_parser("list", help="register the loaded kinds and list every kind")
+    _add_common(p)
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_kinds_list)
+
+    p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
+    _add_common(p)
+    p.add_argument("pool", nargs="?", default="examples/pool.yaml")
+    p.add_argument("--emails", type=_positive_int, default=10, help="demo emails to enqueue")
+    p.set_defaults(func=cmd_demo)
+
+    _add_extensions(sub)
+    return parser
+
+
+def _add_extensions(sub: Any) -> None:
+    """Subcommands whose frameworks load only when used (operator: kopf; api: aiohttp)."""
+    try:
+        from jobpool.k8s.cli import add_operator_command
+    except ImportError:
+        return
+    add_operator_command(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        settings = Settings.from_env(os.environ)
+        if getattr(args, "dsn", None):
+            settings = Settings(**{**settings.__dict__, "dsn": args.dsn})
+        if getattr(args, "data_dir", None):
+            settings = Settings(**{**settings.__dict__, "data_dir": args.data_dir})
+        configure(settings)
+        if args.func is cmd_run and args.pool:
+            return _run_pool(args, settings)
+        return asyncio.run(args.func(args, settings))
+    except (JobpoolError, ValueError, ImportError, psycopg.Error) as exc:
+        print(f"jobpool: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure decisions: no database, no Kubernetes, no event loop."""

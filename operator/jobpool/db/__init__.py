@@ -1,0 +1,1 @@
+"""psycopg 3 I/O: connections, the queue store, migrations."""

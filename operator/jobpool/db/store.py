@@ -1,0 +1,134 @@
+"""The queue store: one method per named query of `sql/queries.sql`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from jobpool.registry import KindSpec
+from jobpool.sql import QUERIES
+
+Row = dict[str, Any]
+
+
+async def _one(conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> Row | None:
+    cur = await conn.execute(QUERIES[name].text, params)
+    row: Row | None = await cur.fetchone()
+    return row
+
+
+async def _many(conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> list[Row]:
+    cur = await conn.execute(QUERIES[name].text, params)
+    rows: list[Row] = await cur.fetchall()
+    return rows
+
+
+class QueueStore:
+    """Queue I/O for one worker (or admin) process.
+
+    Methods that take `conn` run inside the caller's transaction (a job's transaction);
+    the others borrow a connection from the pool and commit at once.
+    Connections must return rows as dicts (`jobpool.db.connect`).
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.actor = actor
+
+    async def register_kinds(self, specs: Iterable[KindSpec]) -> None:
+        """Upsert the kinds and their defaults into `mdm.aa_job_kind`."""
+        async with self.pool.connection() as conn:
+            await register_kinds(conn, specs)
+
+    async def claim(
+        self, *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None, limit: int,
+        throttled: Sequence[str] = (),
+    ) -> list[Row]:
+        """Claim up to `limit` runnable jobs of `kinds` (and `tenants`, None = all).
+
+        throttled: "tenant-uuid/kind" pairs to leave out (rate-limited until later).
+        """
+        async with self.pool.connection() as conn:
+            return await _many(conn, "claim_jobs", {
+                "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
+                "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
+            })
+
+    def _cas(self, job_id: int, attempts: int) -> dict[str, Any]:
+        return {"id": job_id, "attempts": attempts, "worker_id": self.worker_id,
+                "actor": self.actor}
+
+    async def complete(
+        self, conn: AsyncConnection[Any], job_id: int, attempts: int,
+        result: Mapping[str, Any] | None,
+    ) -> bool:
+        """Mark done in the job's transaction; False if this worker lost the claim."""
+        row = await _one(conn, "complete_job", {
+            **self._cas(job_id, attempts), "result": None if result is None else Jsonb(result),
+        })
+        return bool(row and row["changed"])
+
+    async def retry(self, job_id: int, attempts: int, *, delay: float, error: str) -> bool:
+        """Back to pending in `delay` seconds; False if this worker lost the claim."""
+        async with self.pool.connection() as conn:
+            row = await _one(conn, "retry_job", {**self._cas(job_id, attempts),
+                                                 "delay": delay, "error": error})
+        return row is not None
+
+    async def dead_letter(self, job_id: int, attempts: int, *, error: str) -> bool:
+        """Park in the DLQ with audit `job_dlq`; False if this worker lost the claim."""
+        async with self.pool.connection() as conn:
+            row = await _one(conn, "dead_letter_job", {**self._cas(job_id, attempts),
+                                                       "error": error})
+        return row is not None
+
+    async def release(self, job_id: int, attempts: int, *, delay: float = 0.0) -> bool:
+        """Hand back without using up the attempt; False if this worker lost the claim."""
+        async with self.pool.connection() as conn:
+            row = await _one(conn, "release_job", {**self._cas(job_id, attempts), "delay": delay})
+        return row is not None
+
+    async def renew_leases(self, job_ids: Sequence[int]) -> set[int]:
+        """Renew the leases of `job_ids`; return those this worker still holds."""
+        if not job_ids:
+            return set()
+        async with self.pool.connection() as conn:
+            rows = await _many(conn, "renew_leases", {"ids": list(job_ids),
+                                                      "worker_id": self.worker_id})
+        return {row["id"] for row in rows}
+
+    async def schedule_cleanup(self, every: float) -> int | None:
+        """Enqueue the current slot's cleanup job unless it exists; return its id if new."""
+        async with self.pool.connection() as conn:
+            row = await _one(conn, "schedule_cleanup", {"every": every})
+        return None if row is None else row["id"]
+
+
+async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
+    """Recover expired claims (spec "Stale-Claim-Recovery"); return (id, job_kind, status)."""
+    return await _many(conn, "recover_stale_claims", {"actor": actor})
+
+
+async def delete_expired_done_jobs(
+    conn: AsyncConnection[Any], *, retention: float, batch: int
+) -> int:
+    """Delete up to `batch` done jobs older than `retention` seconds; return how many."""
+    row = await _one(conn, "delete_expired_done_jobs", {"retention": retention, "batch": batch})
+    return int(row["deleted"]) if row else 0
+
+
+async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:
+    """Upsert kinds on `conn` (for processes without a QueueStore)."""
+    specs = list(specs)
+    await conn.execute(QUERIES["register_kinds"].text, {
+        "names": [s.name for s in specs],
+        "priorities": [s.defaults.priority for s in specs],
+        "max_attempts": [s.defaults.max_attempts for s in specs],
+        "stale_ttls": [s.defaults.stale_ttl for s in specs],
+    })

@@ -1,0 +1,247 @@
+"""Enqueue jobs on the caller's connection, inside the caller's transaction (DESIGN §1, §2).
+
+The job exists if and only if the caller's transaction commits; waiting workers are woken
+by a NOTIFY that PostgreSQL delivers at that commit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from jobpool.core.kinds import check_kind_name
+from jobpool.errors import UnknownKindError, UnknownTenantError
+from jobpool.sql import QUERIES
+
+_ROUNDS = 5
+"""Insert/look-up rounds for an idempotency key whose holder vanishes in between."""
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One job to enqueue.
+
+    tenant_id: the tenant's uuid. kind: a registered kind name. payload: JSON-able value.
+    priority, max_attempts: None takes the kind's default. available_at: None is now.
+    idempotency_key: at most one job per (tenant, kind, key).
+    """
+
+    tenant_id: uuid.UUID | str
+    kind: str
+    payload: Any = field(default_factory=dict)
+    priority: int | None = None
+    available_at: datetime | None = None
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+
+
+class Enqueued(NamedTuple):
+    """The job's id, and whether this call created it (False: the idempotency key existed)."""
+
+    id: int
+    created: bool
+
+
+def _check(job: NewJob) -> tuple[uuid.UUID, str]:
+    try:
+        tenant = (job.tenant_id if isinstance(job.tenant_id, uuid.UUID)
+                  else uuid.UUID(job.tenant_id))
+    except (ValueError, AttributeError, TypeError):
+        raise ValueError(f"tenant_id must be a UUID, got {job.tenant_id!r}") from None
+    try:
+        check_kind_name(job.kind)
+    except ValueError:
+        raise UnknownKindError(job.kind) from None
+    try:
+        text = json.dumps(job.payload)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"payload of a {job.kind} job is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise ValueError(
+            f"payload of a {job.kind} job contains a NUL character, which jsonb cannot store")
+    if job.idempotency_key is not None and not 1 <= len(job.idempotency_key) <= 512:
+        raise ValueError("idempotency_key must be 1 to 512 characters")
+    if job.max_attempts is not None and job.max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {job.max_attempts}")
+    if job.priority is not None and not -32768 <= job.priority <= 32767:
+        raise ValueError(f"priority must fit a smallint, got {job.priority}")
+    return tenant, text
+
+
+def _params(jobs: Sequence[NewJob], actor: str | None) -> dict[str, Any]:
+    checked = [_check(job) for job in jobs]
+    return {
+        "tenant_ids": [tenant for tenant, _ in checked],
+        "kinds": [job.kind for job in jobs],
+        "payloads": [Jsonb(job.payload) for job in jobs],
+        "priorities": [job.priority for job in jobs],
+        "available_ats": [job.available_at for job in jobs],
+        "idempotency_keys": [job.idempotency_key for job in jobs],
+        "max_attempts": [job.max_attempts for job in jobs],
+        "actor": actor,
+    }
+
+
+def _key(tenant: Any, kind: str, idem: str) -> tuple[str, str, str]:
+    return (str(tenant), kind, idem)
+
+
+def _assign(
+    jobs: Sequence[NewJob], pending: list[int], inserted: list[dict[str, Any]],
+    results: list[Enqueued | None],
+) -> list[int]:
+    """Give inserted ids to the jobs at `pending`; return the keyed ones still without an id."""
+    by_key = {
+        _key(row["tenant_id"], row["job_kind"], row["idempotency_key"]): row["id"]
+        for row in inserted if row["idempotency_key"] is not None
+    }
+    unkeyed = iter(sorted(row["id"] for row in inserted if row["idempotency_key"] is None))
+    unresolved: list[int] = []
+    for index in pending:
+        job = jobs[index]
+        if job.idempotency_key is None:
+            results[index] = Enqueued(next(unkeyed), True)
+            continue
+        key = _key(_check(job)[0], job.kind, job.idempotency_key)
+        if key in by_key:
+            results[index] = Enqueued(by_key.pop(key), True)
+        else:
+            unresolved.append(index)
+    return unresolved
+
+
+def _assign_existing(
+    jobs: Sequence[NewJob], pending: list[int], existing: list[dict[str, Any]],
+    results: list[Enqueued | None],
+) -> list[int]:
+    found = {_key(r["tenant_id"], r["job_kind"], r["idempotency_key"]): r["id"] for r in existing}
+    missing: list[int] = []
+    for index in pending:
+        job = jobs[index]
+        assert job.idempotency_key is not None
+        key = _key(_check(job)[0], job.kind, job.idempotency_key)
+        if key in found:
+            results[index] = Enqueued(found[key], False)
+        else:
+            missing.append(index)
+    return missing
+
+
+def _lookup_params(jobs: Sequence[NewJob], indexes: list[int]) -> dict[str, Any]:
+    return {
+        "tenant_ids": [_check(jobs[i])[0] for i in indexes],
+        "kinds": [jobs[i].kind for i in indexes],
+        "idempotency_keys": [jobs[i].idempotency_key for i in indexes],
+    }
+
+
+_FK_DETAIL = re.compile(r"Key \((?P<column>\w+)\)=\((?P<value>.*)\) is not present")
+
+
+def _translate(exc: psycopg.errors.ForeignKeyViolation) -> Exception:
+    match = _FK_DETAIL.search(exc.diag.message_detail or "")
+    value = match["value"] if match else "?"
+    if match and match["column"] == "job_kind":
+        return UnknownKindError(value)
+    if match and match["column"] == "tenant_id":
+        return UnknownTenantError(value)
+    return exc
+
+
+def _finish(results: list[Enqueued | None]) -> list[Enqueued]:
+    if any(result is None for result in results):
+        raise RuntimeError("an idempotency key kept vanishing while enqueueing; try again")
+    return [result for result in results if result is not None]
+
+
+async def enqueue_many(
+    conn: AsyncConnection[Any], jobs: Sequence[NewJob], *, actor: str | None = None
+) -> list[Enqueued]:
+    """Enqueue `jobs` in one round trip on `conn`, in the caller's transaction.
+
+    Returns one Enqueued per job, in order. A job whose idempotency key exists for its
+    (tenant, kind) gets the existing job's id with created=False, also when a concurrent
+    inserter commits or rolls back first. `actor` is the audit principal (default: the
+    database role). Raises UnknownKindError, UnknownTenantError, ValueError (bad payload or
+    field); the caller's transaction is then aborted, as with any failed statement.
+    """
+    if not jobs:
+        return []
+    results: list[Enqueued | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    async with conn.cursor(row_factory=dict_row) as cur:
+        for _ in range(_ROUNDS):
+            try:
+                await cur.execute(
+                    QUERIES["enqueue_jobs"].text, _params([jobs[i] for i in pending], actor)
+                )
+            except psycopg.errors.ForeignKeyViolation as exc:
+                raise _translate(exc) from exc
+            keyed = _assign(jobs, pending, await cur.fetchall(), results)
+            if not keyed:
+                break
+            await cur.execute(QUERIES["find_idempotent_jobs"].text, _lookup_params(jobs, keyed))
+            pending = _assign_existing(jobs, keyed, await cur.fetchall(), results)
+            if not pending:
+                break
+    return _finish(results)
+
+
+async def enqueue(
+    conn: AsyncConnection[Any],
+    *,
+    tenant_id: uuid.UUID | str,
+    kind: str,
+    payload: Any = None,
+    priority: int | None = None,
+    available_at: datetime | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    actor: str | None = None,
+) -> Enqueued:
+    """Enqueue one job on `conn` in the caller's transaction; see `enqueue_many`."""
+    job = NewJob(tenant_id, kind, {} if payload is None else payload, priority, available_at,
+                 idempotency_key, max_attempts)
+    return (await enqueue_many(conn, [job], actor=actor))[0]
+
+
+def enqueue_many_sync(
+    conn: Connection[Any], jobs: Sequence[NewJob], *, actor: str | None = None
+) -> list[Enqueued]:
+    """`enqueue_many` for a synchronous psycopg connection."""
+    if not jobs:
+        return []
+    results: list[Enqueued | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    with conn.cursor(row_factory=dict_row) as cur:
+        for _ in range(_ROUNDS):
+            try:
+                params = _params([jobs[i] for i in pending], actor)
+                cur.execute(QUERIES["enqueue_jobs"].text, params)
+            except psycopg.errors.ForeignKeyViolation as exc:
+                raise _translate(exc) from exc
+            keyed = _assign(jobs, pending, cur.fetchall(), results)
+            if not keyed:
+                break
+            cur.execute(QUERIES["find_idempotent_jobs"].text, _lookup_params(jobs, keyed))
+            pending = _assign_existing(jobs, keyed, cur.fetchall(), results)
+            if not pending:
+                break
+    return _finish(results)
+
+
+def enqueue_sync(conn: Connection[Any], **job: Any) -> Enqueued:
+    """`enqueue` for a synchronous psycopg connection (same keyword arguments)."""
+    actor = job.pop("actor", None)
+    job["payload"] = {} if job.get("payload") is None else job["payload"]
+    return enqueue_many_sync(conn, [NewJob(**job)], actor=actor)[0]

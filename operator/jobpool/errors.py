@@ -1,0 +1,57 @@
+"""Errors a caller or a handler sees."""
+
+from __future__ import annotations
+
+
+class JobpoolError(Exception):
+    """Base of every error jobpool raises on purpose."""
+
+
+class PermanentError(JobpoolError):
+    """Raised by a handler when retrying cannot help: the job goes to the DLQ at once."""
+
+
+class RetryAfter(JobpoolError):
+    """Raised by a handler to retry after `delay` seconds instead of the kind's backoff.
+
+    The attempt counts; a job out of attempts still goes to the DLQ.
+    """
+
+    def __init__(self, delay: float, message: str) -> None:
+        super().__init__(message)
+        self.delay = max(0.0, float(delay))
+
+
+class UnknownKindError(JobpoolError, LookupError):
+    """A job kind that no worker has registered."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(
+            f"unknown job kind {kind!r}: no worker has registered it "
+            "(start a worker that serves it, or load it with --import)"
+        )
+        self.kind = kind
+
+
+class UnknownTenantError(JobpoolError, LookupError):
+    """A tenant key or id that is not in mdm.aa_tenant."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"unknown tenant {ref!r}: no row in mdm.aa_tenant has that key or id")
+        self.ref = ref
+
+
+class JobStateError(JobpoolError):
+    """An admin action that the job's status does not allow (e.g. replay of a pending job)."""
+
+
+class JobNotFoundError(JobpoolError, LookupError):
+    """No job with that id."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job with id {job_id}")
+        self.job_id = job_id
+
+
+class SchemaNotMigratedError(JobpoolError):
+    """The database lacks the jobpool schema, or an older version of it."""

@@ -1,0 +1,113 @@
+"""Job kinds are plugins: `@jobpool.kind(...)` registers a handler under a name."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from importlib.metadata import entry_points
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobpool.core.backoff import BackoffPolicy
+from jobpool.core.kinds import KindDefaults, check_kind_name, defaults_for
+from jobpool.errors import UnknownKindError
+from jobpool.job import Job
+
+Handler = Callable[[Job, AsyncConnection[Any]], Awaitable[Mapping[str, Any] | None]]
+"""`async def handler(job, tx)`; may return a JSON-able mapping stored as the job's result."""
+
+ENTRY_POINT_GROUP = "jobpool.kinds"
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A registered kind: its handler and defaults."""
+
+    name: str
+    handler: Handler
+    defaults: KindDefaults
+
+
+class Registry:
+    """Kinds by name. The module-level `REGISTRY` is the one `@jobpool.kind` fills."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, KindSpec] = {}
+
+    def add(self, spec: KindSpec) -> None:
+        """Register `spec`, replacing an earlier registration of the same name."""
+        self._kinds[spec.name] = spec
+
+    def get(self, name: str) -> KindSpec:
+        """The kind called `name`; raises UnknownKindError."""
+        try:
+            return self._kinds[name]
+        except KeyError:
+            raise UnknownKindError(name) from None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._kinds))
+
+    def specs(self) -> tuple[KindSpec, ...]:
+        return tuple(self._kinds[name] for name in self.names())
+
+
+REGISTRY = Registry()
+
+
+def kind(
+    name: str,
+    *,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    stale_ttl: float | None = None,
+    timeout: float | None = None,
+    backoff_base: float | None = None,
+    backoff_max: float | None = None,
+    backoff_jitter: float | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register `async def handler(job, tx)` as the handler of job kind `name`.
+
+    Unset options take the spec's per-kind defaults (`jobpool.core.kinds.BUILTIN_DEFAULTS`)
+    or the generic ones. Units: stale_ttl, timeout, backoff_base and backoff_max in seconds;
+    backoff_jitter a fraction 0..1. Raises ValueError for a bad name or value.
+    """
+    check_kind_name(name)
+    base = defaults_for(name)
+    backoff = BackoffPolicy(
+        base=base.backoff.base if backoff_base is None else backoff_base,
+        max_delay=base.backoff.max_delay if backoff_max is None else backoff_max,
+        jitter=base.backoff.jitter if backoff_jitter is None else backoff_jitter,
+    )
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "priority": priority, "max_attempts": max_attempts,
+            "stale_ttl": stale_ttl, "timeout": timeout,
+        }.items()
+        if value is not None
+    }
+    defaults = replace(base, backoff=backoff, **overrides)
+
+    def register(handler: Handler) -> Handler:
+        REGISTRY.add(KindSpec(name, handler, defaults))
+        return handler
+
+    return register
+
+
+def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
+    """Import the kinds of the `jobpool.kinds` entry points, then `modules`; return REGISTRY.
+
+    Raises ImportError naming the module that failed.
+    """
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        point.load()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"cannot import kind module {module!r}: {exc}") from exc
+    return REGISTRY

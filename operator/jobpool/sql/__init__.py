@@ -1,0 +1,72 @@
+"""Named SQL queries, loaded once from the `.sql` files in this folder (STYLE habit 1).
+
+Each query starts with `-- name: <name> :<shape>` and a one-line description; the shape
+(`:one`, `:many`, `:exec`) tells the caller what comes back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import LiteralString
+
+_HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*) :(?P<shape>one|many|exec)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One named query: its text and what it returns."""
+
+    name: str
+    shape: str
+    doc: str
+    text: LiteralString
+
+
+def parse_queries(source: str) -> dict[str, Query]:
+    """Split a `.sql` file into its named queries; raise ValueError on a duplicate name."""
+    queries: dict[str, Query] = {}
+    headers = list(_HEADER.finditer(source))
+    for header, following in zip(headers, [*headers[1:], None], strict=True):
+        body = source[header.end() : following.start() if following else len(source)]
+        lines = body.strip("\n").splitlines()
+        doc = lines[0].removeprefix("--").strip() if lines and lines[0].startswith("--") else ""
+        text = "\n".join(line for line in lines if not line.startswith("--")).strip()
+        name = header["name"]
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = Query(name, header["shape"], doc, text)
+    return queries
+
+
+def load_queries() -> dict[str, Query]:
+    """Every named query of every `.sql` file in this package folder."""
+    queries: dict[str, Query] = {}
+    folder = resources.files(__package__)
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            for name, query in parse_queries(entry.read_text("utf-8")).items():
+                if name in queries:
+                    raise ValueError(f"query {name!r} is defined twice ({entry.name})")
+                queries[name] = query
+    return queries
+
+
+QUERIES: dict[str, Query] = load_queries()
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """The migrations as (version, name, sql), in order; raise ValueError on a gap."""
+    folder = resources.files(__package__).joinpath("migrations")
+    found: list[tuple[int, str, str]] = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_([a-z0-9_]+)\.sql", entry.name)
+        if match:
+            found.append((int(match[1]), match[2], entry.read_text("utf-8")))
+    found.sort()
+    for expected, (version, name, _) in enumerate(found, start=1):
+        if version != expected:
+            raise ValueError(
+                f"migration {version:04d}_{name} is out of sequence (expected {expected:04d})")
+    return found

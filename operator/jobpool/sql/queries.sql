@@ -1,0 +1,307 @@
+-- The queue's named queries. Parameters are psycopg's %(name)s placeholders.
+-- Every change to a running job is a compare-and-set on (status, claimed_by, attempts).
+
+-- name: register_kinds :exec
+-- Insert or update the defaults of the kinds a worker serves.
+INSERT INTO mdm.aa_job_kind (name, priority, max_attempts, stale_ttl)
+SELECT name, priority, max_attempts, make_interval(secs => stale_ttl)
+  FROM unnest(%(names)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+              %(stale_ttls)s::float8[]) AS k(name, priority, max_attempts, stale_ttl)
+ON CONFLICT (name) DO UPDATE
+   SET priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+       stale_ttl = EXCLUDED.stale_ttl, registered_at = now()
+ WHERE (aa_job_kind.priority, aa_job_kind.max_attempts, aa_job_kind.stale_ttl)
+       IS DISTINCT FROM (EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.stale_ttl);
+
+-- name: enqueue_jobs :many
+-- Insert jobs (kind defaults fill priority and max_attempts), audit them, wake workers at commit.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(tenant_ids)s::uuid[], %(kinds)s::text[], %(payloads)s::jsonb[],
+                  %(priorities)s::smallint[], %(available_ats)s::timestamptz[],
+                  %(idempotency_keys)s::text[], %(max_attempts)s::int[])
+           WITH ORDINALITY AS i(tenant_id, job_kind, payload, priority, available_at,
+                                idempotency_key, max_attempts, ord)
+), inserted AS (
+    INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at,
+                            idempotency_key, max_attempts)
+    SELECT i.tenant_id, i.job_kind, i.payload, coalesce(i.priority, k.priority, 100),
+           coalesce(i.available_at, now()), i.idempotency_key,
+           coalesce(i.max_attempts, k.max_attempts, 1)
+      FROM input i LEFT JOIN mdm.aa_job_kind k ON k.name = i.job_kind
+     ORDER BY i.ord
+    ON CONFLICT (tenant_id, job_kind, idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO NOTHING
+    RETURNING id, tenant_id, job_kind, idempotency_key
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT coalesce(%(actor)s, current_user), tenant_id, id, 'job_enqueued',
+           jsonb_build_object('kind', job_kind)
+      FROM inserted
+), notified AS (
+    SELECT pg_notify('jobpool', job_kind) FROM (SELECT DISTINCT job_kind FROM inserted) AS d
+)
+SELECT id, tenant_id, job_kind, idempotency_key, (SELECT count(*) FROM notified) AS notified
+  FROM inserted
+ ORDER BY id;
+
+-- name: find_idempotent_jobs :many
+-- The existing jobs that hold the given (tenant, kind, idempotency key) triples.
+SELECT j.id, j.tenant_id, j.job_kind, j.idempotency_key
+  FROM mdm.aa_job j
+  JOIN unnest(%(tenant_ids)s::uuid[], %(kinds)s::text[], %(idempotency_keys)s::text[])
+       AS k(tenant_id, job_kind, idempotency_key)
+    ON (j.tenant_id, j.job_kind, j.idempotency_key) = (k.tenant_id, k.job_kind, k.idempotency_key);
+
+-- name: claim_jobs :many
+-- The spec's single-statement claim, for up to %(limit)s jobs (the worker's free slots).
+WITH next AS (
+    SELECT id
+      FROM mdm.aa_job
+     WHERE status = 'pending'
+       AND available_at <= now()
+       AND job_kind = ANY(%(kinds)s::text[])
+       AND (%(tenants)s::uuid[] IS NULL OR tenant_id = ANY(%(tenants)s::uuid[]))
+       AND (tenant_id::text || '/' || job_kind) <> ALL(%(throttled)s::text[])
+     ORDER BY priority, available_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE mdm.aa_job j
+   SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
+       heartbeat_at = now(), attempts = j.attempts + 1
+  FROM next
+ WHERE j.id = next.id
+RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
+          j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
+          j.max_attempts, j.last_error, j.idempotency_key,
+          extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency;
+
+-- name: complete_job :one
+-- Mark a job done (with the handler's result) if this worker still holds its claim.
+WITH done AS (
+    UPDATE mdm.aa_job
+       SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
+           heartbeat_at = NULL, result = %(result)s::jsonb
+     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+       AND attempts = %(attempts)s
+    RETURNING id, tenant_id, job_kind
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+)
+SELECT count(*)::int AS changed FROM done;
+
+-- name: retry_job :one
+-- Back to pending after a transient failure; the delay counts from now, not the transaction start.
+UPDATE mdm.aa_job
+   SET status = 'pending', available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+       last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+ WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+   AND attempts = %(attempts)s
+RETURNING id;
+
+-- name: dead_letter_job :one
+-- Park a job in the DLQ and audit it with its last error.
+WITH parked AS (
+    UPDATE mdm.aa_job
+       SET status = 'dlq', completed_at = clock_timestamp(), last_error = %(error)s,
+           heartbeat_at = NULL
+     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+       AND attempts = %(attempts)s
+    RETURNING id, tenant_id, job_kind, attempts
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_dlq',
+           jsonb_build_object('kind', job_kind, 'last_error', %(error)s::text,
+                              'attempts', attempts)
+      FROM parked
+)
+SELECT id FROM parked;
+
+-- name: release_job :one
+-- Hand a claimed job back without using up its attempt (shutdown, rate limit).
+UPDATE mdm.aa_job
+   SET status = 'pending', attempts = attempts - 1,
+       available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+ WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+   AND attempts = %(attempts)s
+RETURNING id;
+
+-- name: renew_leases :many
+-- Renew the lease of this worker's running jobs; returns the ids it still holds.
+UPDATE mdm.aa_job
+   SET heartbeat_at = clock_timestamp()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
+RETURNING id;
+
+-- name: recover_stale_claims :many
+-- Take back claims whose lease expired; a job out of attempts goes to the DLQ instead.
+WITH stale AS (
+    SELECT j.id
+      FROM mdm.aa_job j
+      JOIN mdm.aa_job_kind k ON k.name = j.job_kind
+     WHERE j.status = 'running'
+       AND greatest(j.claimed_at, j.heartbeat_at) < clock_timestamp() - k.stale_ttl
+       FOR UPDATE OF j SKIP LOCKED
+), recovered AS (
+    UPDATE mdm.aa_job j
+       SET status = CASE WHEN j.attempts >= j.max_attempts
+                         THEN 'dlq'::mdm.job_status ELSE 'pending'::mdm.job_status END,
+           completed_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
+           available_at = CASE WHEN j.attempts >= j.max_attempts THEN j.available_at
+                               ELSE clock_timestamp() END,
+           last_error = left(coalesce(j.last_error, ''), 4000) || ' [stale-claim recovered]',
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+      FROM stale
+     WHERE j.id = stale.id
+    RETURNING j.id, j.tenant_id, j.job_kind, j.status::text AS status, j.attempts, j.last_error
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_dlq',
+           jsonb_build_object('kind', job_kind, 'last_error', last_error, 'attempts', attempts)
+      FROM recovered
+     WHERE status = 'dlq'
+)
+SELECT id, job_kind, status, attempts FROM recovered ORDER BY id;
+
+-- name: delete_expired_done_jobs :one
+-- Delete one batch of done jobs completed before the retention period.
+WITH doomed AS (
+    SELECT id
+      FROM mdm.aa_job
+     WHERE status = 'done' AND completed_at < now() - make_interval(secs => %(retention)s)
+     ORDER BY completed_at
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM mdm.aa_job j USING doomed WHERE j.id = doomed.id RETURNING j.id
+)
+SELECT count(*)::int AS deleted FROM deleted;
+
+-- name: schedule_cleanup :one
+-- Enqueue the cleanup job of the current 5-minute slot once, however many workers ask.
+WITH slot AS (
+    SELECT to_timestamp(floor(extract(epoch FROM now()) / %(every)s) * %(every)s) AS starts
+), inserted AS (
+    INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at,
+                            idempotency_key, max_attempts)
+    SELECT '00000000-0000-0000-0000-000000000000', 'cleanup_jobs', '{}'::jsonb,
+           k.priority, slot.starts,
+           'cleanup_jobs@' || to_char(slot.starts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+           k.max_attempts
+      FROM slot JOIN mdm.aa_job_kind k ON k.name = 'cleanup_jobs'
+    ON CONFLICT (tenant_id, job_kind, idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT id FROM inserted) AS id, (SELECT pg_notify('jobpool', 'cleanup_jobs')
+                                          FROM inserted) IS NOT NULL AS notified;
+
+-- name: get_job :one
+-- One job with every column.
+SELECT j.*, j.status::text AS status, t.key AS tenant_key
+  FROM mdm.aa_job j JOIN mdm.aa_tenant t ON t.id = j.tenant_id
+ WHERE j.id = %(id)s;
+
+-- name: list_dlq :many
+-- DLQ jobs after a keyset cursor, optionally for one tenant and kind, oldest first.
+SELECT d.id, d.tenant_id, t.key AS tenant_key, d.job_kind, d.payload, d.last_error,
+       d.attempts, d.max_attempts, d.created_at, d.dlq_at
+  FROM mdm.v_job_dlq d JOIN mdm.aa_tenant t ON t.id = d.tenant_id
+ WHERE d.id > %(after)s
+   AND (%(tenant_id)s::uuid IS NULL OR d.tenant_id = %(tenant_id)s::uuid)
+   AND (%(kind)s::text IS NULL OR d.job_kind = %(kind)s::text)
+ ORDER BY d.id
+ LIMIT %(limit)s;
+
+-- name: replay_job :one
+-- Put a DLQ job back to pending with fresh attempts, and audit the replay.
+WITH replayed AS (
+    UPDATE mdm.aa_job
+       SET status = 'pending', attempts = 0, available_at = now(), completed_at = NULL,
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+     WHERE id = %(id)s AND status = 'dlq'
+    RETURNING id, tenant_id, job_kind, last_error
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_replay',
+           jsonb_build_object('kind', job_kind, 'last_error', last_error)
+      FROM replayed
+)
+SELECT id FROM replayed;
+
+-- name: discard_job :one
+-- Delete a job that is not running, and audit it with a snapshot of the row.
+WITH discarded AS (
+    DELETE FROM mdm.aa_job WHERE id = %(id)s AND status <> 'running'
+    RETURNING *
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_discard', to_jsonb(discarded) FROM discarded
+)
+SELECT id FROM discarded;
+
+-- name: stop_job :one
+-- Set the manual stop flag `failed` on a job that is not finished, and audit it.
+WITH stopped AS (
+    UPDATE mdm.aa_job
+       SET status = 'failed', completed_at = clock_timestamp(),
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+     WHERE id = %(id)s AND status IN ('pending', 'running', 'dlq')
+    RETURNING id, tenant_id, job_kind
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_stop', jsonb_build_object('kind', job_kind)
+      FROM stopped
+)
+SELECT id FROM stopped;
+
+-- name: job_counts :many
+-- Job counts per tenant, kind and status (finished jobs included).
+SELECT t.key AS tenant_key, j.tenant_id, j.job_kind, j.status::text AS status,
+       count(*)::bigint AS jobs
+  FROM mdm.aa_job j JOIN mdm.aa_tenant t ON t.id = j.tenant_id
+ GROUP BY t.key, j.tenant_id, j.job_kind, j.status
+ ORDER BY t.key, j.job_kind, j.status;
+
+-- name: resolve_tenant :one
+-- A tenant by key or by id (text form).
+SELECT id, key, metadata FROM mdm.aa_tenant WHERE key = %(ref)s OR id::text = %(ref)s;
+
+-- name: create_tenant :one
+-- Add a tenant; an existing key keeps its row and gets the given metadata merged in.
+INSERT INTO mdm.aa_tenant (key, metadata) VALUES (%(key)s, %(metadata)s::jsonb)
+ON CONFLICT (key) DO UPDATE SET metadata = aa_tenant.metadata || EXCLUDED.metadata
+RETURNING id, key, metadata;
+
+-- name: list_tenants :many
+-- Every tenant.
+SELECT id, key, metadata FROM mdm.aa_tenant ORDER BY key;
+
+-- name: list_kinds :many
+-- Every registered kind with its defaults.
+SELECT name, priority, max_attempts, extract(epoch FROM stale_ttl)::float8 AS stale_ttl,
+       registered_at
+  FROM mdm.aa_job_kind ORDER BY name;
+
+-- name: suppressed_address :one
+-- Whether the tenant suppresses mail to this address.
+SELECT reason FROM mdm.aa_email_suppression
+ WHERE tenant_id = %(tenant_id)s AND address = lower(%(address)s);
+
+-- name: log_email :one
+-- Record a sent or suppressed email once per provider message id; audit a send.
+WITH logged AS (
+    INSERT INTO mdm.aa_email_log (tenant_id, job_id, provider_message_id, recipient, subject, status)
+    VALUES (%(tenant_id)s, %(job_id)s, %(message_id)s, %(recipient)s, %(subject)s, %(status)s)
+    ON CONFLICT (provider_message_id) DO NOTHING
+    RETURNING id, tenant_id, job_id, provider_message_id, status
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, job_id, 'email_sent',
+           jsonb_build_object('message_id', provider_message_id)
+      FROM logged WHERE status = 'sent'
+)
+SELECT count(*)::int AS logged FROM logged;

@@ -1,0 +1,1 @@
+"""The asyncio worker: fetch loop, slots, executor, leases, listener, maintenance."""

@@ -1,0 +1,58 @@
+"""What one worker process serves and how it paces itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker process.
+
+    kinds: kinds to serve; None = every registered kind except `exclude_kinds`.
+    tenants: tenant keys or ids to serve; () = all. slots: jobs run at once (spec default 4).
+    grace: seconds running jobs get to finish after SIGTERM before they are handed back.
+    poll_interval: seconds between claims when no NOTIFY arrives.
+    lease_interval: seconds between lease renewals (capped to a third of the shortest stale TTL).
+    cleanup_every: seconds between `cleanup_jobs` runs (spec: 5 minutes).
+    until_empty: exit once nothing runnable is left (and schedule no cleanup).
+    """
+
+    kinds: tuple[str, ...] | None = None
+    exclude_kinds: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()
+    slots: int = 4
+    grace: float = 30.0
+    poll_interval: float = 2.0
+    lease_interval: float = 10.0
+    cleanup_every: float = 300.0
+    until_empty: bool = False
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        for name in ("grace", "poll_interval", "lease_interval", "cleanup_every"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+
+def make_worker_id() -> str:
+    """`<host>/<pid>/<uuid>` (spec "Worker-Pool")."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4()}"
+
+
+def resolve_kinds(
+    registered: tuple[str, ...], kinds: tuple[str, ...] | None, exclude: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The kinds a worker serves; raises ValueError naming a kind that is not registered."""
+    unknown = sorted(set(kinds or ()) - set(registered))
+    if unknown:
+        raise ValueError(
+            f"unknown job kind(s) {', '.join(unknown)}: registered kinds are "
+            f"{', '.join(registered)} (load more with --import MODULE)"
+        )
+    chosen = registered if kinds is None else kinds
+    return tuple(k for k in chosen if k not in set(exclude))

@@ -1,0 +1,82 @@
+"""`jobpool run pool.yaml`: each lane of a JobWorkerPool as local worker processes."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobpool.core.poolspec import Lane
+
+log = logging.getLogger("jobpool.pool")
+
+
+@dataclass(frozen=True)
+class LaneProcess:
+    """One local worker process of a lane and its `jobpool run` arguments."""
+
+    lane: str
+    index: int
+    argv: tuple[str, ...]
+
+
+def lane_argv(lane: Lane, *, imports: Sequence[str], until_empty: bool, grace: float,
+              log_level: str) -> tuple[str, ...]:
+    """The `jobpool run` arguments of one worker process of `lane`."""
+    argv = ["run", "--slots", str(lane.workers_per_pod), "--grace", f"{grace:g}",
+            "--log-level", log_level]
+    if lane.kinds is not None:
+        argv += ["--kinds", ",".join(lane.kinds)]
+    if lane.exclude_kinds:
+        argv += ["--exclude-kinds", ",".join(lane.exclude_kinds)]
+    if lane.tenants:
+        argv += ["--tenants", ",".join(lane.tenants)]
+    for module in imports:
+        argv += ["--import", module]
+    if until_empty:
+        argv.append("--until-empty")
+    return tuple(argv)
+
+
+def lane_processes(lanes: Sequence[Lane], *, imports: Sequence[str], until_empty: bool,
+                   grace: float, log_level: str) -> list[LaneProcess]:
+    """max(1, minReplicas) local processes per lane: a local run has no autoscaler."""
+    return [
+        LaneProcess(lane.name, index, lane_argv(lane, imports=imports, until_empty=until_empty,
+                                                grace=grace, log_level=log_level))
+        for lane in lanes
+        for index in range(max(1, lane.min_replicas))
+    ]
+
+
+def supervise(processes: Sequence[LaneProcess]) -> int:
+    """Start the processes, forward SIGTERM/SIGINT, wait; return the worst exit code."""
+    children: list[tuple[LaneProcess, subprocess.Popen[bytes]]] = []
+    for proc in processes:
+        log.info("lane %s: starting worker %d: jobpool %s",
+                 proc.lane, proc.index, " ".join(proc.argv))
+        children.append((proc, subprocess.Popen([sys.executable, "-m", "jobpool", *proc.argv])))
+
+    def forward(signum: int, _frame: object) -> None:
+        for _, child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while any(child.poll() is None for _, child in children):
+            time.sleep(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    worst = 0
+    for proc, child in children:
+        code = child.returncode
+        if code:
+            log.error("lane %s worker %d exited with %d", proc.lane, proc.index, code)
+        worst = max(worst, abs(code))
+    return worst
