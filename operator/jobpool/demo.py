@@ -1,0 +1,131 @@
+"""`jobpool demo`: a pool file's lanes on demo email jobs, delivered to a local SMTP server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import email
+import socket
+import uuid
+from typing import Any
+
+from jobpool import admin
+from jobpool.core.poolspec import PoolSpec, load_pool_file
+from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.settings import Settings
+from jobpool.sql import QUERIES
+
+
+class PrintingInbox:
+    """aiosmtpd handler that prints every message it receives."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        msg = email.message_from_bytes(envelope.content)
+        self.received += 1
+        print(f"smtp: received {msg['Message-ID']} to {msg['To']}: {msg['Subject']!r}", flush=True)
+        return "250 Message accepted"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def demo_jobs(tenants: dict[str, uuid.UUID], count: int) -> list[NewJob]:
+    """`count` welcome emails spread over the tenants, one to a suppressed address and one
+    with a malformed payload (which goes to the DLQ)."""
+    keys = sorted(tenants)
+    jobs = [
+        NewJob(tenants[keys[i % len(keys)]], "email_send",
+               {"to": f"user{i}@example.com", "subject": f"Welcome #{i}",
+                "text": f"Hello user {i}"})
+        for i in range(count)
+    ]
+    jobs.append(NewJob(tenants[keys[0]], "email_send",
+                       {"to": "bounced@example.com", "subject": "Suppressed", "text": "-"}))
+    jobs.append(NewJob(tenants[keys[0]], "email_send", {"subject": "no recipient"}))
+    return jobs
+
+
+def lane_tenant_keys(pool: PoolSpec) -> set[str]:
+    """Tenant keys the pool's lanes name (uuids are left out: they must exist already)."""
+    keys: set[str] = set()
+    for lane in pool.lanes:
+        for ref in lane.tenants:
+            try:
+                uuid.UUID(ref)
+            except ValueError:
+                keys.add(ref)
+    return keys
+
+
+async def seed(conn: Any, pool: PoolSpec, count: int) -> None:
+    from psycopg.types.json import Jsonb
+
+    tenants: dict[str, uuid.UUID] = {}
+    for key in sorted(lane_tenant_keys(pool) | {"acme", "globex"}):
+        cur = await conn.execute(QUERIES["create_tenant"].text, {"key": key, "metadata": Jsonb({})})
+        row = await cur.fetchone()
+        tenants[key] = row["id"]
+    await conn.execute(
+        "INSERT INTO mdm.aa_email_suppression (tenant_id, address, reason)"
+        " VALUES (%s, 'bounced@example.com', 'hard bounce') ON CONFLICT DO NOTHING",
+        (tenants["acme"],),
+    )
+    from jobpool.db.store import register_kinds
+    from jobpool.registry import load_kind_modules
+
+    await register_kinds(conn, load_kind_modules().specs())
+    results = await enqueue_many(conn, demo_jobs(tenants, count), actor="demo")
+    await conn.commit()
+    print(f"enqueued {len(results)} email_send jobs for tenants {', '.join(sorted(tenants))}",
+          flush=True)
+
+
+async def report(conn: Any) -> None:
+    print("\njob counts (jobpool status):")
+    for row in await admin.job_counts(conn):
+        print(f"  {row['tenant_key']:<10} {row['job_kind']:<12} {row['status']:<8} {row['jobs']}")
+    dead = await admin.list_dlq(conn)
+    for row in dead:
+        print(f"DLQ: job {row['id']} ({row['job_kind']}): {row['last_error']}")
+    print("\nnext: `jobpool dlq list`, `jobpool jobs show ID`, `jobpool status`")
+
+
+def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
+    """Seed demo jobs, run every lane of `args.pool` until empty, print what happened."""
+    import os
+
+    from aiosmtpd.controller import Controller
+
+    from jobpool.worker.supervisor import lane_processes, supervise
+
+    pool = load_pool_file(args.pool)
+    inbox = PrintingInbox()
+    port = _free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    os.environ["JOBPOOL_SMTP_URL"] = f"smtp://127.0.0.1:{port}"
+    print(f"smtp: a local SMTP server listens on 127.0.0.1:{port}", flush=True)
+    try:
+        async def prepare() -> None:
+            async with await open_db(settings) as conn:
+                await seed(conn, pool, args.emails)
+
+        asyncio.run(prepare())
+        code = supervise(lane_processes(pool.lanes, imports=(), until_empty=True, grace=10.0,
+                                        log_level=args.log_level))
+
+        async def summary() -> None:
+            async with await open_db(settings) as conn:
+                await report(conn)
+
+        asyncio.run(summary())
+        print(f"smtp: {inbox.received} message(s) delivered")
+        return code
+    finally:
+        controller.stop()

@@ -1,0 +1,103 @@
+"""The admin commands: tenants, enqueue, status, dlq list/replay/discard, jobs show/stop."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+from integration.helpers import job, prepare, scalar
+
+import jobpool
+from acceptance.cli import jobpool as cli
+from acceptance.cli import worker_args
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+async def _dead_job(conn: Conn, tenant: uuid.UUID, dsn: str) -> int:
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_fail",
+                                    payload={"permanent": True, "message": "broken"})).id
+    cli(dsn, *worker_args("test_fail", until_empty=True))
+    return job_id
+
+
+async def test_dlq_list_replay_and_discard(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    dead, other = await _dead_job(conn, tenant, dsn), await _dead_job(conn, tenant, dsn)
+    listed = json.loads(cli(dsn, "dlq", "list", "--tenant", "acme", "--json").stdout)
+    assert [row["id"] for row in listed] == [dead, other]
+    assert listed[0]["last_error"] == "PermanentError: broken"
+    page = json.loads(cli(dsn, "dlq", "list", "--after", str(dead), "--json").stdout)
+    assert [row["id"] for row in page] == [other]
+
+    cli(dsn, "dlq", "replay", str(dead), "--actor", "alice")
+    row = await job(conn, dead)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+    assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log"
+                        " WHERE action = 'job_replay' AND job_id = %s", (dead,)) == "alice"
+
+    cli(dsn, "dlq", "discard", str(other), "--actor", "bob")
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (other,)) == 0
+    snapshot = await scalar(conn, "SELECT payload FROM mdm.aa_audit_log"
+                            " WHERE action = 'job_discard' AND job_id = %s", (other,))
+    assert snapshot["payload"] == {"permanent": True, "message": "broken"}
+
+
+async def test_replay_of_a_pending_job_is_refused_and_changes_nothing(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    before = await job(conn, job_id)
+    result = cli(dsn, "dlq", "replay", str(job_id), check=False)
+    assert result.returncode == 2
+    assert f"cannot replay job {job_id}: it is pending" in result.stderr
+    assert await job(conn, job_id) == before
+    missing = cli(dsn, "dlq", "replay", "999999", check=False)
+    assert missing.returncode == 2 and "no job with id 999999" in missing.stderr
+
+
+async def test_stop_show_and_status(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    cli(dsn, "jobs", "stop", str(job_id), "--actor", "carol")
+    shown = json.loads(cli(dsn, "jobs", "show", str(job_id), "--json").stdout)
+    assert (shown["status"], shown["tenant_key"]) == ("failed", "acme")
+    again = cli(dsn, "jobs", "stop", str(job_id), check=False)
+    assert again.returncode == 2 and "it is failed" in again.stderr
+    cli(dsn, *worker_args("test_record", until_empty=True))
+    assert (await job(conn, job_id))["status"] == "failed"  # a stopped job is never claimed
+    status = json.loads(cli(dsn, "status", "--json").stdout)
+    assert {"tenant_key": "acme", "tenant_id": str(tenant), "job_kind": "test_record",
+            "status": "failed", "jobs": 1} in status
+
+
+async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:
+    await prepare(conn)
+    out = cli(dsn, "tenants", "add", "initech", "--metadata", '{"tier": "gold"}').stdout
+    tenant_id = out.split()[-1]
+    cli(dsn, "enqueue", "test_record", "--tenant", "initech", "--count", "3", "--import",
+        "kinds_for_tests")
+    cli(dsn, "enqueue", "test_record", "--tenant", tenant_id, "--idempotency-key", "k",
+        "--import", "kinds_for_tests")
+    again = cli(dsn, "enqueue", "test_record", "--tenant", tenant_id, "--idempotency-key", "k",
+                "--import", "kinds_for_tests")
+    assert "exists (idempotency key)" in again.stdout
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job j JOIN mdm.aa_tenant t"
+                        " ON t.id = j.tenant_id WHERE t.key = 'initech'") == 4
+    unknown = cli(dsn, "enqueue", "nope", "--tenant", "initech", check=False)
+    assert unknown.returncode == 2 and "unknown job kind 'nope'" in unknown.stderr
+    ghost = cli(dsn, "enqueue", "test_record", "--tenant", "ghost", "--import",
+                "kinds_for_tests", check=False)
+    assert ghost.returncode == 2 and "unknown tenant 'ghost'" in ghost.stderr
+    bad = cli(dsn, "enqueue", "test_record", "--tenant", "initech", "--payload", "{oops",
+              check=False)
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+
+
+async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
+    result = cli(empty_dsn, "run", "--until-empty", check=False)
+    assert result.returncode == 2
+    assert "run `jobpool migrate`" in result.stderr

@@ -1,0 +1,106 @@
+"""Worker processes as users run them: many at once, killed, and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from integration.helpers import job, prepare, scalar
+
+import jobpool
+from acceptance.cli import jobpool as run_cli
+from acceptance.cli import start, worker_args
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+async def _wait_status(conn: Conn, job_id: int, status: str, seconds: float = 30) -> None:
+    for _ in range(int(seconds * 10)):
+        if (await job(conn, job_id))["status"] == status:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} never reached {status}: {await job(conn, job_id)}")
+
+
+async def test_four_processes_of_eight_slots_drain_20000_jobs_exactly_once(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 20_000)
+    started = time.monotonic()
+    workers = [start(dsn, *worker_args("test_record", slots=8, until_empty=True))
+               for _ in range(4)]
+    for w in workers:
+        _, err = await asyncio.to_thread(w.communicate, timeout=600)
+        assert w.returncode == 0, err
+    elapsed = time.monotonic() - started
+    cur = await conn.execute("SELECT count(*) AS runs, count(DISTINCT job_id) AS ids,"
+                             " max(attempt) AS attempts, count(DISTINCT worker_pid) AS pids"
+                             " FROM test_runs")
+    stats = await cur.fetchone()
+    assert stats == {"runs": 20_000, "ids": 20_000, "attempts": 1, "pids": 4}
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 20_000
+    print(f"\n20,000 jobs, 4 processes x 8 slots: {elapsed:.1f}s, {20_000 / elapsed:,.0f} jobs/s")
+
+
+async def test_kill_9_mid_job_then_recovery_runs_it_to_done(conn: Conn, dsn: str,
+                                                           tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 60, "retry_seconds": 0})).id
+    victim = start(dsn, *worker_args("test_sleep"))
+    await _wait_status(conn, job_id, "running")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert (await job(conn, job_id))["attempts"] == 1
+
+    await asyncio.sleep(4)  # test_sleep's stale TTL is 3 s
+    out = run_cli(dsn, "recover").stdout
+    assert f"job {job_id} (test_sleep): stale claim recovered -> pending" in out
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("pending", 1)  # recovery is not an attempt
+    assert row["last_error"].endswith("[stale-claim recovered]")
+
+    run_cli(dsn, *worker_args("test_sleep", until_empty=True))
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("done", 2)
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job_id,)) == 1
+
+
+async def test_sigterm_hands_back_a_job_longer_than_the_grace_period(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 60, "retry_seconds": 0})).id
+    quick = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    w = start(dsn, *worker_args("test_sleep", "test_record", grace=1))
+    await _wait_status(conn, job_id, "running")
+    await _wait_status(conn, quick, "done")
+    w.send_signal(signal.SIGTERM)
+    _, err = await asyncio.to_thread(w.communicate, timeout=30)
+    assert w.returncode == 0, err
+    assert "handed back" in err
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+
+    run_cli(dsn, *worker_args("test_sleep", until_empty=True))
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("done", 1)
+
+
+async def test_sigterm_lets_a_short_job_finish(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 2})).id
+    w = start(dsn, *worker_args("test_sleep", grace=20))
+    await _wait_status(conn, job_id, "running")
+    w.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(w.communicate, timeout=30)
+    assert w.returncode == 0
+    assert (await job(conn, job_id))["status"] == "done"

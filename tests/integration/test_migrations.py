@@ -1,0 +1,76 @@
+"""Migrations on an empty database, twice: the second run changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobpool.db.migrate import check_schema, migrate, migration_script
+from jobpool.errors import SchemaNotMigratedError
+
+SNAPSHOT = """
+SELECT (SELECT json_agg(x ORDER BY x) FROM (
+          SELECT table_schema || '.' || table_name || '.' || column_name || ':' || data_type AS x
+            FROM information_schema.columns WHERE table_schema = 'mdm') c) AS columns,
+       (SELECT json_agg(indexdef ORDER BY indexdef) FROM pg_indexes
+         WHERE schemaname = 'mdm') AS indexes,
+       (SELECT json_agg(conname ORDER BY conname) FROM pg_constraint c
+          JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = 'mdm') AS constraints,
+       (SELECT json_agg(e.enumlabel ORDER BY e.enumlabel) FROM pg_enum e) AS enums,
+       (SELECT count(*) FROM mdm.jobpool_migration) AS migrations,
+       (SELECT count(*) FROM mdm.aa_tenant) AS tenants,
+       (SELECT count(*) FROM mdm.aa_job_kind) AS kinds
+"""
+
+
+async def _snapshot(dsn: str) -> Any:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(SNAPSHOT)
+        return await cur.fetchone()
+
+
+async def test_migrations_apply_once_and_the_second_run_changes_nothing(empty_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        with pytest.raises(SchemaNotMigratedError, match="run `jobpool migrate`"):
+            await check_schema(conn)
+        first = await migrate(conn)
+    after_first = await _snapshot(empty_dsn)
+    async with await psycopg.AsyncConnection.connect(empty_dsn) as conn:
+        second = await migrate(conn)
+        await check_schema(conn)
+    assert first and first[0] == "0001_queue"
+    assert second == []
+    assert await _snapshot(empty_dsn) == after_first
+
+
+async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:
+    async def run() -> list[str]:
+        async with await psycopg.AsyncConnection.connect(empty_dsn) as conn:
+            return await migrate(conn)
+
+    results = await asyncio.gather(*(run() for _ in range(4)))
+    assert sorted(len(r) for r in results)[:3] == [0, 0, 0]
+    assert sum(len(r) for r in results) == len(max(results, key=len))
+
+
+async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        await conn.execute(migration_script().encode())
+    assert await _snapshot(empty_dsn) == await _snapshot(dsn)
+
+
+async def test_running_jobs_are_always_claimed(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("INSERT INTO mdm.aa_job_kind (name) VALUES ('k')")
+        await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('t')")
+        try:
+            await conn.execute(
+                "INSERT INTO mdm.aa_job (tenant_id, job_kind, status, max_attempts)"
+                " SELECT id, 'k', 'running', 1 FROM mdm.aa_tenant WHERE key = 't'")
+            violated = None
+        except psycopg.errors.CheckViolation as exc:
+            violated = exc.diag.constraint_name
+    assert violated == "aa_job_running_is_claimed"

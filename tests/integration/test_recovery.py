@@ -1,0 +1,138 @@
+"""Stale-claim recovery, lease renewal, the cleanup_jobs schedule and done-job retention."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+
+import jobpool
+from integration.helpers import job, prepare, run_until_empty, scalar, worker
+from jobpool.db.connect import open_pool
+from jobpool.db.store import QueueStore, recover_stale_claims
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+async def _running(conn: Conn, job_id: int, age: str, attempts: int = 1) -> None:
+    await conn.execute(
+        "UPDATE mdm.aa_job SET status = 'running', claimed_by = 'h/1/dead', attempts = %s,"
+        " claimed_at = now() - %s::interval, heartbeat_at = now() - %s::interval WHERE id = %s",
+        (attempts, age, age, job_id),
+    )
+
+
+async def test_recovery_follows_the_spec(conn: Conn, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    stale, fresh, exhausted = [
+        (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id for _ in range(3)
+    ]
+    await _running(conn, stale, "1 hour")
+    await _running(conn, fresh, "5 seconds")
+    await _running(conn, exhausted, "1 hour", attempts=3)  # test_record: max_attempts 3
+
+    rows = await recover_stale_claims(conn, actor="cleanup")
+    assert {(r["id"], r["status"]) for r in rows} == {(stale, "pending"), (exhausted, "dlq")}
+
+    recovered = await job(conn, stale)
+    assert recovered["attempts"] == 1  # recovery is not an attempt
+    assert recovered["claimed_by"] is None and recovered["claimed_at"] is None
+    assert recovered["last_error"] == " [stale-claim recovered]"
+    assert (await job(conn, fresh))["status"] == "running"
+    assert (await job(conn, exhausted))["status"] == "dlq"
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_dlq'"
+                        " AND job_id = %s", (exhausted,)) == 1
+
+
+async def test_a_live_long_job_keeps_its_claim(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    """test_sleep has a 3 s stale TTL; a 6 s job survives recovery because its lease is renewed."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 6})).id
+    running = asyncio.create_task(run_until_empty(dsn, "test_sleep"))
+    recovered: list[Any] = []
+    for _ in range(14):
+        await asyncio.sleep(0.5)
+        recovered += await recover_stale_claims(conn, actor="cleanup")
+    await running
+    assert recovered == []
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("done", 1)
+
+
+async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
+                                                              tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    pool = open_pool(str(conn.info.dsn), size=1)
+    await pool.open()
+    try:
+        store = QueueStore(pool, worker_id="h/9/crashy", actor="w")
+        for _ in range(10):
+            if not await store.claim(kinds=["test_record"], tenants=None, limit=1):
+                break
+            await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '1 hour',"
+                               " heartbeat_at = NULL WHERE id = %s", (job_id,))
+            await recover_stale_claims(conn, actor="cleanup")
+    finally:
+        await pool.close()
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("dlq", 3)
+
+
+async def test_cleanup_is_scheduled_once_per_slot(conn: Conn, dsn: str) -> None:
+    await prepare(conn)
+    pool = open_pool(dsn, size=2)
+    await pool.open()
+    try:
+        stores = [QueueStore(pool, worker_id=f"h/{i}/x", actor="w") for i in range(5)]
+        ids = await asyncio.gather(*(s.schedule_cleanup(300) for s in stores))
+    finally:
+        await pool.close()
+    assert len([i for i in ids if i is not None]) == 1
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job"
+                        " WHERE job_kind = 'cleanup_jobs'") == 1
+
+
+async def test_cleanup_job_recovers_a_stale_cleanup_job_and_expires_done_jobs(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    system = "00000000-0000-0000-0000-000000000000"
+    stale_cleanup = (await jobpool.enqueue(conn, tenant_id=system, kind="cleanup_jobs",
+                                           idempotency_key="old-slot")).id
+    await _running(conn, stale_cleanup, "1 hour")
+    old, recent = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                   for _ in range(2)]
+    await conn.execute("UPDATE mdm.aa_job SET status = 'done', completed_at = now() - %s::interval"
+                       " WHERE id = %s", ("8 days", old))
+    await conn.execute("UPDATE mdm.aa_job SET status = 'done', completed_at = now() - %s::interval"
+                       " WHERE id = %s", ("1 day", recent))
+    current = (await jobpool.enqueue(conn, tenant_id=system, kind="cleanup_jobs",
+                                     idempotency_key="new-slot")).id
+
+    await run_until_empty(dsn, "cleanup_jobs")
+
+    assert (await job(conn, current))["result"] == {"recovered": 1, "dead_lettered": 0,
+                                                   "done_deleted": 1}
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (old,)) == 0
+    assert (await job(conn, recent))["status"] == "done"
+    # the stale cleanup job was recovered and, being runnable, ran in the same drain
+    assert (await job(conn, stale_cleanup))["status"] == "done"
+
+
+async def test_a_running_worker_schedules_cleanup(conn: Conn, dsn: str) -> None:
+    await prepare(conn)
+    w = worker(dsn, ("cleanup_jobs",), until_empty=False)
+    task = asyncio.create_task(w.run())
+    for _ in range(50):
+        await asyncio.sleep(0.2)
+        if await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE job_kind = 'cleanup_jobs'"
+                        " AND status = 'done'"):
+            break
+    w.stop()
+    await task
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE job_kind = 'cleanup_jobs'"
+                        " AND status = 'done'") == 1

@@ -1,0 +1,31 @@
+import pytest
+
+from jobpool.core.outcomes import LAST_ERROR_LIMIT, DeadLetter, Retry, decide_failure, truncate_error
+
+
+def test_transient_failure_with_attempts_left_retries() -> None:
+    decision = decide_failure(attempts=1, max_attempts=3, error="boom", delay=30, permanent=False)
+    assert decision == Retry(30, "boom")
+
+
+@pytest.mark.parametrize("attempts", [3, 4, 100])
+def test_out_of_attempts_goes_to_the_dlq(attempts: int) -> None:
+    decision = decide_failure(attempts=attempts, max_attempts=3, error="boom", delay=30,
+                              permanent=False)
+    assert decision == DeadLetter("boom")
+
+
+def test_permanent_error_goes_to_the_dlq_at_once() -> None:
+    decision = decide_failure(attempts=1, max_attempts=20, error="bad", delay=30, permanent=True)
+    assert isinstance(decision, DeadLetter)
+
+
+def test_errors_are_truncated_and_marked() -> None:
+    text = truncate_error("x" * 100_000)
+    assert len(text) == LAST_ERROR_LIMIT
+    assert text.endswith("[truncated]")
+    assert truncate_error("short") == "short"
+
+
+def test_nul_characters_are_dropped() -> None:
+    assert truncate_error("a\x00b") == "ab"

@@ -1,0 +1,56 @@
+import pytest
+
+import jobpool
+from jobpool.core.kinds import BUILTIN_DEFAULTS, check_kind_name
+from jobpool.registry import REGISTRY, load_kind_modules
+from jobpool.worker.config import WorkerConfig, resolve_kinds
+
+
+def test_decorator_registers_with_overrides() -> None:
+    @jobpool.kind("unit_kind", max_attempts=7, timeout=5, backoff_base=2, backoff_max=8)
+    async def handler(job, tx):  # type: ignore[no-untyped-def]
+        return None
+
+    spec = REGISTRY.get("unit_kind")
+    assert spec.handler is handler
+    assert spec.defaults.max_attempts == 7
+    assert spec.defaults.timeout == 5
+    assert (spec.defaults.backoff.base, spec.defaults.backoff.max_delay) == (2, 8)
+    assert spec.defaults.priority == 100
+
+
+@pytest.mark.parametrize("kind", ["index_sync", "gin_backfill"])
+def test_heavy_kinds_have_the_spec_defaults(kind: str) -> None:
+    defaults = BUILTIN_DEFAULTS[kind]
+    assert defaults.priority == 200
+    assert defaults.max_attempts == 3
+    assert defaults.stale_ttl >= 3600
+
+
+def test_built_in_kinds_load_from_entry_points() -> None:
+    names = load_kind_modules().names()
+    assert {"email_send", "cleanup_jobs"} <= set(names)
+
+
+@pytest.mark.parametrize("name", ["", "Email", "1kind", "x; drop table", "a" * 64])
+def test_bad_kind_names_are_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match="invalid job kind name"):
+        check_kind_name(name)
+
+
+def test_unknown_kind_lookup_names_it() -> None:
+    with pytest.raises(jobpool.UnknownKindError, match="no_such_kind"):
+        REGISTRY.get("no_such_kind")
+
+
+def test_worker_kinds_resolution() -> None:
+    registered = ("a", "b", "c")
+    assert resolve_kinds(registered, None, ("b",)) == ("a", "c")
+    assert resolve_kinds(registered, ("c",), ()) == ("c",)
+    with pytest.raises(ValueError, match="unknown job kind.*zzz"):
+        resolve_kinds(registered, ("zzz",), ())
+
+
+def test_worker_config_rejects_zero_slots() -> None:
+    with pytest.raises(ValueError, match="slots"):
+        WorkerConfig(slots=0)
