@@ -1,6 +1,12 @@
 import pytest
 
-from jobpool.core.outcomes import LAST_ERROR_LIMIT, DeadLetter, Retry, decide_failure, truncate_error
+from jobpool.core.outcomes import (
+    LAST_ERROR_LIMIT,
+    DeadLetter,
+    Retry,
+    decide_failure,
+    truncate_error,
+)
 
 
 def test_transient_failure_with_attempts_left_retries() -> None:

@@ -47,7 +47,7 @@ def test_worker_kinds_resolution() -> None:
     registered = ("a", "b", "c")
     assert resolve_kinds(registered, None, ("b",)) == ("a", "c")
     assert resolve_kinds(registered, ("c",), ()) == ("c",)
-    with pytest.raises(ValueError, match="unknown job kind.*zzz"):
+    with pytest.raises(ValueError, match=r"unknown job kind.*zzz"):
         resolve_kinds(registered, ("zzz",), ())
 
 
