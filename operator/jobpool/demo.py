@@ -71,11 +71,8 @@ async def seed(conn: Any, pool: PoolSpec, count: int) -> None:
         cur = await conn.execute(QUERIES["create_tenant"].text, {"key": key, "metadata": Jsonb({})})
         row = await cur.fetchone()
         tenants[key] = row["id"]
-    await conn.execute(
-        "INSERT INTO mdm.aa_email_suppression (tenant_id, address, reason)"
-        " VALUES (%s, 'bounced@example.com', 'hard bounce') ON CONFLICT DO NOTHING",
-        (tenants["acme"],),
-    )
+    await conn.execute(QUERIES["suppress_address"].text, {
+        "tenant_id": tenants["acme"], "address": "bounced@example.com", "reason": "hard bounce"})
     from jobpool.db.store import register_kinds
     from jobpool.registry import load_kind_modules
 

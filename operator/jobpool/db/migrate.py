@@ -9,19 +9,11 @@ from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 
 from jobpool.errors import SchemaNotMigratedError
-from jobpool.sql import migrations
+from jobpool.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x6A6F62706F6F6C  # "jobpool"
-_BOOKKEEPING = """
-CREATE SCHEMA IF NOT EXISTS mdm;
-CREATE TABLE IF NOT EXISTS mdm.jobpool_migration (
-    version    integer PRIMARY KEY,
-    name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-"""
 
 
 def latest_version() -> int:
@@ -31,11 +23,11 @@ def latest_version() -> int:
 async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
     """Versions recorded in `mdm.jobpool_migration` (empty on a fresh database)."""
     async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute("SELECT to_regclass('mdm.jobpool_migration') IS NOT NULL")
+        await cur.execute(QUERIES["migration_table_exists"].text)
         present = await cur.fetchone()
         if not (present and present[0]):
             return set()
-        await cur.execute("SELECT version FROM mdm.jobpool_migration")
+        await cur.execute(QUERIES["applied_migrations"].text)
         return {int(row[0]) for row in await cur.fetchall()}
 
 
@@ -47,23 +39,21 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
     """
     applied: list[str] = []
     await conn.set_autocommit(True)
-    await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    await conn.execute(QUERIES["migration_lock"].text, {"key": _LOCK_KEY})
     try:
-        await conn.execute(_BOOKKEEPING)
+        await conn.execute(QUERIES["create_migration_table"].text)
         done = await applied_versions(conn)
         for version, name, text in migrations():
             if version in done:
                 continue
             async with conn.transaction():
                 await conn.execute(text)
-                await conn.execute(
-                    "INSERT INTO mdm.jobpool_migration (version, name) VALUES (%s, %s)",
-                    (version, name),
-                )
+                await conn.execute(QUERIES["record_migration"].text,
+                                   {"version": version, "name": name})
             applied.append(f"{version:04d}_{name}")
             log.info("applied migration %04d_%s", version, name)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+        await conn.execute(QUERIES["migration_unlock"].text, {"key": _LOCK_KEY})
     return applied
 
 
@@ -78,7 +68,7 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
 
 def migration_script() -> str:
     """All migrations as one SQL script, for platforms that run their own migration tool."""
-    parts = [_BOOKKEEPING.strip()]
+    parts = [QUERIES["create_migration_table"].text]
     for version, name, text in migrations():
         parts.append(
             f"-- {version:04d}_{name}\nBEGIN;\n{text.strip()}\n"
