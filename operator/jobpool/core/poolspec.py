@@ -1,0 +1,507 @@
+"""The JobWorkerPool document: validation against the CRD schema, and the lane plan.
+
+One document describes a pool for both runners: the Kubernetes operator (one Deployment per
+lane) and `jobpool run pool.yaml` (local worker processes per lane). DESIGN.md section 5.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import jsonschema
+import yaml
+
+from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
+
+API_VERSION = "jobs.mdm.io/v1alpha1"
+KIND = "JobWorkerPool"
+CRD_FILE = "jobworkerpools.jobs.mdm.io.yaml"
+
+HEAVY_LANE = "heavy"
+"""Name of the implicit lane that serves heavy kinds no lane lists."""
+
+MAX_POOL_NAME = 38
+MAX_DEPLOYMENT_NAME = 63
+RESERVED_ENV = frozenset({"JOBPOOL_DSN", "JOBPOOL_RATE_LIMITS", "JOBPOOL_METRICS_PORT"})
+
+# Defaults; the CRD declares the same values (a test keeps them equal).
+DEFAULT_WORKERS_PER_POD = 4
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 10
+DEFAULT_HEAVY_WORKERS_PER_POD = 1
+DEFAULT_HEAVY_MIN_REPLICAS = 0
+DEFAULT_HEAVY_MAX_REPLICAS = 1
+DEFAULT_TARGET_UTILIZATION = 1.0
+DEFAULT_STABILIZATION_SECONDS = 300
+DEFAULT_SCALE_DOWN_MAX_STEP = 1
+DEFAULT_GRACE_SECONDS = 30
+DEFAULT_METRICS_PORT = 9108
+DEFAULT_SECRET_KEY = "dsn"
+DEFAULT_PULL_POLICY = "IfNotPresent"
+
+ScalingMode = Literal["operator", "keda", "none"]
+
+
+class PoolSpecError(ValueError):
+    """A JobWorkerPool document that cannot run; the message starts with the bad field's path."""
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """How a lane's replicas follow its job count.
+
+    mode: `operator` (the operator scales), `keda` (a KEDA ScaledObject scales), `none`
+    (fixed at min_replicas). target_utilization: share of slots ready+running jobs should
+    fill, in (0, 1]. scale_down_stabilization: seconds demand must stay lower before a
+    scale-down. scale_down_max_step: replicas removed at most per scaling period.
+    """
+
+    mode: ScalingMode = "operator"
+    target_utilization: float = DEFAULT_TARGET_UTILIZATION
+    scale_down_stabilization: float = DEFAULT_STABILIZATION_SECONDS
+    scale_down_max_step: int = DEFAULT_SCALE_DOWN_MAX_STEP
+
+
+@dataclass(frozen=True)
+class ProviderLimit:
+    """A global cap on one provider: `rps` requests per second, bursts of `burst`."""
+
+    rps: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Provider caps of a lane; `kinds` maps a job kind to the provider it uses."""
+
+    providers: Mapping[str, ProviderLimit]
+    kinds: Mapping[str, str]
+
+    def to_json(self) -> str:
+        """The JOBPOOL_RATE_LIMITS value: {"providers": {name: {rps, burst}}, "kinds": {...}}."""
+        return json.dumps(
+            {
+                "providers": {
+                    name: {"rps": limit.rps, "burst": limit.burst}
+                    for name, limit in sorted(self.providers.items())
+                },
+                "kinds": dict(sorted(self.kinds.items())),
+            },
+            separators=(",", ":"),
+        )
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One group of identical workers: which jobs they claim and how many pods run them.
+
+    kinds: the kinds served, or None for the catch-all lane (every kind no other lane lists).
+    exclude_kinds: for the catch-all lane, the kinds other lanes serve (always incl. heavy
+    kinds); () otherwise. tenants: tenant keys or ids; () means all tenants.
+    implicit: True for the heavy lane the plan adds by itself.
+    """
+
+    name: str
+    kinds: tuple[str, ...] | None
+    exclude_kinds: tuple[str, ...]
+    tenants: tuple[str, ...]
+    workers_per_pod: int
+    min_replicas: int
+    max_replicas: int
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    rate_limits: RateLimits | None = None
+    implicit: bool = False
+
+    def serves(self, kind: str, tenant: str | None = None) -> bool:
+        """Whether a worker of this lane claims jobs of `kind` (for `tenant`, if given)."""
+        kind_ok = kind not in self.exclude_kinds if self.kinds is None else kind in self.kinds
+        tenant_ok = not self.tenants or tenant is None or tenant in self.tenants
+        return kind_ok and tenant_ok
+
+    def worker_args(self, grace_seconds: int, imports: Sequence[str] = ()) -> list[str]:
+        """Arguments of `jobpool` that run one worker process of this lane."""
+        args = ["run", "--slots", str(self.workers_per_pod), "--grace", str(grace_seconds)]
+        if self.kinds is not None:
+            args += ["--kinds", ",".join(self.kinds)]
+        if self.exclude_kinds:
+            args += ["--exclude-kinds", ",".join(self.exclude_kinds)]
+        if self.tenants:
+            args += ["--tenants", ",".join(self.tenants)]
+        for module in imports:
+            args += ["--import", module]
+        return args
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """The Secret (in the pool's namespace) and key that hold the DSN."""
+
+    name: str
+    key: str = DEFAULT_SECRET_KEY
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A validated pool and its lane plan.
+
+    lanes: the declared lanes in order, then the implicit heavy lane if one was added.
+    warnings: problems that do not stop the pool (e.g. a built-in kind no lane serves).
+    """
+
+    name: str
+    namespace: str | None
+    image: str
+    dsn_secret: SecretRef
+    lanes: tuple[Lane, ...]
+    image_pull_policy: str = DEFAULT_PULL_POLICY
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account_name: str | None = None
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+    metrics_port: int = DEFAULT_METRICS_PORT
+    imports: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def lane(self, name: str) -> Lane:
+        """The lane called `name`; KeyError if there is none."""
+        for lane in self.lanes:
+            if lane.name == name:
+                return lane
+        raise KeyError(name)
+
+
+@functools.cache
+def crd_document() -> Mapping[str, Any]:
+    """The JobWorkerPool CRD shipped with the package."""
+    text = (importlib.resources.files("jobpool") / "crds" / CRD_FILE).read_text("utf-8")
+    return cast("Mapping[str, Any]", yaml.safe_load(text))
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft4Validator:
+    schema = copy.deepcopy(crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    schema["properties"]["spec"] = _closed(schema["properties"]["spec"])
+    return jsonschema.Draft4Validator(schema)
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with unknown fields rejected (the API server would prune them silently;
+    `kubectl apply` rejects them, and so does `jobpool run`)."""
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: _closed(value) for key, value in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema and not schema.get(
+        "x-kubernetes-preserve-unknown-fields"
+    ):
+        closed["additionalProperties"] = False
+    return closed
+
+
+def load_pool_file(path: str | Path) -> PoolSpec:
+    """Read a YAML file holding one JobWorkerPool and return its plan.
+
+    Raises PoolSpecError for an unreadable file, invalid YAML, or an invalid pool.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PoolSpecError(f"{path}: cannot read the pool file: {exc}") from exc
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise PoolSpecError(f"{path}: not valid YAML: {exc}") from exc
+    if len(documents) != 1:
+        raise PoolSpecError(
+            f"{path}: expected exactly one JobWorkerPool document, found {len(documents)}"
+        )
+    document = documents[0]
+    if not isinstance(document, Mapping):
+        raise PoolSpecError(
+            f"{path}: the document must be a mapping, not {type(document).__name__}"
+        )
+    return load_pool(document)
+
+
+def load_pool(document: Mapping[str, Any]) -> PoolSpec:
+    """Validate a JobWorkerPool document (as parsed from YAML or read from the API) and plan it.
+
+    Checks, in order: the CRD's OpenAPI schema, the rules the CRD states in CEL, then the
+    lane plan (duplicate lanes, a kind two lanes claim for the same tenant, Deployment
+    name lengths). Raises PoolSpecError naming the path of the first bad field, e.g.
+    `spec.lanes[1].maxReplicas: ...`.
+    """
+    document = _plain(document)
+    _check_schema(document)
+    metadata = document.get("metadata") or {}
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        raise PoolSpecError("metadata.name: a pool needs a name")
+    if len(name) > MAX_POOL_NAME:
+        raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got {len(name)}")
+    spec = document["spec"]
+    worker = spec.get("worker") or {}
+    env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
+    for index, (env_name, _) in enumerate(env):
+        if env_name in RESERVED_ENV:
+            raise PoolSpecError(
+                f"spec.worker.env[{index}].name: {env_name} is set by the operator"
+            )
+    declared = tuple(
+        _declared_lane(raw, f"spec.lanes[{index}]") for index, raw in enumerate(spec["lanes"])
+    )
+    lanes = plan_lanes(declared, _heavy_lane(spec.get("heavyLane") or {}))
+    for index, lane in enumerate(lanes):
+        deployment = f"{name}-{lane.name}"
+        if len(deployment) > MAX_DEPLOYMENT_NAME:
+            raise PoolSpecError(
+                f"spec.lanes[{index}].name: Deployment name {deployment!r} is longer than "
+                f"{MAX_DEPLOYMENT_NAME} characters"
+            )
+    database = spec["database"]
+    return PoolSpec(
+        name=name,
+        namespace=metadata.get("namespace"),
+        image=spec["image"],
+        dsn_secret=SecretRef(database["secretName"], database.get("key", DEFAULT_SECRET_KEY)),
+        lanes=lanes,
+        image_pull_policy=spec.get("imagePullPolicy", DEFAULT_PULL_POLICY),
+        image_pull_secrets=tuple(item["name"] for item in spec.get("imagePullSecrets") or ()),
+        service_account_name=spec.get("serviceAccountName"),
+        grace_seconds=worker.get("graceSeconds", DEFAULT_GRACE_SECONDS),
+        metrics_port=worker.get("metricsPort", DEFAULT_METRICS_PORT),
+        imports=tuple(worker.get("imports") or ()),
+        env=env,
+        pod_annotations=dict(worker.get("podAnnotations") or {}),
+        node_selector=dict(worker.get("nodeSelector") or {}),
+        warnings=unserved_kind_warnings(lanes, BUILTIN_DEFAULTS),
+    )
+
+
+def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
+    """Complete the declared lanes: add the heavy lane if needed, fill catch-all exclusions.
+
+    `heavy` is the template of the implicit heavy lane (its kinds are replaced by the heavy
+    kinds no all-tenant lane lists). Raises PoolSpecError for duplicate lane names or a kind
+    claimed by two lanes for the same tenant.
+    """
+    _check_names(declared)
+    listed_everywhere = {
+        kind for lane in declared if lane.kinds is not None and not lane.tenants
+        for kind in lane.kinds
+    }
+    lanes = list(declared)
+    unplaced_heavy = tuple(sorted(HEAVY_KINDS - listed_everywhere))
+    if unplaced_heavy:
+        if any(lane.name == heavy.name for lane in declared):
+            index = [lane.name for lane in declared].index(heavy.name)
+            raise PoolSpecError(
+                f"spec.lanes[{index}].name: {heavy.name!r} is the implicit lane of heavy kinds "
+                f"({', '.join(unplaced_heavy)}); list them in that lane or rename it"
+            )
+        lanes.append(
+            Lane(
+                name=heavy.name, kinds=unplaced_heavy, exclude_kinds=(), tenants=(),
+                workers_per_pod=heavy.workers_per_pod, min_replicas=heavy.min_replicas,
+                max_replicas=heavy.max_replicas, autoscaling=heavy.autoscaling,
+                resources=heavy.resources, implicit=True,
+            )
+        )
+    _check_overlaps(lanes)
+    return tuple(_with_exclusions(lane, lanes) for lane in lanes)
+
+
+def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple[str, ...]:
+    """Warnings for known kinds that no lane serves for every tenant."""
+    missing = sorted(
+        kind for kind in set(known)
+        if not any(lane.serves(kind) and not lane.tenants for lane in lanes)
+    )
+    if not missing:
+        return ()
+    return (
+        "no lane serves these kinds for every tenant (add a catch-all lane without kinds, "
+        f"or list them): {', '.join(missing)}",
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and sequences as plain dicts and lists (API objects arrive as read-only views)."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _check_schema(document: Mapping[str, Any]) -> None:
+    if document.get("apiVersion") != API_VERSION:
+        raise PoolSpecError(
+            f"apiVersion: expected {API_VERSION!r}, got {document.get('apiVersion')!r}"
+        )
+    if document.get("kind") != KIND:
+        raise PoolSpecError(f"kind: expected {KIND!r}, got {document.get('kind')!r}")
+    errors = sorted(_validator().iter_errors(document), key=_error_order)
+    if errors:
+        error = errors[0]
+        raise PoolSpecError(f"{_json_path(error.absolute_path)}: {error.message}")
+
+
+def _error_order(error: jsonschema.ValidationError) -> tuple[int, str]:
+    return (len(error.absolute_path), _json_path(error.absolute_path))
+
+
+def _json_path(parts: Iterable[str | int]) -> str:
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path or "(document)"
+
+
+def _autoscaling(raw: Mapping[str, Any]) -> Autoscaling:
+    return Autoscaling(
+        mode=raw.get("mode", "operator"),
+        target_utilization=float(raw.get("targetUtilization", DEFAULT_TARGET_UTILIZATION)),
+        scale_down_stabilization=float(
+            raw.get("scaleDownStabilizationSeconds", DEFAULT_STABILIZATION_SECONDS)
+        ),
+        scale_down_max_step=int(raw.get("scaleDownMaxStep", DEFAULT_SCALE_DOWN_MAX_STEP)),
+    )
+
+
+def _rate_limits(raw: Mapping[str, Any] | None, path: str) -> RateLimits | None:
+    if raw is None:
+        return None
+    providers = {
+        name: ProviderLimit(
+            rps=float(limit["rps"]), burst=int(limit.get("burst", math.ceil(limit["rps"])))
+        )
+        for name, limit in (raw.get("providers") or {}).items()
+    }
+    kinds = dict(raw.get("kinds") or {})
+    for kind, provider in kinds.items():
+        if provider not in providers:
+            raise PoolSpecError(
+                f"{path}.rateLimits.kinds.{kind}: provider {provider!r} is not declared in "
+                f"{path}.rateLimits.providers"
+            )
+    return RateLimits(providers=providers, kinds=kinds)
+
+
+def _bounds(
+    raw: Mapping[str, Any], path: str, default_min: int, default_max: int
+) -> tuple[int, int]:
+    low = int(raw.get("minReplicas", default_min))
+    high = int(raw.get("maxReplicas", default_max))
+    if low > high:
+        raise PoolSpecError(
+            f"{path}.maxReplicas: must be >= minReplicas ({low}), got {high}"
+        )
+    return low, high
+
+
+def _declared_lane(raw: Mapping[str, Any], path: str) -> Lane:
+    low, high = _bounds(raw, path, DEFAULT_MIN_REPLICAS, DEFAULT_MAX_REPLICAS)
+    kinds = raw.get("kinds")
+    return Lane(
+        name=raw["name"],
+        kinds=None if kinds is None else tuple(kinds),
+        exclude_kinds=(),
+        tenants=tuple(raw.get("tenants") or ()),
+        workers_per_pod=int(raw.get("workersPerPod", DEFAULT_WORKERS_PER_POD)),
+        min_replicas=low,
+        max_replicas=high,
+        autoscaling=_autoscaling(raw.get("autoscaling") or {}),
+        resources=dict(raw.get("resources") or {}),
+        rate_limits=_rate_limits(raw.get("rateLimits"), path),
+    )
+
+
+def _heavy_lane(raw: Mapping[str, Any]) -> Lane:
+    low, high = _bounds(
+        raw, "spec.heavyLane", DEFAULT_HEAVY_MIN_REPLICAS, DEFAULT_HEAVY_MAX_REPLICAS
+    )
+    return Lane(
+        name=HEAVY_LANE,
+        kinds=tuple(sorted(HEAVY_KINDS)),
+        exclude_kinds=(),
+        tenants=(),
+        workers_per_pod=int(raw.get("workersPerPod", DEFAULT_HEAVY_WORKERS_PER_POD)),
+        min_replicas=low,
+        max_replicas=high,
+        autoscaling=_autoscaling(raw.get("autoscaling") or {}),
+        resources=dict(raw.get("resources") or {}),
+        implicit=True,
+    )
+
+
+def _check_names(lanes: Sequence[Lane]) -> None:
+    seen: dict[str, int] = {}
+    for index, lane in enumerate(lanes):
+        if lane.name in seen:
+            raise PoolSpecError(
+                f"spec.lanes[{index}].name: duplicate lane name {lane.name!r} "
+                f"(also spec.lanes[{seen[lane.name]}])"
+            )
+        seen[lane.name] = index
+
+
+def _tenants_meet(a: Lane, b: Lane) -> bool:
+    """Both lanes serve some tenant by the same explicit claim (both all, or a shared one)."""
+    if not a.tenants and not b.tenants:
+        return True
+    return bool(set(a.tenants) & set(b.tenants))
+
+
+def _check_overlaps(lanes: Sequence[Lane]) -> None:
+    for index, lane in enumerate(lanes):
+        for other in lanes[:index]:
+            if not _tenants_meet(lane, other):
+                continue
+            if lane.kinds is None and other.kinds is None:
+                shared = ["every unlisted kind"]
+            elif lane.kinds is None or other.kinds is None:
+                continue  # a catch-all yields the kinds that other lanes list
+            else:
+                shared = sorted(set(lane.kinds) & set(other.kinds))
+            if shared:
+                whom = ", ".join(sorted(set(lane.tenants) & set(other.tenants))) or "all tenants"
+                where = f"spec.lanes[{index}]" if not lane.implicit else f"lane {lane.name!r}"
+                raise PoolSpecError(
+                    f"{where}.kinds: {', '.join(shared)} claimed by lanes {other.name!r} and "
+                    f"{lane.name!r} for {whom}; a kind belongs to one lane per tenant"
+                )
+
+
+def _with_exclusions(lane: Lane, lanes: Sequence[Lane]) -> Lane:
+    """A catch-all lane excludes heavy kinds and kinds that lanes covering its tenants list."""
+    if lane.kinds is not None:
+        return lane
+    excluded = set(HEAVY_KINDS)
+    for other in lanes:
+        if other is lane or other.kinds is None:
+            continue
+        if not other.tenants or (lane.tenants and set(lane.tenants) <= set(other.tenants)):
+            excluded.update(other.kinds)
+    return Lane(
+        name=lane.name, kinds=None, exclude_kinds=tuple(sorted(excluded)), tenants=lane.tenants,
+        workers_per_pod=lane.workers_per_pod, min_replicas=lane.min_replicas,
+        max_replicas=lane.max_replicas, autoscaling=lane.autoscaling, resources=lane.resources,
+        rate_limits=lane.rate_limits, implicit=lane.implicit,
+    )

@@ -1,0 +1,1 @@
+"""Kubernetes: pure manifest builders and reconcile plan, the API client, kopf wiring."""

@@ -1,0 +1,302 @@
+"""Pure builders of the objects the operator owns: one worker Deployment per lane, KEDA
+ScaledObjects, owner references and status (STYLE habit 4). Dicts in, dicts out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jobpool.core.poolspec import API_VERSION, KIND, Lane, PoolSpec
+
+GROUP = "jobs.mdm.io"
+POOL_LABEL = f"{GROUP}/pool"
+LANE_LABEL = f"{GROUP}/lane"
+TEMPLATE_HASH = f"{GROUP}/template-hash"
+"""Annotation on a Deployment: hash of everything the operator sets except replicas."""
+MANAGED_BY = "jobpool-operator"
+CONTAINER = "worker"
+GRACE_MARGIN = 15
+"""Seconds the kubelet waits beyond the worker's own grace before it kills the pod."""
+RUN_AS = 10001
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_POLLING_SECONDS = 15
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def deployment_name(pool: str, lane: str) -> str:
+    """`<pool>-<lane>`: the name of a lane's Deployment (and ScaledObject)."""
+    return f"{pool}-{lane}"
+
+
+def selector_labels(pool: str, lane: str) -> dict[str, str]:
+    """The labels that select a lane's pods (immutable in a Deployment)."""
+    return {"app.kubernetes.io/name": "jobpool", POOL_LABEL: pool, LANE_LABEL: lane}
+
+
+def build_labels(pool: str, lane: str, version: str | None = None) -> dict[str, str]:
+    """The labels of everything the operator creates for a lane."""
+    labels = {
+        **selector_labels(pool, lane),
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/part-of": "jobpool",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+    if version:
+        labels["app.kubernetes.io/version"] = version
+    return labels
+
+
+def pool_selector(pool: str) -> str:
+    """A label selector for every object the operator made for `pool`."""
+    return f"{POOL_LABEL}={pool},app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+def build_owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The ownerReference that makes a child go when its JobWorkerPool goes.
+
+    `owner` is the pool object as the API returned it; raises ValueError without a uid.
+    """
+    meta = owner.get("metadata") or {}
+    if not meta.get("uid"):
+        raise ValueError(f"JobWorkerPool {meta.get('name')!r} has no uid; cannot own children")
+    return {
+        "apiVersion": owner.get("apiVersion", API_VERSION),
+        "kind": owner.get("kind", KIND),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _image_version(image: str) -> str | None:
+    tail = image.rsplit("/", 1)[-1]
+    if "@" in tail or ":" not in tail:
+        return None
+    tag = tail.rsplit(":", 1)[1]
+    return tag if _LABEL_VALUE.fullmatch(tag) else None
+
+
+def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
+    """The worker container's environment: DSN from the Secret, metrics port, rate limits."""
+    env: list[dict[str, Any]] = [
+        {
+            "name": "JOBPOOL_DSN",
+            "valueFrom": {
+                "secretKeyRef": {"name": pool.dsn_secret.name, "key": pool.dsn_secret.key}
+            },
+        },
+        {"name": "JOBPOOL_METRICS_PORT", "value": str(pool.metrics_port)},
+        {"name": "JOBPOOL_POOL", "value": pool.name},
+        {"name": "JOBPOOL_LANE", "value": lane.name},
+    ]
+    if lane.rate_limits is not None:
+        env.append({"name": "JOBPOOL_RATE_LIMITS", "value": lane.rate_limits.to_json()})
+    env += [{"name": name, "value": value} for name, value in pool.env]
+    return env
+
+
+def build_worker_container(pool: PoolSpec, lane: Lane) -> dict[str, Any]:
+    """The one container of a lane's pods: `jobpool run` restricted to the lane."""
+    probe = {"port": "metrics", "scheme": "HTTP"}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": pool.image,
+        "imagePullPolicy": pool.image_pull_policy,
+        "args": lane.worker_args(pool.grace_seconds, pool.imports),
+        "env": build_worker_env(pool, lane),
+        "ports": [{"name": "metrics", "containerPort": pool.metrics_port, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", **probe},
+            "initialDelaySeconds": 5, "periodSeconds": 10, "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", **probe},
+            "initialDelaySeconds": 2, "periodSeconds": 5, "timeoutSeconds": 3,
+            "failureThreshold": 2,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if lane.resources:
+        container["resources"] = {
+            key: dict(value) for key, value in lane.resources.items() if value
+        }
+    return container
+
+
+def build_pod_template(pool: PoolSpec, lane: Lane) -> dict[str, Any]:
+    """The pod template of a lane's Deployment."""
+    annotations = {
+        **pool.pod_annotations,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(pool.metrics_port),
+        "prometheus.io/path": "/metrics",
+    }
+    spec: dict[str, Any] = {
+        "containers": [build_worker_container(pool, lane)],
+        "terminationGracePeriodSeconds": pool.grace_seconds + GRACE_MARGIN,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    if pool.service_account_name:
+        spec["serviceAccountName"] = pool.service_account_name
+    if pool.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in pool.image_pull_secrets]
+    if pool.node_selector:
+        spec["nodeSelector"] = dict(pool.node_selector)
+    return {
+        "metadata": {
+            "labels": build_labels(pool.name, lane.name, _image_version(pool.image)),
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def template_hash(body: Mapping[str, Any]) -> str:
+    """A short hash of an object as the operator builds it, ignoring replicas and the hash."""
+    spec = {key: value for key, value in (body.get("spec") or {}).items() if key != "replicas"}
+    meta = body.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TEMPLATE_HASH}
+    subject = {
+        "labels": meta.get("labels") or {},
+        "annotations": annotations,
+        "ownerReferences": meta.get("ownerReferences") or [],
+        "spec": spec,
+    }
+    digest = hashlib.sha256(json.dumps(subject, sort_keys=True).encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+def _with_hash(body: dict[str, Any]) -> dict[str, Any]:
+    body["metadata"].setdefault("annotations", {})[TEMPLATE_HASH] = template_hash(body)
+    return body
+
+
+def build_worker_deployment(
+    pool: PoolSpec, lane: Lane, owner: Mapping[str, Any], replicas: int
+) -> dict[str, Any]:
+    """The Deployment `<pool>-<lane>` running the lane's workers.
+
+    owner: the ownerReference (see build_owner_reference). replicas: only used when the
+    Deployment is created; afterwards the scaler alone writes replicas.
+    """
+    labels = build_labels(pool.name, lane.name, _image_version(pool.image))
+    metadata: dict[str, Any] = {
+        "name": deployment_name(pool.name, lane.name),
+        "labels": labels,
+        "annotations": {},
+        "ownerReferences": [dict(owner)],
+    }
+    if pool.namespace:
+        metadata["namespace"] = pool.namespace
+    return _with_hash({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector_labels(pool.name, lane.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+            },
+            "template": build_pod_template(pool, lane),
+        },
+    })
+
+
+def keda_query(count_query: str, lane: Lane) -> str:
+    """The KEDA postgresql trigger's query: `count_lane_jobs` for one lane, as one number.
+
+    `count_query` is the named query's text. The lane becomes a SQL string literal; its
+    names are already restricted by the CRD's patterns, and quotes are doubled regardless.
+    """
+    lanes = json.dumps([{
+        "name": lane.name,
+        "kinds": None if lane.kinds is None else list(lane.kinds),
+        "exclude_kinds": list(lane.exclude_kinds),
+        "tenants": list(lane.tenants),
+    }], separators=(",", ":"))
+    literal = "'" + lanes.replace("'", "''") + "'"
+    inner = count_query.strip().rstrip(";").replace("%(lanes)s", literal)
+    return f"SELECT coalesce(sum(ready + running), 0) FROM ({inner}) AS lane_jobs"
+
+
+def build_scaled_object(
+    pool: PoolSpec, lane: Lane, owner: Mapping[str, Any], count_query: str
+) -> dict[str, Any]:
+    """A KEDA ScaledObject scaling the lane's Deployment with a postgresql trigger.
+
+    The trigger reads the DSN from the worker container's JOBPOOL_DSN (a secretKeyRef), so
+    the DSN stays in its Secret. Target per pod: workers_per_pod x target utilisation.
+    """
+    policy = lane.autoscaling
+    name = deployment_name(pool.name, lane.name)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": build_labels(pool.name, lane.name),
+        "annotations": {},
+        "ownerReferences": [dict(owner)],
+    }
+    if pool.namespace:
+        metadata["namespace"] = pool.namespace
+    target = lane.workers_per_pod * policy.target_utilization
+    return _with_hash({
+        "apiVersion": KEDA_API_VERSION,
+        "kind": "ScaledObject",
+        "metadata": metadata,
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                "envSourceContainerName": CONTAINER,
+            },
+            "minReplicaCount": lane.min_replicas,
+            "maxReplicaCount": lane.max_replicas,
+            "pollingInterval": KEDA_POLLING_SECONDS,
+            "cooldownPeriod": int(policy.scale_down_stabilization),
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleDown": {
+                            "stabilizationWindowSeconds": int(policy.scale_down_stabilization),
+                            "policies": [{
+                                "type": "Pods", "value": policy.scale_down_max_step,
+                                "periodSeconds": KEDA_POLLING_SECONDS,
+                            }],
+                        },
+                    },
+                },
+            },
+            "triggers": [{
+                "type": "postgresql",
+                "metadata": {
+                    "connectionFromEnv": "JOBPOOL_DSN",
+                    "query": keda_query(count_query, lane),
+                    "targetQueryValue": f"{target:g}",
+                    "activationTargetQueryValue": "0",
+                },
+            }],
+        },
+    })

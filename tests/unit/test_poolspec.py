@@ -1,0 +1,354 @@
+"""The JobWorkerPool document: schema errors with paths, CEL-equivalent checks, lane plan."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobpool.core import poolspec
+from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
+from jobpool.core.poolspec import PoolSpecError, load_pool, load_pool_file
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "pool.yaml"
+
+
+def pool(*lanes: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A minimal valid document with `lanes` and extra `spec` fields."""
+    return {
+        "apiVersion": "jobs.mdm.io/v1alpha1",
+        "kind": "JobWorkerPool",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "image": "jobpool:1",
+            "database": {"secretName": "db"},
+            "lanes": list(lanes) or [{"name": "default"}],
+            **spec,
+        },
+    }
+
+
+def error_of(document: dict[str, Any]) -> str:
+    with pytest.raises(PoolSpecError) as caught:
+        load_pool(document)
+    return str(caught.value)
+
+
+# -- the example -------------------------------------------------------------------------
+
+
+def test_example_pool_plans_default_bulk_tenant_and_implicit_heavy_lane() -> None:
+    spec = load_pool_file(EXAMPLE)
+    assert [lane.name for lane in spec.lanes] == ["default", "bulk", "acme", "heavy"]
+    default, bulk, acme, heavy = spec.lanes
+    assert default.kinds is None
+    assert set(default.exclude_kinds) == {"bulk_import", "reindex", *HEAVY_KINDS}
+    assert "email_send" not in default.exclude_kinds  # acme's lane is for one tenant only
+    assert acme.tenants == ("acme",)
+    assert heavy.implicit and set(heavy.kinds or ()) == HEAVY_KINDS
+    assert (heavy.workers_per_pod, heavy.min_replicas, heavy.max_replicas) == (1, 0, 1)
+    assert spec.dsn_secret == poolspec.SecretRef("jobpool-db", "dsn")
+    assert spec.warnings == ()
+    assert not bulk.serves("email_send") and bulk.serves("reindex")
+
+
+def test_no_lane_but_heavy_ever_serves_heavy_kinds() -> None:
+    spec = load_pool_file(EXAMPLE)
+    for kind in HEAVY_KINDS:
+        serving = [lane.name for lane in spec.lanes if lane.serves(kind)]
+        assert serving == ["heavy"], kind
+
+
+# -- the lane plan -----------------------------------------------------------------------
+
+
+def test_heavy_kinds_listed_explicitly_get_no_implicit_lane() -> None:
+    spec = load_pool(pool({"name": "default"}, {"name": "index", "kinds": sorted(HEAVY_KINDS)}))
+    assert [lane.name for lane in spec.lanes] == ["default", "index"]
+    assert set(HEAVY_KINDS) <= set(spec.lane("default").exclude_kinds)
+
+
+def test_heavy_kind_listed_in_part_leaves_the_rest_on_the_heavy_lane() -> None:
+    spec = load_pool(pool({"name": "default"}, {"name": "idx", "kinds": ["index_sync"]}))
+    assert spec.lane("heavy").kinds == ("gin_backfill",)
+    assert spec.lane("idx").kinds == ("index_sync",)
+
+
+def test_heavy_lane_settings_come_from_heavy_lane_field() -> None:
+    spec = load_pool(pool(heavyLane={"workersPerPod": 2, "minReplicas": 1, "maxReplicas": 3}))
+    heavy = spec.lane("heavy")
+    assert (heavy.workers_per_pod, heavy.min_replicas, heavy.max_replicas) == (2, 1, 3)
+
+
+def test_catch_all_for_a_tenant_excludes_kinds_of_lanes_covering_that_tenant() -> None:
+    spec = load_pool(pool(
+        {"name": "default"},
+        {"name": "mail", "kinds": ["email_send"], "tenants": ["acme", "beta"]},
+        {"name": "acme-rest", "tenants": ["acme"]},
+    ))
+    assert "email_send" in spec.lane("acme-rest").exclude_kinds
+    assert "email_send" not in spec.lane("default").exclude_kinds
+
+
+@pytest.mark.parametrize(
+    ("lanes", "expected"),
+    [
+        ([{"name": "a", "kinds": ["email_send"]},
+          {"name": "b", "kinds": ["email_send", "reindex"]}],
+         "email_send claimed by lanes 'a' and 'b' for all tenants"),
+        ([{"name": "a", "kinds": ["reindex"], "tenants": ["acme", "x"]},
+          {"name": "b", "kinds": ["reindex"], "tenants": ["acme"]}],
+         "reindex claimed by lanes 'a' and 'b' for acme"),
+        ([{"name": "a"}, {"name": "b"}], "every unlisted kind claimed by lanes 'a' and 'b'"),
+    ],
+)
+def test_a_kind_claimed_twice_for_the_same_tenant_is_rejected(
+    lanes: list[dict[str, Any]], expected: str
+) -> None:
+    message = error_of(pool(*lanes))
+    assert message.startswith("spec.lanes[1].kinds: ")
+    assert expected in message
+
+
+def test_a_kind_on_an_all_tenant_lane_and_a_tenant_lane_is_extra_capacity() -> None:
+    spec = load_pool(pool(
+        {"name": "a", "kinds": ["email_send"]},
+        {"name": "b", "kinds": ["email_send"], "tenants": ["acme"]},
+    ))
+    assert [lane.name for lane in spec.lanes if lane.serves("email_send", "acme")] == ["a", "b"]
+
+
+def test_a_lane_named_heavy_must_take_the_heavy_kinds() -> None:
+    assert "'heavy' is the implicit lane of heavy kinds" in error_of(
+        pool({"name": "default"}, {"name": "heavy", "kinds": ["reindex"]})
+    )
+    spec = load_pool(pool({"name": "heavy", "kinds": ["index_sync", "gin_backfill"]}))
+    assert not spec.lane("heavy").implicit
+
+
+def test_known_kinds_no_lane_serves_are_a_warning() -> None:
+    spec = load_pool(pool({"name": "mail", "kinds": ["email_send"]}))
+    assert len(spec.warnings) == 1
+    missing = set(BUILTIN_DEFAULTS) - {"email_send", *HEAVY_KINDS}
+    assert all(kind in spec.warnings[0] for kind in missing)
+    assert "email_send" not in spec.warnings[0]
+
+
+# -- validation errors name the field ----------------------------------------------------
+
+
+def _set(document: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    document = copy.deepcopy(document)
+    target: Any = document
+    keys: list[Any] = [int(k) if k.isdigit() else k for k in path.split(".")]
+    for key in keys[:-1]:
+        target = target[key]
+    if value is _DELETE:
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = value
+    return document
+
+
+_DELETE = object()
+TWO_LANES = pool({"name": "default"}, {"name": "bulk", "kinds": ["bulk_import"]})
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("spec.lanes.1.maxReplicas", "ten", "spec.lanes[1].maxReplicas: 'ten' is not of type"),
+        ("spec.lanes.1.maxReplicas", 0, "spec.lanes[1].maxReplicas: 0 is less than the minimum"),
+        ("spec.lanes.1.name", "Bulk_Lane", "spec.lanes[1].name: 'Bulk_Lane' does not match"),
+        ("spec.lanes.1.kinds", ["Bad-Kind"], "spec.lanes[1].kinds[0]: 'Bad-Kind' does not match"),
+        ("spec.lanes.1.kinds", [], "spec.lanes[1].kinds: [] "),
+        ("spec.lanes.1.tenants", ["ACME"], "spec.lanes[1].tenants[0]: 'ACME' does not match"),
+        ("spec.lanes.1.workersPerPod", 0, "spec.lanes[1].workersPerPod: 0 is less than"),
+        ("spec.lanes.1.autoscaling", {"mode": "hpa"}, "spec.lanes[1].autoscaling.mode: 'hpa'"),
+        ("spec.lanes.1.autoscaling", {"targetUtilization": 0},
+         "spec.lanes[1].autoscaling.targetUtilization: 0 is less than or equal to the minimum"),
+        ("spec.lanes.1.surprise", 1, "spec.lanes[1]: Additional properties are not allowed"),
+        ("spec.image", _DELETE, "spec: 'image' is a required property"),
+        ("spec.database", {}, "spec.database: 'secretName' is a required property"),
+        ("spec.lanes", [], "spec.lanes: [] "),
+        ("spec.worker", {"graceSeconds": -1}, "spec.worker.graceSeconds: -1 is less than"),
+        ("apiVersion", "jobs.mdm.io/v1", "apiVersion: expected 'jobs.mdm.io/v1alpha1'"),
+        ("kind", "Pool", "kind: expected 'JobWorkerPool'"),
+        ("metadata.name", "p" * 39, "metadata.name: at most 38 characters"),
+    ],
+)
+def test_invalid_fields_are_reported_with_their_path(path: str, value: Any, expected: str) -> None:
+    assert error_of(_set(TWO_LANES, path, value)).startswith(expected)
+
+
+def test_unknown_fields_are_rejected_like_the_api_server_prunes_them() -> None:
+    # the CRD is structural: an unknown field is an error here rather than silently dropped
+    schema_text = json.dumps(poolspec.crd_document())
+    assert '"additionalProperties": false' not in schema_text  # so the check is ours
+    assert "Additional properties" in error_of(_set(TWO_LANES, "spec.lanes.0.kind", "x"))
+
+
+# -- the CRD's CEL rules, checked in Python ------------------------------------------------
+
+
+CEL_CASES = {
+    "self.minReplicas <= self.maxReplicas": (
+        pool({"name": "a", "minReplicas": 5, "maxReplicas": 2}),
+        "spec.lanes[0].maxReplicas: must be >= minReplicas (5), got 2",
+    ),
+    "size(self.metadata.name) <= 38": (
+        _set(pool(), "metadata.name", "n" * 40), "metadata.name: at most 38 characters",
+    ),
+    "self.all(e, e.name != 'JOBPOOL_DSN' && e.name != 'JOBPOOL_RATE_LIMITS' "
+    "&& e.name != 'JOBPOOL_METRICS_PORT')": (
+        pool(worker={"env": [{"name": "A", "value": "1"}, {"name": "JOBPOOL_DSN", "value": "x"}]}),
+        "spec.worker.env[1].name: JOBPOOL_DSN is set by the operator",
+    ),
+    "!has(self.kinds) || self.kinds.all(k, has(self.providers) "
+    "&& self.kinds[k] in self.providers)": (
+        pool({"name": "a", "rateLimits": {"providers": {"smtp": {"rps": 1}},
+                                          "kinds": {"email_send": "sms"}}}),
+        "spec.lanes[0].rateLimits.kinds.email_send: provider 'sms' is not declared",
+    ),
+}
+
+
+def _cel_rules(node: Any) -> list[str]:
+    found: list[str] = []
+    if isinstance(node, dict):
+        found += [rule["rule"] for rule in node.get("x-kubernetes-validations", [])]
+        for value in node.values():
+            found += _cel_rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _cel_rules(value)
+    return found
+
+
+def test_every_cel_rule_of_the_crd_has_a_python_check() -> None:
+    assert set(_cel_rules(poolspec.crd_document())) == set(CEL_CASES)
+
+
+@pytest.mark.parametrize("rule", sorted(CEL_CASES))
+def test_cel_rule_equivalent(rule: str) -> None:
+    document, expected = CEL_CASES[rule]
+    assert error_of(document).startswith(expected)
+
+
+def test_min_above_the_default_max_is_rejected() -> None:
+    assert error_of(pool({"name": "a", "minReplicas": 20})).startswith(
+        "spec.lanes[0].maxReplicas: must be >= minReplicas (20), got 10"
+    )
+
+
+def test_heavy_lane_bounds_are_checked() -> None:
+    assert error_of(pool(heavyLane={"minReplicas": 3, "maxReplicas": 2})).startswith(
+        "spec.heavyLane.maxReplicas: must be >= minReplicas (3)"
+    )
+
+
+def test_duplicate_lane_names_are_rejected() -> None:
+    assert error_of(pool({"name": "a"}, {"name": "a", "kinds": ["reindex"]})).startswith(
+        "spec.lanes[1].name: duplicate lane name 'a' (also spec.lanes[0])"
+    )
+
+
+# -- defaults: Python and the CRD agree ----------------------------------------------------
+
+
+def _lane_schema() -> dict[str, Any]:
+    root = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return dict(root["properties"]["spec"]["properties"]["lanes"]["items"]["properties"])
+
+
+def test_python_defaults_match_crd_defaults() -> None:
+    lane = _lane_schema()
+    auto = lane["autoscaling"]["properties"]
+    assert lane["workersPerPod"]["default"] == poolspec.DEFAULT_WORKERS_PER_POD
+    assert lane["minReplicas"]["default"] == poolspec.DEFAULT_MIN_REPLICAS
+    assert lane["maxReplicas"]["default"] == poolspec.DEFAULT_MAX_REPLICAS
+    assert auto["mode"]["default"] == poolspec.Autoscaling().mode
+    assert auto["targetUtilization"]["default"] == poolspec.DEFAULT_TARGET_UTILIZATION
+    stabilization = auto["scaleDownStabilizationSeconds"]["default"]
+    assert stabilization == poolspec.DEFAULT_STABILIZATION_SECONDS
+    assert auto["scaleDownMaxStep"]["default"] == poolspec.DEFAULT_SCALE_DOWN_MAX_STEP
+    spec = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"]["spec"]["properties"]
+    heavy = spec["heavyLane"]["properties"]
+    assert heavy["workersPerPod"]["default"] == poolspec.DEFAULT_HEAVY_WORKERS_PER_POD
+    assert heavy["minReplicas"]["default"] == poolspec.DEFAULT_HEAVY_MIN_REPLICAS
+    assert heavy["maxReplicas"]["default"] == poolspec.DEFAULT_HEAVY_MAX_REPLICAS
+    assert spec["worker"]["properties"]["graceSeconds"]["default"] == poolspec.DEFAULT_GRACE_SECONDS
+    assert spec["worker"]["properties"]["metricsPort"]["default"] == poolspec.DEFAULT_METRICS_PORT
+    assert spec["database"]["properties"]["key"]["default"] == poolspec.DEFAULT_SECRET_KEY
+
+
+def test_defaults_apply_when_fields_are_left_out() -> None:
+    lane = load_pool(pool({"name": "a"})).lane("a")
+    assert (lane.workers_per_pod, lane.min_replicas, lane.max_replicas) == (4, 1, 10)
+    assert lane.autoscaling == poolspec.Autoscaling("operator", 1.0, 300.0, 1)
+
+
+# -- worker command and rate limits --------------------------------------------------------
+
+
+def test_worker_args_use_the_worker_cli_flags() -> None:
+    spec = load_pool(pool(
+        {"name": "default", "workersPerPod": 3},
+        {"name": "t", "kinds": ["email_send", "reindex"], "tenants": ["acme", "beta"]},
+        worker={"graceSeconds": 45, "imports": ["mdm.kinds"]},
+    ))
+    assert spec.lane("default").worker_args(spec.grace_seconds, spec.imports) == [
+        "run", "--slots", "3", "--grace", "45", "--exclude-kinds", "gin_backfill,index_sync",
+        "--import", "mdm.kinds",
+    ]
+    assert spec.lane("t").worker_args(45) == [
+        "run", "--slots", "4", "--grace", "45", "--kinds", "email_send,reindex",
+        "--tenants", "acme,beta",
+    ]
+
+
+def test_rate_limits_json_has_the_agreed_shape() -> None:
+    spec = load_pool(pool({"name": "a", "rateLimits": {
+        "providers": {"smtp": {"rps": 2.5}, "webhook": {"rps": 10, "burst": 30}},
+        "kinds": {"email_send": "smtp", "outbox_dispatch": "webhook"},
+    }}))
+    limits = spec.lane("a").rate_limits
+    assert limits is not None
+    assert json.loads(limits.to_json()) == {
+        "providers": {"smtp": {"rps": 2.5, "burst": 3}, "webhook": {"rps": 10.0, "burst": 30}},
+        "kinds": {"email_send": "smtp", "outbox_dispatch": "webhook"},
+    }
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def test_pool_file_problems_are_pool_spec_errors(tmp_path: Path) -> None:
+    with pytest.raises(PoolSpecError, match="cannot read the pool file"):
+        load_pool_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed\n")
+    with pytest.raises(PoolSpecError, match="not valid YAML"):
+        load_pool_file(bad)
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump(pool()) + "---\n" + yaml.safe_dump(pool()))
+    with pytest.raises(PoolSpecError, match="exactly one JobWorkerPool document, found 2"):
+        load_pool_file(two)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(PoolSpecError, match="must be a mapping"):
+        load_pool_file(scalar)
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text(yaml.safe_dump(pool({"name": "a", "maxReplicas": "x"})))
+    with pytest.raises(PoolSpecError, match=r"^spec\.lanes\[0\]\.maxReplicas: "):
+        load_pool_file(invalid)
+
+
+def test_pool_spec_error_is_a_value_error() -> None:
+    assert issubclass(PoolSpecError, ValueError)
