@@ -115,8 +115,9 @@ async def test_cleanup_job_recovers_a_stale_cleanup_job_and_expires_done_jobs(
 
     await run_until_empty(dsn, "cleanup_jobs")
 
-    assert (await job(conn, current))["result"] == {"recovered": 1, "dead_lettered": 0,
-                                                   "done_deleted": 1}
+    result = (await job(conn, current))["result"]
+    assert {k: result[k] for k in ("recovered", "dead_lettered", "done_deleted")} == {
+        "recovered": 1, "dead_lettered": 0, "done_deleted": 1}
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (old,)) == 0
     assert (await job(conn, recent))["status"] == "done"
     # the stale cleanup job was recovered and, being runnable, ran in the same drain

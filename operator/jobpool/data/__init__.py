@@ -1,0 +1,1 @@
+"""The data kinds' shared code: entity types, attribute validation, index names."""

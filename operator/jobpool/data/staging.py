@@ -1,0 +1,149 @@
+"""Staging a file for bulk_import: parse CSV or JSON Lines into `mdm.aa_import_row`s.
+
+A staged record is JSON text (`raw`): a CSV row becomes an object keyed by the header, a JSON
+Lines line is kept as it is (a NUL byte is escaped as \\u0000, which the import then rejects
+by field). Line numbers are the file's physical lines (a CSV header is line 1). A CSV row
+with the wrong number of fields is staged already rejected. Staging, the import job row and
+the bulk_import job commit in one transaction: the job exists if and only if the rows do.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from psycopg import AsyncConnection
+
+from jobpool.core.attributes import UnknownKeys, check_key
+from jobpool.enqueue import enqueue
+from jobpool.sql import QUERIES
+
+Format = Literal["csv", "jsonl"]
+FORMATS: dict[str, Format] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class StagedRecord:
+    """One record to stage; `error` set means it is staged already rejected."""
+
+    line_no: int
+    raw: str
+    error: str | None = None
+
+
+def detect_format(path: Path, given: str | None) -> Format:
+    """`given`, or the format the file's suffix names; raises ValueError."""
+    if given in ("csv", "jsonl"):
+        return "csv" if given == "csv" else "jsonl"
+    if given is not None:
+        raise ValueError(f"unknown format {given!r}: use csv or jsonl")
+    try:
+        return FORMATS[path.suffix.lower()]
+    except KeyError:
+        raise ValueError(
+            f"cannot tell the format of {path.name}: name it .csv, .jsonl or .ndjson, "
+            "or pass --format") from None
+
+
+def _header(reader: Any) -> list[str]:
+    try:
+        header: list[str] = next(reader)
+    except StopIteration:
+        raise ValueError("the CSV file is empty: it needs a header line") from None
+    names = [name.strip() for name in header]
+    if not names or any(not name or "\x00" in name for name in names):
+        raise ValueError("the CSV header has an empty field name or a NUL character")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"the CSV header names {', '.join(duplicates)} more than once")
+    return names
+
+
+def read_csv(lines: Iterable[str]) -> Iterator[StagedRecord]:
+    """Records of a CSV text (first line the header); blank lines are skipped."""
+    reader = csv.reader(lines, strict=True)
+    header = _header(reader)
+    previous = reader.line_num
+    for row in reader:
+        line_no, previous = previous + 1, reader.line_num
+        if not row or row == [""]:
+            continue
+        if len(row) != len(header):
+            yield StagedRecord(line_no, json.dumps(row),
+                               f"line {line_no}: has {len(row)} fields, the header has "
+                               f"{len(header)}")
+            continue
+        yield StagedRecord(line_no, json.dumps(dict(zip(header, row, strict=True)),
+                                               ensure_ascii=False))
+
+
+def read_jsonl(lines: Iterable[str]) -> Iterator[StagedRecord]:
+    """Records of a JSON Lines text; blank lines are skipped, lines are not parsed here."""
+    for line_no, line in enumerate(lines, start=1):
+        text = line.rstrip("\r\n")
+        if text.strip():
+            yield StagedRecord(line_no, text.replace("\x00", "\\u0000"))
+
+
+def read_file(path: Path, fmt: Format) -> Iterator[StagedRecord]:
+    """Records of `path` (UTF-8, optional BOM); raises ValueError for text that is not UTF-8."""
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        try:
+            yield from (read_csv(handle) if fmt == "csv" else read_jsonl(handle))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path.name} is not valid UTF-8: {exc.reason} at byte "
+                             f"{exc.start}") from None
+        except csv.Error as exc:
+            raise ValueError(f"{path.name} is not valid CSV: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What staging created."""
+
+    import_job_id: int
+    job_id: int
+    rows: int
+
+
+async def stage_import(
+    conn: AsyncConnection[Any], records: Iterable[StagedRecord], *, tenant_id: uuid.UUID,
+    type_key: str, source_name: str, fmt: Format, key_field: str = "external_key",
+    unknown_keys: UnknownKeys = "reject", batch_size: int | None = None, actor: str | None = None,
+) -> Staged:
+    """Stage `records` and enqueue their bulk_import job, in the caller's transaction.
+
+    Raises ValueError for a bad type_key (before any SQL) or an entity type the tenant lacks.
+    """
+    check_key("type_key", type_key)
+    cur = await conn.execute(QUERIES["entity_type_by_key"].text,
+                             {"tenant_id": tenant_id, "type_key": type_key})
+    entity_type = await cur.fetchone()
+    if entity_type is None:
+        raise ValueError(f"the tenant has no entity type {type_key!r}")
+    cur = await conn.execute(QUERIES["create_import_job"].text, {
+        "tenant_id": tenant_id, "entity_type_id": entity_type["id"], "source_name": source_name,
+        "format": fmt, "key_field": key_field, "unknown_keys": unknown_keys,
+        "created_by": actor or "jobpool-cli"})
+    created = await cur.fetchone()
+    assert created is not None
+    import_job_id: int = created["id"]
+    rows = 0
+    async with conn.cursor() as copy_cur, copy_cur.copy(QUERIES["copy_import_rows"].text) as copy:
+        for record in records:
+            status = "staged" if record.error is None else "rejected"
+            await copy.write_row((import_job_id, record.line_no, record.raw, status, None,
+                                  record.error))
+            rows += 1
+    await conn.execute(QUERIES["set_import_total"].text, {"id": import_job_id})
+    payload: dict[str, Any] = {"import_job_id": import_job_id}
+    if batch_size is not None:
+        payload["batch_size"] = batch_size
+    job = await enqueue(conn, tenant_id=tenant_id, kind="bulk_import", payload=payload,
+                        actor=actor)
+    return Staged(import_job_id, job.id, rows)

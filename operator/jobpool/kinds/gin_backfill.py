@@ -1,0 +1,98 @@
+"""gin_backfill: build a type's partial GIN index on `attributes jsonb_path_ops` online.
+
+DESIGN §3, spec OP-17. Payload (the trigger on `mdm.ddm_entity_type` writes it when
+`is_external_source_target` becomes true): {"type_key": str}, optionally "entity_type_id"
+(informational) and "lock_timeout" / "statement_timeout" in seconds (`DEFAULT_TIMEOUTS`).
+
+`type_key` is checked against `jobpool.core.attributes.KEY_PATTERN` before any SQL runs.
+Index `ix_entity_attributes_gin_<type_key>_<hash>` (see `jobpool.core.indexes`), partial on
+the type, with the same drift check and INVALID-index handling as index_sync. A type that is
+no longer an external-source target when the job runs is skipped (nothing is dropped).
+`gin_index_status` on the type becomes active, or failed on the last attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg.types.json import Jsonb
+
+import jobpool
+from jobpool import settings
+from jobpool.core.indexes import BuildTimeouts, GinIndex, gin_index_name
+from jobpool.core.outcomes import truncate_error
+from jobpool.data.connections import open_side_connection
+from jobpool.data.indexes import IndexWork, record_failure, sync_index, template
+from jobpool.data.payloads import as_object, build_timeouts, entity_key, is_last_attempt
+from jobpool.errors import PermanentError
+from jobpool.job import Job
+from jobpool.sql import QUERIES
+
+DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=6 * 3600.0)
+"""Per-kind build limits (seconds); a payload may override either."""
+
+PROBE = json.dumps({"__jobpool_probe__": 1})
+"""A containment value for the EXPLAIN of the canonical `attributes @> ...` query."""
+
+
+@dataclass(frozen=True)
+class BackfillRequest:
+    """A checked gin_backfill payload."""
+
+    type_key: str
+    timeouts: BuildTimeouts
+
+
+def parse_payload(payload: Any) -> BackfillRequest:
+    """Check the payload; raises PermanentError naming the bad field (no SQL has run)."""
+    body = as_object("gin_backfill", payload)
+    return BackfillRequest(entity_key(body, "type_key"), build_timeouts(body, DEFAULT_TIMEOUTS))
+
+
+def index_work(index: GinIndex) -> IndexWork:
+    """The DDL and the containment-query EXPLAIN of a type's GIN index."""
+    type_id = sql.Literal(index.entity_type_id)
+    return IndexWork(
+        index.name, index.signature,
+        template("create_gin_index", index=sql.Identifier(index.name), entity_type_id=type_id),
+        {"containment": template("explain_containment", entity_type_id=type_id,
+                                 sample=sql.Literal(PROBE))},
+    )
+
+
+@jobpool.kind("gin_backfill")
+async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
+    """Build the type's GIN index if it is an external-source target (see module docstring)."""
+    request = parse_payload(job.payload)
+    async with await open_side_connection(
+        tx, application_name=f"jobpool gin_backfill job {job.id}"
+    ) as side:
+        cur = await side.execute(QUERIES["entity_type_by_key"].text,
+                                 {"tenant_id": job.tenant_id, "type_key": request.type_key})
+        entity_type = await cur.fetchone()
+        if entity_type is None:
+            raise PermanentError(f"no entity type {request.type_key!r} for this tenant")
+        name = gin_index_name(str(job.tenant_id), request.type_key)
+        if not entity_type["is_external_source_target"]:
+            return {"type_key": request.type_key, "index": name, "action": "skipped",
+                    "reason": "the type is not an external-source target"}
+        try:
+            outcome = await sync_index(side, index_work(GinIndex(name, entity_type["id"])),
+                                       timeouts=request.timeouts, tx_pid=tx.info.backend_pid)
+        except Exception as exc:
+            if is_last_attempt(job.attempts, job.max_attempts, exc):
+                await record_failure(side, "set_gin_index_status", {
+                    "id": entity_type["id"], "status": "failed",
+                    "error": truncate_error(f"{type(exc).__name__}: {exc}")})
+            raise
+    result = {"type_key": request.type_key, **outcome.as_result(name)}
+    await tx.execute(QUERIES["set_gin_index_status"].text,
+                     {"id": entity_type["id"], "status": "active", "error": None})
+    if outcome.plan.action in ("build", "rebuild"):
+        await tx.execute(QUERIES["audit_data_job"].text, {
+            "actor": settings.current().service_account, "tenant_id": job.tenant_id,
+            "job_id": job.id, "action": "index_built", "payload": Jsonb(result)})
+    return result
