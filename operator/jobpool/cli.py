@@ -22,7 +22,8 @@ from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError
-from jobpool.settings import Settings, configure
+from jobpool.settings import DEFAULT_METRICS_PORT, Settings, configure
+from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
 
@@ -55,6 +56,13 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
 
 
+def _port(text: str | int) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port 0..65535, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -65,7 +73,7 @@ def _positive_int(text: str) -> int:
 # -- database -----------------------------------------------------------------------------
 
 
-async def _open(settings: Settings) -> psycopg.AsyncConnection[Any]:
+async def open_database(settings: Settings) -> psycopg.AsyncConnection[Any]:
     """A connection to a migrated database; the embedded one is migrated on first use."""
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
     conn = await connect(dsn)
@@ -103,6 +111,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.registry import load_kind_modules
     from jobpool.worker.config import WorkerConfig
+    from jobpool.worker.health import start_worker_health
     from jobpool.worker.runtime import Worker
 
     registry = load_kind_modules(args.imports)
@@ -111,12 +120,17 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
         until_empty=args.until_empty,
     )
-    conn = await _open(settings)
+    conn = await open_database(settings)
     await conn.close()
-    worker = Worker(resolve_dsn(settings.dsn, settings.data_dir), registry, config,
-                    actor=settings.service_account)
+    dsn = resolve_dsn(settings.dsn, settings.data_dir)
+    worker = Worker(dsn, registry, config, actor=settings.service_account)
     worker.install_signal_handlers()
-    await worker.run()
+    health = await start_worker_health(worker, dsn, args.metrics_port)
+    try:
+        await worker.run()
+    finally:
+        if health is not None:
+            await health.stop()
     return 0
 
 
@@ -133,12 +147,13 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
     processes = lane_processes(pool.lanes, imports=args.imports, until_empty=args.until_empty,
-                               grace=args.grace, log_level=args.log_level)
+                               grace=args.grace, log_level=args.log_level,
+                               metrics_port=args.metrics_port)
     return supervise(processes)
 
 
 async def _prepare(settings: Settings) -> None:
-    conn = await _open(settings)
+    conn = await open_database(settings)
     await conn.close()
 
 
@@ -147,12 +162,12 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.registry import load_kind_modules
 
     registry = load_kind_modules(args.imports)
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         await register_kinds(conn, registry.specs())
         tenant = await admin.resolve_tenant(conn, args.tenant)
         available_at = None
         if args.delay:
-            cur = await conn.execute("SELECT now() AS now")
+            cur = await conn.execute(QUERIES["database_now"].text)
             row = await cur.fetchone()
             assert row is not None
             available_at = row["now"] + timedelta(seconds=args.delay)
@@ -173,7 +188,7 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.db.store import recover_stale_claims
 
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         rows = await recover_stale_claims(conn, actor=args.actor)
         await conn.commit()
     for row in rows:
@@ -183,7 +198,7 @@ async def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         tenant_id = (await admin.resolve_tenant(conn, args.tenant))["id"] if args.tenant else None
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=args.kind, after=args.after,
                                     limit=args.limit)
@@ -194,7 +209,7 @@ async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def _admin_action(action: Callable[..., Awaitable[None]], verb: str) -> Command:
     async def run(args: argparse.Namespace, settings: Settings) -> int:
-        async with await _open(settings) as conn:
+        async with await open_database(settings) as conn:
             await action(conn, args.id, actor=args.actor)
             await conn.commit()
         print(f"job {args.id} {verb}")
@@ -204,7 +219,7 @@ def _admin_action(action: Callable[..., Awaitable[None]], verb: str) -> Command:
 
 
 async def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         row = await admin.get_job(conn, args.id)
     if args.json:
         print(json.dumps(row, default=str, indent=2))
@@ -216,7 +231,7 @@ async def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         rows = await admin.job_counts(conn)
     _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], args.json)
     return 0
@@ -225,11 +240,9 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg.types.json import Jsonb
 
-    from jobpool.sql import QUERIES
-
     if not isinstance(args.metadata, dict):
         raise ValueError("--metadata must be a JSON object")
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         cur = await conn.execute(QUERIES["create_tenant"].text,
                                  {"key": args.key, "metadata": Jsonb(args.metadata)})
         row = await cur.fetchone()
@@ -240,9 +253,7 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_tenants_list(args: argparse.Namespace, settings: Settings) -> int:
-    from jobpool.sql import QUERIES
-
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         cur = await conn.execute(QUERIES["list_tenants"].text)
         rows = await cur.fetchall()
     _print_rows(rows, ["key", "id", "metadata"], args.json)
@@ -252,10 +263,8 @@ async def cmd_tenants_list(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_kinds_list(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.db.store import register_kinds
     from jobpool.registry import load_kind_modules
-    from jobpool.sql import QUERIES
-
     registry = load_kind_modules(args.imports)
-    async with await _open(settings) as conn:
+    async with await open_database(settings) as conn:
         await register_kinds(conn, registry.specs())
         await conn.commit()
         cur = await conn.execute(QUERIES["list_kinds"].text)
@@ -264,16 +273,17 @@ async def cmd_kinds_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.demo import run_demo
 
-    return await run_demo(args, settings)
+    return run_demo(args, settings, open_database)
 
 
 # -- parser -------------------------------------------------------------------------------
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dsn, --data-dir and --log-level, for every subcommand that opens the database."""
     parser.add_argument("--dsn", action=EnvDefault, envvar="JOBPOOL_DSN",
                         help="PostgreSQL connection string; unset: embedded PostgreSQL")
     parser.add_argument("--data-dir", action=EnvDefault, envvar="JOBPOOL_DATA_DIR",
@@ -293,13 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or update the mdm schema")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("--print-sql", action="store_true",
                    help="print the migrations as one SQL script instead of applying them")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
     p.add_argument("--kinds", type=_csv, help="comma-separated kinds to serve (default: all)")
     p.add_argument("--exclude-kinds", type=_csv, help="comma-separated kinds not to serve")
@@ -315,10 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import MODULE to register more kinds (repeatable)")
     p.add_argument("--until-empty", action="store_true",
                    help="exit once nothing runnable is left")
+    p.add_argument("--metrics-port", type=_port, action=EnvDefault, envvar="JOBPOOL_METRICS_PORT",
+                   default=DEFAULT_METRICS_PORT,
+                   help="port of /metrics, /healthz, /readyz (0: off; with a pool file, "
+                        "worker i of the pool gets port + i)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
-    _add_common(p)
+    add_common_arguments(p)
     _add_actor(p)
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
@@ -332,14 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("recover", help="recover stale claims now (what cleanup_jobs does)")
-    _add_common(p)
+    add_common_arguments(p)
     _add_actor(p)
     p.set_defaults(func=cmd_recover)
 
     dlq = sub.add_parser("dlq", help="list, replay or discard dead-lettered jobs")
     dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     p = dsub.add_parser("list", help="list DLQ jobs")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("--tenant")
     p.add_argument("--kind")
     p.add_argument("--after", type=int, default=0, help="list ids after this one")
@@ -351,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("discard", admin.discard, "discarded", "delete a job (audited with a snapshot)"),
     ):
         p = dsub.add_parser(name, help=text)
-        _add_common(p)
+        add_common_arguments(p)
         _add_actor(p)
         p.add_argument("id", type=int)
         p.set_defaults(func=_admin_action(action, verb))
@@ -359,58 +373,64 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="show or stop one job")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     p = jsub.add_parser("show", help="every column of one job")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("id", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs_show)
     p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
-    _add_common(p)
+    add_common_arguments(p)
     _add_actor(p)
     p.add_argument("id", type=int)
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
     p = sub.add_parser("status", help="job counts per tenant, kind and status")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
     tenants = sub.add_parser("tenants", help="add or list tenants")
     tsub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="ACTION")
     p = tsub.add_parser("add", help="add a tenant (or merge metadata into an existing one)")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("key")
     p.add_argument("--metadata", type=_json_arg, default={}, help="JSON object, e.g. rate limits")
     p.set_defaults(func=cmd_tenants_add)
     p = tsub.add_parser("list", help="list tenants")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tenants_list)
 
     kinds = sub.add_parser("kinds", help="list the registered job kinds")
     ksub = kinds.add_subparsers(dest="kinds_command", required=True, metavar="ACTION")
     p = ksub.add_parser("list", help="register the loaded kinds and list every kind")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kinds_list)
 
     p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
-    _add_common(p)
+    add_common_arguments(p)
     p.add_argument("pool", nargs="?", default="examples/pool.yaml")
     p.add_argument("--emails", type=_positive_int, default=10, help="demo emails to enqueue")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, blocking=True)
 
     _add_extensions(sub)
     return parser
 
 
+_EXTENSIONS = (
+    ("jobpool.k8s.cli", "add_operator_command"),
+    ("jobpool.api.cli", "add_api_command"),
+    ("jobpool.data.cli", "add_import_command"),
+)
+"""Subcommands defined next to what they run; their frameworks load only when used."""
+
+
 def _add_extensions(sub: Any) -> None:
-    """Subcommands whose frameworks load only when used (operator: kopf; api: aiohttp)."""
-    try:
-        from jobpool.k8s.cli import add_operator_command
-    except ImportError:
-        return
-    add_operator_command(sub)
+    import importlib
+
+    for module, function in _EXTENSIONS:
+        getattr(importlib.import_module(module), function)(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,9 +445,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "data_dir", None):
             settings = Settings(**{**settings.__dict__, "data_dir": args.data_dir})
         configure(settings)
+        if getattr(args, "blocking", False):
+            return int(args.func(args, settings))
         if args.func is cmd_run and args.pool:
             return _run_pool(args, settings)
-        return asyncio.run(args.func(args, settings))
+        return int(asyncio.run(args.func(args, settings)))
     except (JobpoolError, ValueError, ImportError, psycopg.Error) as exc:
         print(f"jobpool: error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from jobpool.core.kinds import check_kind_name
 from jobpool.errors import UnknownKindError, UnknownTenantError
@@ -78,18 +77,20 @@ def _check(job: NewJob) -> tuple[uuid.UUID, str]:
     return tenant, text
 
 
-def _params(jobs: Sequence[NewJob], actor: str | None) -> dict[str, Any]:
-    checked = [_check(job) for job in jobs]
-    return {
-        "tenant_ids": [tenant for tenant, _ in checked],
-        "kinds": [job.kind for job in jobs],
-        "payloads": [Jsonb(job.payload) for job in jobs],
-        "priorities": [job.priority for job in jobs],
-        "available_ats": [job.available_at for job in jobs],
-        "idempotency_keys": [job.idempotency_key for job in jobs],
-        "max_attempts": [job.max_attempts for job in jobs],
-        "actor": actor,
-    }
+def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:
+    """The parameters of `enqueue_jobs`: the jobs as one JSON array text (checked first)."""
+    rows = [
+        {"tenant_id": str(tenant), "job_kind": job.kind, "payload": job.payload,
+         "priority": job.priority, "available_at": _json_time(job.available_at),
+         "idempotency_key": job.idempotency_key, "max_attempts": job.max_attempts}
+        for job, (tenant, _) in zip(jobs, (_check(job) for job in jobs), strict=True)
+    ]
+    return {"jobs": json.dumps(rows), "actor": actor, "notify": notify}
+
+
+def _json_time(moment: datetime | None) -> str | None:
+    """Text PostgreSQL reads as timestamptz (naive: in the session's time zone)."""
+    return None if moment is None else moment.isoformat()
 
 
 def _key(tenant: Any, kind: str, idem: str) -> tuple[str, str, str]:
@@ -165,15 +166,19 @@ def _finish(results: list[Enqueued | None]) -> list[Enqueued]:
 
 
 async def enqueue_many(
-    conn: AsyncConnection[Any], jobs: Sequence[NewJob], *, actor: str | None = None
+    conn: AsyncConnection[Any], jobs: Sequence[NewJob], *, actor: str | None = None,
+    notify: bool = True,
 ) -> list[Enqueued]:
     """Enqueue `jobs` in one round trip on `conn`, in the caller's transaction.
 
     Returns one Enqueued per job, in order. A job whose idempotency key exists for its
     (tenant, kind) gets the existing job's id with created=False, also when a concurrent
     inserter commits or rolls back first. `actor` is the audit principal (default: the
-    database role). Raises UnknownKindError, UnknownTenantError, ValueError (bad payload or
-    field); the caller's transaction is then aborted, as with any failed statement.
+    database role). `notify` False sends no NOTIFY: PostgreSQL serialises the commits of
+    transactions that notify, so many concurrent enqueuers may skip it and leave waiting
+    workers to find the jobs by polling (`--poll-interval`). Raises UnknownKindError,
+    UnknownTenantError, ValueError (bad payload or field); the caller's transaction is then
+    aborted, as with any failed statement.
     """
     if not jobs:
         return []
@@ -183,7 +188,8 @@ async def enqueue_many(
         for _ in range(_ROUNDS):
             try:
                 await cur.execute(
-                    QUERIES["enqueue_jobs"].text, _params([jobs[i] for i in pending], actor)
+                    QUERIES["enqueue_jobs"].text,
+                    _params([jobs[i] for i in pending], actor, notify),
                 )
             except psycopg.errors.ForeignKeyViolation as exc:
                 raise _translate(exc) from exc
@@ -208,15 +214,17 @@ async def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     actor: str | None = None,
+    notify: bool = True,
 ) -> Enqueued:
     """Enqueue one job on `conn` in the caller's transaction; see `enqueue_many`."""
     job = NewJob(tenant_id, kind, {} if payload is None else payload, priority, available_at,
                  idempotency_key, max_attempts)
-    return (await enqueue_many(conn, [job], actor=actor))[0]
+    return (await enqueue_many(conn, [job], actor=actor, notify=notify))[0]
 
 
 def enqueue_many_sync(
-    conn: Connection[Any], jobs: Sequence[NewJob], *, actor: str | None = None
+    conn: Connection[Any], jobs: Sequence[NewJob], *, actor: str | None = None,
+    notify: bool = True,
 ) -> list[Enqueued]:
     """`enqueue_many` for a synchronous psycopg connection."""
     if not jobs:
@@ -226,7 +234,7 @@ def enqueue_many_sync(
     with conn.cursor(row_factory=dict_row) as cur:
         for _ in range(_ROUNDS):
             try:
-                params = _params([jobs[i] for i in pending], actor)
+                params = _params([jobs[i] for i in pending], actor, notify)
                 cur.execute(QUERIES["enqueue_jobs"].text, params)
             except psycopg.errors.ForeignKeyViolation as exc:
                 raise _translate(exc) from exc
@@ -243,5 +251,6 @@ def enqueue_many_sync(
 def enqueue_sync(conn: Connection[Any], **job: Any) -> Enqueued:
     """`enqueue` for a synchronous psycopg connection (same keyword arguments)."""
     actor = job.pop("actor", None)
+    notify = job.pop("notify", True)
     job["payload"] = {} if job.get("payload") is None else job["payload"]
-    return enqueue_many_sync(conn, [NewJob(**job)], actor=actor)[0]
+    return enqueue_many_sync(conn, [NewJob(**job)], actor=actor, notify=notify)[0]

@@ -18,6 +18,11 @@ class Settings:
     smtp_url: `smtp://user:pass@host:port?starttls=true` (or `smtps://`); smtp_from: sender.
     metrics_port: worker `/metrics`, `/healthz`, `/readyz`. clamd_url: `tcp://host:port` or
     `unix:///path`. service_account: the actor of machine transitions in the audit log.
+    webhook_allow_networks: comma-separated CIDRs that webhook targets may resolve to even
+    when loopback, private, link-local or metadata addresses (default: none).
+    clamd_stream_max_length: bytes; clamd's `StreamMaxLength`, used only to judge a stream
+    that clamd cut off without a readable reply. attachment_file_root: the folder that
+    `file://` attachment URIs must lie under (unset: `file://` is refused).
     """
 
     dsn: str | None = None
@@ -31,6 +36,9 @@ class Settings:
     clamd_url: str | None = None
     rate_limits: str | None = None
     service_account: str = "jobpool-worker"
+    webhook_allow_networks: str | None = None
+    clamd_stream_max_length: int = 26_214_400
+    attachment_file_root: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncTransaction
+from psycopg.conninfo import make_conninfo
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -56,13 +60,53 @@ async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict
     return await AsyncConnection.connect(dsn, autocommit=autocommit, row_factory=dict_row)
 
 
+class JobConnection(AsyncConnection[Any]):
+    """A worker's pooled connection.
+
+    While `job_scope` is set (a handler runs with it as `tx`), the job's transaction starts
+    with the handler's first statement, so a handler that sends none leaves the connection
+    idle and its `done` can be batched; a `tx.transaction()` block opened before any
+    statement first starts the job's transaction, so it stays a savepoint inside it.
+    """
+
+    job_scope: bool = False
+
+    @asynccontextmanager
+    async def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> AsyncIterator[AsyncTransaction]:
+        """`AsyncConnection.transaction`, nested in the job's transaction while in job scope."""
+        if (self.job_scope and not self.autocommit
+                and self.info.transaction_status == TransactionStatus.IDLE):
+            await self.wait(self._start_query())
+        async with super().transaction(savepoint_name, force_rollback) as tx:
+            yield tx
+
+
 def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:
-    """A pool of `size` connections (dict rows); call `await pool.open()` before use."""
+    """A pool of `size` JobConnections (dict rows); call `await pool.open()` before use."""
     return AsyncConnectionPool(
         dsn,
         min_size=size,
         max_size=size,
         name=name,
         open=False,
+        connection_class=JobConnection,
         kwargs={"row_factory": dict_row},
     )
+
+
+async def open_side_connection(
+    tx: AsyncConnection[Any], *, application_name: str
+) -> AsyncConnection[dict[str, Any]]:
+    """An autocommit connection (dict rows) to `tx`'s database as `tx`'s user.
+
+    For a kind's work that must commit on its own (import batches, bookkeeping that survives
+    a rollback) or run outside any transaction (CREATE INDEX CONCURRENTLY). Opening it runs
+    nothing on `tx`; the caller closes it (`async with`). `application_name` names it in
+    pg_stat_activity.
+    """
+    params: dict[str, Any] = {"application_name": application_name[:63]}
+    if tx.info.password:
+        params["password"] = tx.info.password  # conn.info.dsn leaves the password out
+    return await connect(make_conninfo(tx.info.dsn, **params), autocommit=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
@@ -14,6 +14,14 @@ from jobpool.registry import KindSpec
 from jobpool.sql import QUERIES
 
 Row = dict[str, Any]
+
+
+class Completion(NamedTuple):
+    """A job to mark done whose handler wrote nothing (its `done` commits on its own)."""
+
+    job_id: int
+    attempts: int
+    result: Mapping[str, Any] | None
 
 
 async def _one(conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> Row | None:
@@ -54,11 +62,52 @@ class QueueStore:
 
         throttled: "tenant-uuid/kind" pairs to leave out (rate-limited until later).
         """
-        async with self.pool.connection() as conn:
-            return await _many(conn, "claim_jobs", {
-                "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
-                "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
-            })
+        _, claimed = await self.complete_and_claim(
+            (), kinds=kinds, tenants=tenants, limit=limit, throttled=throttled)
+        return claimed
+
+    async def complete_and_claim(
+        self, completions: Sequence[Completion], *, kinds: Sequence[str],
+        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+    ) -> tuple[set[int], list[Row]]:
+        """Mark `completions` done and claim up to `limit` jobs, in one transaction.
+
+        Returns the ids of the completions this worker still held (the others lost their
+        claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
+        walks ix_aa_job_claim in (priority, available_at) order also when the table has no
+        statistics yet (a freshly filled queue), instead of sorting every pending row.
+        """
+        async with self.pool.connection() as conn, conn.pipeline():
+            # one round trip: BEGIN, the batched done, the claim and COMMIT go out together
+            done = await conn.execute(QUERIES["complete_jobs"].text,
+                                      self._completions(completions)) if completions else None
+            claim = None
+            if limit > 0:
+                await conn.execute(QUERIES["plan_claim"].text)
+                claim = await conn.execute(QUERIES["claim_jobs"].text, {
+                    "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
+                    "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
+                })
+            await conn.commit()
+        held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
+        claimed: list[Row] = await claim.fetchall() if claim else []
+        return held, claimed
+
+    def _completions(self, completions: Sequence[Completion]) -> dict[str, Any]:
+        return {
+            "ids": [c.job_id for c in completions],
+            "attempts": [c.attempts for c in completions],
+            "results": [None if c.result is None else Jsonb(c.result) for c in completions],
+            "worker_id": self.worker_id, "actor": self.actor,
+        }
+
+    async def complete_many(
+        self, conn: AsyncConnection[Any], completions: Sequence[Completion]
+    ) -> set[int]:
+        """Mark done (audit `job_done`) in `conn`'s transaction, each job only if this worker
+        still holds its claim; return the ids it held."""
+        rows = await _many(conn, "complete_jobs", self._completions(completions))
+        return {row["id"] for row in rows}
 
     def _cas(self, job_id: int, attempts: int) -> dict[str, Any]:
         return {"id": job_id, "attempts": attempts, "worker_id": self.worker_id,

@@ -22,9 +22,9 @@ from psycopg import AsyncConnection
 
 import jobpool
 from jobpool import settings
-from jobpool.data.connections import open_side_connection
 from jobpool.data.imports import load_import, run_batch
 from jobpool.data.payloads import as_object, positive_int
+from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES

@@ -24,9 +24,9 @@ import jobpool
 from jobpool import settings
 from jobpool.core.indexes import BuildTimeouts, GinIndex, gin_index_name
 from jobpool.core.outcomes import truncate_error
-from jobpool.data.connections import open_side_connection
 from jobpool.data.indexes import IndexWork, record_failure, sync_index, template
 from jobpool.data.payloads import as_object, build_timeouts, entity_key, is_last_attempt
+from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES

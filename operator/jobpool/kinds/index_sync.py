@@ -34,7 +34,6 @@ from jobpool.core.indexes import (
     sample_value,
 )
 from jobpool.core.outcomes import truncate_error
-from jobpool.data.connections import open_side_connection
 from jobpool.data.indexes import (
     IndexOutcome,
     IndexWork,
@@ -49,6 +48,7 @@ from jobpool.data.payloads import (
     is_last_attempt,
     positive_int,
 )
+from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES

@@ -22,8 +22,8 @@ from psycopg.types.json import Jsonb
 
 import jobpool
 from jobpool import settings
-from jobpool.data.connections import open_side_connection
 from jobpool.data.payloads import as_object, entity_key, positive_int
+from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES

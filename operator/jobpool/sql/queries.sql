@@ -14,14 +14,16 @@ ON CONFLICT (name) DO UPDATE
        IS DISTINCT FROM (EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.stale_ttl);
 
 -- name: enqueue_jobs :many
--- Insert jobs (kind defaults fill priority and max_attempts), audit them, wake workers at commit.
+-- Insert jobs (kind defaults fill priority and max_attempts), audit them, and unless
+-- %(notify)s is false wake workers at commit (one NOTIFY per kind and transaction).
 WITH input AS (
-    SELECT *
-      FROM unnest(%(tenant_ids)s::uuid[], %(kinds)s::text[], %(payloads)s::jsonb[],
-                  %(priorities)s::smallint[], %(available_ats)s::timestamptz[],
-                  %(idempotency_keys)s::text[], %(max_attempts)s::int[])
-           WITH ORDINALITY AS i(tenant_id, job_kind, payload, priority, available_at,
-                                idempotency_key, max_attempts, ord)
+    -- %(jobs)s: one JSON array of {tenant_id, job_kind, payload, priority, available_at,
+    -- idempotency_key, max_attempts} (one parameter is cheaper to send than seven arrays)
+    SELECT j.*, e.ord
+      FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS e(job, ord),
+           jsonb_to_record(e.job) AS j(tenant_id uuid, job_kind text, payload jsonb,
+                                       priority smallint, available_at timestamptz,
+                                       idempotency_key text, max_attempts int)
 ), inserted AS (
     INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at,
                             idempotency_key, max_attempts)
@@ -40,6 +42,7 @@ WITH input AS (
       FROM inserted
 ), notified AS (
     SELECT pg_notify('jobpool', job_kind) FROM (SELECT DISTINCT job_kind FROM inserted) AS d
+     WHERE %(notify)s::bool
 )
 SELECT id, tenant_id, job_kind, idempotency_key, (SELECT count(*) FROM notified) AS notified
   FROM inserted
@@ -92,6 +95,37 @@ WITH done AS (
 )
 SELECT count(*)::int AS changed FROM done;
 
+-- name: complete_jobs :many
+-- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
+           AS i(id, attempts, result)
+), locked AS (
+    -- rows are locked in id order, as renew_leases does, so the two never deadlock
+    SELECT j.id, i.result
+      FROM mdm.aa_job j JOIN input i ON i.id = j.id
+     WHERE j.status = 'running' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
+     ORDER BY j.id
+       FOR UPDATE OF j
+), done AS (
+    UPDATE mdm.aa_job j
+       SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
+           heartbeat_at = NULL, result = locked.result
+      FROM locked
+     WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+    RETURNING j.id, j.tenant_id, j.job_kind
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+)
+SELECT id FROM done;
+
+-- name: plan_claim :one
+-- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.
+SELECT set_config('enable_sort', 'off', true) AS sort,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan;
+
 -- name: retry_job :one
 -- Back to pending after a transient failure; the delay counts from now, not the transaction start.
 UPDATE mdm.aa_job
@@ -131,10 +165,19 @@ RETURNING id;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs; returns the ids it still holds.
-UPDATE mdm.aa_job
+WITH locked AS (
+    -- rows are locked in id order, as complete_jobs does, so the two never deadlock
+    SELECT id
+      FROM mdm.aa_job
+     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE mdm.aa_job j
    SET heartbeat_at = clock_timestamp()
- WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
-RETURNING id;
+  FROM locked
+ WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+RETURNING j.id;
 
 -- name: recover_stale_claims :many
 -- Take back claims whose lease expired; a job out of attempts goes to the DLQ instead.

@@ -19,6 +19,10 @@ class WorkerConfig:
     lease_interval: seconds between lease renewals (capped to a third of the shortest stale TTL).
     cleanup_every: seconds between `cleanup_jobs` runs (spec: 5 minutes).
     until_empty: exit once nothing runnable is left (and schedule no cleanup).
+    batch_completions: mark jobs whose handlers sent no statement done in batches, in the
+        fetch loop's transaction (False: one transaction per job, as for every other job).
+    completion_delay: seconds a batched `done` may wait for more to join it (it goes at once
+        when half the slots or all running jobs wait on one).
     """
 
     kinds: tuple[str, ...] | None = None
@@ -30,10 +34,14 @@ class WorkerConfig:
     lease_interval: float = 10.0
     cleanup_every: float = 300.0
     until_empty: bool = False
+    batch_completions: bool = True
+    completion_delay: float = 0.002
 
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.completion_delay < 0:
+            raise ValueError(f"completion_delay must be >= 0 seconds, got {self.completion_delay}")
         for name in ("grace", "poll_interval", "lease_interval", "cleanup_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")

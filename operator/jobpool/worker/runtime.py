@@ -14,23 +14,31 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 
 from jobpool.core.backoff import backoff_delay
 from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
-from jobpool.db.connect import open_pool
-from jobpool.db.store import QueueStore
+from jobpool.core.ratelimit import Denied
+from jobpool.db.connect import JobConnection, open_pool
+from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import PermanentError, RetryAfter
 from jobpool.job import Job
+from jobpool.metrics import WorkerMetrics
 from jobpool.registry import KindSpec, Registry
+from jobpool.settings import current as current_settings
+from jobpool.sql import QUERIES
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
+from jobpool.worker.ratelimit import WAKE_SLACK, RateLimiter, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
-
-CHANNEL = "jobpool"
 
 
 class ClaimLost(Exception):
     """The job's row is no longer running under this worker's claim."""
+
+
+class CompletionFailed(Exception):
+    """The batched `done` of a job could not be written (its lease will expire)."""
 
 
 class Worker:
@@ -42,7 +50,7 @@ class Worker:
 
     def __init__(
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
-        rng: random.Random | None = None,
+        rng: random.Random | None = None, limiter: RateLimiter | None = None,
     ) -> None:
         self.dsn = dsn
         self.registry = registry
@@ -55,12 +63,15 @@ class Worker:
         self.tenant_ids: list[uuid.UUID] | None = None
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.attempts: dict[int, int] = {}
+        self.completions: list[tuple[Completion, asyncio.Future[bool]]] = []
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.listening = False
         self.database_ok = False
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
+        self.limiter = limiter or RateLimiter.from_settings(current_settings())
+        self.metrics = WorkerMetrics()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -85,13 +96,15 @@ class Worker:
             self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
             await self.store.register_kinds(self.specs.values())
             self.tenant_ids = await self._resolve_tenants()
+            await self.limiter.refresh(pool)
             self.database_ok = True
             log.info(
                 "worker %s: %d slots, kinds %s, tenants %s", self.worker_id, self.config.slots,
                 ",".join(self.kinds), ",".join(self.config.tenants) or "all",
             )
             background = [asyncio.create_task(self._listen(), name="listen"),
-                          asyncio.create_task(self._renew_leases(), name="leases")]
+                          asyncio.create_task(self._renew_leases(), name="leases"),
+                          asyncio.create_task(self.limiter.keep_fresh(pool), name="rate-limits")]
             if "cleanup_jobs" in self.kinds and not self.config.until_empty:
                 background.append(asyncio.create_task(self._schedule_cleanup(), name="cleanup"))
             try:
@@ -120,21 +133,15 @@ class Worker:
         while not self.stopping.is_set():
             self.loop_beat = time.monotonic()
             self.wake.clear()
-            free = self.config.slots - len(self.in_flight)
-            claimed: list[dict[str, Any]] = []
-            if free > 0:
-                try:
-                    claimed = await self.store.claim(
-                        kinds=self.kinds, tenants=self.tenant_ids, limit=free,
-                        throttled=self.throttled(),
-                    )
-                    self.database_ok = True
-                except psycopg.OperationalError as exc:
-                    self.database_ok = False
-                    log.warning("claim failed, database unreachable: %s", exc)
-                for row in claimed:
-                    self._start(row)
-            if self.config.until_empty and not claimed and not self.in_flight:
+            await self._gather_completions()
+            batch, self.completions = self.completions, []
+            free = self.config.slots - len(self.in_flight) + len(batch)
+            claimed = await self._complete_and_claim(batch, free)
+            for row in claimed:
+                self._start(row)
+            # a job that finished during the claim may have enqueued more: claim again first
+            if (self.config.until_empty and not claimed and not self.in_flight
+                    and not self.wake.is_set()):
                 log.info("worker %s: nothing runnable left", self.worker_id)
                 return
             if free > 0 and len(claimed) == free:
@@ -142,9 +149,62 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.config.poll_interval)
 
+    async def _complete_and_claim(
+        self, batch: list[tuple[Completion, asyncio.Future[bool]]], limit: int
+    ) -> list[dict[str, Any]]:
+        """Write the batched `done`s and claim up to `limit` jobs, in one transaction."""
+        assert self.store is not None
+        if not batch and limit <= 0:
+            return []
+        try:
+            held, claimed = await self.store.complete_and_claim(
+                [completion for completion, _ in batch], kinds=self.kinds,
+                tenants=self.tenant_ids, limit=max(limit, 0),
+                throttled=self.throttled() if limit > 0 else [],
+            )
+            self.database_ok = True
+        except psycopg.Error as exc:
+            for _, done in batch:
+                done.set_exception(CompletionFailed(str(exc)))
+            if not isinstance(exc, psycopg.OperationalError):
+                raise
+            self.database_ok = False
+            log.warning("claim failed, database unreachable: %s", exc)
+            return []
+        for completion, done in batch:
+            done.set_result(completion.job_id in held)
+        return claimed
+
+    async def _gather_completions(self) -> None:
+        """Let jobs that are finishing right now queue their `done` too, so that one
+        transaction takes them all (a few event-loop turns, no waiting)."""
+        seen = -1
+        while seen != len(self.completions) and 0 < len(self.completions) < len(self.in_flight):
+            seen = len(self.completions)
+            for _ in range(4):
+                await asyncio.sleep(0)
+
+    def _completion_queued(self) -> None:
+        """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
+        running job does, else at most `config.completion_delay` seconds later."""
+        waiting = len(self.completions)
+        if waiting >= len(self.in_flight) or waiting * 2 >= self.config.slots:
+            self.wake.set()
+        elif waiting == 1:
+            asyncio.get_running_loop().call_later(self.config.completion_delay, self.wake.set)
+
+    async def _flush_completions(self) -> None:
+        """Keep writing batched `done`s while running jobs finish (after claiming stopped)."""
+        while True:
+            self.wake.clear()
+            batch, self.completions = self.completions, []
+            with contextlib.suppress(psycopg.Error):
+                await self._complete_and_claim(batch, 0)
+            await self.wake.wait()
+
     def throttled(self) -> list[str]:
-        """`tenant/kind` pairs to leave out of the next claim (none by default)."""
-        return []
+        """`tenant/kind` pairs to leave out of the next claim: their next token is not due."""
+        return self.limiter.throttled()
 
     def _start(self, row: dict[str, Any]) -> None:
         job = Job.from_row(row)
@@ -164,10 +224,15 @@ class Worker:
             return
         tasks = list(self.in_flight.values())
         log.info("waiting up to %.0fs for %d running job(s)", self.config.grace, len(tasks))
-        _, unfinished = await asyncio.wait(tasks, timeout=self.config.grace)
-        for task in unfinished:
-            task.cancel()
-        await asyncio.gather(*unfinished, return_exceptions=True)
+        flusher = asyncio.create_task(self._flush_completions(), name="completions")
+        try:
+            _, unfinished = await asyncio.wait(tasks, timeout=self.config.grace)
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+        finally:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
 
     # -- running one job -----------------------------------------------------------------
 
@@ -175,12 +240,20 @@ class Worker:
         assert self.store is not None
         spec = self.specs[job.job_kind]
         started = time.monotonic()
+        denied = self.limiter.acquire(job.tenant_id, job.job_kind)
+        if denied is not None:
+            await self._requeue_rate_limited(job, denied, started)
+            return
         try:
             result = await self._run_in_transaction(job, spec)
         except ClaimLost:
             log.warning("job %d (%s): claim lost, its changes were rolled back",
                         job.id, job.job_kind)
             self.observe(job, "lost_claim", started)
+        except CompletionFailed as exc:
+            log.error("job %d (%s): could not record it done (%s); its lease will expire",
+                      job.id, job.job_kind, exc)
+            self.observe(job, "error", started)
         except asyncio.CancelledError:
             await self._hand_back(job)
             self.observe(job, "released", started)
@@ -194,12 +267,44 @@ class Worker:
             self.observe(job, "done", started)
 
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
+        """Run the handler and mark the job done in its transaction (spec "Lebenszyklus").
+
+        A handler that sent no statement has nothing to commit with its `done`: that job is
+        completed later in a batch with others (`complete_jobs`), after its connection went
+        back to the pool. Raises ClaimLost when this worker no longer holds the claim.
+        """
         assert self.store is not None
-        async with self.store.pool.connection() as conn, conn.transaction():
-            result = await self._call_handler(job, spec, conn)
-            if not await self.store.complete(conn, job.id, job.attempts, result):
-                raise ClaimLost
-            return result
+        async with self.store.pool.connection() as conn:
+            if not (self.config.batch_completions and isinstance(conn, JobConnection)):
+                async with conn.transaction():
+                    result = await self._call_handler(job, spec, conn)
+                    if not await self.store.complete(conn, job.id, job.attempts, result):
+                        raise ClaimLost
+                    return result
+            conn.job_scope = True
+            try:
+                result = await self._call_handler(job, spec, conn)
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    if not await self.store.complete(conn, job.id, job.attempts, result):
+                        raise ClaimLost
+                    await conn.commit()
+                    return result
+            except BaseException:
+                if not conn.closed:
+                    await conn.rollback()
+                raise
+            finally:
+                conn.job_scope = False
+        if not await self._complete_later(job, result):
+            raise ClaimLost
+        return result
+
+    async def _complete_later(self, job: Job, result: Mapping[str, Any] | None) -> bool:
+        """Queue the job's `done` for the fetch loop's next transaction; False: claim lost."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.completions.append((Completion(job.id, job.attempts, result), done))
+        self._completion_queued()
+        return await done
 
     async def _call_handler(
         self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
@@ -254,8 +359,29 @@ class Worker:
         except psycopg.Error as exc:
             log.error("job %d: could not hand back (%s); its lease will expire", job.id, exc)
 
+    async def _requeue_rate_limited(self, job: Job, denied: Denied, started: float) -> None:
+        """No token: back to pending until the next one is due; the attempt is not used up."""
+        assert self.store is not None
+        tenant = self.limiter.tenant_label(job.tenant_id)
+        self.metrics.rate_limited(tenant, job.job_kind, denied.scope)
+        asyncio.get_running_loop().call_later(denied.retry_after + WAKE_SLACK, self.wake.set)
+        try:
+            await self.store.release(job.id, job.attempts, delay=requeue_delay(denied))
+        except psycopg.Error as exc:
+            log.error("job %d: could not requeue (%s); its lease will expire", job.id, exc)
+            self.observe(job, "error", started)
+            return
+        log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
+        self.observe(job, "rate_limited", started)
+
     def observe(self, job: Job, outcome: str, started: float) -> None:
-        """Hook for metrics: one finished attempt of `job` with its outcome."""
+        """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
+        ran = outcome != "rate_limited"
+        self.metrics.observe(
+            job.job_kind, outcome,
+            claim_latency=(job.claimed_at - job.created_at).total_seconds() if ran else None,
+            processing=time.monotonic() - started if ran else None,
+        )
 
     # -- background ----------------------------------------------------------------------
 
@@ -285,14 +411,14 @@ class Worker:
         while True:
             try:
                 async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(QUERIES["listen_for_jobs"].text)
                     self.listening, pause = True, 0.5
                     self.wake.set()  # catch up with whatever arrived while not listening
                     while True:
                         async for note in conn.notifies(timeout=15.0):
                             if note.payload in served:
                                 self.wake.set()
-                        await conn.execute("SELECT 1")
+                        await conn.execute(QUERIES["ping"].text)
             except psycopg.Error as exc:
                 self.listening = False
                 log.warning("listener lost its connection (%s); reconnecting in %.1fs", exc, pause)

@@ -43,13 +43,25 @@ def lane_argv(lane: Lane, *, imports: Sequence[str], until_empty: bool, grace: f
 
 
 def lane_processes(lanes: Sequence[Lane], *, imports: Sequence[str], until_empty: bool,
-                   grace: float, log_level: str) -> list[LaneProcess]:
-    """max(1, minReplicas) local processes per lane: a local run has no autoscaler."""
-    return [
+                   grace: float, log_level: str,
+                   metrics_port: int | None = None) -> list[LaneProcess]:
+    """max(1, minReplicas) local processes per lane: a local run has no autoscaler.
+
+    metrics_port: the n-th process of the pool (counting across lanes from 0) serves
+    /metrics on metrics_port + n; 0 turns it off everywhere; None leaves it to the env.
+    """
+    processes = [
         LaneProcess(lane.name, index, lane_argv(lane, imports=imports, until_empty=until_empty,
                                                 grace=grace, log_level=log_level))
         for lane in lanes
         for index in range(max(1, lane.min_replicas))
+    ]
+    if metrics_port is None:
+        return processes
+    return [
+        LaneProcess(proc.lane, proc.index, (*proc.argv, "--metrics-port",
+                                            str(metrics_port + n if metrics_port else 0)))
+        for n, proc in enumerate(processes)
     ]
 
 

@@ -1,0 +1,111 @@
+"""What a rate-limited tenant costs the others (issue 3): tenant B's throughput with and
+without a throttled tenant A flooding the queue ahead of it.
+
+    .venv/bin/python bench/rate_limit_cost.py [--dsn postgresql://postgres@127.0.0.1/postgres]
+        [--flood 20000] [--jobs 2000] [--slots 4]
+
+Creates and drops a scratch database on the given server. Scenarios, one worker each:
+  alone      B's jobs only
+  flooded    A's flood (rps 1, burst 1) enqueued before B's jobs, same priority
+  no-exclude as flooded, but the claim does not leave throttled pairs out (the naive way)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+import jobpool
+from jobpool.db.migrate import migrate
+from jobpool.db.store import register_kinds
+from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.job import Job
+from jobpool.registry import REGISTRY
+from jobpool.worker.config import WorkerConfig
+from jobpool.worker.ratelimit import RateLimiter
+from jobpool.worker.runtime import Worker
+
+KIND = "bench_rl_job"
+DONE: dict[str, int] = {}
+
+
+@jobpool.kind(KIND)
+async def handler(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    DONE[str(job.tenant_id)] = DONE.get(str(job.tenant_id), 0) + 1
+
+
+class NoExclusion(RateLimiter):
+    def throttled(self) -> list[str]:
+        return []
+
+
+async def scenario(dsn: str, name: str, flood: int, jobs: int, slots: int) -> dict[str, Any]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE mdm.aa_job, mdm.aa_audit_log")
+        await conn.execute("DELETE FROM mdm.aa_tenant WHERE key IN ('a', 'b')")
+        rows = {}
+        for key, meta in (("a", {"rate_limit": {KIND: {"rps": 1, "burst": 1}}}), ("b", {})):
+            cur = await conn.execute("INSERT INTO mdm.aa_tenant (key, metadata) VALUES (%s, %s)"
+                                     " RETURNING id", (key, json.dumps(meta)))
+            row = await cur.fetchone()
+            assert row is not None
+            rows[key] = uuid.UUID(str(row[0]))
+        await register_kinds(conn, [REGISTRY.get(KIND)])
+        if name != "alone":
+            for start in range(0, flood, 5000):
+                await enqueue_many(conn, [NewJob(rows["a"], KIND)] * min(5000, flood - start))
+        await conn.execute("SELECT pg_sleep(0.01)")  # B's jobs come strictly after the flood
+        await enqueue_many(conn, [NewJob(rows["b"], KIND)] * jobs)
+        await conn.execute("ANALYZE mdm.aa_job")
+    DONE.clear()
+    limiter = NoExclusion() if name == "no-exclude" else None
+    worker = Worker(dsn, REGISTRY, WorkerConfig(kinds=(KIND,), slots=slots, poll_interval=0.5),
+                    actor="bench", limiter=limiter)
+    task = asyncio.create_task(worker.run())
+    started = time.monotonic()
+    while DONE.get(str(rows["b"]), 0) < jobs and time.monotonic() - started < 600:
+        await asyncio.sleep(0.02)
+    elapsed = time.monotonic() - started
+    worker.stop()
+    await task
+    hits = worker.metrics.registry.get_sample_value(
+        "mdm_jobs_rate_limit_hits_total", {"tenant": "a", "kind": KIND, "limit": "tenant"}) or 0
+    return {"scenario": name, "b_jobs": DONE.get(str(rows["b"]), 0), "seconds": round(elapsed, 2),
+            "b_jobs_per_s": round(DONE.get(str(rows["b"]), 0) / elapsed, 1),
+            "a_done": DONE.get(str(rows["a"]), 0), "a_requeues": int(hits)}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1/postgres")
+    parser.add_argument("--flood", type=int, default=20000)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--slots", type=int, default=4)
+    args = parser.parse_args()
+    name = f"jobpool_bench_rl_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(args.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = make_conninfo(**{**conninfo_to_dict(args.dsn), "dbname": name})
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await migrate(conn)
+        for which in ("alone", "flooded", "no-exclude"):
+            print(json.dumps(await scenario(dsn, which, args.flood, args.jobs, args.slots)),
+                  flush=True)
+    finally:
+        with psycopg.connect(args.dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                          .format(sql.Identifier(name)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,225 @@
+"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin` (spec "DLQ-Verwaltung").
+
+Every /v1 route needs a Bearer token with `manage_metadata` (`jobpool.api.auth`). Errors are
+`application/problem+json` (RFC 9457) naming the problem; bad input is a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from http import HTTPStatus
+from typing import Any
+
+import psycopg
+from aiohttp import web
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from jobpool import admin
+from jobpool.api.auth import AuthError, TokenVerifier
+from jobpool.api.openapi import (
+    DEFAULT_PAGE,
+    KIND_NAME,
+    MAX_JOB_ID,
+    MAX_PAGE,
+    TENANT_REF,
+    document,
+)
+from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
+
+log = logging.getLogger("jobpool.api")
+
+MAX_BODY = 64 * 1024
+"""Bytes; no endpoint takes a body, so anything larger is refused with 413."""
+PUBLIC_PATHS = frozenset({"/openapi.json", "/healthz"})
+PROBLEM_TYPE = "application/problem+json"
+
+POOL = web.AppKey("pool", AsyncConnectionPool)
+VERIFIER = web.AppKey("verifier", TokenVerifier)
+ACTOR = web.RequestKey("actor", str)
+"""The token's subject: the audit actor of the request's changes."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    """A bad path or query parameter (400)."""
+
+
+def problem(status: int, detail: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    """An RFC 9457 problem response."""
+    body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
+            "detail": detail}
+    return web.json_response(body, status=status, content_type=PROBLEM_TYPE,
+                             headers=dict(headers or {}))
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | timedelta):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def ok(body: Any, status: int = 200) -> web.Response:
+    """A JSON response; datetimes as ISO 8601, uuids as text."""
+    return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_default))
+
+
+# -- middlewares ---------------------------------------------------------------------------
+
+
+@web.middleware
+async def problems(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every failure into a problem response; log what is our fault."""
+    try:
+        return await handler(request)
+    except AuthError as exc:
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if exc.status == 401 else {}
+        return problem(exc.status, exc.message, headers)
+    except BadRequest as exc:
+        return problem(400, str(exc))
+    except (JobNotFoundError, UnknownTenantError) as exc:
+        return problem(404, str(exc))
+    except JobStateError as exc:
+        return problem(409, str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+        return problem(exc.status, exc.reason, allow)
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        log.warning("database unreachable: %s", exc)
+        return problem(503, "the database is unreachable; try again later")
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return problem(500, "unexpected error; the server log has the details")
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Require a valid token with manage_metadata on every non-public path; refuse big bodies."""
+    if request.path not in PUBLIC_PATHS:
+        request[ACTOR] = request.app[VERIFIER].principal(request.headers.get("Authorization"))
+    if request.body_exists:
+        await request.read()  # raises 413 beyond client_max_size
+    return await handler(request)
+
+
+# -- parameters ----------------------------------------------------------------------------
+
+
+def _integer(text: str, name: str, low: int, high: int) -> int:
+    if not re.fullmatch(r"-?[0-9]{1,20}", text):
+        raise BadRequest(f"{name} must be an integer, got {text[:40]!r}")
+    value = int(text)
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def job_id(request: web.Request) -> int:
+    """The {id} path parameter; raises BadRequest."""
+    return _integer(request.match_info["id"], "job id", 1, MAX_JOB_ID)
+
+
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    text = request.query.get(name)
+    return default if text is None else _integer(text, name, low, high)
+
+
+def _query_match(request: web.Request, name: str, pattern: str, what: str) -> str | None:
+    text = request.query.get(name)
+    if text is not None and not re.fullmatch(pattern, text):
+        raise BadRequest(f"{name} must be {what}, got {text[:80]!r}")
+    return text
+
+
+# -- handlers ------------------------------------------------------------------------------
+
+
+async def list_dlq(request: web.Request) -> web.Response:
+    """GET /v1/dlq?tenant&kind&after&limit."""
+    after = _query_int(request, "after", 0, 0, MAX_JOB_ID)
+    limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+    kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
+    tenant = _query_match(request, "tenant", TENANT_REF, "a tenant key or uuid")
+    async with request.app[POOL].connection() as conn:
+        tenant_id = (await admin.resolve_tenant(conn, tenant))["id"] if tenant else None
+        rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=kind, after=after,
+                                    limit=limit)
+    return ok({"items": rows, "next_after": rows[-1]["id"] if len(rows) == limit else None})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    """GET /v1/jobs/{id}."""
+    ident = job_id(request)
+    async with request.app[POOL].connection() as conn:
+        return ok(await admin.get_job(conn, ident))
+
+
+def _action(action: Callable[..., Awaitable[None]]) -> Handler:
+    """A POST handler: run `action` as the token's subject, answer with the job after it."""
+
+    async def handle(request: web.Request) -> web.Response:
+        ident = job_id(request)
+        async with request.app[POOL].connection() as conn:
+            await action(conn, ident, actor=request[ACTOR])
+            return ok(await admin.get_job(conn, ident))
+
+    return handle
+
+
+async def discard_job(request: web.Request) -> web.Response:
+    """DELETE /v1/jobs/{id}: 204, or 409 for a running job."""
+    ident = job_id(request)
+    async with request.app[POOL].connection() as conn:
+        await admin.discard(conn, ident, actor=request[ACTOR])
+    return web.Response(status=204)
+
+
+async def stats(request: web.Request) -> web.Response:
+    """GET /v1/stats: counts per (tenant, kind, status) and totals per status."""
+    async with request.app[POOL].connection() as conn:
+        rows = await admin.job_counts(conn)
+    counts = [{"tenant": r["tenant_key"], "tenant_id": r["tenant_id"], "kind": r["job_kind"],
+               "status": r["status"], "jobs": int(r["jobs"])} for r in rows]
+    totals: dict[str, int] = {}
+    for row in counts:
+        totals[row["status"]] = totals.get(row["status"], 0) + row["jobs"]
+    return ok({"counts": counts, "totals": totals})
+
+
+async def openapi(_: web.Request) -> web.Response:
+    """GET /openapi.json (no token needed)."""
+    return ok(document())
+
+
+async def healthz(_: web.Request) -> web.Response:
+    """GET /healthz for the API's own liveness probe (no token needed)."""
+    return ok({"status": "ok"})
+
+
+def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier) -> web.Application:
+    """The admin API on `pool` (opened by the caller; dict rows), verifying with `verifier`."""
+    app = web.Application(middlewares=[problems, authenticate], client_max_size=MAX_BODY)
+    app[POOL] = pool
+    app[VERIFIER] = verifier
+    routes = app.router
+    routes.add_get("/v1/dlq", list_dlq, allow_head=False)
+    routes.add_get("/v1/jobs/{id}", get_job, allow_head=False)
+    routes.add_delete("/v1/jobs/{id}", discard_job)
+    routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
+    routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))
+    routes.add_get("/v1/stats", stats, allow_head=False)
+    routes.add_get("/openapi.json", openapi, allow_head=False)
+    routes.add_get("/healthz", healthz, allow_head=False)
+    return app

@@ -1,0 +1,198 @@
+"""The admin API's OpenAPI 3.0 document, served at /openapi.json (kept true by schemathesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_JOB_ID = 9_223_372_036_854_775_807
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+TENANT_REF = rf"^([a-z0-9][a-z0-9_.-]{{0,62}}|{UUID})$"
+KIND_NAME = r"^[a-z][a-z0-9_]{0,62}$"
+
+_STATUS = {"type": "string", "enum": ["pending", "running", "done", "dlq", "failed"]}
+_TIME = {"type": "string", "format": "date-time"}
+_NULLABLE_TIME = {**_TIME, "nullable": True}
+_NULLABLE_TEXT = {"type": "string", "nullable": True}
+
+_JOB = {
+    "type": "object",
+    "required": ["id", "tenant_id", "tenant_key", "job_kind", "status", "attempts",
+                 "max_attempts", "priority", "created_at", "available_at"],
+    "properties": {
+        "id": {"type": "integer"},
+        "tenant_id": {"type": "string", "format": "uuid"},
+        "tenant_key": {"type": "string"},
+        "job_kind": {"type": "string"},
+        "payload": {},
+        "status": _STATUS,
+        "priority": {"type": "integer"},
+        "available_at": _TIME,
+        "created_at": _TIME,
+        "claimed_by": _NULLABLE_TEXT,
+        "claimed_at": _NULLABLE_TIME,
+        "heartbeat_at": _NULLABLE_TIME,
+        "attempts": {"type": "integer"},
+        "max_attempts": {"type": "integer"},
+        "last_error": _NULLABLE_TEXT,
+        "completed_at": _NULLABLE_TIME,
+        "idempotency_key": _NULLABLE_TEXT,
+        "result": {"nullable": True},
+    },
+    "additionalProperties": True,
+}
+
+_DLQ_ITEM = {
+    "type": "object",
+    "required": ["id", "tenant_id", "tenant_key", "job_kind", "attempts", "dlq_at"],
+    "properties": {
+        "id": {"type": "integer"},
+        "tenant_id": {"type": "string", "format": "uuid"},
+        "tenant_key": {"type": "string"},
+        "job_kind": {"type": "string"},
+        "payload": {},
+        "last_error": _NULLABLE_TEXT,
+        "attempts": {"type": "integer"},
+        "max_attempts": {"type": "integer"},
+        "created_at": _TIME,
+        "dlq_at": _NULLABLE_TIME,
+    },
+}
+
+_PROBLEM = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    schema = {"$ref": "#/components/schemas/Problem"}
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": schema}}}
+
+
+def _ok(description: str, schema: dict[str, Any],
+        links: dict[str, Any] | None = None) -> dict[str, Any]:
+    response = {"description": description, "content": {"application/json": {"schema": schema}}}
+    return {**response, "links": links} if links else response
+
+
+def _job_links(source: str) -> dict[str, Any]:
+    """Links from a response holding a job id (at JSON pointer `source`) to the job actions."""
+    return {name: {"operationId": operation, "parameters": {"id": f"$response.body#{source}"}}
+            for name, operation in (("GetJob", "getJob"), ("ReplayJob", "replayJob"),
+                                    ("StopJob", "stopJob"), ("DiscardJob", "discardJob"))}
+
+
+_AUTH_ERRORS = {
+    "401": _problem("missing, malformed, expired or wrongly signed token"),
+    "403": _problem("the token lacks the manage_metadata permission"),
+    "413": _problem("request body too large"),
+    "503": _problem("the database is unreachable"),
+}
+_JOB_ERRORS = {
+    **_AUTH_ERRORS,
+    "400": _problem("the job id is not an integer from 1 to 2^63-1"),
+    "404": _problem("no job with that id"),
+}
+
+_JOB_ID = {"name": "id", "in": "path", "required": True,
+           "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
+_JOB_REF = {"$ref": "#/components/schemas/Job"}
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0.3 document of the admin API."""
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "jobpool admin API",
+            "version": "1",
+            "description": "Inspect and repair the job queue: DLQ list, replay, discard, stop, "
+                           "counts. Every /v1 call needs a Bearer JWT whose permissions "
+                           "contain manage_metadata; its sub is the audit actor.",
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/dlq": {"get": {
+                "operationId": "listDlq",
+                "summary": "DLQ jobs, oldest first, keyset-paginated by id",
+                "parameters": [
+                    {"name": "tenant", "in": "query", "description": "tenant key or id",
+                     "schema": {"type": "string", "pattern": TENANT_REF}},
+                    {"name": "kind", "in": "query",
+                     "schema": {"type": "string", "pattern": KIND_NAME}},
+                    {"name": "after", "in": "query", "description": "return ids above this",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID,
+                                "default": 0}},
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE,
+                                "default": DEFAULT_PAGE}},
+                ],
+                "responses": {
+                    "200": _ok("a page of DLQ jobs; next_after is null on the last page", {
+                        "type": "object", "required": ["items", "next_after"],
+                        "properties": {
+                            "items": {"type": "array",
+                                      "items": {"$ref": "#/components/schemas/DlqJob"}},
+                            "next_after": {"type": "integer", "nullable": True},
+                        }}, _job_links("/items/0/id")),
+                    "400": _problem("a bad filter (tenant, kind, after or limit)"),
+                    "404": _problem("no tenant with that key or id"),
+                    **_AUTH_ERRORS,
+                },
+            }},
+            "/v1/jobs/{id}": {
+                "parameters": [_JOB_ID],
+                "get": {"operationId": "getJob", "summary": "every column of one job",
+                        "responses": {"200": _ok("the job", _JOB_REF), **_JOB_ERRORS}},
+                "delete": {
+                    "operationId": "discardJob",
+                    "summary": "discard (delete) a job that is not running; audited with a "
+                               "snapshot of the row",
+                    "responses": {"204": {"description": "discarded"},
+                                  "409": _problem("the job is running (stop it first)"),
+                                  **_JOB_ERRORS}},
+            },
+            "/v1/jobs/{id}/replay": {"parameters": [_JOB_ID], "post": {
+                "operationId": "replayJob",
+                "summary": "put a DLQ job back to pending with attempts 0; audited",
+                "responses": {"200": _ok("the replayed job", _JOB_REF, _job_links("/id")),
+                              "409": _problem("the job is not in the DLQ"), **_JOB_ERRORS}}},
+            "/v1/jobs/{id}/stop": {"parameters": [_JOB_ID], "post": {
+                "operationId": "stopJob",
+                "summary": "set the manual stop flag (status failed); audited",
+                "responses": {"200": _ok("the stopped job", _JOB_REF, _job_links("/id")),
+                              "409": _problem("the job is done or already stopped"),
+                              **_JOB_ERRORS}}},
+            "/v1/stats": {"get": {
+                "operationId": "stats",
+                "summary": "job counts per tenant, kind and status, and totals per status",
+                "responses": {"200": _ok("counts", {
+                    "type": "object", "required": ["counts", "totals"],
+                    "properties": {
+                        "counts": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["tenant", "tenant_id", "kind", "status", "jobs"],
+                            "properties": {
+                                "tenant": {"type": "string"},
+                                "tenant_id": {"type": "string", "format": "uuid"},
+                                "kind": {"type": "string"}, "status": _STATUS,
+                                "jobs": {"type": "integer", "minimum": 0}}}},
+                        "totals": {"type": "object",
+                                   "additionalProperties": {"type": "integer", "minimum": 0}},
+                    }}), **_AUTH_ERRORS}}},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "bearerFormat": "JWT"}},
+            "schemas": {"Job": _JOB, "DlqJob": _DLQ_ITEM, "Problem": _PROBLEM},
+        },
+    }

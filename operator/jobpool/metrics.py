@@ -1,0 +1,162 @@
+"""Prometheus metrics of a worker process (spec "Beobachtbarkeit", DESIGN §4).
+
+Counters and histograms are recorded by the worker as attempts finish; the queue gauges
+(`mdm_jobs_pending`, `_ready`, `_running`, `_dlq`, `_ready_age_seconds`, per tenant key and
+kind) come from one grouped query, cached for `GAUGE_MAX_AGE` seconds. Every worker reports
+the whole queue, so aggregate the gauges with `max by (tenant, kind)`, never `sum`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from psycopg.rows import dict_row
+
+from jobpool.sql import QUERIES
+
+log = logging.getLogger("jobpool.metrics")
+
+Outcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "error"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "done", "retry", "dlq", "rate_limited", "lost_claim", "released", "error",
+)
+
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
+)
+"""Seconds, from milliseconds (a quick email) to a day (a backed-off retry, a GIN build)."""
+
+GAUGE_MAX_AGE = 5.0
+"""Seconds the queue gauges are served from cache before the grouped query runs again."""
+
+QUEUE_GAUGES = (
+    ("mdm_jobs_pending", "pending", "Jobs in status pending (runnable now or later)."),
+    ("mdm_jobs_ready", "ready", "Pending jobs whose available_at has passed."),
+    ("mdm_jobs_running", "running", "Jobs in status running."),
+    ("mdm_jobs_dlq", "dlq", "Jobs in the dead-letter queue."),
+    ("mdm_jobs_ready_age_seconds", "ready_age",
+     "Seconds since the oldest ready job became available (0 when none is ready)."),
+)
+"""(metric, query column, help) of the per-(tenant, kind) gauges."""
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class WorkerMetrics:
+    """The metrics of one worker, in a registry of their own (several workers per process
+    in tests do not mix)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.attempts = Counter(
+            "mdm_jobs_attempts", "Finished attempts (claims) by kind and outcome.",
+            ["kind", "outcome"], registry=self.registry)
+        self.claim_latency = Histogram(
+            "mdm_jobs_claim_latency_seconds", "now() - created_at when a job is claimed to run.",
+            ["kind"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.processing = Histogram(
+            "mdm_jobs_processing_seconds", "Seconds a claimed job ran, whatever its outcome.",
+            ["kind"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.rate_limit_hits = Counter(
+            "mdm_jobs_rate_limit_hits", "Claimed jobs requeued for want of a token; limit is "
+            "the empty bucket (tenant or provider).",
+            ["tenant", "kind", "limit"], registry=self.registry)
+        self.gauges: QueueGauges | None = None
+
+    def observe(self, kind: str, outcome: str, *, claim_latency: float | None,
+                processing: float | None) -> None:
+        """Count one finished attempt; record the latency and duration when given (seconds)."""
+        self.attempts.labels(kind, outcome).inc()
+        if claim_latency is not None:
+            self.claim_latency.labels(kind).observe(max(0.0, claim_latency))
+        if processing is not None:
+            self.processing.labels(kind).observe(max(0.0, processing))
+
+    def rate_limited(self, tenant: str, kind: str, limit: str) -> None:
+        """Count one rate-limit hit (spec: a metric, not an audit row)."""
+        self.rate_limit_hits.labels(tenant, kind, limit).inc()
+
+    def add_queue_gauges(self, gauges: QueueGauges) -> None:
+        """Serve the queue gauges of `gauges` with these metrics."""
+        self.registry.register(gauges)
+        self.gauges = gauges
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text format, with the queue gauges refreshed if stale."""
+        if self.gauges is not None:
+            await self.gauges.refresh()
+        return generate_latest(self.registry)
+
+
+class QueueGauges(Collector):
+    """Queue gauges from the `queue_gauges` query on a connection of their own.
+
+    Kept apart from the worker's pool so that a scrape neither waits for a busy slot nor
+    fails after the worker stopped. On a database error the last values stay, and
+    `mdm_jobs_gauges_age_seconds` shows how old they are.
+    """
+
+    def __init__(self, dsn: str, *, max_age: float = GAUGE_MAX_AGE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.dsn = dsn
+        self.max_age = max_age
+        self.clock = clock
+        self.rows: list[dict[str, Any]] = []
+        self.fetched_at: float | None = None
+        self.conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        self.lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        """Run the grouped query unless the cached rows are younger than `max_age`."""
+        async with self.lock:
+            if self.fetched_at is not None and self.clock() - self.fetched_at < self.max_age:
+                return
+            try:
+                conn = await self._connection()
+                cur = await conn.execute(QUERIES["queue_gauges"].text)
+                self.rows = await cur.fetchall()
+                self.fetched_at = self.clock()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("queue gauges not refreshed (serving the last values): %s", exc)
+                await self.close()
+
+    async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
+        if self.conn is None or self.conn.closed:
+            self.conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5,
+                application_name="jobpool-metrics", options="-c statement_timeout=10000")
+        return self.conn
+
+    async def close(self) -> None:
+        """Close the connection (a later refresh reconnects)."""
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            with contextlib.suppress(psycopg.Error):  # already broken
+                await conn.close()
+
+    def collect(self) -> Iterable[Metric]:
+        """The cached gauges (called by the registry at every scrape)."""
+        for name, column, text in QUEUE_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["tenant", "kind"])
+            for row in self.rows:
+                family.add_metric([str(row["tenant"]), str(row["kind"])], float(row[column]))
+            yield family
+        age = GaugeMetricFamily("mdm_jobs_gauges_age_seconds",
+                                "Seconds since the queue gauges were read from the database.")
+        if self.fetched_at is not None:
+            age.add_metric([], self.clock() - self.fetched_at)
+        yield age
+
+    def describe(self) -> Iterable[Metric]:
+        """No samples: the families are known only at collect time."""
+        return []

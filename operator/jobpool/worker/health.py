@@ -1,0 +1,124 @@
+"""The worker's HTTP side: `/metrics` (Prometheus), `/healthz` and `/readyz` (Kubernetes probes).
+
+/healthz: the fetch loop has beaten within `LIVENESS_TIMEOUT` seconds (else 503: restart me).
+/readyz: the database answered the last claim and the LISTEN connection is up (else 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from aiohttp import web
+
+from jobpool.errors import JobpoolError
+from jobpool.metrics import CONTENT_TYPE, QueueGauges, WorkerMetrics
+
+log = logging.getLogger("jobpool.worker")
+
+LIVENESS_TIMEOUT = 60.0
+"""Seconds without a fetch-loop beat after which /healthz fails (a claim waits at most 30 s)."""
+
+
+class HealthSource(Protocol):
+    """What the probes read from a worker (`jobpool.worker.runtime.Worker` has these)."""
+
+    listening: bool
+    database_ok: bool
+    loop_beat: float
+
+
+class ObservedWorker(HealthSource, Protocol):
+    """A worker with its metrics (`Worker.metrics`)."""
+
+    metrics: WorkerMetrics
+
+
+class HealthServerError(JobpoolError):
+    """The health/metrics server cannot listen (e.g. the port is taken)."""
+
+
+def build_app(source: HealthSource, metrics: WorkerMetrics, *,
+              clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """The aiohttp application serving /metrics, /healthz and /readyz."""
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        body = await metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_: web.Request) -> web.Response:
+        silent = clock() - source.loop_beat
+        if silent > LIVENESS_TIMEOUT:
+            return web.json_response(
+                {"status": "stuck", "detail": f"fetch loop silent for {silent:.0f}s"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        problems = [text for ok, text in (
+            (source.database_ok, "database unreachable"),
+            (source.listening, "LISTEN connection down"),
+        ) if not ok]
+        if problems:
+            return web.json_response({"status": "not ready", "problems": problems}, status=503)
+        return web.json_response({"status": "ready"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+class HealthServer:
+    """Runs `build_app` on a TCP port alongside the worker, in the same event loop."""
+
+    def __init__(self, source: HealthSource, metrics: WorkerMetrics) -> None:
+        self.app = build_app(source, metrics)
+        self.metrics = metrics
+        self.runner: web.AppRunner | None = None
+
+    async def start(self, *, port: int, host: str = "0.0.0.0") -> int:
+        """Listen on `host:port` (0: any free port); return the port. Raises HealthServerError."""
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            self.runner = None
+            raise HealthServerError(
+                f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc}; set "
+                "--metrics-port / JOBPOOL_METRICS_PORT to a free port, or 0 to disable") from None
+        addresses = self.runner.addresses
+        return int(addresses[0][1]) if addresses else port
+
+    async def stop(self) -> None:
+        """Stop listening and close the gauges' database connection."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        if self.metrics.gauges is not None:
+            await self.metrics.gauges.close()
+
+
+async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> HealthServer | None:
+    """Serve `worker`'s /metrics (with queue gauges from `dsn`) and probes on `port`.
+
+    port 0: no server (None). A port that is taken is logged, not fatal: the worker's jobs
+    matter more than its metrics (on Kubernetes the failing probes make it visible).
+    """
+    if not port:
+        return None
+    worker.metrics.add_queue_gauges(QueueGauges(dsn))
+    server = HealthServer(worker, worker.metrics)
+    try:
+        bound = await server.start(port=port)
+    except HealthServerError as exc:
+        log.error("%s; running without them", exc)
+        await server.stop()
+        return None
+    log.info("metrics and probes on :%d (/metrics, /healthz, /readyz)", bound)
+    return server

@@ -1,0 +1,156 @@
+"""Rate limits against a real database and a real worker (issue 3, spec "Rate-Limiting")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobpool
+from jobpool.db.store import register_kinds
+from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.job import Job
+from jobpool.registry import REGISTRY
+from jobpool.worker.config import WorkerConfig
+from jobpool.worker.ratelimit import RateLimiter, load_provider_caps
+from jobpool.worker.runtime import Worker
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+KIND = "test_rl_probe"
+SENT: list[tuple[str, float]] = []
+
+
+@jobpool.kind(KIND, max_attempts=3)
+async def probe(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    SENT.append((str(job.tenant_id), time.monotonic()))
+    await asyncio.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+def _clear_sent() -> None:
+    SENT.clear()
+
+
+async def add_tenant(conn: Conn, key: str, rate_limit: Any = None) -> uuid.UUID:
+    metadata = {} if rate_limit is None else {"rate_limit": rate_limit}
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_tenant (key, metadata) VALUES (%s, %s::jsonb) RETURNING id",
+        (key, json.dumps(metadata)))
+    row = await cur.fetchone()
+    assert row is not None
+    return uuid.UUID(str(row["id"]))
+
+
+async def enqueue(conn: Conn, batches: list[tuple[uuid.UUID, int]]) -> None:
+    await register_kinds(conn, [REGISTRY.get(KIND)])
+    jobs = [NewJob(tenant, KIND, {"n": n}) for tenant, count in batches for n in range(count)]
+    await enqueue_many(conn, jobs, actor="test")
+
+
+def worker_for(dsn: str, limiter: RateLimiter | None = None) -> Worker:
+    config = WorkerConfig(kinds=(KIND,), slots=4, poll_interval=0.5, grace=5.0)
+    return Worker(dsn, REGISTRY, config, actor="test", limiter=limiter)
+
+
+async def run_for(worker: Worker, seconds: float) -> None:
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(seconds)
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+
+
+async def statuses(conn: Conn, tenant: uuid.UUID) -> dict[str, list[int]]:
+    """Status -> list of attempts, for the tenant's jobs."""
+    cur = await conn.execute(
+        "SELECT status::text AS status, attempts FROM mdm.aa_job WHERE tenant_id = %s",
+        (tenant,))
+    found: dict[str, list[int]] = {}
+    for row in await cur.fetchall():
+        found.setdefault(row["status"], []).append(row["attempts"])
+    return found
+
+
+async def test_a_throttled_tenant_waits_while_the_others_flow(dsn: str, conn: Conn) -> None:
+    noisy = await add_tenant(conn, "noisy", {KIND: {"rps": 0.5, "burst": 1}})
+    quiet = await add_tenant(conn, "quiet")
+    await enqueue(conn, [(noisy, 5), (quiet, 50)])  # same transaction, noisy first in line
+    worker = worker_for(dsn)
+
+    await run_for(worker, 6.0)
+
+    noisy_jobs = await statuses(conn, noisy)
+    assert 2 <= len(noisy_jobs.get("done", [])) <= 4  # burst 1 + 0.5 rps x 6 s
+    assert set(noisy_jobs) <= {"done", "pending"}  # none in the DLQ, none left running
+    assert noisy_jobs["pending"] and set(noisy_jobs["pending"]) == {0}  # no attempt used up
+    assert await statuses(conn, quiet) == {"done": [1] * 50}
+    # requeues are a metric, not audit rows; and the worker did not spin on the noisy pair
+    hits = worker.metrics.registry.get_sample_value(
+        "mdm_jobs_rate_limit_hits_total", {"tenant": "noisy", "kind": KIND, "limit": "tenant"})
+    assert hits is not None and 1 <= hits <= 30
+    cur = await conn.execute(
+        "SELECT DISTINCT action::text AS action FROM mdm.aa_audit_log WHERE tenant_id = %s",
+        (noisy,))
+    assert {row["action"] for row in await cur.fetchall()} == {"job_enqueued", "job_done"}
+
+
+async def test_a_provider_cap_is_shared_by_every_tenant(dsn: str, conn: Conn) -> None:
+    first = await add_tenant(conn, "first")
+    second = await add_tenant(conn, "second")
+    await enqueue(conn, [(first, 40), (second, 40)])
+    caps = load_provider_caps(json.dumps(
+        {"providers": {"ses": {"rps": 5, "burst": 5}}, "kinds": {KIND: "ses"}}))
+    worker = worker_for(dsn, RateLimiter(caps))
+
+    await run_for(worker, 4.0)
+
+    assert 10 <= len(SENT) <= 5 + 5 * 4
+    assert {tenant for tenant, _ in SENT} == {str(first), str(second)}
+    for tenant in (first, second):
+        jobs = await statuses(conn, tenant)
+        assert set(jobs) == {"done", "pending"}
+        assert set(jobs["pending"]) == {0}
+    hits = worker.metrics.registry.get_sample_value(
+        "mdm_jobs_rate_limit_hits_total", {"tenant": "first", "kind": KIND, "limit": "provider"})
+    assert hits is not None and hits >= 1
+
+
+async def test_a_changed_limit_applies_without_a_restart(dsn: str, conn: Conn) -> None:
+    tenant = await add_tenant(conn, "slow", {KIND: {"rps": 0.2, "burst": 1}})
+    await enqueue(conn, [(tenant, 20)])
+    worker = worker_for(dsn)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(1.5)
+        assert len(SENT) == 1  # burst 1, the next token only after 5 s
+        await conn.execute(
+            "UPDATE mdm.aa_tenant SET metadata = jsonb_set(metadata, '{rate_limit}', %s::jsonb)"
+            " WHERE id = %s", (json.dumps({KIND: {"rps": 50, "burst": 10}}), tenant))
+        changed = time.monotonic()
+        deadline = changed + 12.0  # refresh (2 s) + the longest parked requeue (5 s) + slack
+        while len(SENT) < 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        # at the old 0.2 rps the other 19 jobs would need 95 s
+        assert len(SENT) == 20
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert await statuses(conn, tenant) == {"done": [1] * 20}
+
+
+async def test_an_invalid_limit_in_the_database_is_logged_and_ignored(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant = await add_tenant(conn, "typo", {KIND: {"rps": "lots"}})
+    await enqueue(conn, [(tenant, 8)])
+    worker = Worker(dsn, REGISTRY, WorkerConfig(kinds=(KIND,), until_empty=True), actor="test")
+    with caplog.at_level(logging.WARNING, logger="jobpool.ratelimit"):
+        await asyncio.wait_for(worker.run(), 30)
+    assert await statuses(conn, tenant) == {"done": [1] * 8}
+    assert any(f"tenant typo: rate_limit.{KIND}.rps: expected a number > 0" in r.getMessage()
+               for r in caplog.records)

@@ -1,0 +1,232 @@
+"""Token buckets and limit parsing: pure, no database (jobpool.core.ratelimit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobpool.core.ratelimit import (
+    Denied,
+    Granted,
+    Need,
+    RateLimit,
+    TokenBucket,
+    full_bucket,
+    parse_provider_caps,
+    parse_rate_limit,
+    parse_tenant_limits,
+    refill,
+    take_token,
+    wait_for_token,
+    wait_time,
+)
+from jobpool.worker.ratelimit import RateLimiter, load_provider_caps, requeue_delay
+
+HALF = RateLimit(rps=0.5, burst=1)
+
+
+def run(limit: RateLimit, times: list[float]) -> list[bool]:
+    """Try one job at each time; return which started."""
+    bucket: TokenBucket | None = None
+    started = []
+    for now in times:
+        decision = take_token([Need("k", "tenant", limit, bucket)], now)
+        if isinstance(decision, Granted):
+            bucket = decision.buckets["k"]
+        started.append(isinstance(decision, Granted))
+    return started
+
+
+def test_a_new_bucket_is_full_and_allows_a_burst() -> None:
+    assert run(RateLimit(rps=1, burst=3), [0, 0, 0, 0]) == [True, True, True, False]
+
+
+def test_tokens_come_back_at_rps() -> None:
+    assert run(HALF, [0, 1.0, 1.99, 2.0, 3.0, 4.0]) == [True, False, False, True, False, True]
+
+
+def test_the_bucket_never_holds_more_than_burst() -> None:
+    bucket = refill(TokenBucket(0.0, 0.0), RateLimit(rps=10, burst=2), now=1000.0)
+    assert bucket.tokens == 2.0
+
+
+def test_a_clock_going_backwards_adds_no_tokens() -> None:
+    bucket = refill(TokenBucket(0.5, 10.0), HALF, now=5.0)
+    assert bucket.tokens == 0.5
+
+
+def test_denied_says_when_the_next_token_is_due() -> None:
+    spent = TokenBucket(0.25, 0.0)
+    decision = take_token([Need("k", "tenant", HALF, spent)], 0.0)
+    assert decision == Denied(retry_after=pytest.approx(1.5), scope="tenant")
+
+
+def test_over_any_window_at_most_burst_plus_rps_times_window_start() -> None:
+    limit = RateLimit(rps=5, burst=5)
+    times = [i * 0.01 for i in range(400)]  # 4 s of attempts every 10 ms
+    assert sum(run(limit, times)) <= 5 + 5 * 4
+
+
+def test_an_empty_provider_bucket_takes_nothing_from_the_tenant_bucket() -> None:
+    tenant = Need("t", "tenant", RateLimit(rps=1, burst=1), None)
+    provider = Need("p", "provider", RateLimit(rps=2, burst=1), TokenBucket(0.0, 0.0))
+    decision = take_token([tenant, provider], 0.0)
+    assert decision == Denied(retry_after=0.5, scope="provider")
+    # the tenant's token is still there once the provider has one
+    later = take_token([tenant, Need("p", "provider", provider.limit, provider.bucket)], 0.5)
+    assert isinstance(later, Granted)
+    assert later.buckets["t"].tokens == 0.0
+
+
+def test_the_longest_wait_wins() -> None:
+    needs = [Need("t", "tenant", HALF, TokenBucket(0.0, 0.0)),
+             Need("p", "provider", RateLimit(rps=10, burst=1), TokenBucket(0.0, 0.0))]
+    assert take_token(needs, 0.0) == Denied(retry_after=2.0, scope="tenant")
+    assert wait_time(needs, 0.0) == 2.0
+    assert wait_time([], 0.0) == 0.0
+
+
+def test_wait_for_token_is_zero_with_a_token() -> None:
+    assert wait_for_token(full_bucket(HALF, 0.0), HALF, 0.0) == 0.0
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"rps": 0}, "rps must be a number > 0"),
+    ({"rps": -1, "burst": 1}, "rps must be a number > 0"),
+    ({"rps": "fast"}, "rps: expected a number"),
+    ({"rps": True}, "rps: expected a number"),
+    ({"rps": 1, "burst": 0}, "burst must be an integer >= 1"),
+    ({"rps": 1, "burst": 1.5}, "burst must be an integer >= 1"),
+    ({"rps": 1, "brust": 2}, "unknown field(s) brust"),
+    ([1, 2], "expected an object"),
+    ({"rps": float("nan")}, "rps must be a number > 0"),
+])
+def test_bad_limits_are_named(raw: object, message: str) -> None:
+    with pytest.raises(ValueError, match=r"x\.y") as info:
+        parse_rate_limit(raw, "x.y")
+    assert message in str(info.value)
+
+
+def test_burst_defaults_to_ceil_rps() -> None:
+    assert parse_rate_limit({"rps": 2.5}, "x") == RateLimit(2.5, 3)
+    assert parse_rate_limit({"rps": 0.2}, "x") == RateLimit(0.2, 1)
+    assert parse_rate_limit({"rps": 1, "burst": 4.0}, "x") == RateLimit(1.0, 4)
+
+
+def test_tenant_limits_fall_back_to_the_wildcard() -> None:
+    limits, problems = parse_tenant_limits(
+        {"email_send": {"rps": 1, "burst": 2}, "*": {"rps": 5}}, "acme")
+    assert problems == []
+    assert limits.for_kind("email_send") == RateLimit(1, 2)
+    assert limits.for_kind("reindex") == RateLimit(5, 5)
+
+
+def test_a_bad_tenant_entry_is_dropped_and_reported_not_raised() -> None:
+    limits, problems = parse_tenant_limits(
+        {"email_send": {"rps": "x"}, "reindex": {"rps": 1}}, "acme")
+    assert limits.for_kind("email_send") is None
+    assert limits.for_kind("reindex") == RateLimit(1, 1)
+    assert problems == ["tenant acme: rate_limit.email_send.rps: expected a number > 0, got 'x'"]
+    assert parse_tenant_limits("fast", "acme")[1] == [
+        "tenant acme: rate_limit must be an object, got 'fast'"]
+
+
+def test_provider_caps_contract() -> None:
+    caps = parse_provider_caps(
+        {"providers": {"ses": {"rps": 14, "burst": 20}}, "kinds": {"email_send": "ses"}})
+    assert caps.for_kind("email_send") == ("ses", RateLimit(14, 20))
+    assert caps.for_kind("reindex") is None
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"kinds": {"email_send": "ses"}}, "kinds.email_send: provider 'ses' is not declared"),
+    ({"providers": {"ses": {"burst": 1}}}, "providers.ses.rps"),
+    ({"provider": {}}, "unknown key(s) provider"),
+    ("ses", "expected an object"),
+])
+def test_bad_provider_caps_are_named(raw: object, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_provider_caps(raw)
+    assert message in str(info.value)
+
+
+def test_provider_caps_from_json_text_or_a_yaml_file(tmp_path: Path) -> None:
+    doc = {"providers": {"ses": {"rps": 5, "burst": 5}}, "kinds": {"email_send": "ses"}}
+    assert load_provider_caps(json.dumps(doc)).for_kind("email_send") == ("ses", RateLimit(5, 5))
+    path = tmp_path / "caps.yaml"
+    path.write_text("providers:\n  ses: {rps: 5}\nkinds:\n  email_send: ses\n")
+    assert load_provider_caps(f"@{path}").for_kind("email_send") == ("ses", RateLimit(5, 5))
+    assert load_provider_caps(None).providers == {}
+    with pytest.raises(ValueError, match=r"JOBPOOL_RATE_LIMITS file .*missing\.yaml: cannot read"):
+        load_provider_caps("@/nonexistent/missing.yaml")
+    with pytest.raises(ValueError, match="JOBPOOL_RATE_LIMITS: not valid JSON or YAML"):
+        load_provider_caps("{providers: [")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TENANT = "7c4b5bd2-3f0e-4c43-9d0f-4f8a4a3f8e01"
+OTHER = "0e3f5c55-2f8a-4a5e-9a68-7f0f9c6c2b10"
+
+
+def limiter_with(rate_limit: object, caps: str | None = None) -> tuple[RateLimiter, Clock]:
+    clock = Clock()
+    limiter = RateLimiter(load_provider_caps(caps), clock=clock)
+    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": rate_limit},
+                               {"id": OTHER, "key": "beta", "rate_limit": None}])
+    return limiter, clock
+
+
+def test_a_throttled_pair_is_left_out_until_its_token_is_due() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 0.5, "burst": 1}})
+    assert limiter.acquire(TENANT, "k") is None
+    assert limiter.acquire(OTHER, "k") is None  # unlimited tenant
+    denied = limiter.acquire(TENANT, "k")
+    assert isinstance(denied, Denied)
+    assert limiter.throttled() == [f"{TENANT}/k"]
+    clock.now += denied.retry_after
+    assert limiter.throttled() == []
+    assert limiter.acquire(TENANT, "k") is None
+
+
+def test_a_raised_limit_applies_at_the_next_refresh() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 0.01, "burst": 1}})
+    assert limiter.acquire(TENANT, "k") is None
+    clock.now += 0.01
+    assert limiter.throttled() == [f"{TENANT}/k"]  # next token in ~100 s
+    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": {"k": {"rps": 1000}}}])
+    assert limiter.throttled() == []  # at 1000 rps it is due already
+    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": None}])
+    assert [limiter.acquire(TENANT, "k") for _ in range(50)] == [None] * 50
+    assert limiter.buckets == {}
+
+
+def test_an_empty_provider_throttles_every_known_tenant_of_its_kinds() -> None:
+    caps = '{"providers": {"ses": {"rps": 1, "burst": 1}}, "kinds": {"k": "ses"}}'
+    limiter, clock = limiter_with(None, caps)
+    assert limiter.acquire(TENANT, "k") is None
+    denied = limiter.acquire(OTHER, "k")
+    assert denied == Denied(retry_after=1.0, scope="provider")
+    assert limiter.throttled() == sorted([f"{TENANT}/k", f"{OTHER}/k"])
+    assert limiter.acquire(TENANT, "other_kind") is None
+    clock.now += 1.0
+    assert limiter.throttled() == []
+
+
+def test_labels_use_the_tenant_key() -> None:
+    limiter, _ = limiter_with(None)
+    assert limiter.tenant_label(TENANT) == "acme"
+    assert limiter.tenant_label("unknown") == "unknown"
+
+
+def test_requeue_delay_is_capped_so_relaxed_limits_reach_parked_jobs() -> None:
+    assert requeue_delay(Denied(2.0, "tenant")) == 2.0
+    assert requeue_delay(Denied(3600.0, "tenant")) == 60.0

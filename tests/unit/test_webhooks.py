@@ -1,0 +1,206 @@
+"""Standard Webhooks signing, response classification and the SSRF guard (pure functions)."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import standardwebhooks
+
+from jobpool.core.ssrf import (
+    TargetRefused,
+    check_target,
+    embedded_ipv4,
+    parse_networks,
+    refusal,
+)
+from jobpool.core.webhooks import (
+    MAX_RETRY_AFTER,
+    Delivered,
+    Gone,
+    Rejected,
+    RetryLater,
+    WebhookVerificationError,
+    classify_response,
+    encode_secret,
+    event_body,
+    parse_retry_after,
+    sign,
+    signed_headers,
+    signing_key,
+    verify,
+)
+
+# The example of the Standard Webhooks reference implementations' test suites.
+SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SPEC_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+SPEC_TIMESTAMP = 1614265330
+SPEC_BODY = b'{"test": 2432232314}'
+SPEC_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_signature_matches_the_spec_example() -> None:
+    assert sign(SPEC_SECRET, SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY) == SPEC_SIGNATURE
+
+
+def test_our_headers_verify_with_the_reference_library() -> None:
+    secret = encode_secret(bytes(range(32)))
+    body = event_body("order.paid", NOW, {"id": 7, "name": "Ærø"})
+    now = int(datetime.now(UTC).timestamp())
+    headers = signed_headers(secret, "msg_abc_1", now, body)
+    assert standardwebhooks.Webhook(secret).verify(body, headers) == json.loads(body)
+
+
+def test_reference_library_signatures_verify_with_ours() -> None:
+    secret = encode_secret(b"k" * 24)
+    stamp = datetime.now(UTC)
+    reference = standardwebhooks.Webhook(secret).sign("msg_1", stamp, '{"a":1}')
+    headers = {"Webhook-Id": "msg_1", "Webhook-Timestamp": str(int(stamp.timestamp())),
+               "Webhook-Signature": reference}
+    assert verify(secret, headers, b'{"a":1}', now=int(stamp.timestamp())) == "msg_1"
+
+
+@pytest.mark.parametrize("change", ["body", "id", "secret", "stale", "future"])
+def test_verify_refuses_tampering_and_old_timestamps(change: str) -> None:
+    secret = encode_secret(b"s" * 32)
+    headers = signed_headers(secret, "msg_1", 1_000_000, b"{}")
+    body, now = b"{}", 1_000_000
+    if change == "body":
+        body = b'{"x":1}'
+    elif change == "id":
+        headers["webhook-id"] = "msg_2"
+    elif change == "secret":
+        secret = encode_secret(b"t" * 32)
+    elif change == "stale":
+        now += 301
+    else:
+        now -= 301
+    with pytest.raises(WebhookVerificationError):
+        verify(secret, headers, body, now=now)
+
+
+def test_verify_accepts_any_of_several_signatures_and_names_missing_headers() -> None:
+    secret = encode_secret(b"s" * 32)
+    headers = signed_headers(secret, "msg_1", 50, b"{}")
+    headers["webhook-signature"] = "v1,bm9wZQ== v2,xyz " + headers["webhook-signature"]
+    assert verify(secret, headers, b"{}", now=50) == "msg_1"
+    del headers["webhook-timestamp"]
+    with pytest.raises(WebhookVerificationError, match="webhook-timestamp"):
+        verify(secret, headers, b"{}", now=50)
+
+
+@pytest.mark.parametrize("secret", ["plain-secret", "whsec_not base64!", "whsec_" +
+                                    base64.b64encode(b"short").decode()])
+def test_bad_secrets_are_refused(secret: str) -> None:
+    with pytest.raises(ValueError, match="secret"):
+        signing_key(secret)
+
+
+def test_event_body_is_canonical_json_whatever_the_key_order() -> None:
+    first = event_body("entity.updated", NOW, {"b": 1, "a": {"y": 2, "x": "ü"}})
+    second = event_body("entity.updated", NOW.astimezone(), {"a": {"x": "ü", "y": 2}, "b": 1})
+    assert first == second
+    assert json.loads(first) == {"type": "entity.updated",
+                                 "timestamp": "2026-11-29T12:00:00.000000Z",
+                                 "data": {"a": {"x": "ü", "y": 2}, "b": 1}}
+    assert "ü".encode() in first
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (200, Delivered), (201, Delivered), (204, Delivered), (299, Delivered),
+    (410, Gone),
+    (408, RetryLater), (429, RetryLater), (500, RetryLater), (502, RetryLater),
+    (503, RetryLater), (599, RetryLater),
+    (400, Rejected), (401, Rejected), (403, Rejected), (404, Rejected), (422, Rejected),
+    (301, Rejected), (302, Rejected), (307, Rejected), (308, Rejected), (600, Rejected),
+])
+def test_status_classification(status: int, expected: type) -> None:
+    assert isinstance(classify_response(status, retry_after=None, now=NOW), expected)
+
+
+def test_redirects_are_named_as_not_followed() -> None:
+    outcome = classify_response(302, retry_after=None, now=NOW, excerpt="moved")
+    assert outcome == Rejected("HTTP 302: moved (redirects are not followed)")
+
+
+def test_retry_after_is_honoured_in_seconds_and_as_a_date() -> None:
+    assert classify_response(429, retry_after="120", now=NOW) == RetryLater("HTTP 429", 120.0)
+    date = "Sun, 29 Nov 2026 12:05:00 GMT"
+    assert classify_response(503, retry_after=date, now=NOW) == RetryLater("HTTP 503", 300.0)
+    assert classify_response(500, retry_after=None, now=NOW) == RetryLater("HTTP 500", None)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("", None), ("soon", None), ("-5", None), ("0", 0.0),
+    ("99999999", MAX_RETRY_AFTER), ("Sun, 29 Nov 2026 11:00:00 GMT", 0.0),
+])
+def test_parse_retry_after_edges(value: str | None, expected: float | None) -> None:
+    assert parse_retry_after(value, NOW) == expected
+
+
+def test_parse_retry_after_far_date_is_capped() -> None:
+    far = (NOW + timedelta(days=30)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert parse_retry_after(far, NOW) == MAX_RETRY_AFTER
+
+
+# -- the SSRF guard ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("address", "reason"), [
+    ("127.0.0.1", "loopback"), ("127.8.9.10", "loopback"), ("::1", "loopback"),
+    ("10.0.0.1", "private"), ("172.16.5.4", "private"), ("192.168.1.1", "private"),
+    ("fd12:3456::1", "private"),
+    ("169.254.169.254", "cloud metadata"), ("fd00:ec2::254", "cloud metadata"),
+    ("169.254.1.1", "link-local"), ("fe80::1", "link-local"),
+    ("0.0.0.0", "unspecified"), ("::", "unspecified"),
+    ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
+    ("100.64.0.1", "non-global"), ("240.0.0.1", "reserved"),
+    ("::ffff:127.0.0.1", "loopback"), ("::ffff:10.0.0.1", "private"),
+    ("64:ff9b::a9fe:a9fe", "cloud metadata"),
+])
+def test_non_public_addresses_are_refused(address: str, reason: str) -> None:
+    found = refusal(ipaddress.ip_address(address), ())
+    assert found is not None and reason in found
+
+
+@pytest.mark.parametrize("address", ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"])
+def test_public_addresses_pass(address: str) -> None:
+    assert refusal(ipaddress.ip_address(address), ()) is None
+
+
+def test_the_allow_list_opens_only_its_networks() -> None:
+    allow = parse_networks("127.0.0.0/8, ::1/128")
+    assert refusal(ipaddress.ip_address("127.0.0.1"), allow) is None
+    assert refusal(ipaddress.ip_address("::1"), allow) is None
+    assert refusal(ipaddress.ip_address("::ffff:127.0.0.1"), allow) is None
+    assert refusal(ipaddress.ip_address("10.0.0.1"), allow) == "private address"
+    assert refusal(ipaddress.ip_address("169.254.169.254"), allow) == "cloud metadata address"
+
+
+def test_one_refused_answer_refuses_the_host() -> None:
+    mixed = [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.0.0.1")]
+    with pytest.raises(TargetRefused, match=r"'rebind\.example' resolves to 10\.0\.0\.1 "
+                                            r"\(private address\): refused, no connection"):
+        check_target("rebind.example", mixed, ())
+    with pytest.raises(TargetRefused, match="no address"):
+        check_target("empty.example", [], ())
+    check_target("ok.example", [ipaddress.ip_address("1.1.1.1")], ())
+
+
+def test_bad_allow_list_entries_are_named() -> None:
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.0/33'"):
+        parse_networks("127.0.0.0/8,10.0.0.0/33")
+    assert parse_networks(None) == ()
+    assert parse_networks(" , ") == ()
+
+
+def test_embedded_ipv4() -> None:
+    assert embedded_ipv4(ipaddress.ip_address("::ffff:1.2.3.4")) == ipaddress.ip_address("1.2.3.4")
+    assert embedded_ipv4(ipaddress.ip_address("64:ff9b::102:304")) == ipaddress.ip_address(
+        "1.2.3.4")
+    assert embedded_ipv4(ipaddress.ip_address("2001:db8::1")) is None
