@@ -20,6 +20,7 @@ from typing import Any, Literal
 from psycopg import AsyncConnection
 
 from jobpool.core.attributes import UnknownKeys, check_key
+from jobpool.data.entity_types import find_entity_type
 from jobpool.enqueue import enqueue
 from jobpool.sql import QUERIES
 
@@ -121,9 +122,7 @@ async def stage_import(
     Raises ValueError for a bad type_key (before any SQL) or an entity type the tenant lacks.
     """
     check_key("type_key", type_key)
-    cur = await conn.execute(QUERIES["entity_type_by_key"].text,
-                             {"tenant_id": tenant_id, "type_key": type_key})
-    entity_type = await cur.fetchone()
+    entity_type = await find_entity_type(conn, tenant_id, type_key)
     if entity_type is None:
         raise ValueError(f"the tenant has no entity type {type_key!r}")
     cur = await conn.execute(QUERIES["create_import_job"].text, {

@@ -24,10 +24,10 @@ import jobpool
 from jobpool import settings
 from jobpool.core.indexes import BuildTimeouts, GinIndex, gin_index_name
 from jobpool.core.outcomes import truncate_error
+from jobpool.data.entity_types import require_entity_type
 from jobpool.data.indexes import IndexWork, record_failure, sync_index, template
 from jobpool.data.payloads import as_object, build_timeouts, entity_key, is_last_attempt
 from jobpool.db.connect import open_side_connection
-from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -70,11 +70,7 @@ async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     async with await open_side_connection(
         tx, application_name=f"jobpool gin_backfill job {job.id}"
     ) as side:
-        cur = await side.execute(QUERIES["entity_type_by_key"].text,
-                                 {"tenant_id": job.tenant_id, "type_key": request.type_key})
-        entity_type = await cur.fetchone()
-        if entity_type is None:
-            raise PermanentError(f"no entity type {request.type_key!r} for this tenant")
+        entity_type = await require_entity_type(side, job.tenant_id, request.type_key)
         name = gin_index_name(str(job.tenant_id), request.type_key)
         if not entity_type["is_external_source_target"]:
             return {"type_key": request.type_key, "index": name, "action": "skipped",

@@ -22,9 +22,9 @@ from psycopg.types.json import Jsonb
 
 import jobpool
 from jobpool import settings
+from jobpool.data.entity_types import require_entity_type
 from jobpool.data.payloads import as_object, entity_key, positive_int
 from jobpool.db.connect import open_side_connection
-from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -79,11 +79,7 @@ async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     async with await open_side_connection(
         tx, application_name=f"jobpool reindex job {job.id}"
     ) as side:
-        cur = await side.execute(QUERIES["entity_type_by_key"].text,
-                                 {"tenant_id": job.tenant_id, "type_key": request.type_key})
-        entity_type = await cur.fetchone()
-        if entity_type is None:
-            raise PermanentError(f"no entity type {request.type_key!r} for this tenant")
+        entity_type = await require_entity_type(side, job.tenant_id, request.type_key)
         keys = await _search_keys(side, entity_type["id"])
         totals = await rebuild_vectors(side, entity_type["id"], keys, request.batch_size)
     result = {"type_key": request.type_key, "search_keys": keys, **totals}

@@ -1,0 +1,31 @@
+"""Looking up a tenant's entity type by its key."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobpool.errors import PermanentError
+from jobpool.sql import QUERIES
+
+
+async def find_entity_type(
+    conn: AsyncConnection[Any], tenant_id: uuid.UUID, type_key: str
+) -> dict[str, Any] | None:
+    """The tenant's `ddm_entity_type` row with `type_key` (a checked key), or None."""
+    cur = await conn.execute(QUERIES["entity_type_by_key"].text,
+                             {"tenant_id": tenant_id, "type_key": type_key})
+    row: dict[str, Any] | None = await cur.fetchone()
+    return row
+
+
+async def require_entity_type(
+    conn: AsyncConnection[Any], tenant_id: uuid.UUID, type_key: str
+) -> dict[str, Any]:
+    """As `find_entity_type`, for a job: a missing type is a PermanentError naming it."""
+    row = await find_entity_type(conn, tenant_id, type_key)
+    if row is None:
+        raise PermanentError(f"no entity type {type_key!r} for this tenant")
+    return row
