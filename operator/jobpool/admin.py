@@ -46,12 +46,14 @@ async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None
 
 
 async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
-    """Delete a job that is not running; audit `job_discard` with a snapshot of the row.
+    """Delete a DLQ or stopped (`failed`) job; audit `job_discard` with a snapshot of the row.
 
-    Raises JobNotFoundError, or JobStateError for a running job (stop it first).
+    Raises JobNotFoundError, or JobStateError (changing nothing) for any other status: stop a
+    pending or running job first.
     """
     if await _fetchone(conn, "discard_job", {"id": job_id, "actor": actor}) is None:
-        await _refuse(conn, job_id, "discard", "running jobs cannot be discarded (stop it first)")
+        await _refuse(conn, job_id, "discard",
+                      "only dlq or stopped (failed) jobs can be discarded; stop it first")
 
 
 async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:

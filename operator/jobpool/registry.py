@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
@@ -72,26 +73,32 @@ def kind(
 
     Unset options take the spec's per-kind defaults (`jobpool.core.kinds.BUILTIN_DEFAULTS`)
     or the generic ones. Units: stale_ttl, timeout, backoff_base and backoff_max in seconds;
-    backoff_jitter a fraction 0..1. Raises ValueError for a bad name or value.
+    backoff_jitter a fraction 0..1. Raises ValueError for a bad name or value, and TypeError
+    when the decorated handler is not an `async def` function.
     """
     check_kind_name(name)
     base = defaults_for(name)
     backoff = BackoffPolicy(
-        base=base.backoff.base if backoff_base is None else backoff_base,
-        max_delay=base.backoff.max_delay if backoff_max is None else backoff_max,
-        jitter=base.backoff.jitter if backoff_jitter is None else backoff_jitter,
+        base=base.backoff.base if backoff_base is None else float(backoff_base),
+        max_delay=base.backoff.max_delay if backoff_max is None else float(backoff_max),
+        jitter=base.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
     )
     overrides: dict[str, Any] = {
-        key: value
-        for key, value in {
-            "priority": priority, "max_attempts": max_attempts,
-            "stale_ttl": stale_ttl, "timeout": timeout,
-        }.items()
+        key: convert(value)
+        for key, convert, value in (
+            ("priority", int, priority), ("max_attempts", int, max_attempts),
+            ("stale_ttl", float, stale_ttl), ("timeout", float, timeout),
+        )
         if value is not None
     }
     defaults = replace(base, backoff=backoff, **overrides)
 
     def register(handler: Handler) -> Handler:
+        if not inspect.iscoroutinefunction(handler):
+            raise TypeError(
+                f"the handler of job kind {name!r} must be an `async def` function, "
+                f"got {handler!r}"
+            )
         REGISTRY.add(KindSpec(name, handler, defaults))
         return handler
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from integration.helpers import job, prepare, scalar
 
 import jobpool
@@ -101,3 +103,84 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
     result = cli(empty_dsn, "run", "--until-empty", check=False)
     assert result.returncode == 2
     assert "run `jobpool migrate`" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", "test_record", "--tenant", "acme", "--delay", "inf"], "--delay: must be"),
+        (["enqueue", "test_record", "--tenant", "acme", "--delay", "-5"], "--delay: must be"),
+        (["enqueue", "test_record", "--tenant", "acme", "--delay", "nan"], "--delay: must be"),
+        (["enqueue", "test_record", "--tenant", "acme", "--payload", '{"a": NaN}'],
+         "not valid JSON"),
+        (["enqueue", "test_record", "--tenant", "acme", "--payload", '{"a": 1e400}'],
+         "out of range"),
+        (["enqueue", "test_record", "--tenant", "acme", "--payload", "[1, 2]"],
+         "must be a JSON object"),
+        (["enqueue", "test_record", "--tenant", "acme", "--idempotency-key", "k", "--count", "3"],
+         "cannot go with --count"),
+        (["run", "--slots", "abc"], "'abc' is not a whole number"),
+        (["tenants", "add", "Robert'); DROP TABLE mdm.aa_job;--"], "invalid tenant key"),
+        (["tenants", "add", "00000000-0000-0000-0000-000000000000"], "look like a tenant id"),
+        (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"email_send": {"rps": -2}}}'],
+         "rate_limit.email_send"),
+    ],
+)
+async def test_bad_input_is_refused_naming_the_problem(
+    conn: Conn, dsn: str, tenant: uuid.UUID, args: list[str], message: str
+) -> None:
+    await prepare(conn)
+    result = cli(dsn, *args, "--import", "kinds_for_tests", check=False) if args[0] == "enqueue" \
+        else cli(dsn, *args, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_tenant") == 2  # system and acme
+
+
+async def test_discard_refuses_a_pending_job(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    result = cli(dsn, "dlq", "discard", str(job_id), check=False)
+    assert result.returncode == 2
+    assert "only dlq or stopped (failed) jobs can be discarded" in result.stderr
+    assert (await job(conn, job_id))["status"] == "pending"
+
+
+def test_a_bad_data_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = cli(None, "status", "--data-dir", str(blocker / "x"), check=False)
+    assert result.returncode == 2
+    assert "cannot start the embedded PostgreSQL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+README_KIND = '''
+import jobpool
+
+@jobpool.kind("invoice_pdf", max_attempts=5, timeout=120, stale_ttl=600,
+              backoff_base=10, backoff_max=3600, priority=100)
+async def invoice_pdf(job: jobpool.Job, tx) -> dict | None:
+    invoice = job.payload.get("invoice_id")
+    if not isinstance(invoice, int):
+        raise jobpool.PermanentError("payload.invoice_id must be an integer")
+    await tx.execute("SELECT %s", (invoice,))
+    return {"invoice": invoice}
+'''
+
+
+async def test_the_readme_kind_runs_from_the_current_folder(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    (tmp_path / "mykinds.py").write_text(README_KIND)
+    listed = cli(dsn, "kinds", "list", "--import", "mykinds", cwd=tmp_path).stdout
+    assert "invoice_pdf" in listed and "600" in listed
+    cli(dsn, "enqueue", "invoice_pdf", "--tenant", "acme", "--payload", '{"invoice_id": 7}',
+        "--import", "mykinds", cwd=tmp_path)
+    cli(dsn, "run", "--import", "mykinds", "--kinds", "invoice_pdf", "--until-empty",
+        "--metrics-port", "0", cwd=tmp_path)
+    cur = await conn.execute("SELECT status::text AS status, result FROM mdm.aa_job"
+                             " WHERE job_kind = 'invoice_pdf'")
+    assert await cur.fetchall() == [{"status": "done", "result": {"invoice": 7}}]

@@ -160,7 +160,7 @@ async def test_discard_snapshots_the_row_and_refuses_a_running_job(
     groups = await seed(conn, tenant)
     dead, running = groups["dlq"][0], groups["running"][0]
     status, body, _ = await api.call("DELETE", f"/v1/jobs/{running}", bearer=token())
-    assert status == 409 and "running jobs cannot be discarded" in body["detail"]
+    assert status == 409 and "only dlq or stopped (failed) jobs can be discarded" in body["detail"]
     assert (await job_row(conn, running) or {}).get("status") == "running"
 
     status, body, _ = await api.call("DELETE", f"/v1/jobs/{dead}", bearer=token(sub="bob"))

@@ -165,3 +165,19 @@ async def test_a_lost_smtp_connection_retries(conn: Conn, dsn: str, tenant: uuid
     row = await job(conn, job_id)
     assert row["status"] == "pending"
     assert "Connection refused" in row["last_error"] or "ConnectionRefused" in row["last_error"]
+
+
+async def test_no_smtp_server_configured_keeps_the_job_waiting(conn: Conn, dsn: str,
+                                                               tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    previous = settings.current()
+    settings.configure(replace(previous, smtp_url=None))
+    try:
+        job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="email_send",
+                                        payload=MAIL)).id
+        await run_until_empty(dsn, "email_send")
+    finally:
+        settings.configure(previous)
+    row = await job(conn, job_id)
+    assert row["status"] == "pending"
+    assert "JOBPOOL_SMTP_URL is not set" in row["last_error"]

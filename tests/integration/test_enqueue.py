@@ -145,7 +145,9 @@ async def test_unknown_tenant_is_a_clear_error(conn: Conn) -> None:
 
 @pytest.mark.parametrize(
     ("payload", "message"),
-    [({"text": "a\x00b"}, "NUL"), ({"when": object()}, "not JSON-serialisable")],
+    [({"text": "a\x00b"}, "NUL"), ({"when": object()}, "not valid JSON"),
+     ({"ratio": float("nan")}, "not valid JSON"), ({"big": float("inf")}, "not valid JSON"),
+     ([1, 2], "must be a JSON object"), ("text", "must be a JSON object")],
 )
 async def test_bad_payloads_are_refused_before_any_write(
     conn: Conn, tenant: uuid.UUID, payload: Any, message: str

@@ -54,3 +54,24 @@ def test_worker_kinds_resolution() -> None:
 def test_worker_config_rejects_zero_slots() -> None:
     with pytest.raises(ValueError, match="slots"):
         WorkerConfig(slots=0)
+
+
+def test_whole_numbers_are_accepted_for_durations() -> None:
+    @jobpool.kind("unit_int_durations", stale_ttl=600, timeout=120, backoff_base=10)
+    async def handler(job, tx):  # type: ignore[no-untyped-def]
+        return None
+
+    defaults = REGISTRY.get("unit_int_durations").defaults
+    assert isinstance(defaults.stale_ttl, float) and defaults.stale_ttl == 600.0
+    assert isinstance(defaults.timeout, float)
+    assert isinstance(defaults.backoff.base, float)
+
+
+def test_a_handler_must_be_async() -> None:
+    def not_async(job, tx):  # type: ignore[no-untyped-def]
+        return None
+
+    with pytest.raises(TypeError, match="must be an `async def` function"):
+        jobpool.kind("unit_sync_handler")(not_async)
+    with pytest.raises(jobpool.UnknownKindError):
+        REGISTRY.get("unit_sync_handler")

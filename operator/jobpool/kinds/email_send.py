@@ -28,6 +28,10 @@ from jobpool.sql import QUERIES
 SMTP_TIMEOUT = 30.0
 
 
+class SmtpNotConfigured(RuntimeError):
+    """No SMTP server configured: a transient failure, the job waits for the operator."""
+
+
 @dataclass(frozen=True)
 class Email:
     to: str
@@ -132,7 +136,8 @@ async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     status = "suppressed" if suppressed else "sent"
     if not suppressed:
         if not config.smtp_url:
-            raise PermanentError("JOBPOOL_SMTP_URL is not set: no SMTP server to send through")
+            raise SmtpNotConfigured("JOBPOOL_SMTP_URL is not set: no SMTP server to send through;"
+                                    " the job retries until it is configured")
         await asyncio.to_thread(send, parse_smtp_url(config.smtp_url), msg)
     await tx.execute(QUERIES["log_email"].text, {
         "tenant_id": job.tenant_id, "job_id": job.id, "message_id": msg["Message-ID"],

@@ -276,9 +276,9 @@ WITH replayed AS (
 SELECT id FROM replayed;
 
 -- name: discard_job :one
--- Delete a job that is not running, and audit it with a snapshot of the row.
+-- Delete a DLQ or stopped job, and audit it with a snapshot of the row.
 WITH discarded AS (
-    DELETE FROM mdm.aa_job WHERE id = %(id)s AND status <> 'running'
+    DELETE FROM mdm.aa_job WHERE id = %(id)s AND status IN ('dlq', 'failed')
     RETURNING *
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)

@@ -3,7 +3,8 @@ CREATE SCHEMA IF NOT EXISTS mdm;
 
 CREATE TABLE mdm.aa_tenant (
     id       uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    key      text NOT NULL UNIQUE CHECK (key ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+    key      text NOT NULL UNIQUE CHECK (key ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'
+                                     AND key !~ '^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$'),
     metadata jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(metadata) = 'object')
 );
 
