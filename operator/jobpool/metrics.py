@@ -72,15 +72,25 @@ class WorkerMetrics:
             "the empty bucket (tenant or provider).",
             ["tenant", "kind", "limit"], registry=self.registry)
         self.gauges: QueueGauges | None = None
+        # labelled children by label values: labels() costs a lookup per job otherwise
+        self._attempts: dict[tuple[str, str], Any] = {}
+        self._timings: dict[str, tuple[Any, Any]] = {}
 
     def observe(self, kind: str, outcome: str, *, claim_latency: float | None,
                 processing: float | None) -> None:
         """Count one finished attempt; record the latency and duration when given (seconds)."""
-        self.attempts.labels(kind, outcome).inc()
+        attempts = self._attempts.get((kind, outcome))
+        if attempts is None:
+            attempts = self._attempts[kind, outcome] = self.attempts.labels(kind, outcome)
+        attempts.inc()
+        timings = self._timings.get(kind)
+        if timings is None:
+            timings = self._timings[kind] = (self.claim_latency.labels(kind),
+                                             self.processing.labels(kind))
         if claim_latency is not None:
-            self.claim_latency.labels(kind).observe(max(0.0, claim_latency))
+            timings[0].observe(max(0.0, claim_latency))
         if processing is not None:
-            self.processing.labels(kind).observe(max(0.0, processing))
+            timings[1].observe(max(0.0, processing))
 
     def rate_limited(self, tenant: str, kind: str, limit: str) -> None:
         """Count one rate-limit hit (spec: a metric, not an audit row)."""

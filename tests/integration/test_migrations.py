@@ -74,3 +74,13 @@ async def test_running_jobs_are_always_claimed(dsn: str) -> None:
         except psycopg.errors.CheckViolation as exc:
             violated = exc.diag.constraint_name
     assert violated == "aa_job_running_is_claimed"
+
+
+async def test_the_queue_table_is_vacuumed_by_a_fixed_number_of_changes(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'mdm.aa_job'::regclass")
+        row = await cur.fetchone()
+    assert row is not None
+    assert {"autovacuum_vacuum_scale_factor=0.0", "autovacuum_vacuum_threshold=5000",
+            "autovacuum_analyze_threshold=5000"} <= set(row[0])

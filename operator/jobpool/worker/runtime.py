@@ -62,7 +62,6 @@ class Worker:
         self.rng = rng or random.Random()
         self.tenant_ids: list[uuid.UUID] | None = None
         self.in_flight: dict[int, asyncio.Task[None]] = {}
-        self.attempts: dict[int, int] = {}
         self.completions: list[tuple[Completion, asyncio.Future[bool]]] = []
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -208,14 +207,12 @@ class Worker:
 
     def _start(self, row: dict[str, Any]) -> None:
         job = Job.from_row(row)
-        self.attempts[job.id] = job.attempts
         task = asyncio.create_task(self._execute(job, row), name=f"job-{job.id}")
         self.in_flight[job.id] = task
         task.add_done_callback(lambda _: self._finished(job.id))
 
     def _finished(self, job_id: int) -> None:
         self.in_flight.pop(job_id, None)
-        self.attempts.pop(job_id, None)
         self.wake.set()
 
     async def _drain(self) -> None:
@@ -262,8 +259,9 @@ class Worker:
             outcome = await self._fail(job, spec, exc)
             self.observe(job, outcome, started)
         else:
-            log.info("job %d (%s) done in %.3fs%s", job.id, job.job_kind,
-                     time.monotonic() - started, f": {dict(result)}" if result else "")
+            if log.isEnabledFor(logging.INFO):
+                log.info("job %d (%s) done in %.3fs%s", job.id, job.job_kind,
+                         time.monotonic() - started, f": {dict(result)}" if result else "")
             self.observe(job, "done", started)
 
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:

@@ -1,0 +1,35 @@
+"""The benchmark's job kinds for jobpool (loaded by workers with `--import bench_kinds`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from psycopg import AsyncConnection
+
+import jobpool
+from jobpool.job import Job
+
+LATENCY_FILE = "BENCH_LATENCY_FILE"
+"""Environment variable naming the file that `bench_latency` appends its latencies to."""
+
+
+@jobpool.kind("bench_noop", max_attempts=3)
+async def noop(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Do nothing (writes nothing: the job's `done` is all its transaction holds)."""
+
+
+@jobpool.kind("bench_latency", max_attempts=3)
+async def latency(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Append `now - payload.t0` (seconds, enqueue to start) to the latency file."""
+    record_latency(job.payload)
+
+
+def record_latency(payload: Any) -> None:
+    """Append one enqueue-to-start latency (wall clock, same host) to `$BENCH_LATENCY_FILE`."""
+    started = time.time()
+    if payload.get("warmup"):
+        return
+    with open(os.environ[LATENCY_FILE], "a", encoding="utf-8") as out:
+        out.write(f"{started - float(payload['t0']):.6f}\n")

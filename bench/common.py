@@ -1,0 +1,148 @@
+"""Shared plumbing of the benchmark: databases, transaction counters, timing, medians."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PREFIX = "jobpool_bench_"
+
+
+def server_dsn() -> str:
+    """The maintenance DSN: `JOBPOOL_BENCH_DSN`, else the local server."""
+    return os.environ.get("JOBPOOL_BENCH_DSN") or DEFAULT_DSN
+
+
+def dsn_for(database: str) -> str:
+    """The DSN of `database` on the benchmark server, as a URL (asyncpg takes no other)."""
+    params = {k: str(v) for k, v in conninfo_to_dict(server_dsn()).items()}
+    user = quote(params.pop("user", "postgres"), safe="")
+    password = params.pop("password", None)
+    host = params.pop("host", "127.0.0.1")
+    port = params.pop("port", "5432")
+    params.pop("dbname", None)
+    auth = f"{user}:{quote(password, safe='')}" if password else user
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{auth}@{host}:{port}/{database}{query}"
+
+
+def admin() -> psycopg.Connection[Any]:
+    """An autocommit connection to the maintenance database."""
+    return psycopg.connect(server_dsn(), autocommit=True)
+
+
+def recreate_database(name: str, template: str | None = None) -> str:
+    """Drop and create `name` (a copy of `template` if given); return its DSN."""
+    with admin() as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template))
+        conn.execute(query)
+    return dsn_for(name)
+
+
+def drop_database(name: str) -> None:
+    """Drop `name` if it exists (connections are terminated)."""
+    with admin() as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+def transactions(database: str, settle: float = 1.0) -> int:
+    """Committed plus rolled-back transactions of `database` so far (pg_stat_database).
+
+    Backends flush their counters when they exit or go idle for a second, so wait `settle`.
+    Read from the maintenance database, so the read itself does not count.
+    """
+    time.sleep(settle)
+    with admin() as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (database,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (0.0 of nothing)."""
+    return statistics.median(values) if values else 0.0
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100) by nearest rank."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def load() -> float:
+    """The one-minute load average."""
+    return os.getloadavg()[0]
+
+
+def python() -> str:
+    """The interpreter of the benchmark venv (the one running now)."""
+    return sys.executable
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment of worker subprocesses: bench/ on the path, no stray JOBPOOL_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBPOOL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def run_child(argv: Sequence[str], env: dict[str, str], timeout: float) -> float:
+    """Run a worker process to its end; return its wall time in seconds."""
+    started = time.monotonic()
+    done = subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    elapsed = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return elapsed
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    with admin() as conn:
+        row = conn.execute("SELECT version(), current_setting('synchronous_commit'), "
+                           "current_setting('fsync'), current_setting('shared_buffers')"
+                           ).fetchone()
+    assert row is not None
+    cpu = "?"
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    from importlib.metadata import version
+
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+        "postgres": row[0].split(",")[0], "synchronous_commit": row[1], "fsync": row[2],
+        "shared_buffers": row[3], "psycopg": version("psycopg"),
+        "pgqueuer": version("pgqueuer"), "procrastinate": version("procrastinate"),
+        "asyncpg": version("asyncpg"),
+    }

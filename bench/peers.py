@@ -1,0 +1,150 @@
+"""The peers doing the benchmark's work: PgQueuer and Procrastinate (pinned in requirements.txt).
+
+Run as a worker process: `python bench/peers.py SYSTEM MODE DSN CONCURRENCY` with MODE
+`drain` (exit once the queue is empty) or `serve` (run until SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import procrastinate
+from bench_kinds import record_latency
+from pgqueuer import AsyncpgDriver, Queries, QueueManager
+from pgqueuer.models import Job as PgqJob
+from pgqueuer.types import QueueExecutionMode
+
+# -- PgQueuer -------------------------------------------------------------------------------
+
+
+async def pgqueuer_install(dsn: str) -> None:
+    """Create PgQueuer's schema."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(conn)).install()
+    finally:
+        await conn.close()
+
+
+async def pgqueuer_enqueue(dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
+                           batch: int) -> None:
+    """Enqueue `payloads` as jobs of entrypoint `kind`, `batch` per statement."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        for start in range(0, len(payloads), batch):
+            chunk = payloads[start:start + batch]
+            if batch == 1:
+                await queries.enqueue(kind, json.dumps(chunk[0]).encode())
+            else:
+                await queries.enqueue([kind] * len(chunk),
+                                      [json.dumps(p).encode() for p in chunk], [0] * len(chunk))
+    finally:
+        await conn.close()
+
+
+class PgqueuerSingle:
+    """One connection enqueueing one job per call (for the latency and single-enqueue runs)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.queries = Queries(AsyncpgDriver(conn))
+
+    async def enqueue(self, kind: str, payload: dict[str, Any]) -> None:
+        await self.queries.enqueue(kind, json.dumps(payload).encode())
+
+
+async def pgqueuer_worker(dsn: str, mode: str, batch_size: int) -> None:
+    """One PgQueuer QueueManager on one asyncpg connection (its documented setup)."""
+    conn = await asyncpg.connect(dsn)
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+    @qm.entrypoint("bench_noop")
+    async def noop(job: PgqJob) -> None:
+        """Nothing."""
+
+    @qm.entrypoint("bench_latency")
+    async def latency(job: PgqJob) -> None:
+        """Record enqueue-to-start."""
+        record_latency(json.loads(job.payload or b"{}"))
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, qm.shutdown.set)
+    await qm.run(
+        batch_size=batch_size, dequeue_timeout=timedelta(seconds=2),
+        mode=QueueExecutionMode.drain if mode == "drain" else QueueExecutionMode.continuous,
+    )
+
+
+# -- Procrastinate --------------------------------------------------------------------------
+
+
+def procrastinate_app(dsn: str, pool_size: int = 10) -> procrastinate.App:
+    """An App with the benchmark's two tasks on a psycopg pool of `pool_size`."""
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=dsn, min_size=1, max_size=pool_size))
+
+    @app.task(name="bench_noop")
+    async def noop() -> None:
+        """Nothing."""
+
+    @app.task(name="bench_latency")
+    async def latency(t0: float, warmup: bool = False) -> None:
+        """Record enqueue-to-start."""
+        record_latency({"t0": t0, "warmup": warmup})
+
+    return app
+
+
+async def procrastinate_install(dsn: str) -> None:
+    """Create Procrastinate's schema."""
+    app = procrastinate_app(dsn)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+
+
+async def procrastinate_enqueue(dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
+                                batch: int) -> None:
+    """Defer `payloads` as jobs of task `kind`, `batch` per call."""
+    app = procrastinate_app(dsn)
+    async with app.open_async():
+        task = app.tasks[kind]
+        for start in range(0, len(payloads), batch):
+            chunk = payloads[start:start + batch]
+            if batch == 1:
+                await task.defer_async(**chunk[0])
+            else:
+                await task.batch_defer_async(*chunk)
+
+
+async def procrastinate_worker(dsn: str, mode: str, concurrency: int) -> None:
+    """One Procrastinate worker with `concurrency` (its default is 1)."""
+    app = procrastinate_app(dsn, pool_size=max(10, concurrency + 4))
+    async with app.open_async():
+        await app.run_worker_async(concurrency=concurrency, wait=mode != "drain",
+                                   fetch_job_polling_interval=2.0)
+
+
+def main(argv: Sequence[str]) -> int:
+    system, mode, dsn, concurrency = argv[0], argv[1], argv[2], int(argv[3])
+    started = time.monotonic()
+    if system == "pgqueuer":
+        asyncio.run(pgqueuer_worker(dsn, mode, concurrency))
+    elif system == "procrastinate":
+        asyncio.run(procrastinate_worker(dsn, mode, concurrency))
+    else:
+        raise SystemExit(f"unknown system {system}")
+    print(f"{system} {mode}: {time.monotonic() - started:.2f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""Benchmark jobpool against PgQueuer and Procrastinate on one PostgreSQL (issue 7).
+
+    python3 bench/run.py                 # everything, 3 repetitions, medians
+    python3 bench/run.py drain --repeat 1 --jobs 10000 --systems jobpool
+
+The first run creates bench/.venv (pinned peers from bench/requirements.txt plus this
+checkout) and re-executes itself there. Databases `jobpool_bench_*` are created on the
+server of JOBPOOL_BENCH_DSN (default postgresql://postgres@127.0.0.1:5432/postgres) and
+dropped afterwards. Raw figures go to bench/results/<time>.json; a summary table is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+VENV = BENCH / ".venv"
+SCENARIOS = ("drain", "best", "latency", "enqueue", "notify", "growth")
+
+
+def bootstrap() -> None:
+    """Re-execute inside bench/.venv, creating and filling it first if needed."""
+    if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    interpreter = VENV / "bin" / "python"
+    if not interpreter.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    probe = subprocess.run([str(interpreter), "-c", "import pgqueuer, procrastinate, jobpool"],
+                           capture_output=True, check=False)
+    if probe.returncode != 0:
+        subprocess.run([str(interpreter), "-m", "pip", "install", "-q", "-r",
+                        str(BENCH / "requirements.txt"), "-e", str(BENCH.parent)], check=True)
+    os.execv(str(interpreter), [str(interpreter), sys.argv[0], *sys.argv[1:]])
+
+
+def main() -> int:
+    import argparse
+    import json
+    import time
+
+    from common import drop_database, machine, median
+    from scenarios import (
+        drain,
+        enqueue_batch,
+        enqueue_concurrent,
+        enqueue_single,
+        latency,
+        template,
+    )
+    from systems import SYSTEMS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS),
+                        help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=50_000, help="jobs per drain")
+    parser.add_argument("--rate", type=float, default=200.0, help="latency: enqueues per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="latency: seconds of load")
+    parser.add_argument("--best", default="jobpool=32,pgqueuer=100,procrastinate=50",
+                        help="system=concurrency of the 'best' drain")
+    parser.add_argument("--growth-sizes", default="10000,100000,1000000")
+    args = parser.parse_args()
+    systems = [SYSTEMS[name] for name in args.systems.split(",")]
+    best = dict(item.split("=") for item in args.best.split(","))
+    results: dict[str, object] = {"machine": machine(), "argv": sys.argv[1:],
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    summary: list[str] = []
+
+    def record(key: str, rows: list[dict[str, object]], field: str, unit: str) -> None:
+        results[key] = rows
+        value = median([float(str(row[field])) for row in rows])
+        loads = [row.get("load") for row in rows]
+        shown = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+        loads = [round(x, 1) if isinstance(x, float) else x for x in loads]
+        summary.append(f"| {key} | {shown} {unit} | n={len(rows)} | load {loads} |")
+        print(summary[-1], flush=True)
+
+    templates = {s.name: template(s) for s in systems
+                 if set(args.scenarios) & {"drain", "best", "latency", "enqueue"}}
+    for scenario in args.scenarios:
+        for system in systems:
+            tpl = templates.get(system.name, "")
+            if scenario == "drain":
+                rows = [drain(system, tpl, args.jobs, system.default_concurrency)
+                        for _ in range(args.repeat)]
+                record(f"drain/{system.name}/default", rows, "jobs_per_s", "jobs/s")
+                record(f"drain/{system.name}/default/xacts", rows, "xacts_per_job", "xacts/job")
+            elif scenario == "best":
+                conc = int(best[system.name])
+                rows = [drain(system, tpl, args.jobs, conc) for _ in range(args.repeat)]
+                record(f"drain/{system.name}/best={conc}", rows, "jobs_per_s", "jobs/s")
+                record(f"drain/{system.name}/best={conc}/xacts", rows, "xacts_per_job",
+                       "xacts/job")
+            elif scenario == "latency":
+                rows = [latency(system, tpl, args.rate, args.seconds)
+                        for _ in range(args.repeat)]
+                for field in ("p50_ms", "p99_ms", "max_ms"):
+                    record(f"latency/{system.name}/{field}", rows, field, "ms")
+            elif scenario == "enqueue":
+                rows = [enqueue_single(system, tpl, 2000) for _ in range(args.repeat)]
+                record(f"enqueue/{system.name}/single", rows, "jobs_per_s", "jobs/s")
+                rows = [enqueue_batch(system, tpl, 50_000, 5000) for _ in range(args.repeat)]
+                record(f"enqueue/{system.name}/batch5000", rows, "jobs_per_s", "jobs/s")
+        if scenario == "notify" and "jobpool" in templates:
+            for notify in (True, False):
+                rows = [enqueue_concurrent(templates["jobpool"], 8, 4000, notify)
+                        for _ in range(args.repeat)]
+                record(f"enqueue/jobpool/8clients/notify={notify}", rows, "jobs_per_s",
+                       "jobs/s")
+        if scenario == "growth":
+            from growth import growth
+
+            results["growth"] = growth([int(n) for n in args.growth_sizes.split(",")],
+                                       args.repeat)
+    for name in templates.values():
+        drop_database(name)
+    out = BENCH / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
+    print("\n".join(["", "| measurement | median | runs | load |", "| --- | --- | --- | --- |",
+                     *summary, f"\nraw: {out}"]))
+    return 0
+
+
+if __name__ == "__main__":
+    bootstrap()
+    sys.exit(main())

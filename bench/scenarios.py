@@ -1,0 +1,175 @@
+"""The scenarios of issue 7: drain, latency, enqueue (single, batch, concurrent with NOTIFY)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from common import (
+    PREFIX,
+    child_env,
+    drop_database,
+    load,
+    percentile,
+    recreate_database,
+    run_child,
+    transactions,
+)
+from systems import SYSTEMS, System, now
+
+
+def template(system: System) -> str:
+    """A migrated template database of `system` (created fresh once per run)."""
+    name = f"{PREFIX}{system.name}_tpl"
+    dsn = recreate_database(name)
+    asyncio.run(system.install(dsn))
+    return name
+
+
+def fresh(system: System, tpl: str, label: str) -> tuple[str, str]:
+    """A fresh copy of the template: (database name, DSN)."""
+    name = f"{PREFIX}{system.name}_{label}"
+    return name, recreate_database(name, tpl)
+
+
+def drain(system: System, tpl: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    """Enqueue `jobs` no-op jobs, then time one worker process draining them."""
+    name, dsn = fresh(system, tpl, "drain")
+    asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * jobs, 5000))
+    before = transactions(name)
+    load_before = load()
+    elapsed = run_child(system.worker(dsn, "drain", concurrency), child_env(), timeout=3600)
+    after = transactions(name)
+    left = _left(system, dsn)
+    drop_database(name)
+    return {"system": system.name, "concurrency": concurrency, "jobs": jobs,
+            "seconds": elapsed, "jobs_per_s": jobs / elapsed,
+            "xacts_per_job": (after - before) / jobs, "left": left,
+            "load": [load_before, load()]}
+
+
+def _left(system: System, dsn: str) -> int:
+    """Jobs not finished after a drain (must be 0)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        if system.name == "jobpool":
+            row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'").fetchone()
+        elif system.name == "pgqueuer":
+            row = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+        else:
+            row = conn.execute(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'").fetchone()
+    return int(row[0]) if row else -1
+
+
+def latency(system: System, tpl: str, rate: float, seconds: float) -> dict[str, Any]:
+    """Enqueue one job at a time at `rate`/s to idle default workers; enqueue-to-start."""
+    name, dsn = fresh(system, tpl, "latency")
+    with tempfile.NamedTemporaryFile("r", suffix=".lat", delete=False) as handle:
+        path = handle.name
+    worker = subprocess.Popen(
+        system.worker(dsn, "serve", system.default_concurrency),
+        env=child_env(BENCH_LATENCY_FILE=path), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        asyncio.run(_paced(system, dsn, rate, seconds))
+        time.sleep(2.0)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+    with open(path, encoding="utf-8") as results:
+        values = [float(line) * 1000 for line in results if line.strip()]
+    os.unlink(path)
+    drop_database(name)
+    expected = int(rate * seconds)
+    return {"system": system.name, "rate": rate, "jobs": expected, "started": len(values),
+            "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
+            "max_ms": max(values, default=0.0), "load": load()}
+
+
+async def _paced(system: System, dsn: str, rate: float, seconds: float) -> None:
+    one, close = await system.single(dsn)
+    try:
+        await asyncio.sleep(3.0)  # the worker starts and listens
+        for _ in range(20):
+            await one("bench_latency", {"t0": now(), "warmup": True})
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        start = time.monotonic()
+        for i in range(int(rate * seconds)):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await one("bench_latency", {"t0": now()})
+    finally:
+        await close()
+
+
+def enqueue_single(system: System, tpl: str, jobs: int) -> dict[str, Any]:
+    """One client enqueueing one job per transaction."""
+    name, dsn = fresh(system, tpl, "enq1")
+
+    async def go() -> float:
+        one, close = await system.single(dsn)
+        try:
+            started = time.monotonic()
+            for _ in range(jobs):
+                await one("bench_noop", {})
+            return time.monotonic() - started
+        finally:
+            await close()
+
+    elapsed = asyncio.run(go())
+    drop_database(name)
+    return {"system": system.name, "jobs": jobs, "jobs_per_s": jobs / elapsed, "load": load()}
+
+
+def enqueue_batch(system: System, tpl: str, jobs: int, batch: int) -> dict[str, Any]:
+    """One client enqueueing `batch` jobs per call."""
+    name, dsn = fresh(system, tpl, "enqb")
+    started = time.monotonic()
+    asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * jobs, batch))
+    elapsed = time.monotonic() - started
+    drop_database(name)
+    return {"system": system.name, "jobs": jobs, "batch": batch, "jobs_per_s": jobs / elapsed,
+            "load": load()}
+
+
+def enqueue_concurrent(tpl: str, clients: int, jobs: int, notify: bool) -> dict[str, Any]:
+    """`clients` connections each enqueueing single jobs (jobpool), with or without NOTIFY."""
+    import psycopg
+    from psycopg.rows import dict_row
+    from systems import BENCH_TENANT
+
+    import jobpool
+
+    system = SYSTEMS["jobpool"]
+    name, dsn = fresh(system, tpl, "enqc")
+
+    async def client(count: int) -> None:
+        async with await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, row_factory=dict_row) as conn:
+            for _ in range(count):
+                await jobpool.enqueue_many(conn, [jobpool.NewJob(BENCH_TENANT, "bench_noop")],
+                                           notify=notify)
+
+    async def go() -> float:
+        started = time.monotonic()
+        await asyncio.gather(*(client(jobs // clients) for _ in range(clients)))
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(go())
+    drop_database(name)
+    return {"system": "jobpool", "clients": clients, "notify": notify,
+            "jobs": jobs // clients * clients,
+            "jobs_per_s": jobs // clients * clients / elapsed, "load": load()}
