@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.errors import DatabaseUnavailableError
+from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class JobConnection(AsyncConnection[Any]):
         """`AsyncConnection.transaction`, nested in the job's transaction while in job scope."""
         if (self.job_scope and not self.autocommit
                 and self.info.transaction_status == TransactionStatus.IDLE):
-            await self.wait(self._start_query())
+            await self.execute(QUERIES["ping"].text)  # its implicit BEGIN opens the job's one
         async with super().transaction(savepoint_name, force_rollback) as tx:
             yield tx
 
