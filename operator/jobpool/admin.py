@@ -11,21 +11,15 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from jobpool.db.store import fetch_all, fetch_one
 from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
-from jobpool.sql import QUERIES
 
 Row = dict[str, Any]
 
 
-async def _fetchone(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> Row | None:
-    cur = await conn.execute(QUERIES[name].text, params)
-    row: Row | None = await cur.fetchone()
-    return row
-
-
 async def get_job(conn: AsyncConnection[Any], job_id: int) -> Row:
     """Every column of job `job_id` plus `tenant_key`; raises JobNotFoundError."""
-    row = await _fetchone(conn, "get_job", {"id": job_id})
+    row = await fetch_one(conn, "get_job", {"id": job_id})
     if row is None:
         raise JobNotFoundError(job_id)
     return row
@@ -41,7 +35,7 @@ async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None
 
     Raises JobNotFoundError, or JobStateError (changing nothing) unless the job is in the DLQ.
     """
-    if await _fetchone(conn, "replay_job", {"id": job_id, "actor": actor}) is None:
+    if await fetch_one(conn, "replay_job", {"id": job_id, "actor": actor}) is None:
         await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed")
 
 
@@ -51,7 +45,7 @@ async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> Non
     Raises JobNotFoundError, or JobStateError (changing nothing) for any other status: stop a
     pending or running job first.
     """
-    if await _fetchone(conn, "discard_job", {"id": job_id, "actor": actor}) is None:
+    if await fetch_one(conn, "discard_job", {"id": job_id, "actor": actor}) is None:
         await _refuse(conn, job_id, "discard",
                       "only dlq or stopped (failed) jobs can be discarded; stop it first")
 
@@ -62,7 +56,7 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
     A worker still running the job then loses its claim and changes nothing.
     Raises JobNotFoundError, or JobStateError for a done or already stopped job.
     """
-    if await _fetchone(conn, "stop_job", {"id": job_id, "actor": actor}) is None:
+    if await fetch_one(conn, "stop_job", {"id": job_id, "actor": actor}) is None:
         await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped")
 
 
@@ -71,23 +65,19 @@ async def list_dlq(
     after: int = 0, limit: int = 100,
 ) -> list[Row]:
     """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`."""
-    cur = await conn.execute(QUERIES["list_dlq"].text, {
+    return await fetch_all(conn, "list_dlq", {
         "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
     })
-    rows: list[Row] = await cur.fetchall()
-    return rows
 
 
 async def job_counts(conn: AsyncConnection[Any]) -> list[Row]:
     """Counts per (tenant_key, tenant_id, job_kind, status)."""
-    cur = await conn.execute(QUERIES["job_counts"].text)
-    rows: list[Row] = await cur.fetchall()
-    return rows
+    return await fetch_all(conn, "job_counts")
 
 
 async def resolve_tenant(conn: AsyncConnection[Any], ref: str) -> Row:
     """The tenant whose key or id is `ref`; raises UnknownTenantError."""
-    row = await _fetchone(conn, "resolve_tenant", {"ref": ref})
+    row = await fetch_one(conn, "resolve_tenant", {"ref": ref})
     if row is None:
         raise UnknownTenantError(ref)
     return row

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -153,9 +154,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
         until_empty=args.until_empty,
     )
-    conn = await open_database(settings)
-    await conn.close()
-    dsn = resolve_dsn(settings.dsn, settings.data_dir)
+    dsn = await prepare_database(settings)
     worker = Worker(dsn, registry, config, actor=settings.service_account)
     worker.install_signal_handlers()
     health = await start_worker_health(worker, dsn, args.metrics_port)
@@ -172,7 +171,7 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.worker.supervisor import lane_processes, supervise
 
     pool = load_pool_file(args.pool)
-    asyncio.run(_prepare(settings))
+    asyncio.run(prepare_database(settings))
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
         print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
@@ -185,9 +184,11 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     return supervise(processes)
 
 
-async def _prepare(settings: Settings) -> None:
-    conn = await open_database(settings)
-    await conn.close()
+async def prepare_database(settings: Settings) -> str:
+    """Check (or, embedded, create and migrate) the database; return its DSN."""
+    async with await open_database(settings):
+        pass
+    return resolve_dsn(settings.dsn, settings.data_dir)
 
 
 async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
@@ -488,9 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env(os.environ)
         if getattr(args, "dsn", None):
-            settings = Settings(**{**settings.__dict__, "dsn": args.dsn})
+            settings = replace(settings, dsn=args.dsn)
         if getattr(args, "data_dir", None):
-            settings = Settings(**{**settings.__dict__, "data_dir": args.data_dir})
+            settings = replace(settings, data_dir=args.data_dir)
         configure(settings)
         if getattr(args, "blocking", False):
             return int(args.func(args, settings))

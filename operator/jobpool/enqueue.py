@@ -52,12 +52,16 @@ class Enqueued(NamedTuple):
     created: bool
 
 
-def _check(job: NewJob) -> tuple[uuid.UUID, str]:
+def _tenant_id(job: NewJob) -> uuid.UUID:
+    if isinstance(job.tenant_id, uuid.UUID):
+        return job.tenant_id
     try:
-        tenant = (job.tenant_id if isinstance(job.tenant_id, uuid.UUID)
-                  else uuid.UUID(job.tenant_id))
+        return uuid.UUID(job.tenant_id)
     except (ValueError, AttributeError, TypeError):
         raise ValueError(f"tenant_id must be a UUID, got {job.tenant_id!r}") from None
+
+
+def _check_fields(job: NewJob) -> None:
     try:
         check_kind_name(job.kind)
     except ValueError:
@@ -65,6 +69,16 @@ def _check(job: NewJob) -> tuple[uuid.UUID, str]:
     if not isinstance(job.payload, dict):
         raise ValueError(
             f"payload of a {job.kind} job must be a JSON object, got {type(job.payload).__name__}")
+    if job.idempotency_key is not None and not 1 <= len(job.idempotency_key) <= 512:
+        raise ValueError("idempotency_key must be 1 to 512 characters")
+    if job.max_attempts is not None and job.max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {job.max_attempts}")
+    if job.priority is not None and not -32768 <= job.priority <= 32767:
+        raise ValueError(f"priority must fit a smallint, got {job.priority}")
+
+
+def _check_payload(job: NewJob) -> None:
+    """Name the job whose payload PostgreSQL's jsonb would refuse."""
     try:
         text = json.dumps(job.payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -72,24 +86,30 @@ def _check(job: NewJob) -> tuple[uuid.UUID, str]:
     if "\\u0000" in text:
         raise ValueError(
             f"payload of a {job.kind} job contains a NUL character, which jsonb cannot store")
-    if job.idempotency_key is not None and not 1 <= len(job.idempotency_key) <= 512:
-        raise ValueError("idempotency_key must be 1 to 512 characters")
-    if job.max_attempts is not None and job.max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1, got {job.max_attempts}")
-    if job.priority is not None and not -32768 <= job.priority <= 32767:
-        raise ValueError(f"priority must fit a smallint, got {job.priority}")
-    return tenant, text
 
 
 def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:
-    """The parameters of `enqueue_jobs`: the jobs as one JSON array text (checked first)."""
-    rows = [
-        {"tenant_id": str(tenant), "job_kind": job.kind, "payload": job.payload,
-         "priority": job.priority, "available_at": _json_time(job.available_at),
-         "idempotency_key": job.idempotency_key, "max_attempts": job.max_attempts}
-        for job, (tenant, _) in zip(jobs, (_check(job) for job in jobs), strict=True)
-    ]
-    return {"jobs": json.dumps(rows), "actor": actor, "notify": notify}
+    """The parameters of `enqueue_jobs`: the jobs as one JSON array text, checked first.
+
+    The array is serialised once; only when that fails are the jobs checked one by one, to
+    name the one at fault.
+    """
+    rows = []
+    for job in jobs:
+        _check_fields(job)
+        rows.append({
+            "tenant_id": str(_tenant_id(job)), "job_kind": job.kind, "payload": job.payload,
+            "priority": job.priority, "available_at": _json_time(job.available_at),
+            "idempotency_key": job.idempotency_key, "max_attempts": job.max_attempts})
+    try:
+        text = json.dumps(rows, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or "\\u0000" in text:
+        for job in jobs:
+            _check_payload(job)
+        raise ValueError("an idempotency key contains a NUL character, which text cannot store")
+    return {"jobs": text, "actor": actor, "notify": notify}
 
 
 def _json_time(moment: datetime | None) -> str | None:
@@ -117,7 +137,7 @@ def _assign(
         if job.idempotency_key is None:
             results[index] = Enqueued(next(unkeyed), True)
             continue
-        key = _key(_check(job)[0], job.kind, job.idempotency_key)
+        key = _key(_tenant_id(job), job.kind, job.idempotency_key)
         if key in by_key:
             results[index] = Enqueued(by_key.pop(key), True)
         else:
@@ -134,7 +154,7 @@ def _assign_existing(
     for index in pending:
         job = jobs[index]
         assert job.idempotency_key is not None
-        key = _key(_check(job)[0], job.kind, job.idempotency_key)
+        key = _key(_tenant_id(job), job.kind, job.idempotency_key)
         if key in found:
             results[index] = Enqueued(found[key], False)
         else:
@@ -144,7 +164,7 @@ def _assign_existing(
 
 def _lookup_params(jobs: Sequence[NewJob], indexes: list[int]) -> dict[str, Any]:
     return {
-        "tenant_ids": [_check(jobs[i])[0] for i in indexes],
+        "tenant_ids": [_tenant_id(jobs[i]) for i in indexes],
         "kinds": [jobs[i].kind for i in indexes],
         "idempotency_keys": [jobs[i].idempotency_key for i in indexes],
     }

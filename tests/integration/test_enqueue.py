@@ -156,3 +156,12 @@ async def test_bad_payloads_are_refused_before_any_write(
     with pytest.raises(ValueError, match=message):
         await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", payload=payload)
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+async def test_a_nul_in_an_idempotency_key_is_refused_before_any_write(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    with pytest.raises(ValueError, match="idempotency key contains a NUL"):
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", idempotency_key="a\x00b")
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0

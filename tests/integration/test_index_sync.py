@@ -37,6 +37,17 @@ async def _customer(conn: Conn, tenant: uuid.UUID) -> tuple[int, int]:
     return type_id, attr_id
 
 
+async def _customer_with_sorted_email(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> tuple[int, str]:
+    """A customer type whose `email` is sortable and indexed; its attribute id and index name."""
+    _, attr_id = await _customer(conn, tenant)
+    await conn.execute("UPDATE mdm.ddm_entity_type_attribute SET sortable = true WHERE id = %s",
+                       (attr_id,))
+    await run_worker(dsn, "index_sync")
+    return attr_id, attribute_index_name(str(tenant), "customer", "email")
+
+
 async def _attribute(conn: Conn, attr_id: int) -> dict[str, Any]:
     cur = await conn.execute(
         "SELECT index_status::text AS index_status, index_error"
@@ -115,11 +126,7 @@ async def test_sortable_integer_index_serves_order_by(
 async def test_an_unchanged_valid_index_is_left_alone(
     dsn: str, conn: Conn, tenant: uuid.UUID
 ) -> None:
-    _, attr_id = await _customer(conn, tenant)
-    await conn.execute("UPDATE mdm.ddm_entity_type_attribute SET sortable = true WHERE id = %s",
-                       (attr_id,))
-    await run_worker(dsn, "index_sync")
-    name = attribute_index_name(str(tenant), "customer", "email")
+    attr_id, name = await _customer_with_sorted_email(dsn, conn, tenant)
     before = await conn.execute("SELECT %s::regclass::oid AS oid", (f"mdm.{name}",))
     oid = (await before.fetchone() or {})["oid"]
 
@@ -261,11 +268,7 @@ async def test_an_open_transaction_without_a_snapshot_does_not_block_a_concurren
 async def test_deleting_an_indexed_attribute_drops_its_index(
     dsn: str, conn: Conn, tenant: uuid.UUID
 ) -> None:
-    _, attr_id = await _customer(conn, tenant)
-    await conn.execute("UPDATE mdm.ddm_entity_type_attribute SET sortable = true WHERE id = %s",
-                       (attr_id,))
-    await run_worker(dsn, "index_sync")
-    name = attribute_index_name(str(tenant), "customer", "email")
+    attr_id, name = await _customer_with_sorted_email(dsn, conn, tenant)
     assert await index_state(conn, name) is not None
 
     await conn.execute("DELETE FROM mdm.ddm_entity_type_attribute WHERE id = %s", (attr_id,))

@@ -28,15 +28,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 """type_key and attr_key: a lower-case letter, then up to 39 lower-case letters, digits or `_`."""
 
 DataType = Literal["string", "integer", "number", "boolean", "date", "timestamp", "enum"]
-DATA_TYPES: tuple[DataType, ...] = get_args(DataType)
 UnknownKeys = Literal["reject", "ignore"]
-UNKNOWN_KEY_POLICIES: tuple[UnknownKeys, ...] = get_args(UnknownKeys)
 
 MAX_STRING = 10_000
 MAX_EXTERNAL_KEY = 255

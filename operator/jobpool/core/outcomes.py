@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 LAST_ERROR_LIMIT = 4000
 """Characters kept of an error message in `aa_job.last_error` (the column allows 4096)."""
 
-JobStatus = Literal["pending", "running", "done", "dlq", "failed"]
-JOB_STATUSES: tuple[JobStatus, ...] = ("pending", "running", "done", "dlq", "failed")
 
 
 @dataclass(frozen=True)

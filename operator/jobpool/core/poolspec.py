@@ -127,9 +127,9 @@ class Lane:
         tenant_ok = not self.tenants or tenant is None or tenant in self.tenants
         return kind_ok and tenant_ok
 
-    def worker_args(self, grace_seconds: int, imports: Sequence[str] = ()) -> list[str]:
+    def worker_args(self, grace_seconds: float, imports: Sequence[str] = ()) -> list[str]:
         """Arguments of `jobpool` that run one worker process of this lane."""
-        args = ["run", "--slots", str(self.workers_per_pod), "--grace", str(grace_seconds)]
+        args = ["run", "--slots", str(self.workers_per_pod), "--grace", f"{grace_seconds:g}"]
         if self.kinds is not None:
             args += ["--kinds", ",".join(self.kinds)]
         if self.exclude_kinds:

@@ -7,18 +7,16 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from jobpool.db.store import fetch_one
 from jobpool.errors import PermanentError
-from jobpool.sql import QUERIES
 
 
 async def find_entity_type(
     conn: AsyncConnection[Any], tenant_id: uuid.UUID, type_key: str
 ) -> dict[str, Any] | None:
     """The tenant's `ddm_entity_type` row with `type_key` (a checked key), or None."""
-    cur = await conn.execute(QUERIES["entity_type_by_key"].text,
-                             {"tenant_id": tenant_id, "type_key": type_key})
-    row: dict[str, Any] | None = await cur.fetchone()
-    return row
+    return await fetch_one(conn, "entity_type_by_key",
+                           {"tenant_id": tenant_id, "type_key": type_key})
 
 
 async def require_entity_type(

@@ -16,10 +16,6 @@ log = logging.getLogger(__name__)
 _LOCK_KEY = 0x6A6F62706F6F6C  # "jobpool"
 
 
-def latest_version() -> int:
-    return migrations()[-1][0]
-
-
 async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
     """Versions recorded in `mdm.jobpool_migration` (empty on a fresh database)."""
     async with conn.cursor(row_factory=tuple_row) as cur:

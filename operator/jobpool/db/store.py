@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,16 +25,22 @@ class Completion(NamedTuple):
     result: Mapping[str, Any] | None
 
 
-async def _one(conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> Row | None:
-    cur = await conn.execute(QUERIES[name].text, params)
-    row: Row | None = await cur.fetchone()
-    return row
+async def fetch_one(
+    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any] | None = None
+) -> Row | None:
+    """The first row (a dict) of named query `name` on `conn`, whatever its row factory."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(QUERIES[name].text, params)
+        return await cur.fetchone()
 
 
-async def _many(conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> list[Row]:
-    cur = await conn.execute(QUERIES[name].text, params)
-    rows: list[Row] = await cur.fetchall()
-    return rows
+async def fetch_all(
+    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any] | None = None
+) -> list[Row]:
+    """Every row (dicts) of named query `name` on `conn`, whatever its row factory."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(QUERIES[name].text, params)
+        return await cur.fetchall()
 
 
 class QueueStore:
@@ -101,14 +108,6 @@ class QueueStore:
             "worker_id": self.worker_id, "actor": self.actor,
         }
 
-    async def complete_many(
-        self, conn: AsyncConnection[Any], completions: Sequence[Completion]
-    ) -> set[int]:
-        """Mark done (audit `job_done`) in `conn`'s transaction, each job only if this worker
-        still holds its claim; return the ids it held."""
-        rows = await _many(conn, "complete_jobs", self._completions(completions))
-        return {row["id"] for row in rows}
-
     def _cas(self, job_id: int, attempts: int) -> dict[str, Any]:
         return {"id": job_id, "attempts": attempts, "worker_id": self.worker_id,
                 "actor": self.actor}
@@ -118,7 +117,7 @@ class QueueStore:
         result: Mapping[str, Any] | None,
     ) -> bool:
         """Mark done in the job's transaction; False if this worker lost the claim."""
-        row = await _one(conn, "complete_job", {
+        row = await fetch_one(conn, "complete_job", {
             **self._cas(job_id, attempts), "result": None if result is None else Jsonb(result),
         })
         return bool(row and row["changed"])
@@ -126,21 +125,22 @@ class QueueStore:
     async def retry(self, job_id: int, attempts: int, *, delay: float, error: str) -> bool:
         """Back to pending in `delay` seconds; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await _one(conn, "retry_job", {**self._cas(job_id, attempts),
+            row = await fetch_one(conn, "retry_job", {**self._cas(job_id, attempts),
                                                  "delay": delay, "error": error})
         return row is not None
 
     async def dead_letter(self, job_id: int, attempts: int, *, error: str) -> bool:
         """Park in the DLQ with audit `job_dlq`; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await _one(conn, "dead_letter_job", {**self._cas(job_id, attempts),
+            row = await fetch_one(conn, "dead_letter_job", {**self._cas(job_id, attempts),
                                                        "error": error})
         return row is not None
 
     async def release(self, job_id: int, attempts: int, *, delay: float = 0.0) -> bool:
         """Hand back without using up the attempt; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await _one(conn, "release_job", {**self._cas(job_id, attempts), "delay": delay})
+            row = await fetch_one(conn, "release_job",
+                                  {**self._cas(job_id, attempts), "delay": delay})
         return row is not None
 
     async def renew_leases(self, job_ids: Sequence[int]) -> set[int]:
@@ -148,27 +148,28 @@ class QueueStore:
         if not job_ids:
             return set()
         async with self.pool.connection() as conn:
-            rows = await _many(conn, "renew_leases", {"ids": list(job_ids),
+            rows = await fetch_all(conn, "renew_leases", {"ids": list(job_ids),
                                                       "worker_id": self.worker_id})
         return {row["id"] for row in rows}
 
     async def schedule_cleanup(self, every: float) -> int | None:
         """Enqueue the current slot's cleanup job unless it exists; return its id if new."""
         async with self.pool.connection() as conn:
-            row = await _one(conn, "schedule_cleanup", {"every": every})
+            row = await fetch_one(conn, "schedule_cleanup", {"every": every})
         return None if row is None else row["id"]
 
 
 async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
     """Recover expired claims (spec "Stale-Claim-Recovery"); return (id, job_kind, status)."""
-    return await _many(conn, "recover_stale_claims", {"actor": actor})
+    return await fetch_all(conn, "recover_stale_claims", {"actor": actor})
 
 
 async def delete_expired_done_jobs(
     conn: AsyncConnection[Any], *, retention: float, batch: int
 ) -> int:
     """Delete up to `batch` done jobs older than `retention` seconds; return how many."""
-    row = await _one(conn, "delete_expired_done_jobs", {"retention": retention, "batch": batch})
+    row = await fetch_one(conn, "delete_expired_done_jobs",
+                          {"retention": retention, "batch": batch})
     return int(row["deleted"]) if row else 0
 
 

@@ -30,7 +30,6 @@ import aiohttp
 import psycopg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
 import jobpool
 from jobpool import settings
@@ -47,6 +46,7 @@ from jobpool.core.webhooks import (
     signed_headers,
 )
 from jobpool.db.connect import open_side_connection
+from jobpool.db.store import fetch_all, fetch_one
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import PermanentError, RetryAfter
 from jobpool.job import Job
@@ -223,22 +223,6 @@ async def post_webhook(
 # -- database ------------------------------------------------------------------------------
 
 
-async def _one(
-    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES[name].text, params)
-        return await cur.fetchone()
-
-
-async def _many(
-    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES[name].text, params)
-        return await cur.fetchall()
-
-
 async def record_outside(tx: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> None:
     """Run query `name` on a second, autocommit connection to `tx`'s database.
 
@@ -257,13 +241,13 @@ async def record_outside(tx: AsyncConnection[Any], name: str, params: Mapping[st
 
 async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str, Any]:
     """Create the event's deliveries and their jobs in the job's transaction."""
-    event = await _one(tx, "lock_outbox_event", {"id": event_id})
+    event = await fetch_one(tx, "lock_outbox_event", {"id": event_id})
     if event is None:
         raise PermanentError(f"outbox event {event_id} does not exist (compacted?)")
     if event["dispatched_at"] is not None:
         return {"event_id": event_id, "deliveries": 0, "already_dispatched": True}
     body = event_body(event["event_type"], event["created_at"], event["payload"])
-    rows = await _many(tx, "fan_out_outbox_event", {"id": event_id, "body": body})
+    rows = await fetch_all(tx, "fan_out_outbox_event", {"id": event_id, "body": body})
     jobs = await enqueue_many(tx, [
         NewJob(row["tenant_id"], "outbox_dispatch", {"delivery_id": row["id"]},
                idempotency_key=f"webhook_delivery:{row['id']}")
@@ -313,7 +297,7 @@ def _status_code(reason: str) -> int | None:
 
 async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[str, Any]:
     """Send one delivery; record success or 410 in the job's transaction, failures apart."""
-    delivery = await _one(tx, "delivery_to_send", {"id": delivery_id})
+    delivery = await fetch_one(tx, "delivery_to_send", {"id": delivery_id})
     if delivery is None:
         raise PermanentError(f"webhook delivery {delivery_id} does not exist (compacted?)")
     result: dict[str, Any] = {"delivery_id": delivery_id, "webhook_id": delivery["webhook_id"]}
@@ -371,7 +355,7 @@ async def compact_outbox(tx: AsyncConnection[Any]) -> dict[str, int]:
     """Delete events dispatched more than OUTBOX_RETENTION ago whose deliveries settled."""
     total = 0
     for _ in range(COMPACT_MAX_BATCHES):
-        row = await _one(tx, "compact_outbox_events",
+        row = await fetch_one(tx, "compact_outbox_events",
                          {"retention": OUTBOX_RETENTION, "batch": COMPACT_BATCH})
         deleted = int(row["deleted"]) if row else 0
         total += deleted

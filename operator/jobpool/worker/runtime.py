@@ -23,7 +23,7 @@ from jobpool.db.connect import JobConnection, open_pool
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import PermanentError, RetryAfter
 from jobpool.job import Job
-from jobpool.metrics import WorkerMetrics
+from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
@@ -318,7 +318,7 @@ class Worker:
                 f"handler returned {type(result).__name__}, expected a mapping or None")
         return result
 
-    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> str:
+    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
         assert self.store is not None
         delay = (exc.delay if isinstance(exc, RetryAfter)
                  else backoff_delay(job.attempts, spec.defaults.backoff, self.rng))
@@ -327,6 +327,7 @@ class Worker:
             error=f"{type(exc).__name__}: {exc}", delay=delay,
             permanent=isinstance(exc, PermanentError),
         )
+        outcome: Outcome
         try:
             match decision:
                 case Retry(delay=wait, error=error):
@@ -372,7 +373,7 @@ class Worker:
         log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
         self.observe(job, "rate_limited", started)
 
-    def observe(self, job: Job, outcome: str, started: float) -> None:
+    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
         ran = outcome != "rate_limited"
         self.metrics.observe(

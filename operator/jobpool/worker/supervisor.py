@@ -26,20 +26,10 @@ class LaneProcess:
 
 def lane_argv(lane: Lane, *, imports: Sequence[str], until_empty: bool, grace: float,
               log_level: str) -> tuple[str, ...]:
-    """The `jobpool run` arguments of one worker process of `lane`."""
-    argv = ["run", "--slots", str(lane.workers_per_pod), "--grace", f"{grace:g}",
-            "--log-level", log_level]
-    if lane.kinds is not None:
-        argv += ["--kinds", ",".join(lane.kinds)]
-    if lane.exclude_kinds:
-        argv += ["--exclude-kinds", ",".join(lane.exclude_kinds)]
-    if lane.tenants:
-        argv += ["--tenants", ",".join(lane.tenants)]
-    for module in imports:
-        argv += ["--import", module]
-    if until_empty:
-        argv.append("--until-empty")
-    return tuple(argv)
+    """The `jobpool run` arguments of one local worker process of `lane`: those of its pods
+    (`Lane.worker_args`), plus the local run's log level and `--until-empty`."""
+    argv = [*lane.worker_args(grace, imports), "--log-level", log_level]
+    return (*argv, "--until-empty") if until_empty else tuple(argv)
 
 
 def lane_processes(lanes: Sequence[Lane], *, imports: Sequence[str], until_empty: bool,
