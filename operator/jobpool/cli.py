@@ -1,6 +1,6 @@
 """The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
 
-Every flag falls back to a `JOBPOOL_*` variable (shown in --help).
+Flags that configure the process fall back to a `JOBPOOL_*` variable, named in --help.
 """
 
 from __future__ import annotations
