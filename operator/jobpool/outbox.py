@@ -1,4 +1,4 @@
-"""Write outbox events and webhook subscriptions on the caller's connection (issue 5).
+"""Write outbox events and webhook subscriptions on the caller's connection.
 
 How a service writes an event: `await publish(conn, tenant_id=..., event_type="order.paid",
 payload={...})` inside the transaction of the business change. The event exists if and only
@@ -21,13 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
+from jobpool.core.ssrf import webhook_target
 from jobpool.core.webhooks import encode_secret, signing_key
 from jobpool.errors import UnknownTenantError
 from jobpool.sql import QUERIES
@@ -35,6 +34,8 @@ from jobpool.sql import QUERIES
 EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 """Event types: dot-separated lower-case words, e.g. `entity.updated` (at most 200 chars)."""
 ALL_EVENTS = "*"
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""A JSON escape of NUL (jsonb cannot hold it), not an escaped backslash before `u0000`."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +77,27 @@ def check_event_type(event_type: str) -> str:
     return event_type
 
 
-def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> dict[str, Any]:
+def _payload_json(event_type: str, payload: Any) -> str:
+    """The payload as JSON text jsonb accepts; ValueError naming what it cannot hold."""
     try:
-        text = json.dumps(payload)
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"payload of a {event_type!r} event is not JSON-serialisable: {exc}"
                          ) from None
-    if "\\u0000" in text:
+    if _NUL_ESCAPE.search(text):
         raise ValueError(f"payload of a {event_type!r} event contains a NUL character")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"payload of a {event_type!r} event contains a lone surrogate "
+                             f"{exc.object[exc.start]!r}, which is not Unicode text") from None
+    return text
+
+
+def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> dict[str, Any]:
     return {"tenant_id": _tenant(tenant_id), "event_type": check_event_type(event_type),
-            "payload": Jsonb(payload)}
+            "payload": _payload_json(event_type, payload)}
 
 
 def _published(row: dict[str, Any]) -> PublishedEvent:
@@ -129,16 +141,14 @@ def publish_sync(
 
 
 def check_webhook_url(url: str) -> str:
-    """Return `url` if it is an absolute http(s) URL with a host, else raise ValueError.
+    """Return `url` if a webhook can be delivered to it, else raise ValueError naming why.
 
-    Where it points is checked at delivery time, after DNS resolution (the SSRF guard).
+    The rules are `jobpool.core.ssrf.webhook_target`'s (http(s), host, port 1-65535, no user
+    information, no IPv6 zone id, ASCII host names, at most 2048 characters); deliveries
+    check them again. Where the host points is checked at delivery time, after DNS
+    resolution (the SSRF guard).
     """
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
-            or len(url) > 2048 or any(c.isspace() for c in url)):
-        raise ValueError(f"webhook URL must be an absolute http:// or https:// URL, got {url!r}")
-    if parts.username or parts.password:
-        raise ValueError("webhook URL must not carry credentials; receivers verify signatures")
+    webhook_target(url)
     return url
 
 

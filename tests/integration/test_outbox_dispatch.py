@@ -9,7 +9,8 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import UTC, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -228,15 +229,93 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
         await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": object()})
     with pytest.raises(UnknownTenantError):
         await publish(conn, tenant_id=uuid.uuid4(), event_type="a.b", payload={})
+    with pytest.raises(ValueError, match="Out of range float values"):
+        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": float("nan")})
+    with pytest.raises(ValueError, match="lone surrogate '\\\\ud800'"):
+        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": "a\ud800"})
+    with pytest.raises(ValueError, match="NUL character"):
+        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x\x00": 1})
     with pytest.raises(ValueError, match="http:// or https://"):
         await subscribe(conn, tenant_id=tenant, url="ftp://x.example/", event_types=["a.b"])
+    with pytest.raises(ValueError, match="port '99999' is not a number from 1 to 65535"):
+        await subscribe(conn, tenant_id=tenant, url="https://x.example:99999/",
+                        event_types=["a.b"])
+    with pytest.raises(ValueError, match="contains '\\\\x00'"):
+        await subscribe(conn, tenant_id=tenant, url="https://x.example/\x00", event_types=["a.b"])
     with pytest.raises(ValueError, match="secret"):
         await subscribe(conn, tenant_id=tenant, url="https://x.example/", event_types=["a.b"],
                         secret="hunter2")
     assert await rows(conn, "SELECT id FROM mdm.aa_outbox_event") == []
+    assert await rows(conn, "SELECT id FROM mdm.aa_webhook_subscription") == []
+
+
+async def test_an_escaped_backslash_before_u0000_is_text_not_nul(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await publish(conn, tenant_id=tenant, event_type="a.b", payload={"path": "C:\\u0000"})
+    [row] = await rows(conn, "SELECT payload FROM mdm.aa_outbox_event")
+    assert row["payload"] == {"path": "C:\\u0000"}
 
 
 # -- delivery ------------------------------------------------------------------------------
+
+
+STORED = ('{"total": 12345678901234567890.12, "big": 1e400, "precise": '
+          '0.1000000000000000000000000000001, "neg0": -0, "tiny": 1e-30, '
+          '"int": 123456789012345678901234567890, "text": "Grüße \\ud83d\\ude00 \\\\u0000"}')
+EXACT = {"total": Decimal("12345678901234567890.12"), "big": Decimal("1e400"),
+         "precise": Decimal("0.1000000000000000000000000000001"), "neg0": Decimal(0),
+         "tiny": Decimal("1e-30"), "int": Decimal(123456789012345678901234567890),
+         "text": "Grüße \U0001f600 \\u0000"}
+
+
+async def test_numbers_arrive_exactly_as_stored_and_signed_over_the_bytes_sent(
+    conn: Conn, dsn: str, tenant: uuid.UUID, receiver: Receiver, allow_loopback: None
+) -> None:
+    sub = await add(conn, tenant, receiver.answer("/exact"))
+    huge = "9" * 5000 + "." + "1" * 300  # past Python's 4300-digit int conversion limit
+    await conn.execute(
+        "INSERT INTO mdm.aa_outbox_event (tenant_id, event_type, payload)"
+        " VALUES (%s, 'order.paid', %s::jsonb), (%s, 'order.paid', %s::jsonb)",
+        (tenant, STORED, tenant, f'{{"huge": {huge}}}'))
+
+    await run_worker(dsn)
+    events = await rows(conn, "SELECT id, payload::text AS stored, created_at"
+                              " FROM mdm.aa_outbox_event ORDER BY id")
+    assert [(await deliveries(conn, e["id"]))[sub.id]["status"] for e in events] == [
+        "delivered", "delivered"]
+    assert len(receiver.hits) == 2
+    for event, hit in zip(events, sorted(receiver.hits, key=lambda h: len(h.body)), strict=True):
+        stamp = event["created_at"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert hit.body == (f'{{"data":{event["stored"]},"timestamp":"{stamp}",'
+                            '"type":"order.paid"}').encode()
+        verify(sub.secret, hit.headers, hit.body, now=int(hit.headers["webhook-timestamp"]))
+    small, big = sorted(receiver.hits, key=lambda h: len(h.body))
+    assert b'"total": 12345678901234567890.12' in small.body
+    assert b'"big": 1' + b"0" * 400 + b"," in small.body
+    assert json.loads(small.body, parse_float=Decimal, parse_int=Decimal)["data"] == EXACT
+    assert standardwebhooks.Webhook(sub.secret).verify(small.body, small.headers)["type"] == (
+        "order.paid")
+    assert f'"huge": {huge}}}'.encode() in big.body
+
+
+async def test_an_event_time_rfc_3339_cannot_carry_dead_letters_its_fan_out(
+    conn: Conn, dsn: str, tenant: uuid.UUID, receiver: Receiver, allow_loopback: None
+) -> None:
+    await add(conn, tenant, receiver.answer("/never"))
+    await conn.execute(
+        "INSERT INTO mdm.aa_outbox_event (tenant_id, event_type, created_at)"
+        " VALUES (%s, 'order.paid', 'infinity'), (%s, 'order.paid', '12000-01-01 00:00:00+00')",
+        (tenant, tenant))
+
+    await run_worker(dsn)
+    jobs = await rows(conn, "SELECT status::text AS status, attempts, last_error FROM mdm.aa_job"
+                            " ORDER BY id")
+    assert [(job["status"], job["attempts"]) for job in jobs] == [("dlq", 1), ("dlq", 1)]
+    assert "has created_at infinity, which an RFC 3339 timestamp cannot carry" in (
+        jobs[0]["last_error"])
+    assert "has created_at 12000-01-01" in jobs[1]["last_error"]
+    assert receiver.hits == []
 
 
 async def test_500_then_200_sends_the_same_signed_bytes_with_the_same_id(
@@ -337,6 +416,117 @@ async def test_410_deactivates_the_subscription(
     await run_worker(dsn)
     assert await deliveries(conn, later.id) == {}
     assert receiver.paths() == ["/gone"]
+
+
+@pytest.mark.parametrize("status", [410, 400, 503])
+async def test_what_a_receiver_answers_is_stored_escaped_and_410_still_deactivates(
+    conn: Conn, dsn: str, tenant: uuid.UUID, receiver: Receiver, allow_loopback: None,
+    status: int,
+) -> None:
+    body = b"bye\x00\xff\xfe \x1b[2J" + b"z" * 10_000
+    sub = await add(conn, tenant, receiver.answer("/odd", Reply(status, body=body)))
+    event = await paid(conn, tenant)
+
+    await run_worker(dsn)
+    row = (await deliveries(conn, event.id))[sub.id]
+    expected = f"HTTP {status}: bye\\x00\\xff\\xfe \\x1b[2Jzzz"
+    assert row["last_error"].startswith(expected) and row["last_status_code"] == status
+    assert len(row["last_error"]) < 400
+    [subscription] = await rows(
+        conn, "SELECT active, deactivated_reason FROM mdm.aa_webhook_subscription")
+    if status == 410:
+        assert (row["status"], row["job_status"]) == ("gone", "done")
+        assert subscription["active"] is False
+        assert subscription["deactivated_reason"].startswith(expected)
+        [audit] = await rows(conn, "SELECT payload FROM mdm.aa_audit_log"
+                                   " WHERE action = 'webhook_disabled'")
+        assert audit["payload"]["reason"].startswith(expected)
+    else:
+        assert subscription["active"] is True and expected in row["job_error"]
+        assert (row["status"], row["job_status"]) == (
+            ("failed", "dlq") if status == 400 else ("pending", "pending"))
+
+
+async def test_a_redirect_location_and_a_malformed_answer_are_stored_escaped(
+    conn: Conn, dsn: str, tenant: uuid.UUID, allow_loopback: None,
+) -> None:
+    moved = await raw_receiver(b"HTTP/1.1 302 Found\r\nLocation: https://new.example/\xff\xfe"
+                               b"\r\nContent-Length: 0\r\n\r\n")
+    garbage = await raw_receiver(b"\x00\xff not http\r\n\r\n")
+    try:
+        redirected = await add(conn, tenant, f"http://127.0.0.1:{port_of(moved)}/")
+        broken = await add(conn, tenant, f"http://127.0.0.1:{port_of(garbage)}/")
+        event = await paid(conn, tenant)
+
+        await run_worker(dsn)
+    finally:
+        for server in (moved, garbage):
+            server.close()
+    state = await deliveries(conn, event.id)
+    assert (state[redirected.id]["status"], state[redirected.id]["job_status"]) == (
+        "failed", "dlq")
+    assert state[redirected.id]["last_error"] == (
+        "HTTP 302 (redirects are not followed; Location: https://new.example/\\xff\\xfe)")
+    assert (state[broken.id]["status"], state[broken.id]["job_status"]) == ("pending", "pending")
+    assert state[broken.id]["last_status_code"] is None
+    assert "ClientResponseError" in state[broken.id]["last_error"]
+    assert "not http" in state[broken.id]["last_error"]
+
+
+async def raw_receiver(response: bytes) -> asyncio.Server:
+    """A TCP server answering every connection with `response`, whatever was asked."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(response)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+def port_of(server: asyncio.Server) -> int:
+    return int(server.sockets[0].getsockname()[1])
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("http://127.0.0.1:99999/", "port '99999' is not a number from 1 to 65535"),
+    ("http://hook@127.0.0.1:{port}/", "must not carry user information"),
+    ("http://[::1%25lo]:{port}/", "IPv6 zone ids"),
+    ("http://bücher.example:{port}/", "write it in its IDNA A-label form 'xn--bcher-kva.example'"),
+    ("http://127.1:{port}/", "neither a dotted-decimal IPv4 address"),
+    ("http://[::1]x:{port}/", "is not host[:port]"),
+])
+async def test_a_bad_url_written_by_sql_dead_letters_at_once_naming_the_problem(
+    conn: Conn, dsn: str, tenant: uuid.UUID, receiver: Receiver, allow_loopback: None,
+    url: str, problem: str,
+) -> None:
+    [sub] = await rows(
+        conn, "INSERT INTO mdm.aa_webhook_subscription (tenant_id, url, secret, event_types)"
+              " VALUES (%s, %s, %s, '{*}') RETURNING id",
+        (tenant, url.format(port=receiver.port), encode_secret(b"k" * 32)))
+    event = await paid(conn, tenant)
+
+    await run_worker(dsn)
+    row = (await deliveries(conn, event.id))[sub["id"]]
+    assert (row["status"], row["job_status"], row["job_attempts"]) == ("failed", "dlq", 1)
+    assert problem in row["job_error"] and problem in row["last_error"]
+    assert "not sent" in row["job_error"]
+    assert receiver.hits == []
+
+
+async def test_a_bad_secret_written_by_sql_dead_letters_at_once(
+    conn: Conn, dsn: str, tenant: uuid.UUID, receiver: Receiver, allow_loopback: None
+) -> None:
+    sub = await add(conn, tenant, receiver.answer("/secret"))
+    await conn.execute("UPDATE mdm.aa_webhook_subscription SET secret = 'whsec_c2hvcnQ='")
+    event = await paid(conn, tenant)
+
+    await run_worker(dsn)
+    row = (await deliveries(conn, event.id))[sub.id]
+    assert (row["status"], row["job_status"], row["job_attempts"]) == ("failed", "dlq", 1)
+    assert f"subscription {sub.id}: a webhook secret must hold at least 16 bytes" in (
+        row["job_error"])
+    assert receiver.hits == []
 
 
 async def test_only_matching_active_subscriptions_of_the_tenant_get_the_event(

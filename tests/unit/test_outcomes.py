@@ -33,5 +33,7 @@ def test_errors_are_truncated_and_marked() -> None:
     assert truncate_error("short") == "short"
 
 
-def test_nul_characters_are_dropped() -> None:
-    assert truncate_error("a\x00b") == "ab"
+def test_unstorable_characters_are_escaped_not_lost() -> None:
+    text = truncate_error("a\x00b\udcffc\ud800d\x1b[0m\x85e\tf\ng\rh")
+    assert text == "a\\x00b\\xffc\\ud800d\\x1b[0m\\u0085e\tf\ng\\x0dh"
+    text.encode()  # PostgreSQL takes it: no NUL, valid UTF-8

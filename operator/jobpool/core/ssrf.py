@@ -1,14 +1,21 @@
-"""Which addresses an outgoing webhook may connect to (issue 5: the SSRF guard).
+"""Which URLs and addresses an outgoing webhook may go to (the SSRF guard).
 
-Pure: the I/O layer resolves the host name, asks `refusals` about every address it got, and
-connects only to addresses this module accepted.
+Pure: `webhook_target` checks a URL's shape (when a subscription is created, and again before
+every delivery, since rows can be written by plain SQL); the I/O layer then resolves the host
+name, asks `check_target` about every address it got, and connects only to addresses this
+module accepted.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from urllib.parse import urlsplit
+
+import idna
 
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
@@ -24,8 +31,123 @@ METADATA_ADDRESSES: frozenset[Address] = frozenset({
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
+MAX_URL_LENGTH = 2048
+"""Characters of a webhook URL at most (the column's limit too)."""
+_AUTHORITY = re.compile(r"(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>.*))?")
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
+_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+
+
 class TargetRefused(ValueError):
     """A webhook target resolves to an address the guard refuses; nothing was connected to."""
+
+
+class InvalidWebhookURL(ValueError):
+    """A webhook URL that cannot be delivered to; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a webhook URL points: `host` is a lower-case DNS name or an IP literal."""
+
+    scheme: str
+    host: str
+    port: int
+    address: Address | None
+    """The host when it is an IP literal (nothing to resolve)."""
+
+
+def webhook_target(url: str) -> Target:
+    """Check a webhook URL and say where it points; raise InvalidWebhookURL naming the problem.
+
+    url: `http://` or `https://`, a host and an optional port (1-65535), at most
+    MAX_URL_LENGTH characters, no whitespace or control characters. Refused because they make
+    the target ambiguous or unsafe to pin: user information (receivers verify signatures, and
+    it would be stored and logged), IPv6 zone ids (they name an interface of one machine),
+    numeric hosts other than dotted-decimal IPv4 (resolvers read `0x7f.1` as 127.0.0.1), and
+    non-ASCII host names (IDNA 2003 and 2008 map some names to different hosts; the error
+    gives the A-label form to use instead). Where the host resolves to is checked at delivery.
+    """
+    if not isinstance(url, str):
+        raise InvalidWebhookURL(f"a webhook URL must be a string, got {type(url).__name__}")
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidWebhookURL(
+            f"webhook URL is {len(url)} characters long; at most {MAX_URL_LENGTH} are allowed")
+    shown = _USERINFO.sub("***@", url)
+    bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise InvalidWebhookURL(f"webhook URL {shown!r} contains {bad!r} (whitespace or a "
+                                "control character); percent-encode it")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidWebhookURL(f"webhook URL {shown!r} cannot be parsed: {exc}") from None
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(
+            f"{parts.scheme}://"):
+        raise InvalidWebhookURL(
+            f"webhook URL must be an absolute http:// or https:// URL, got {shown!r}")
+    if "@" in parts.netloc:
+        raise InvalidWebhookURL(
+            f"webhook URL {shown!r} must not carry user information (user:password@): "
+            "receivers authenticate a delivery by its signature")
+    authority = _AUTHORITY.fullmatch(parts.netloc)
+    if authority is None:
+        raise InvalidWebhookURL(f"webhook URL {url!r}: {parts.netloc!r} is not host[:port]")
+    default_port = 443 if parts.scheme == "https" else 80
+    host, address = _host(url, authority.group("host"))
+    return Target(parts.scheme, host, _port(url, authority.group("port"), default_port), address)
+
+
+def _port(url: str, text: str | None, default: int) -> int:
+    """The port of `host:port`; an empty one means the scheme's default."""
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        raise InvalidWebhookURL(f"webhook URL {url!r}: port {text!r} is not a number from 1 "
+                                "to 65535")
+    return int(text)
+
+
+def _host(url: str, text: str) -> tuple[str, Address | None]:
+    """The lower-case host of a URL and, for an IP literal, its address."""
+    if not text:
+        raise InvalidWebhookURL(f"webhook URL {url!r} has no host")
+    if text.startswith("["):
+        inner = text[1:-1]
+        if "%" in inner:
+            raise InvalidWebhookURL(f"webhook URL {url!r}: IPv6 zone ids ({inner!r}) are not "
+                                    "allowed; they name a network interface of one machine")
+        try:
+            return inner.lower(), IPv6Address(inner)
+        except ValueError:
+            raise InvalidWebhookURL(
+                f"webhook URL {url!r}: {text!r} is not an IPv6 address") from None
+    if not text.isascii():
+        raise InvalidWebhookURL(f"webhook URL {url!r}: host {text!r} {_a_label_hint(text)}")
+    host = text.lower()
+    labels = host.removesuffix(".").split(".")
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        try:
+            return host, IPv4Address(host)
+        except ValueError:
+            raise InvalidWebhookURL(
+                f"webhook URL {url!r}: host {text!r} is neither a dotted-decimal IPv4 address "
+                "(a.b.c.d) nor a host name") from None
+    if len(host.removesuffix(".")) > 253 or not all(_LABEL.fullmatch(x) for x in labels):
+        raise InvalidWebhookURL(
+            f"webhook URL {url!r}: host {text!r} is not a valid host name (dot-separated "
+            "labels of letters, digits, '-' and '_', 1-63 characters each, 253 in all)")
+    return host, None
+
+
+def _a_label_hint(host: str) -> str:
+    """Why a non-ASCII host is refused, with the A-label form to use when it has one."""
+    try:
+        ascii_form = idna.encode(host, uts46=True).decode("ascii")
+    except UnicodeError as exc:  # idna.IDNAError and its kin
+        return f"is not a valid internationalised domain name ({exc})"
+    return f"is not ASCII; write it in its IDNA A-label form {ascii_form!r}"
 
 
 def parse_networks(text: str | None) -> tuple[Network, ...]:

@@ -1,4 +1,4 @@
-"""Standard Webhooks signing and what a receiver's HTTP answer means (issue 5, outbox_dispatch).
+"""Standard Webhooks signing and what a receiver's HTTP answer means (outbox_dispatch).
 
 Signing follows https://www.standardwebhooks.com: headers `webhook-id`, `webhook-timestamp`
 (Unix seconds) and `webhook-signature` = `v1,` + base64(HMAC-SHA256(key, "id.timestamp.body")),
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+
+from jobpool.core.outcomes import truncate_error
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"
@@ -26,6 +27,10 @@ TIMESTAMP_TOLERANCE = 300
 MAX_RETRY_AFTER = 86_400.0
 """Seconds: a longer Retry-After is cut to this (the spec's backoff cap)."""
 RETRYABLE_STATUSES = frozenset({408, 429})
+EXCERPT_CHARS = 300
+"""Characters of a response body (and of a redirect's Location) quoted in `last_error`."""
+REASON_CHARS = 1000
+"""Characters of an HTTP client, TLS or DNS error message kept in `last_error`."""
 
 
 class WebhookVerificationError(ValueError):
@@ -97,15 +102,17 @@ def verify(
     raise WebhookVerificationError("no webhook-signature matches")
 
 
-def event_body(event_type: str, occurred_at: datetime, data: Any) -> bytes:
-    """The request body of an event: `{"data", "timestamp", "type"}` as canonical UTF-8 JSON.
+def event_body(event_type: str, timestamp: str, data_json: str) -> bytes:
+    """The request body of an event: `{"data":…,"timestamp":…,"type":…}` as UTF-8.
 
-    Computed once per event and stored, so every attempt sends the same bytes.
+    data_json: the payload as PostgreSQL renders the stored jsonb (`payload::text`), placed
+    as is, so numbers arrive digit for digit (jsonb keeps numerics exactly; a float would
+    not: 12345678901234567890.12 must not become 1.2345678901234567e+19). timestamp: the
+    event's RFC 3339 UTC time. Computed once per event and stored, so every attempt sends
+    the same bytes.
     """
-    stamp = occurred_at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-    document = {"type": event_type, "timestamp": stamp, "data": data}
-    return json.dumps(document, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
+    return (f'{{"data":{data_json},"timestamp":{json.dumps(timestamp)},'
+            f'"type":{json.dumps(event_type, ensure_ascii=False)}}}').encode()
 
 
 @dataclass(frozen=True)
@@ -117,10 +124,14 @@ class Delivered:
 
 @dataclass(frozen=True)
 class RetryLater:
-    """Try again: after `delay` seconds (Retry-After), or None for the kind's backoff."""
+    """Try again: after `delay` seconds (Retry-After), or None for the kind's backoff.
+
+    status: the HTTP status, None when no answer came (timeout, connection or DNS error).
+    """
 
     reason: str
     delay: float | None = None
+    status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,9 +146,17 @@ class Rejected:
     """Retrying cannot help (4xx other than 408/410/429, a redirect): the delivery fails."""
 
     reason: str
+    status: int
 
 
-Outcome = Delivered | RetryLater | Gone | Rejected
+@dataclass(frozen=True)
+class Undeliverable:
+    """Nothing was sent and retrying cannot help: a bad URL or secret, a refused address."""
+
+    reason: str
+
+
+Outcome = Delivered | RetryLater | Gone | Rejected | Undeliverable
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
@@ -146,11 +165,11 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if value is None or not value.strip():
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return min(float(text), MAX_RETRY_AFTER)
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
@@ -160,22 +179,38 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
+def response_excerpt(body: bytes) -> str:
+    """The start of a response body for `last_error`: whitespace collapsed, undecodable
+    bytes, NUL and control characters escaped, at most EXCERPT_CHARS characters."""
+    text = " ".join(body.decode("utf-8", errors="backslashreplace").split())
+    return truncate_error(text, EXCERPT_CHARS)
+
+
+def failure_reason(message: str) -> str:
+    """A client, TLS or DNS error message made storable and bounded (REASON_CHARS)."""
+    return truncate_error(message, REASON_CHARS)
+
+
 def classify_response(
-    status: int, *, retry_after: str | None, now: datetime, excerpt: str = ""
+    status: int, *, now: datetime, body: bytes = b"", retry_after: str | None = None,
+    location: str | None = None,
 ) -> Outcome:
-    """What an HTTP answer means for a delivery (issue 5).
+    """What an HTTP answer means for a delivery.
 
     2xx delivered; 408, 429 and 5xx retry (honouring Retry-After); 410 gone; 3xx (never
-    followed) and every other status rejected. `excerpt`: the start of the response body,
-    quoted in the reason.
+    followed) and every other status rejected. body: the start of the response body, quoted
+    in the reason; location: the Location header, quoted for a redirect. The reason is
+    storable (see `response_excerpt`), whatever the receiver sent.
     """
+    excerpt = response_excerpt(body)
     detail = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
     if 200 <= status <= 299:
         return Delivered(status)
     if status == 410:
         return Gone(detail)
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
-        return RetryLater(detail, parse_retry_after(retry_after, now))
+        return RetryLater(detail, parse_retry_after(retry_after, now), status)
     if 300 <= status <= 399:
-        return Rejected(f"{detail} (redirects are not followed)")
-    return Rejected(detail)
+        target = f"; Location: {truncate_error(location, EXCERPT_CHARS)}" if location else ""
+        return Rejected(f"{detail} (redirects are not followed{target})", status)
+    return Rejected(detail, status)

@@ -1,18 +1,19 @@
 """outbox_dispatch: fan each outbox event out to its subscriptions, deliver each as a signed POST.
 
-Spec job-kind table ("Events / Webhooks") and issue 5. Two payload shapes, one kind:
+Two payload shapes, one kind:
 
 - `{"event_id": n}` (from the trigger on `aa_outbox_event`): fix the event's body, create one
   `aa_webhook_delivery` row per active matching subscription and enqueue one job for each,
   all in the job's transaction.
 - `{"delivery_id": n}`: POST the body to one subscriber with Standard Webhooks headers.
   2xx delivered; 408, 429, 5xx, timeouts and connection errors retry with the kind's backoff
-  or the receiver's Retry-After; 410 deactivates the subscription; other 4xx, 3xx and a
-  refused target go to the DLQ. Each delivery is its own job, so one failing subscriber
-  never holds up or re-sends to another.
+  or the receiver's Retry-After; 410 deactivates the subscription; other 4xx, 3xx, a bad URL
+  or secret and a refused target go to the DLQ. Each delivery is its own job, so one failing
+  subscriber never holds up or re-sends to another.
 
 A failed attempt is recorded on the delivery row through a second connection, because the
-job's transaction rolls back when the handler raises.
+job's transaction rolls back when the handler raises. Whatever the receiver, its HTTP client
+or DNS sent is escaped and bounded before it is stored (`jobpool.core.webhooks`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, assert_never
-from urllib.parse import urlsplit
 
 import aiohttp
 import psycopg
@@ -34,15 +34,26 @@ from psycopg import AsyncConnection
 import jobpool
 from jobpool import settings
 from jobpool.core.outcomes import truncate_error
-from jobpool.core.ssrf import Address, Network, TargetRefused, check_target, parse_networks
+from jobpool.core.ssrf import (
+    Address,
+    InvalidWebhookURL,
+    Network,
+    Target,
+    TargetRefused,
+    check_target,
+    parse_networks,
+    webhook_target,
+)
 from jobpool.core.webhooks import (
     Delivered,
     Gone,
     Outcome,
     Rejected,
     RetryLater,
+    Undeliverable,
     classify_response,
     event_body,
+    failure_reason,
     signed_headers,
 )
 from jobpool.db.connect import open_side_connection
@@ -61,8 +72,6 @@ TOTAL_TIMEOUT = 15.0
 """Seconds for one whole request, response included."""
 RESPONSE_READ_LIMIT = 64 * 1024
 """Bytes of a receiver's response body read at most; the rest is never read."""
-EXCERPT_CHARS = 300
-"""Characters of the response body quoted in `last_error`."""
 USER_AGENT = "jobpool-webhooks/1"
 OUTBOX_RETENTION = 7 * 86_400.0
 """Seconds a dispatched event (with its delivery rows) is kept once its deliveries settled."""
@@ -77,7 +86,8 @@ class DeliveryFailed(Exception):
 
 
 class TransportError(Exception):
-    """No HTTP answer: DNS failure, connection refused or reset, timeout, TLS error."""
+    """No HTTP answer: DNS failure, connection refused or reset, timeout, TLS error, a
+    malformed response; the message is storable (`failure_reason`)."""
 
 
 # -- payload -------------------------------------------------------------------------------
@@ -149,34 +159,31 @@ class PinnedResolver(AbstractResolver):
         """Nothing to release."""
 
 
-async def checked_addresses(url: str, allow: tuple[Network, ...]) -> tuple[str, list[Address]]:
-    """Resolve the URL's host once and check every address; return (host, addresses).
+async def checked_addresses(target: Target, allow: tuple[Network, ...]) -> list[Address]:
+    """Resolve the target's host once and check every address.
 
-    Raises TargetRefused (refused address, not http(s)), TransportError (DNS failure).
+    Raises TargetRefused (a refused address), TransportError (DNS failure).
     """
-    parts = urlsplit(url)
-    host = parts.hostname
-    if parts.scheme not in ("http", "https") or not host:
-        raise TargetRefused(f"webhook URL must be http:// or https:// with a host, got {url!r}")
-    try:
-        addresses: list[Address] = [ipaddress.ip_address(host)]
-    except ValueError:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+    if target.address is not None:
+        addresses = [target.address]
+    else:
         try:
-            addresses = await resolve(host, port)
+            addresses = await resolve(target.host, target.port)
         except OSError as exc:
-            raise TransportError(f"cannot resolve {host!r}: {exc}") from exc
-    check_target(host, addresses, allow)
-    return host, addresses
+            raise TransportError(failure_reason(f"cannot resolve {target.host!r}: {exc}")
+                                 ) from exc
+    check_target(target.host, addresses, allow)
+    return addresses
 
 
 @dataclass(frozen=True)
 class Answer:
-    """A receiver's HTTP answer: status, Retry-After header, start of the body."""
+    """A receiver's HTTP answer as received: status, two headers, start of the body."""
 
     status: int
     retry_after: str | None
-    excerpt: str
+    location: str | None
+    body: bytes
 
 
 async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
@@ -189,11 +196,6 @@ async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
     return bytes(data)
 
 
-def _excerpt(data: bytes) -> str:
-    text = " ".join(data.decode("utf-8", errors="replace").split())
-    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "…"
-
-
 async def post_webhook(
     url: str, headers: Mapping[str, str], body: bytes, allow: tuple[Network, ...]
 ) -> Answer:
@@ -201,10 +203,11 @@ async def post_webhook(
 
     Host header and TLS SNI stay the URL's host name. No redirects, no proxies from the
     environment, CONNECT_TIMEOUT / TOTAL_TIMEOUT, at most RESPONSE_READ_LIMIT bytes read.
-    Raises TargetRefused (nothing was connected to) or TransportError.
+    Raises InvalidWebhookURL, TargetRefused (both: nothing was connected to), TransportError.
     """
-    host, addresses = await checked_addresses(url, allow)
-    connector = aiohttp.TCPConnector(resolver=PinnedResolver(host, addresses),
+    target = webhook_target(url)
+    addresses = await checked_addresses(target, allow)
+    connector = aiohttp.TCPConnector(resolver=PinnedResolver(target.host, addresses),
                                      use_dns_cache=False, force_close=True)
     timeout = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, sock_connect=CONNECT_TIMEOUT)
     request_headers = {"content-type": "application/json", "user-agent": USER_AGENT, **headers}
@@ -212,12 +215,14 @@ async def post_webhook(
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                          auto_decompress=False) as session, session.post(
                 url, data=body, headers=request_headers, allow_redirects=False) as response:
-            excerpt = _excerpt(await _read_capped(response.content, RESPONSE_READ_LIMIT))
-            return Answer(response.status, response.headers.get("Retry-After"), excerpt)
+            received = await _read_capped(response.content, RESPONSE_READ_LIMIT)
+            return Answer(response.status, response.headers.get("Retry-After"),
+                          response.headers.get("Location"), received)
     except TimeoutError as exc:
-        raise TransportError(f"no answer from {host!r} within {TOTAL_TIMEOUT:g}s") from exc
-    except aiohttp.ClientError as exc:
-        raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        raise TransportError(f"no answer from {target.host!r} within {TOTAL_TIMEOUT:g}s"
+                             ) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise TransportError(failure_reason(f"{type(exc).__name__}: {exc}")) from exc
 
 
 # -- database ------------------------------------------------------------------------------
@@ -244,9 +249,13 @@ async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str
     event = await fetch_one(tx, "lock_outbox_event", {"id": event_id})
     if event is None:
         raise PermanentError(f"outbox event {event_id} does not exist (compacted?)")
-    if event["dispatched_at"] is not None:
+    if event["dispatched"]:
         return {"event_id": event_id, "deliveries": 0, "already_dispatched": True}
-    body = event_body(event["event_type"], event["created_at"], event["payload"])
+    if event["occurred_at"] is None:
+        raise PermanentError(
+            f"outbox event {event_id} has created_at {event['created_at_text']}, which an "
+            "RFC 3339 timestamp cannot carry (years 0001-9999)")
+    body = event_body(event["event_type"], event["occurred_at"], event["data_json"])
     rows = await fetch_all(tx, "fan_out_outbox_event", {"id": event_id, "body": body})
     jobs = await enqueue_many(tx, [
         NewJob(row["tenant_id"], "outbox_dispatch", {"delivery_id": row["id"]},
@@ -268,14 +277,19 @@ def _allow_networks() -> tuple[Network, ...]:
 
 async def _attempt(delivery: Mapping[str, Any], body: bytes) -> Outcome:
     """Send one signed attempt and say what the answer means."""
-    headers = signed_headers(delivery["secret"], delivery["webhook_id"],
-                             int(delivery["now_epoch"]), body)
+    try:
+        headers = signed_headers(delivery["secret"], delivery["webhook_id"],
+                                 int(delivery["now_epoch"]), body)
+    except ValueError as exc:
+        return Undeliverable(f"subscription {delivery['subscription_id']}: {exc}")
     try:
         answer = await post_webhook(delivery["url"], headers, body, _allow_networks())
+    except (InvalidWebhookURL, TargetRefused) as exc:
+        return Undeliverable(str(exc))
     except TransportError as exc:
         return RetryLater(str(exc))
-    return classify_response(answer.status, retry_after=answer.retry_after,
-                             now=delivery["db_now"], excerpt=answer.excerpt)
+    return classify_response(answer.status, now=delivery["db_now"], body=answer.body,
+                             retry_after=answer.retry_after, location=answer.location)
 
 
 async def _failed(
@@ -287,12 +301,6 @@ async def _failed(
         "id": delivery_id, "status": "failed" if final else "pending",
         "status_code": status_code, "error": truncate_error(reason),
     })
-
-
-def _status_code(reason: str) -> int | None:
-    """The HTTP status a reason starts with (`HTTP 503: ...`), if any."""
-    head = reason.removeprefix("HTTP ").partition(":")[0].partition(" ")[0]
-    return int(head) if reason.startswith("HTTP ") and head.isdigit() else None
 
 
 async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[str, Any]:
@@ -307,12 +315,7 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
         await tx.execute(QUERIES["record_delivery_skipped"].text, {
             "id": delivery_id, "reason": "subscription is not active"})
         return {**result, "status": "skipped"}
-    body = bytes(delivery["body"])
-    try:
-        outcome = await _attempt(delivery, body)
-    except TargetRefused as exc:
-        await _failed(tx, delivery_id, final=True, reason=str(exc), status_code=None)
-        raise PermanentError(str(exc)) from None
+    outcome = await _attempt(delivery, bytes(delivery["body"]))
     match outcome:
         case Delivered(status=code):
             await tx.execute(QUERIES["record_delivered"].text,
@@ -320,18 +323,20 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
             return {**result, "status": "delivered", "status_code": code}
         case Gone(reason=reason):
             await tx.execute(QUERIES["record_gone"].text, {
-                "id": delivery_id, "reason": reason, "job_id": job.id,
+                "id": delivery_id, "reason": truncate_error(reason), "job_id": job.id,
                 "actor": settings.current().service_account})
             log.warning("webhook subscription %d answered 410 and was deactivated",
                         delivery["subscription_id"])
             return {**result, "status": "gone", "status_code": 410}
-        case Rejected(reason=reason):
-            await _failed(tx, delivery_id, final=True, reason=reason,
-                          status_code=_status_code(reason))
+        case Rejected(reason=reason, status=code):
+            await _failed(tx, delivery_id, final=True, reason=reason, status_code=code)
             raise PermanentError(f"webhook {delivery['url']} rejected the delivery: {reason}")
-        case RetryLater(reason=reason, delay=delay):
+        case Undeliverable(reason=reason):
+            await _failed(tx, delivery_id, final=True, reason=reason, status_code=None)
+            raise PermanentError(f"webhook delivery {delivery_id} not sent: {reason}")
+        case RetryLater(reason=reason, delay=delay, status=code):
             await _failed(tx, delivery_id, final=job.attempts >= job.max_attempts,
-                          reason=reason, status_code=_status_code(reason))
+                          reason=reason, status_code=code)
             message = f"webhook {delivery['url']}: {reason}"
             if delay is not None:
                 raise RetryAfter(delay, f"{message} (Retry-After {delay:g}s)")

@@ -14,8 +14,14 @@ VALUES (%(tenant_id)s, %(url)s, %(secret)s, %(event_types)s::text[])
 RETURNING id, tenant_id, url, event_types, active, created_at;
 
 -- name: lock_outbox_event :one
--- The event to fan out, locked against a concurrent fan-out of the same event.
-SELECT id, uid, tenant_id, event_type, payload, created_at, dispatched_at
+-- The event to fan out, locked against a concurrent fan-out of the same event. The payload
+-- comes as PostgreSQL renders the jsonb (numbers digit for digit, never through a float);
+-- occurred_at is created_at in RFC 3339 UTC, NULL outside the years 0001-9999 it can carry.
+SELECT id, event_type, payload::text AS data_json, dispatched_at IS NOT NULL AS dispatched,
+       created_at::text AS created_at_text,
+       CASE WHEN created_at >= '0001-01-01 00:00:00+00' AND created_at < '10000-01-01 00:00:00+00'
+            THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+       END AS occurred_at
   FROM mdm.aa_outbox_event
  WHERE id = %(id)s
    FOR UPDATE;
