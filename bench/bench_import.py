@@ -1,6 +1,10 @@
 """Rows per second of bulk_import: stage a CSV of N customers, run one worker until done.
 
     .venv/bin/python bench/bench_import.py [--rows 100000] [--batch-size 1000] [--bad-every 0]
+        [--extra-columns 0]
+
+`--extra-columns N` adds N columns that are no attribute (imported with unknown keys ignored):
+a wide file, up to the header limit of 2,000 columns.
 
 Uses the server of JOBPOOL_BENCH_DSN (default postgresql://postgres@127.0.0.1:5432/postgres)
 and a throw-away database on it. Prints one line per phase; not asserted anywhere.
@@ -33,19 +37,22 @@ ATTRIBUTES = [("name", "string", True, True), ("age", "integer", False, False),
               ("seen", "timestamp", False, False)]
 
 
-def write_csv(path: Path, rows: int, bad_every: int) -> None:
+def write_csv(path: Path, rows: int, bad_every: int, extra_columns: int) -> None:
+    extra_names = "".join(f",extra_{c}" for c in range(extra_columns))
+    extra_values = ",x" * extra_columns
     with path.open("w", encoding="utf-8") as out:
-        out.write("external_key,name,age,birthday,active,seen\n")
+        out.write(f"external_key,name,age,birthday,active,seen{extra_names}\n")
         for i in range(1, rows + 1):
             age = "not-a-number" if bad_every and i % bad_every == 0 else str(20 + i % 60)
             out.write(f"k{i},Customer {i},{age},1990-{1 + i % 12:02d}-{1 + i % 28:02d},"
-                      f"{'true' if i % 2 else 'false'},2024-01-01T12:00:00+01:00\n")
+                      f"{'true' if i % 2 else 'false'},2024-01-01T12:00:00+01:00"
+                      f"{extra_values}\n")
 
 
-async def run(rows: int, batch_size: int, bad_every: int) -> None:
+async def run(rows: int, batch_size: int, bad_every: int, extra_columns: int) -> None:
     with bench_database() as dsn, tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "customers.csv"
-        write_csv(path, rows, bad_every)
+        write_csv(path, rows, bad_every, extra_columns)
         async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
             await migrate(conn)
             cur = await conn.execute(
@@ -64,7 +71,8 @@ async def run(rows: int, batch_size: int, bad_every: int) -> None:
             async with conn.transaction():
                 staged = await stage_import(conn, read_file(path, "csv"), tenant_id=tenant,
                                             type_key="customer", source_name=path.name,
-                                            fmt="csv", batch_size=batch_size)
+                                            fmt="csv", batch_size=batch_size,
+                                            unknown_keys="ignore" if extra_columns else "reject")
             staging = time.perf_counter() - started
             print(f"staging: {staged.rows} rows in {staging:.2f}s "
                   f"= {staged.rows / staging:,.0f} rows/s")
@@ -85,9 +93,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--bad-every", type=int, default=0, help="every Nth row invalid")
+    parser.add_argument("--extra-columns", type=int, default=0,
+                        help="columns that are no attribute (ignored on import)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(run(args.rows, args.batch_size, args.bad_every))
+    asyncio.run(run(args.rows, args.batch_size, args.bad_every, args.extra_columns))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ class Settings:
     """Process-wide settings; every field has a `JOBPOOL_<FIELD>` variable.
 
     dsn: libpq connection string; None starts the embedded PostgreSQL in `data_dir`.
-    smtp_url: `smtp://user:pass@host:port?starttls=true` (or `smtps://`); smtp_from: sender.
+    smtp_url: `smtp://user:pass@host:port?starttls=true` (or `smtps://`). smtp_from: the
+    sender, a bare address checked like a payload's `from` (so not `@localhost`, a special-use
+    name that address checks refuse).
     metrics_port: worker `/metrics`, `/healthz`, `/readyz`. clamd_url: `tcp://host:port` or
     `unix:///path`. service_account: the actor of machine transitions in the audit log.
     webhook_allow_networks: comma-separated CIDRs that webhook targets may resolve to even
@@ -28,7 +30,7 @@ class Settings:
     dsn: str | None = None
     data_dir: str = ".jobpool"
     smtp_url: str | None = None
-    smtp_from: str = "jobpool@localhost"
+    smtp_from: str = "jobpool@localhost.localdomain"
     metrics_port: int = DEFAULT_METRICS_PORT
     api_jwt_secret: str | None = None
     api_jwt_public_key: str | None = None

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from jobpool.data import imports
 from jobpool.data.staging import detect_format, read_file, stage_import
 from jobpool.db.store import recover_stale_claims
 
@@ -264,3 +265,20 @@ async def test_a_worker_killed_halfway_resumes_and_commits_each_row_once(
                              " 'import_completed'")
     [audit] = await cur.fetchall()
     assert json.loads(json.dumps(audit["payload"]))["inserted"] == total
+
+
+async def test_a_batch_ends_at_its_character_budget_before_its_row_count(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(imports, "MAX_BATCH_CHARS", 500)  # ~4 staged customer rows
+    await create_type(conn, tenant, "customer", CUSTOMER)
+    path = tmp_path / "c.csv"
+    path.write_text(_csv_rows(20), encoding="utf-8")
+    await _stage(conn, tenant, path, batch_size=1000)
+
+    await run_worker(dsn, "bulk_import")
+
+    [job] = await jobs_of(conn, "bulk_import")
+    assert job["status"] == "done"
+    assert job["result"]["inserted"] == 20
+    assert job["result"]["batches_this_attempt"] >= 4

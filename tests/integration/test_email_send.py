@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import email
+import email.policy
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
@@ -22,10 +25,11 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
 class Inbox:
-    """An aiosmtpd handler that keeps messages and refuses some recipients."""
+    """An aiosmtpd handler that keeps messages and envelopes, and refuses some recipients."""
 
     def __init__(self) -> None:
         self.messages: list[email.message.Message] = []
+        self.envelopes: list[tuple[str, list[str], bool]] = []
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
                           options: Any) -> str:
@@ -37,7 +41,10 @@ class Inbox:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append(email.message_from_bytes(envelope.content))
+        self.messages.append(email.message_from_bytes(envelope.content,
+                                                      policy=email.policy.SMTPUTF8))
+        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos),
+                               bool(envelope.smtp_utf8)))
         return "250 Message accepted"
 
 
@@ -47,18 +54,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def inbox() -> Iterator[Inbox]:
+@contextmanager
+def smtp_server(url_user: str = "", **options: Any) -> Iterator[Inbox]:
+    """A real SMTP server on a free port, configured as JOBPOOL_SMTP_URL while it runs."""
     handler = Inbox()
     port = _free_port()
-    controller = Controller(handler, hostname="127.0.0.1", port=port)
+    controller = Controller(handler, hostname="127.0.0.1", port=port, **options)
     controller.start()
     previous = settings.current()
-    settings.configure(replace(previous, smtp_url=f"smtp://127.0.0.1:{port}",
+    settings.configure(replace(previous, smtp_url=f"smtp://{url_user}127.0.0.1:{port}",
                                smtp_from="noreply@mdm.example"))
-    yield handler
-    settings.configure(previous)
-    controller.stop()
+    try:
+        yield handler
+    finally:
+        settings.configure(previous)
+        controller.stop()
+
+
+@pytest.fixture
+def inbox() -> Iterator[Inbox]:
+    """A server without SMTPUTF8 (the Controller would offer it by default)."""
+    with smtp_server(enable_SMTPUTF8=False) as handler:
+        yield handler
+
+
+@pytest.fixture
+def utf8_inbox() -> Iterator[Inbox]:
+    """A server that offers SMTPUTF8."""
+    with smtp_server(enable_SMTPUTF8=True) as handler:
+        yield handler
 
 
 MAIL = {"to": "ada@example.com", "subject": "Welcome", "text": "Hello Ada",
@@ -172,3 +196,116 @@ async def test_an_unreachable_or_unconfigured_smtp_server_keeps_the_job_waiting(
     row = await job(conn, job_id)
     assert row["status"] == "pending"
     assert error in row["last_error"]
+
+
+async def _send(conn: Conn, dsn: str, tenant: uuid.UUID, **fields: str) -> dict[str, Any]:
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="email_send",
+                                    payload={**MAIL, **fields})).id
+    await run_until_empty(dsn, "email_send")
+    return await job(conn, job_id)
+
+
+async def test_the_envelope_is_exactly_the_checked_sender_and_recipient(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
+) -> None:
+    row = await _send(conn, dsn, tenant, reply_to="help@mdm.example")
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert inbox.envelopes == [("noreply@mdm.example", ["ada@example.com"], False)]
+    assert inbox.messages[0]["Reply-To"] == "help@mdm.example"
+
+
+async def test_a_list_of_recipients_is_refused_not_sent_past_the_suppression_check(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
+) -> None:
+    await conn.execute("INSERT INTO mdm.aa_email_suppression (tenant_id, address, reason)"
+                       " VALUES (%s, 'blocked@example.com', 'complaint')", (tenant,))
+    row = await _send(conn, dsn, tenant, to="ok@example.com, blocked@example.com")
+    assert (row["status"], row["attempts"]) == ("dlq", 1)
+    assert "payload.to must be exactly one address" in row["last_error"]
+    assert inbox.envelopes == []
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_email_log") == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("from", "s@example.com\r\nBcc: spy@evil.example"),
+     ("to", "ada@example.com\u2028Bcc: spy@evil.example"),
+     ("reply_to", "Help <help@example.com>"),
+     ("subject", "Hi\x85Bcc: spy@evil.example"),
+     ("from_name", "security@bank.example"),
+     ("to", "ada@")],
+)
+async def test_a_malformed_header_field_goes_to_the_dlq_at_once_naming_it(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox, field: str, value: str
+) -> None:
+    row = await _send(conn, dsn, tenant, **{field: value})
+    assert (row["status"], row["attempts"]) == ("dlq", 1)
+    assert f"payload.{field}" in row["last_error"]
+    assert inbox.envelopes == []
+
+
+async def test_an_international_domain_goes_out_as_idna_without_smtputf8(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
+) -> None:
+    row = await _send(conn, dsn, tenant, to="joerg@bücher.example")
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert inbox.envelopes == [("noreply@mdm.example", ["joerg@xn--bcher-kva.example"], False)]
+    assert inbox.messages[0]["To"] == "joerg@xn--bcher-kva.example"
+    assert await scalar(conn, "SELECT recipient FROM mdm.aa_email_log") == (
+        "joerg@xn--bcher-kva.example")
+
+
+async def test_a_non_ascii_local_part_without_smtputf8_is_permanent(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
+) -> None:
+    row = await _send(conn, dsn, tenant, to="jörg@bücher.example")
+    assert (row["status"], row["attempts"]) == ("dlq", 1)
+    assert "SMTPUTF8" in row["last_error"]
+    assert inbox.envelopes == []
+
+
+async def test_a_non_ascii_local_part_is_sent_with_smtputf8_where_offered(
+    conn: Conn, dsn: str, tenant: uuid.UUID, utf8_inbox: Inbox
+) -> None:
+    row = await _send(conn, dsn, tenant, to="jörg@bücher.example", subject="Grüße")
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert utf8_inbox.envelopes == [("noreply@mdm.example", ["jörg@bücher.example"], True)]
+    msg = utf8_inbox.messages[0]
+    assert (msg["To"], msg["Subject"]) == ("jörg@bücher.example", "Grüße")
+
+
+@pytest.mark.parametrize(("stored", "to"),
+                         [("joerg@xn--bcher-kva.example", "joerg@bücher.example"),
+                          ("joerg@bücher.example", "joerg@xn--BCHER-kva.example")])
+async def test_suppression_matches_either_spelling_of_the_domain(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox, stored: str, to: str
+) -> None:
+    await conn.execute("INSERT INTO mdm.aa_email_suppression (tenant_id, address, reason)"
+                       " VALUES (%s, %s, 'bounced')", (tenant, stored))
+    row = await _send(conn, dsn, tenant, to=to)
+    assert row["result"]["status"] == "suppressed"
+    assert inbox.envelopes == []
+
+
+async def test_an_unusable_configured_sender_keeps_the_job_waiting(
+    conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
+) -> None:
+    settings.configure(replace(settings.current(), smtp_from="jobpool@localhost"))
+    row = await _send(conn, dsn, tenant)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "JOBPOOL_SMTP_FROM" in row["last_error"]
+    assert inbox.envelopes == []
+
+
+async def test_a_refused_smtp_login_keeps_the_job_waiting(conn: Conn, dsn: str,
+                                                          tenant: uuid.UUID) -> None:
+    def refuse(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
+        return AuthResult(success=False, handled=False)
+
+    with smtp_server(url_user="u:wrong@", authenticator=refuse, auth_require_tls=False,
+                     enable_SMTPUTF8=False) as box:
+        row = await _send(conn, dsn, tenant)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "refused the login" in row["last_error"]
+    assert box.envelopes == []

@@ -38,6 +38,9 @@ UnknownKeys = Literal["reject", "ignore"]
 
 MAX_STRING = 10_000
 MAX_EXTERNAL_KEY = 255
+MAX_FIELDS = 2_000
+"""Fields of one record (CSV columns, JSON keys): far above the few hundred attributes of the
+widest master-data types, low enough that one record's checks stay cheap."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INTEGER_TEXT = re.compile(r"^[+-]?\d+$")
 _NUMBER_TEXT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
@@ -245,6 +248,9 @@ def validate_record(
         return RejectedRecord(None, str(exc))
     if not isinstance(record, dict):
         return RejectedRecord(None, f"record must be an object, got {type(record).__name__}")
+    if len(record) > MAX_FIELDS:
+        return RejectedRecord(None, f"record has {len(record):,} fields, more than the limit "
+                                    f"of {MAX_FIELDS:,}")
     errors: list[tuple[str, str]] = []
     external_key = ""
     try:

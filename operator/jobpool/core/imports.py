@@ -6,15 +6,61 @@ writes the plan in one transaction with the progress marker.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jobpool.core.attributes import AttributeSpec, RejectedRecord, UnknownKeys, validate_record
+from jobpool.core.attributes import (
+    MAX_FIELDS,
+    AttributeSpec,
+    RejectedRecord,
+    UnknownKeys,
+    validate_record,
+)
 
 RowStatus = Literal["staged", "imported", "rejected"]
 ERROR_LIMIT = 2000
 FIELD_LIMIT = 200
+"""Characters of a field name: `error_field` keeps this many, so a CSV header name is capped
+at it (attribute keys have at most 40)."""
+
+MAX_RECORD_CHARS = 1_048_576
+"""Characters of one staged record (a JSON Lines line, a CSV record with its line breaks, the
+CSV header): MAX_FIELDS values of ~500 characters; bounds the memory a line can take."""
+
+MAX_BATCH_CHARS = 64 * 1_048_576
+"""Characters of staged records that one import batch reads; a batch of wide records ends
+before `batch_size` rows rather than holding up to 10,000 x MAX_RECORD_CHARS in memory."""
+
+
+def _listed(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(name[:40]) for name in names[:limit])
+    return shown + (f" and {len(names) - limit:,} more" if len(names) > limit else "")
+
+
+def check_header(fields: Sequence[str]) -> list[str]:
+    """The CSV header's column names, stripped, in linear time.
+
+    Raises ValueError naming the problem: more than MAX_FIELDS columns, an empty name, a NUL
+    character, a name longer than FIELD_LIMIT, or names given more than once (a record could
+    not hold both values).
+    """
+    if len(fields) > MAX_FIELDS:
+        raise ValueError(f"the CSV header has {len(fields):,} columns, more than the limit of "
+                         f"{MAX_FIELDS:,}")
+    names = [name.strip() for name in fields]
+    for column, name in enumerate(names, start=1):
+        if not name or "\x00" in name:
+            raise ValueError(f"the CSV header's column {column} has an empty name or a NUL "
+                             "character")
+        if len(name) > FIELD_LIMIT:
+            raise ValueError(f"the CSV header's column {column} has a name of {len(name):,} "
+                             f"characters, more than the limit of {FIELD_LIMIT}")
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
+    if duplicates:
+        raise ValueError(f"the CSV header names {_listed(duplicates)} more than once")
+    return names
 
 
 @dataclass(frozen=True)

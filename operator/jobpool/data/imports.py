@@ -21,7 +21,14 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from jobpool.core.attributes import AttributeSpec, DataType, UnknownKeys
-from jobpool.core.imports import BatchPlan, Entity, RowStatus, StagedRow, plan_batch
+from jobpool.core.imports import (
+    MAX_BATCH_CHARS,
+    BatchPlan,
+    Entity,
+    RowStatus,
+    StagedRow,
+    plan_batch,
+)
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -155,7 +162,8 @@ async def run_batch(side: Conn, job: Job, spec: ImportSpec, batch_size: int) -> 
         if progress is None:
             raise ImportClaimLost(f"job {job.id} no longer holds its claim on import {spec.id}")
         cur = await side.execute(QUERIES["next_import_rows"].text, {
-            "id": spec.id, "after": progress["last_line"], "limit": batch_size})
+            "id": spec.id, "after": progress["last_line"], "limit": batch_size,
+            "max_chars": MAX_BATCH_CHARS})
         rows = [_staged(row) for row in await cur.fetchall()]
         if not rows:
             return None

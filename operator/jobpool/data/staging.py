@@ -3,8 +3,10 @@
 A staged record is JSON text (`raw`): a CSV row becomes an object keyed by the header, a JSON
 Lines line is kept as it is (a NUL byte is escaped as \\u0000, which the import then rejects
 by field). Line numbers are the file's physical lines (a CSV header is line 1). A CSV row
-with the wrong number of fields is staged already rejected. Staging, the import job row and
-the bulk_import job commit in one transaction: the job exists if and only if the rows do.
+with the wrong number of fields is staged already rejected. A file that breaks a limit
+(`jobpool.core.imports`: columns, header names, characters per record) is refused whole.
+Staging, the import job row and the bulk_import job commit in one transaction: the job exists
+if and only if the rows do.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from psycopg import AsyncConnection
 
 from jobpool.core.attributes import UnknownKeys, check_key
+from jobpool.core.imports import MAX_RECORD_CHARS, check_header
 from jobpool.data.entity_types import find_entity_type
 from jobpool.enqueue import enqueue
 from jobpool.sql import QUERIES
@@ -51,56 +54,94 @@ def detect_format(path: Path, given: str | None) -> Format:
             "or pass --format") from None
 
 
+class RecordLines:
+    """The lines of a text stream, at most MAX_RECORD_CHARS characters per record (a CSV
+    record may span lines): never more is read into memory. Call `next_record` after each."""
+
+    def __init__(self, stream: TextIO, limit: int = MAX_RECORD_CHARS) -> None:
+        self._stream, self._limit = stream, limit
+        self._used = 0
+        self._lines = 0
+        self.record_line = 1
+
+    def __iter__(self) -> RecordLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._stream.readline(self._limit - self._used + 1)
+        if not line:
+            raise StopIteration
+        self._lines += 1
+        self._used += len(line)
+        if self._used > self._limit:
+            raise ValueError(f"line {self.record_line}: the record is longer than "
+                             f"{self._limit:,} characters (the limit per record)")
+        return line
+
+    def next_record(self) -> None:
+        """The lines read so far belong to finished records."""
+        self._used = 0
+        self.record_line = self._lines + 1
+
+
 def _header(reader: Any) -> list[str]:
     try:
-        header: list[str] = next(reader)
+        fields: list[str] = next(reader)
     except StopIteration:
         raise ValueError("the CSV file is empty: it needs a header line") from None
-    names = [name.strip() for name in header]
-    if not names or any(not name or "\x00" in name for name in names):
-        raise ValueError("the CSV header has an empty field name or a NUL character")
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"the CSV header names {', '.join(duplicates)} more than once")
-    return names
+    return check_header(fields)
 
 
-def read_csv(lines: Iterable[str]) -> Iterator[StagedRecord]:
-    """Records of a CSV text (first line the header); blank lines are skipped."""
+def read_csv(stream: TextIO) -> Iterator[StagedRecord]:
+    """Records of a CSV text (first line the header); blank lines are skipped.
+
+    Raises ValueError for a bad header, a record over MAX_RECORD_CHARS, or text that is not
+    CSV (a field over csv's `field_size_limit`, 131,072 characters by default, included).
+    """
+    lines = RecordLines(stream)
     reader = csv.reader(lines, strict=True)
-    header = _header(reader)
-    previous = reader.line_num
-    for row in reader:
-        line_no, previous = previous + 1, reader.line_num
-        if not row or row == [""]:
-            continue
-        if len(row) != len(header):
-            yield StagedRecord(line_no, json.dumps(row),
-                               f"line {line_no}: has {len(row)} fields, the header has "
-                               f"{len(header)}")
-            continue
-        yield StagedRecord(line_no, json.dumps(dict(zip(header, row, strict=True)),
-                                               ensure_ascii=False))
+    try:
+        header = _header(reader)
+        lines.next_record()
+        previous = reader.line_num
+        for row in reader:
+            line_no, previous = previous + 1, reader.line_num
+            lines.next_record()
+            if not row or row == [""]:
+                continue
+            if len(row) != len(header):
+                yield StagedRecord(line_no, json.dumps(row),
+                                   f"line {line_no}: has {len(row)} fields, the header has "
+                                   f"{len(header)}")
+                continue
+            yield StagedRecord(line_no, json.dumps(dict(zip(header, row, strict=True)),
+                                                   ensure_ascii=False))
+    except csv.Error as exc:
+        raise ValueError(f"not valid CSV: line {lines.record_line}: {exc}") from None
 
 
-def read_jsonl(lines: Iterable[str]) -> Iterator[StagedRecord]:
-    """Records of a JSON Lines text; blank lines are skipped, lines are not parsed here."""
+def read_jsonl(stream: TextIO) -> Iterator[StagedRecord]:
+    """Records of a JSON Lines text, each line at most MAX_RECORD_CHARS characters (else
+    ValueError); blank lines are skipped, lines are not parsed here."""
+    lines = RecordLines(stream)
     for line_no, line in enumerate(lines, start=1):
+        lines.next_record()
         text = line.rstrip("\r\n")
         if text.strip():
             yield StagedRecord(line_no, text.replace("\x00", "\\u0000"))
 
 
 def read_file(path: Path, fmt: Format) -> Iterator[StagedRecord]:
-    """Records of `path` (UTF-8, optional BOM); raises ValueError for text that is not UTF-8."""
+    """Records of `path` (UTF-8, optional BOM); raises ValueError, naming the file, for text
+    that is not UTF-8 or breaks a limit of `read_csv` / `read_jsonl`."""
     with path.open(encoding="utf-8-sig", newline="") as handle:
         try:
             yield from (read_csv(handle) if fmt == "csv" else read_jsonl(handle))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path.name} is not valid UTF-8: {exc.reason} at byte "
                              f"{exc.start}") from None
-        except csv.Error as exc:
-            raise ValueError(f"{path.name} is not valid CSV: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path.name}: {exc}") from None
 
 
 @dataclass(frozen=True)

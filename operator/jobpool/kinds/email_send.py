@@ -1,9 +1,9 @@
 """email_send: suppression check, SMTP send, `aa_email_log` row, audit `email_sent`.
 
-Spec "Email" and "Idempotenz".
-
-Payload: {"to": str, "subject": str, "text": str, "html": str (optional), "from": str (optional)}.
-The Message-ID is derived from the job, so a retry after a lost commit logs the mail once.
+Payload: {"to", "subject", "text", "html"?, "from"?, "from_name"?, "reply_to"?}, checked by
+`jobpool.core.mail`: one recipient, bare addresses, one-line headers. The envelope is passed
+to SMTP explicitly and is exactly the checked recipient and sender. The Message-ID is derived
+from the job, so a retry after a lost commit logs the mail once.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import asyncio
 import smtplib
 import ssl
 from dataclasses import dataclass
-from email.message import EmailMessage
-from email.utils import parseaddr
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -21,6 +19,15 @@ from psycopg import AsyncConnection
 
 import jobpool
 from jobpool import settings
+from jobpool.core.mail import (
+    Address,
+    Delivery,
+    Email,
+    PayloadError,
+    build_delivery,
+    parse_address,
+    parse_payload,
+)
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
@@ -29,34 +36,7 @@ SMTP_TIMEOUT = 30.0
 
 
 class SmtpNotConfigured(RuntimeError):
-    """No SMTP server configured: a transient failure, the job waits for the operator."""
-
-
-@dataclass(frozen=True)
-class Email:
-    to: str
-    subject: str
-    text: str
-    html: str | None
-    sender: str | None
-
-
-def parse_payload(payload: Any) -> Email:
-    """Validate an email_send payload; raises PermanentError naming the bad field."""
-    if not isinstance(payload, dict):
-        raise PermanentError(f"payload must be an object, got {type(payload).__name__}")
-    for name in ("to", "subject", "text"):
-        if not isinstance(payload.get(name), str):
-            raise PermanentError(f"payload.{name} is required and must be a string")
-    for name in ("html", "from"):
-        if payload.get(name) is not None and not isinstance(payload[name], str):
-            raise PermanentError(f"payload.{name} must be a string")
-    to = payload["to"].strip()
-    if "@" not in parseaddr(to)[1] or any(c in to for c in "\r\n"):
-        raise PermanentError(f"payload.to is not an email address: {to!r}")
-    if any(c in payload["subject"] for c in "\r\n"):
-        raise PermanentError("payload.subject must be one line")
-    return Email(to, payload["subject"], payload["text"], payload.get("html"), payload.get("from"))
+    """No usable SMTP server or sender configured: transient, the job waits for the operator."""
 
 
 def message_id(job: Job, domain: str) -> str:
@@ -64,17 +44,23 @@ def message_id(job: Job, domain: str) -> str:
     return f"<jobpool.{job.tenant_id}.{job.id}@{domain}>"
 
 
-def build_message(email: Email, job: Job, sender: str) -> EmailMessage:
-    msg = EmailMessage()
-    msg["From"] = email.sender or sender
-    msg["To"] = email.to
-    msg["Subject"] = email.subject
-    msg["Message-ID"] = message_id(job, parseaddr(msg["From"])[1].rpartition("@")[2] or "jobpool")
-    msg["X-Jobpool-Job"] = str(job.id)
-    msg.set_content(email.text)
-    if email.html:
-        msg.add_alternative(email.html, subtype="html")
-    return msg
+def configured_sender(smtp_from: str) -> Address:
+    """JOBPOOL_SMTP_FROM, checked like a payload address; a bad one is the operator's to fix."""
+    try:
+        return parse_address("JOBPOOL_SMTP_FROM", smtp_from)
+    except PayloadError as exc:
+        raise SmtpNotConfigured(f"{exc}; the job retries until it is fixed") from None
+
+
+def prepare(job: Job, smtp_from: str) -> tuple[Email, Delivery]:
+    """The checked payload and its delivery; a bad payload is a PermanentError naming the field."""
+    try:
+        mail = parse_payload(job.payload)
+    except PayloadError as exc:
+        raise PermanentError(str(exc)) from None
+    sender = mail.sender or configured_sender(smtp_from)
+    return mail, build_delivery(mail, sender, message_id=message_id(job, sender.domain),
+                                job_id=job.id)
 
 
 @dataclass(frozen=True)
@@ -103,45 +89,72 @@ def parse_smtp_url(url: str) -> SmtpTarget:
     )
 
 
-def send(target: SmtpTarget, msg: EmailMessage) -> None:
-    """Deliver over SMTP (blocking). 5xx → PermanentError; 4xx and connection errors propagate."""
+def _refusal(exc: smtplib.SMTPResponseException) -> str:
+    error = exc.smtp_error
+    text = error.decode("utf-8", "replace") if isinstance(error, bytes) else error
+    return f"SMTP {exc.smtp_code}: {text}"
+
+
+def _deliver(smtp: smtplib.SMTP, delivery: Delivery) -> None:
+    smtp.ehlo_or_helo_if_needed()
+    options: tuple[str, ...] = ()
+    if delivery.smtputf8:
+        if not smtp.has_extn("smtputf8"):
+            raise PermanentError(
+                f"an address has a non-ASCII local part ({delivery.mail_from} -> "
+                f"{delivery.rcpt_to}), which needs SMTPUTF8, and the SMTP server does not "
+                "offer SMTPUTF8")
+        options = ("SMTPUTF8", "BODY=8BITMIME")
+    smtp.sendmail(delivery.mail_from, [delivery.rcpt_to], delivery.data(), mail_options=options)
+
+
+def send(target: SmtpTarget, delivery: Delivery) -> None:
+    """Deliver over SMTP (blocking) to exactly `delivery.rcpt_to`.
+
+    5xx -> PermanentError; 4xx, connection errors and a refused login (the operator's to fix)
+    propagate, so the job retries.
+    """
     smtp_class = smtplib.SMTP_SSL if target.ssl else smtplib.SMTP
     try:
         with smtp_class(target.host, target.port, timeout=SMTP_TIMEOUT) as smtp:
             if target.starttls:
                 smtp.starttls(context=ssl.create_default_context())
             if target.user:
-                smtp.login(target.user, target.password or "")
-            smtp.send_message(msg)
+                try:
+                    smtp.login(target.user, target.password or "")
+                except smtplib.SMTPAuthenticationError as exc:
+                    raise SmtpNotConfigured(f"the SMTP server refused the login of "
+                                            f"JOBPOOL_SMTP_URL ({_refusal(exc)})") from None
+            _deliver(smtp, delivery)
     except smtplib.SMTPRecipientsRefused as exc:
-        codes = [code for code, _ in exc.recipients.values()]
-        if all(code >= 500 for code in codes):
+        code, _ = exc.recipients[delivery.rcpt_to]
+        if code >= 500:
             raise PermanentError(f"SMTP rejected the recipient: {exc.recipients}") from exc
         raise
     except smtplib.SMTPResponseException as exc:
         if exc.smtp_code >= 500:
-            raise PermanentError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
+            raise PermanentError(_refusal(exc)) from exc
         raise
 
 
 @jobpool.kind("email_send")
 async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""
-    email = parse_payload(job.payload)
     config = settings.current()
-    msg = build_message(email, job, config.smtp_from)
+    mail, delivery = prepare(job, config.smtp_from)
     cur = await tx.execute(QUERIES["suppressed_address"].text,
-                           {"tenant_id": job.tenant_id, "address": parseaddr(email.to)[1]})
+                           {"tenant_id": job.tenant_id, "addresses": list(mail.to.forms)})
     suppressed = await cur.fetchone()
     status = "suppressed" if suppressed else "sent"
     if not suppressed:
         if not config.smtp_url:
             raise SmtpNotConfigured("JOBPOOL_SMTP_URL is not set: no SMTP server to send through;"
                                     " the job retries until it is configured")
-        await asyncio.to_thread(send, parse_smtp_url(config.smtp_url), msg)
+        await asyncio.to_thread(send, parse_smtp_url(config.smtp_url), delivery)
+    message_id = delivery.message["Message-ID"]
     await tx.execute(QUERIES["log_email"].text, {
-        "tenant_id": job.tenant_id, "job_id": job.id, "message_id": msg["Message-ID"],
-        "recipient": email.to, "subject": email.subject, "status": status,
+        "tenant_id": job.tenant_id, "job_id": job.id, "message_id": message_id,
+        "recipient": delivery.rcpt_to, "subject": mail.subject, "status": status,
         "actor": config.service_account,
     })
-    return {"status": status, "message_id": msg["Message-ID"]}
+    return {"status": status, "message_id": message_id}

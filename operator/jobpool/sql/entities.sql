@@ -62,12 +62,17 @@ SELECT i.last_line, i.status::text AS status
    FOR UPDATE OF i;
 
 -- name: next_import_rows :many
--- The next staged records after the progress marker, in line order.
-SELECT line_no, raw, status::text AS status, error_field, error
-  FROM mdm.aa_import_row
- WHERE import_job_id = %(id)s AND line_no > %(after)s
- ORDER BY line_no
- LIMIT %(limit)s;
+-- The next staged records after the progress marker, in line order: at most `limit` rows,
+-- and none after `max_chars` characters of raw text (the first row always comes).
+SELECT line_no, raw, status, error_field, error
+  FROM (SELECT line_no, raw, status::text AS status, error_field, error,
+               sum(length(raw)) OVER (ORDER BY line_no) - length(raw) AS chars_before
+          FROM mdm.aa_import_row
+         WHERE import_job_id = %(id)s AND line_no > %(after)s
+         ORDER BY line_no
+         LIMIT %(limit)s) AS batch
+ WHERE chars_before < %(max_chars)s
+ ORDER BY line_no;
 
 -- name: upsert_entities :many
 -- Insert or update entities by external key; unchanged rows are left alone (not returned).

@@ -330,9 +330,12 @@ SELECT name, priority, max_attempts, extract(epoch FROM stale_ttl)::float8 AS st
   FROM mdm.aa_job_kind ORDER BY name;
 
 -- name: suppressed_address :one
--- Whether the tenant suppresses mail to this address.
+-- Whether the tenant suppresses mail to this address, given in each of its spellings
+-- (Unicode and IDNA domain): the list stores lower-cased addresses as they were added.
 SELECT reason FROM mdm.aa_email_suppression
- WHERE tenant_id = %(tenant_id)s AND address = lower(%(address)s);
+ WHERE tenant_id = %(tenant_id)s
+   AND address IN (SELECT lower(a) FROM unnest(%(addresses)s::text[]) AS a)
+ LIMIT 1;
 
 -- name: log_email :one
 -- Record a sent or suppressed email once per provider message id; audit a send.
