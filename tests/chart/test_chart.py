@@ -14,6 +14,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helm_binary import render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "jobpool"
@@ -43,13 +44,7 @@ NON_DEFAULT = [
 
 
 def template(helm: str, *args: str, chart: Path = CHART) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [helm, "template", "jp", str(chart), "--namespace", "jobpool-system", "--include-crds",
-         *args],
-        capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return render_chart(helm, "--include-crds", *args, chart=chart)
 
 
 def by_kind(objects: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -1,17 +1,23 @@
 """The operator (kopf) against a fake Kubernetes API over real HTTP, and real PostgreSQL.
 
-Scenarios of issue 4: apply the example pool and see its Deployments; enqueue jobs and
-see a lane scale up; change the image and keep the replicas; remove a lane and lose its
-Deployment; delete the pool and lose its children.
+The operator runs as the chart's ServiceAccount under the chart's own rendered RBAC: the
+fake API server answers 403 for every request the chart does not grant, as a real one
+does. Scenarios: apply the example pool and see its Deployments; enqueue jobs and see a
+lane scale up; change the image and keep the replicas; remove a lane and lose its
+Deployment; delete the pool and lose its children; KEDA missing or not granted; a child
+name taken by another pool; a reconcile that fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import copy
+import functools
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +26,8 @@ import kmock
 import psycopg
 import pytest
 import yaml
-from k8s_emulator import KubernetesApi, declare, write_kubeconfig
+from helm_binary import render_chart, require_helm
+from k8s_emulator import KubernetesApi, User, declare, service_account, write_kubeconfig
 
 from jobpool.k8s.client import KubeApi, load_configuration
 from jobpool.k8s.handlers import OperatorConfig, run_operator
@@ -29,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "mdm"
 POOLS = f"/apis/jobs.mdm.io/v1alpha1/namespaces/{NAMESPACE}/jobworkerpools"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+SCALED_OBJECTS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/scaledobjects"
+ADMIN_TOKEN, OPERATOR_TOKEN = "admin-token", "operator-token"
+MERGE = "application/merge-patch+json"
 WAIT = 30.0
 """Seconds a scenario may take before it counts as failed (generous; not a timing check)."""
 
@@ -38,20 +48,43 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 @dataclass
 class Cluster:
-    """The fake API server, a client for it, and its kubeconfig."""
+    """The fake API server and an admin client for it (the operator runs as its own user)."""
 
     server: KubernetesApi
     api: KubeApi
-    kubeconfig: Path
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path, dsn: str) -> AsyncIterator[Cluster]:
-    """A fake API server with the DSN Secret in namespace mdm, and a running operator."""
-    async with KubernetesApi() as server, kmock.Server(server) as http:
-        declare(server)
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://{http.host}:{http.port}")
-        api = KubeApi(load_configuration(str(kubeconfig)))
+@functools.cache
+def chart_objects(helm: str, *values: str) -> tuple[dict[str, Any], ...]:
+    """The chart rendered with `values` (e.g. "--set", "rbac.keda=true")."""
+    return tuple(render_chart(helm, *values))
+
+
+def operator_account(objects: Sequence[dict[str, Any]]) -> User:
+    """The chart's ServiceAccount with what the chart's RBAC objects grant it."""
+    (account,) = [obj for obj in objects if obj["kind"] == "ServiceAccount"]
+    meta = account["metadata"]
+    return service_account(objects, meta["namespace"], meta["name"])
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return require_helm()
+
+
+@asynccontextmanager
+async def running_operator(
+    tmp_path: Path, dsn: str, operator: User, *, keda: bool = False
+) -> AsyncIterator[Cluster]:
+    """A fake API server (with KEDA's API if `keda`), the DSN Secret in namespace mdm, and
+    the operator running as `operator`."""
+    server = KubernetesApi(tokens={ADMIN_TOKEN: User("admin"), OPERATOR_TOKEN: operator})
+    async with server, kmock.Server(server) as http:
+        declare(server, keda=keda)
+        url = f"http://{http.host}:{http.port}"
+        admin = write_kubeconfig(tmp_path / "admin.kubeconfig", url, ADMIN_TOKEN)
+        kubeconfig = write_kubeconfig(tmp_path / "operator.kubeconfig", url, OPERATOR_TOKEN)
+        api = KubeApi(load_configuration(str(admin)))
         await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body={
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "jobpool-db", "namespace": NAMESPACE},
@@ -68,12 +101,19 @@ async def cluster(tmp_path: Path, dsn: str) -> AsyncIterator[Cluster]:
         thread.start()
         try:
             assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
-            yield Cluster(server, api, kubeconfig)
+            yield Cluster(server, api)
         finally:
             stop.set()
             await asyncio.to_thread(thread.join, WAIT)
             api.close()
         assert not thread.is_alive(), "the operator did not stop"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, dsn: str, helm: str) -> AsyncIterator[Cluster]:
+    """The operator under the chart's default RBAC, in a cluster without KEDA."""
+    async with running_operator(tmp_path, dsn, operator_account(chart_objects(helm))) as found:
+        yield found
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], what: str) -> T:
@@ -141,6 +181,8 @@ async def add_jobs(conn: Conn, tenant: uuid.UUID, kind: str, count: int, status:
 
 
 async def test_example_pool_becomes_one_owned_deployment_per_lane(cluster: Cluster) -> None:
+    # under the chart's default RBAC (no keda.sh rule): a pool without keda lanes never
+    # calls KEDA's API, which a real server refuses with 403 whether KEDA exists or not
     found = await apply_example(cluster)
     pool = await pool_object(cluster)
     uid = pool["metadata"]["uid"]
@@ -168,7 +210,11 @@ async def test_example_pool_becomes_one_owned_deployment_per_lane(cluster: Clust
 
     status = await status_written_or_fail(status_written)
     assert [lane["name"] for lane in status["lanes"]] == ["default", "bulk", "acme", "heavy"]
-    assert {c["type"] for c in status["conditions"]} == {"Ready", "Degraded", "ScalingActive"}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert set(conditions) == {"Ready", "Degraded", "ScalingActive", "Reconciled"}
+    assert (conditions["Reconciled"]["status"], conditions["Degraded"]["status"]) == (
+        "True", "False")
+    assert cluster.server.refusals == [], "the operator asked for what the chart does not grant"
 
 
 async def status_written_or_fail(
@@ -303,3 +349,208 @@ async def test_missing_secret_degrades_scaling(cluster: Cluster) -> None:
 
 async def _has_deployments(cluster: Cluster) -> bool:
     return bool(await deployments(cluster))
+
+
+# -- KEDA --------------------------------------------------------------------------------------
+
+
+def with_lane_mode(document: dict[str, Any], lane: str, mode: str) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    for entry in changed["spec"]["lanes"]:
+        if entry["name"] == lane:
+            entry["autoscaling"] = {**(entry.get("autoscaling") or {}), "mode": mode}
+    return changed
+
+
+async def conditions_of(cluster: Cluster, name: str = "mdm-jobs") -> dict[str, dict[str, Any]]:
+    status = (await pool_object(cluster, name)).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+async def condition_reason(
+    cluster: Cluster, kind: str, reason: str, name: str = "mdm-jobs"
+) -> dict[str, dict[str, Any]]:
+    """Wait until condition `kind` of pool `name` has `reason`; all its conditions."""
+
+    async def check() -> dict[str, dict[str, Any]] | None:
+        conditions = await conditions_of(cluster, name)
+        return conditions if conditions.get(kind, {}).get("reason") == reason else None
+
+    return await eventually(check, f"{kind}/{reason} on pool {name}")
+
+
+@pytest.mark.parametrize(("values", "keda", "expected"), [
+    ((), True, 'grant its ServiceAccount get, list, create, update and delete on scaledobjects '
+               'in API group keda.sh (chart value rbac.keda=true)'),
+    (("--set", "rbac.keda=true"), False, "KEDA is not installed"),
+], ids=["keda-not-granted", "keda-not-installed"])
+async def test_keda_lane_without_keda_still_gets_every_deployment_and_says_why(
+    tmp_path: Path, dsn: str, helm: str, values: tuple[str, ...], keda: bool, expected: str
+) -> None:
+    operator = operator_account(chart_objects(helm, *values))
+    async with running_operator(tmp_path, dsn, operator, keda=keda) as cluster:
+        await cluster.api.request("POST", POOLS,
+                                  body=with_lane_mode(example_pool(), "acme", "keda"))
+        await eventually(lambda: _has_all_example_deployments(cluster), "every lane's Deployment")
+        conditions = await condition_reason(cluster, "Reconciled", "KedaUnavailable")
+        message = conditions["Reconciled"]["message"]
+        assert "lanes in keda mode (acme) keep their current replicas" in message
+        assert expected in message
+        assert conditions["Reconciled"]["status"] == "False"
+        assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == (
+            "False", "KedaUnavailable")
+        assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == (
+            "True", "KedaUnavailable")
+        event = await eventually(lambda: event_with_reason(cluster, "KedaUnavailable"),
+                                 "a KedaUnavailable event")
+        assert event["type"] == "Warning"
+
+
+async def test_keda_lane_gets_a_scaled_object_and_loses_it_when_it_leaves_keda_mode(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    operator = operator_account(chart_objects(helm, "--set", "rbac.keda=true"))
+    async with running_operator(tmp_path, dsn, operator, keda=True) as cluster:
+        await cluster.api.request("POST", POOLS,
+                                  body=with_lane_mode(example_pool(), "acme", "keda"))
+
+        async def scaled_objects() -> dict[str, dict[str, Any]]:
+            answer = await cluster.api.request("GET", SCALED_OBJECTS)
+            return {item["metadata"]["name"]: item for item in answer["items"]}
+
+        found = await eventually(scaled_objects, "a ScaledObject")
+        assert set(found) == {"mdm-jobs-acme"}
+        conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        assert conditions["Degraded"]["status"] == "False"
+        lanes = example_pool()["spec"]["lanes"]
+        await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs", body={"spec": {"lanes": lanes}},
+                                  content_type=MERGE)
+
+        async def gone() -> bool:
+            return not await scaled_objects()
+
+        await eventually(gone, "the ScaledObject of the lane that left keda mode deleted")
+        assert cluster.server.refusals == []
+
+
+async def _has_all_example_deployments(cluster: Cluster) -> bool:
+    return set(await deployments(cluster)) == {
+        "mdm-jobs-default", "mdm-jobs-bulk", "mdm-jobs-acme", "mdm-jobs-heavy"}
+
+
+# -- children whose names are taken -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["operator", "keda"])
+async def test_child_name_of_another_pool_is_left_alone_and_reported(
+    tmp_path: Path, dsn: str, helm: str, mode: str
+) -> None:
+    # pool mdm with lane jobs-acme and pool mdm-jobs with lane acme both name their lane's
+    # Deployment (and ScaledObject) mdm-jobs-acme
+    operator = operator_account(chart_objects(helm, "--set", "rbac.keda=true"))
+    async with running_operator(tmp_path, dsn, operator, keda=True) as cluster:
+        first = with_lane_mode(example_pool(), "acme", mode)
+        first["metadata"]["name"] = "mdm"
+        for lane in first["spec"]["lanes"]:
+            lane["name"] = "jobs-acme" if lane["name"] == "acme" else lane["name"]
+        await cluster.api.request("POST", POOLS, body=first)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec", name="mdm")
+        theirs = await cluster.api.request("GET", f"{DEPLOYMENTS}/mdm-jobs-acme")
+        kept = [theirs] + ([await cluster.api.request("GET", f"{SCALED_OBJECTS}/mdm-jobs-acme")]
+                           if mode == "keda" else [])
+
+        await cluster.api.request("POST", POOLS, body=with_lane_mode(example_pool(), "acme", mode))
+        conditions = await condition_reason(cluster, "Degraded", "NameConflict")
+        message = conditions["Degraded"]["message"]
+        assert "Deployment 'mdm-jobs-acme' of lane 'acme' belongs to JobWorkerPool 'mdm'" in message
+        assert (conditions["Ready"]["status"], conditions["Reconciled"]["status"]) == (
+            "False", "False")
+        found = await deployments(cluster)
+        for lane in ("default", "bulk", "heavy"):
+            owner = found[f"mdm-jobs-{lane}"]["metadata"]["ownerReferences"][0]["name"]
+            assert owner == "mdm-jobs"
+        for before in kept:
+            path = DEPLOYMENTS if before["kind"] == "Deployment" else SCALED_OBJECTS
+            after = await cluster.api.request("GET", f"{path}/mdm-jobs-acme")
+            assert after["metadata"] == before["metadata"], f"{before['kind']} was changed"
+            assert after["spec"] == before["spec"], f"{before['kind']} was changed"
+        assert (await conditions_of(cluster, "mdm"))["Reconciled"]["status"] == "True"
+
+        # once the other pool is gone, the retried reconcile makes the lane's own children
+        await cluster.api.request("DELETE", f"{POOLS}/mdm")
+        conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        assert conditions["Degraded"]["status"] == "False"
+        acme = (await deployments(cluster))["mdm-jobs-acme"]
+        assert acme["metadata"]["ownerReferences"][0]["name"] == "mdm-jobs"
+
+
+async def test_deployment_made_by_hand_is_left_alone(cluster: Cluster) -> None:
+    by_hand = {"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "mdm-jobs-bulk", "namespace": NAMESPACE,
+                            "labels": {"app": "legacy-importer"}},
+               "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "legacy-importer"}},
+                        "template": {"metadata": {"labels": {"app": "legacy-importer"}}}}}
+    await cluster.api.request("POST", DEPLOYMENTS, body=by_hand)
+    await cluster.api.request("POST", POOLS, body=example_pool())
+    conditions = await condition_reason(cluster, "Reconciled", "NameConflict")
+    assert ("Deployment 'mdm-jobs-bulk' of lane 'bulk' exists and was not made by the jobpool "
+            "operator") in conditions["Reconciled"]["message"]
+    found = await deployments(cluster)
+    assert found["mdm-jobs-bulk"]["metadata"]["labels"] == {"app": "legacy-importer"}
+    assert found["mdm-jobs-bulk"]["spec"]["replicas"] == 2
+
+
+# -- a reconcile that fails ---------------------------------------------------------------------
+
+
+def without_verb(
+    objects: Sequence[dict[str, Any]], resource: str, verb: str
+) -> list[dict[str, Any]]:
+    """`objects` with `verb` taken out of every rule on `resource`."""
+    changed = copy.deepcopy(list(objects))
+    for obj in changed:
+        for rule in obj.get("rules") or ():
+            if resource in rule.get("resources", ()):
+                rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+    return changed
+
+
+async def test_failed_reconcile_is_reported_and_never_healthy_until_it_succeeds(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    objects = chart_objects(helm)
+    async with running_operator(tmp_path, dsn, operator_account(objects)) as cluster:
+        document = example_pool()
+        document["spec"]["lanes"][0]["minReplicas"] = 0  # every lane at 0 replicas: all ready
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Ready", "AllLanesReady")
+
+        cluster.server.tokens[OPERATOR_TOKEN] = operator_account(
+            without_verb(objects, "deployments", "update"))
+        await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
+                                  body={"spec": {"image": "jobpool:0.2.0"}}, content_type=MERGE)
+        conditions = await condition_reason(cluster, "Ready", "ReconcileFailed")
+        message = conditions["Reconciled"]["message"]
+        assert "replace Deployment 'mdm-jobs-default' failed: 403 Forbidden" in message
+        assert 'cannot update resource "deployments" in API group "apps"' in message
+        assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == (
+            "True", "ReconcileFailed")
+
+        # the scale timer rewrites the status every interval: it must keep saying so
+        counted = ((await pool_object(cluster)).get("status") or {}).get("lastCountTime")
+
+        async def counted_again() -> dict[str, Any] | None:
+            status = (await pool_object(cluster)).get("status") or {}
+            return status if status.get("lastCountTime") != counted else None
+
+        status = await eventually(counted_again, "another job count")
+        after = {c["type"]: c for c in status["conditions"]}
+        assert (after["Ready"]["status"], after["Degraded"]["status"]) == ("False", "True")
+        assert after["Reconciled"]["reason"] == "ReconcileFailed"
+
+        cluster.server.tokens[OPERATOR_TOKEN] = operator_account(objects)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        images = {d["spec"]["template"]["spec"]["containers"][0]["image"]
+                  for d in (await deployments(cluster)).values()}
+        assert images == {"jobpool:0.2.0"}
+        assert (await conditions_of(cluster))["Ready"]["status"] == "True"

@@ -201,6 +201,7 @@ def test_removed_lane_is_deleted_and_foreign_deployments_are_ignored() -> None:
     foreign = copy.deepcopy(live[0])
     foreign["metadata"]["name"] = "someone-else"
     foreign["metadata"]["labels"] = {"app": "other"}
+    foreign["metadata"]["ownerReferences"] = []
     lanes = [lane for lane in _example_spec()["lanes"] if lane["name"] != "bulk"]
     smaller = example(lanes=lanes)
     plan = reconcile.plan_reconcile(smaller, OWNER, [*live, foreign], None, COUNT)
@@ -209,6 +210,74 @@ def test_removed_lane_is_deleted_and_foreign_deployments_are_ignored() -> None:
         ("replace", "mdm-jobs-default"), ("delete", "mdm-jobs-bulk"),
     ]
     assert sorted(plan.unchanged) == ["mdm-jobs-acme", "mdm-jobs-heavy"]
+
+
+def held_by(body: dict[str, Any], holder: dict[str, Any] | None) -> dict[str, Any]:
+    """`body` as another owner made it: controlled by `holder` (no owner if None)."""
+    live = live_copy(body, 2)
+    live["metadata"]["ownerReferences"] = [holder] if holder else []
+    if holder is None:
+        live["metadata"]["labels"] = {"app": "made-by-hand"}
+    return live
+
+
+def other_pool(name: str) -> dict[str, Any]:
+    return manifests.build_owner_reference({**OWNER_BODY, "metadata": {
+        "name": name, "namespace": "mdm", "uid": f"{name}-uid"}})
+
+
+def test_child_name_of_another_pool_is_a_conflict_never_an_action() -> None:
+    # pool mdm with lane jobs-acme made Deployment mdm-jobs-acme before this pool
+    pool = example()
+    theirs = held_by(deployment(pool, "acme"), other_pool("mdm"))
+    theirs["metadata"]["labels"]["jobs.mdm.io/pool"] = "mdm"
+    plan = reconcile.plan_reconcile(pool, OWNER, [theirs], None, COUNT)
+    assert "mdm-jobs-acme" not in [a.name for a in plan.actions]
+    assert plan.of("create", "Deployment") == ["mdm-jobs-bulk", "mdm-jobs-default",
+                                              "mdm-jobs-heavy"]
+    (conflict,) = plan.conflicts
+    assert (conflict.kind, conflict.name, conflict.lane) == ("Deployment", "mdm-jobs-acme", "acme")
+    assert conflict.message == (
+        "Deployment 'mdm-jobs-acme' of lane 'acme' belongs to JobWorkerPool 'mdm'; it is left "
+        "alone and the lane has no such child here: rename this pool or the lane")
+
+
+@pytest.mark.parametrize(("holder", "named"), [
+    (None, "exists and was not made by the jobpool operator"),
+    ({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": "legacy", "uid": "u",
+      "controller": True}, "belongs to Rollout.argoproj.io 'legacy'"),
+    ({**OWNER, "uid": "an-older-pool"}, None),  # the pool's own name: its child, adopted
+])
+def test_whoever_holds_a_child_name_is_named(holder: dict[str, Any] | None,
+                                             named: str | None) -> None:
+    pool = example()
+    plan = reconcile.plan_reconcile(pool, OWNER, [held_by(deployment(pool, "bulk"), holder)],
+                                    None, COUNT)
+    if named is None:
+        assert plan.conflicts == () and "mdm-jobs-bulk" in plan.of("replace", "Deployment")
+    else:
+        assert [c.name for c in plan.conflicts] == ["mdm-jobs-bulk"]
+        assert named in plan.conflicts[0].message
+        assert "mdm-jobs-bulk" not in [a.name for a in plan.actions]
+
+
+def test_orphan_with_the_pools_labels_is_adopted() -> None:
+    pool = example()
+    orphan = live_copy(deployment(pool, "bulk"), 3)
+    del orphan["metadata"]["ownerReferences"]  # e.g. the pool was deleted with --cascade=orphan
+    plan = reconcile.plan_reconcile(pool, OWNER, [orphan], None, COUNT)
+    (replace,) = [a for a in plan.actions if a.verb == "replace"]
+    assert replace.body is not None
+    assert replace.body["metadata"]["ownerReferences"] == [OWNER]
+    assert replace.body["spec"]["replicas"] == 3
+
+
+def test_extra_object_of_another_owner_is_never_deleted() -> None:
+    pool = example()
+    extra = held_by(deployment(pool, "bulk"), other_pool("mdm"))
+    extra["metadata"]["name"] = "mdm-jobs-retired"  # carries this pool's labels, not its owner
+    plan = reconcile.plan_reconcile(pool, OWNER, [extra], None, COUNT)
+    assert plan.of("delete", "Deployment") == []
 
 
 # -- KEDA --------------------------------------------------------------------------------------
@@ -238,6 +307,50 @@ def test_keda_lane_gets_a_scaled_object_with_a_postgresql_trigger() -> None:
     )
     assert "%(lanes)s" not in trigger["metadata"]["query"]
     assert body["metadata"]["ownerReferences"] == [OWNER]
+
+
+def test_lane_taken_by_another_owner_gets_no_scaled_object() -> None:
+    pool = keda_pool()
+    theirs = held_by(deployment(pool, "default"), other_pool("mdm"))
+    plan = reconcile.plan_reconcile(pool, OWNER, [theirs], [], COUNT)
+    assert plan.of("create", "ScaledObject") == []  # it would scale the other pool's lane
+    assert [c.kind for c in plan.conflicts] == ["Deployment"]
+
+
+def test_scaled_object_name_taken_is_a_conflict() -> None:
+    pool = keda_pool()
+    theirs = held_by(reconcile.desired_scaled_objects(pool, OWNER, COUNT)["mdm-jobs-default"],
+                     None)
+    plan = reconcile.plan_reconcile(pool, OWNER, [], [theirs], COUNT)
+    assert plan.of("create", "ScaledObject") == [] and plan.of("replace", "ScaledObject") == []
+    assert [(c.kind, c.name) for c in plan.conflicts] == [("ScaledObject", "mdm-jobs-default")]
+
+
+def test_keda_is_touched_only_for_lanes_that_are_or_were_in_keda_mode() -> None:
+    pool, keda = example(), keda_pool()
+    assert not reconcile.touches_keda(pool, [])
+    assert reconcile.touches_keda(keda, [])
+    made_for_keda = live_copy(deployment(keda, "default"), 1)
+    assert made_for_keda["metadata"]["annotations"]["jobs.mdm.io/scaled-by"] == "keda"
+    assert "jobs.mdm.io/scaled-by" not in deployment(pool, "default")["metadata"]["annotations"]
+    assert reconcile.touches_keda(pool, [made_for_keda])  # its ScaledObject must go
+    assert not reconcile.touches_keda(pool, [held_by(made_for_keda, other_pool("mdm"))])
+
+
+def test_scaled_objects_go_before_the_deployments_change() -> None:
+    keda = keda_pool()
+    live = [live_copy(b, 1) for b in reconcile.desired_deployments(keda, OWNER).values()]
+    scaled = list(reconcile.desired_scaled_objects(keda, OWNER, COUNT).values())
+    plan = reconcile.plan_reconcile(example(), OWNER, live, scaled, COUNT)
+    assert [(a.verb, a.kind, a.name) for a in plan.actions] == [
+        ("delete", "ScaledObject", "mdm-jobs-default"),
+        ("replace", "Deployment", "mdm-jobs-default"),
+    ]
+
+
+def test_retry_delay_doubles_from_the_base_up_to_five_minutes() -> None:
+    assert [reconcile.retry_delay(n, 15) for n in range(6)] == [15, 30, 60, 120, 240, 300]
+    assert reconcile.retry_delay(10_000, 15) == 300
 
 
 def test_no_keda_in_the_cluster_means_no_scaled_objects_planned() -> None:
@@ -334,3 +447,58 @@ def test_unserved_kinds_degrade_the_pool() -> None:
     degraded = status.pool_conditions(pool, [], count_error=None)[1]
     assert (degraded.status, degraded.reason) == ("True", "UnservedKinds")
     assert "cleanup_jobs" in degraded.message
+
+
+def test_reconcile_problems_make_the_pool_unready_and_degraded() -> None:
+    pool = example()
+    ready_lanes = [{"name": "default", "currentReplicas": 1, "readyReplicas": 1,
+                    "desiredReplicas": 1}]
+    healthy = {c.type: c for c in status.pool_conditions(pool, ready_lanes, count_error=None)}
+    assert (healthy["Ready"].status, healthy["Degraded"].status) == ("True", "False")
+    assert (healthy["Reconciled"].status, healthy["Reconciled"].reason) == (
+        "True", "ChildrenMatchSpec")
+    problems = [status.Problem("NameConflict", "Deployment 'x' belongs to JobWorkerPool 'mdm'"),
+                status.Problem("ReconcileFailed", "create Deployment 'y' failed: 500")]
+    failed = {c.type: c for c in status.pool_conditions(
+        pool, ready_lanes, count_error="db down", problems=problems)}
+    for kind, value in (("Ready", "False"), ("Degraded", "True"), ("Reconciled", "False")):
+        assert (failed[kind].status, failed[kind].reason) == (value, "NameConflict")
+    assert failed["Reconciled"].message == (
+        "Deployment 'x' belongs to JobWorkerPool 'mdm'; create Deployment 'y' failed: 500")
+    assert failed["Degraded"].message.endswith("failed: 500; db down")
+    assert failed["ScalingActive"].reason == "CountFailed"
+
+
+def test_the_scale_timer_carries_the_last_reconcile_and_count_over() -> None:
+    pool = example()
+    problem = status.Problem("KedaUnavailable", "KEDA is not installed")
+    written = {"conditions": status.merge_conditions(None, status.pool_conditions(
+        pool, [], count_error="db down", problems=[problem]), 1, NOW)}
+    assert status.previous_problems(written) == [problem]
+    assert status.previous_count_error(written) == "db down"  # though Degraded names KEDA
+    invalid = {"conditions": status.merge_conditions(
+        None, status.invalid_spec_conditions("spec.lanes: bad"), 1, NOW)}
+    assert status.previous_problems(invalid) == []  # a valid spec makes it obsolete
+    assert status.previous_problems({}) == [] and status.previous_count_error({}) is None
+
+
+@pytest.mark.parametrize(("keda", "http_status", "expected"), [
+    (True, 404, "KEDA is not installed (no API scaledobjects.keda.sh/v1alpha1): lanes in keda "
+                "mode (default) keep their current replicas"),
+    (True, 403, "the operator may not list KEDA ScaledObjects in namespace 'mdm' (forbidden): "
+                "lanes in keda mode (default) keep their current replicas; grant its "
+                "ServiceAccount get, list, create, update and delete on scaledobjects in API "
+                "group keda.sh (chart value rbac.keda=true)"),
+    (False, 403, "the operator may not list KEDA ScaledObjects in namespace 'mdm' (forbidden): "
+                 "ScaledObjects of lanes that left keda mode cannot be removed; grant"),
+    (False, 404, None),
+])
+def test_keda_unavailable_says_what_to_do(keda: bool, http_status: int,
+                                          expected: str | None) -> None:
+    pool = keda_pool() if keda else example()
+    problem = status.keda_unavailable(pool, "mdm", http_status, "forbidden")
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem.reason == "KedaUnavailable"
+        assert problem.message.startswith(expected)

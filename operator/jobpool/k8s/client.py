@@ -129,8 +129,12 @@ class KubeApi:
         )
         return list((answer or {}).get("items") or [])
 
+    async def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Deployment `name`, or None if there is none."""
+        return await self._read(f"{self._deployments(namespace)}/{_q(name)}")
+
     async def create_deployment(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create a Deployment; ApiError 409 if it exists."""
+        """Create a Deployment; ApiError 409 AlreadyExists if the name is taken."""
         await self.request("POST", self._deployments(namespace), body=dict(body))
 
     async def replace_deployment(
@@ -155,19 +159,16 @@ class KubeApi:
     def _scaled_objects(self, namespace: str) -> str:
         return f"{KEDA_PATH}/namespaces/{_q(namespace)}/scaledobjects"
 
-    async def list_scaled_objects(
-        self, namespace: str, selector: str
-    ) -> list[dict[str, Any]] | None:
-        """ScaledObjects matching `selector`, or None when the cluster has no KEDA."""
-        try:
-            answer = await self.request(
-                "GET", self._scaled_objects(namespace), query={"labelSelector": selector}
-            )
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
+    async def list_scaled_objects(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """ScaledObjects matching `selector`; ApiError 404 without KEDA, 403 if not granted."""
+        answer = await self.request(
+            "GET", self._scaled_objects(namespace), query={"labelSelector": selector}
+        )
         return list((answer or {}).get("items") or [])
+
+    async def read_scaled_object(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ScaledObject `name`, or None if there is none."""
+        return await self._read(f"{self._scaled_objects(namespace)}/{_q(name)}")
 
     async def create_scaled_object(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create a ScaledObject."""
@@ -184,6 +185,15 @@ class KubeApi:
     async def delete_scaled_object(self, namespace: str, name: str) -> None:
         """Delete a ScaledObject; gone already is fine."""
         await self._delete(f"{self._scaled_objects(namespace)}/{_q(name)}")
+
+    async def _read(self, path: str) -> dict[str, Any] | None:
+        try:
+            answer: dict[str, Any] = await self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return answer
 
     async def _delete(self, path: str) -> None:
         try:

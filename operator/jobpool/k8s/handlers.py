@@ -1,8 +1,9 @@
 """kopf wiring of the operator: thin handlers that gather, plan, apply and report.
 
 On create, update and resume of a JobWorkerPool: reconcile one Deployment per lane (and a
-KEDA ScaledObject per keda lane). A timer per pool counts each lane's jobs and scales the
-lane's Deployment. Decisions live in core.scaling, k8s.reconcile and k8s.status.
+KEDA ScaledObject per keda lane). A reconcile that leaves something undone writes why in the
+status and is retried by kopf with a growing delay. A timer per pool counts each lane's jobs
+and scales the lane's Deployment. Decisions live in core.scaling, k8s.reconcile and k8s.status.
 """
 
 from __future__ import annotations
@@ -27,16 +28,28 @@ from jobpool.core.scaling import (
 from jobpool.db.scaling import count_lane_jobs_at
 from jobpool.k8s.client import ApiError, KubeApi, bearer_token, load_configuration
 from jobpool.k8s.manifests import GROUP, build_owner_reference, deployment_name, pool_selector
-from jobpool.k8s.reconcile import Action, ReconcilePlan, plan_reconcile
+from jobpool.k8s.reconcile import (
+    Action,
+    ReconcilePlan,
+    belongs_to,
+    plan_reconcile,
+    retry_delay,
+    touches_keda,
+)
 from jobpool.k8s.status import (
     Condition,
+    Problem,
+    condition_of,
     invalid_spec_conditions,
+    keda_unavailable,
     lane_status,
     merge_conditions,
     parse_timestamp,
     pool_conditions,
     pool_status,
+    previous_count_error,
     previous_lanes,
+    previous_problems,
 )
 from jobpool.sql import QUERIES
 
@@ -47,6 +60,8 @@ DEFAULT_SCALE_INTERVAL = 15.0
 log = logging.getLogger(__name__)
 
 CountJobs = Callable[[str, Sequence[Any]], Awaitable[dict[str, LaneJobs]]]
+ListChildren = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
+ReadChild = Callable[[str, str], Awaitable[dict[str, Any] | None]]
 
 
 def utcnow() -> datetime:
@@ -71,7 +86,10 @@ class OperatorConfig:
 
 
 class PoolController:
-    """What the handlers do for one pool, with the API, clock and job counter injected."""
+    """What the handlers do for one pool, with the API, clock and job counter injected.
+
+    retry_base: seconds before the first retry of a reconcile that left something undone.
+    """
 
     def __init__(
         self,
@@ -79,15 +97,22 @@ class PoolController:
         *,
         clock: Callable[[], datetime] = utcnow,
         count_jobs: CountJobs = count_lane_jobs_at,
+        retry_base: float = DEFAULT_SCALE_INTERVAL,
     ) -> None:
         self.api = api
         self.clock = clock
         self.count_jobs = count_jobs
+        self.retry_base = retry_base
 
     async def reconcile(
-        self, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | Any
+        self, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | Any, retry: int = 0
     ) -> None:
-        """Bring the pool's Deployments (and ScaledObjects) to its spec; write the status."""
+        """Bring the pool's Deployments (and ScaledObjects) to its spec; write the status.
+
+        retry: how many attempts failed before (kopf's count). Raises kopf.TemporaryError,
+        after writing the status, when a child could not be made as the spec says (a failed
+        call, a name held by another owner, KEDA unavailable), so kopf tries again later.
+        """
         now = self.clock()
         meta = body.get("metadata") or {}
         namespace, generation = str(meta["namespace"]), meta.get("generation")
@@ -97,35 +122,100 @@ class PoolController:
         except PoolSpecError as exc:
             self._report_invalid(body, patch, exc, now, generation)
             return
-        owner = build_owner_reference(body)
-        selector = pool_selector(pool.name)
-        live = await self.api.list_deployments(namespace, selector)
-        scaled = await self.api.list_scaled_objects(namespace, selector)
-        plan = plan_reconcile(pool, owner, live, scaled, QUERIES["count_lane_jobs"].text)
-        await self._apply(namespace, plan, logger)
-        problems = []
-        if scaled is None and any(lane.autoscaling.mode == "keda" for lane in pool.lanes):
-            problems.append("KEDA is not installed: keda lanes keep their current replicas")
-            kopf.event(body, type="Warning", reason="KedaMissing", message=problems[-1])
+        done, problems = await self._reconcile_children(
+            pool, build_owner_reference(body), namespace, logger
+        )
+        try:
+            after = await self._own_deployments(namespace, pool.name)
+        except Exception as exc:  # report it like any failed call; the retry reads again
+            after = {}
+            problems.append(Problem("ReconcileFailed", f"reading the pool's Deployments "
+                                    f"failed: {_describe(exc)}"))
         for warning in pool.warnings:
             kopf.event(body, type="Warning", reason="UnservedKinds", message=warning)
-        if plan.actions:
-            kopf.event(body, type="Normal", reason="Reconciled", message=_summary(plan))
-        after = {
-            d["metadata"]["name"]: d for d in await self.api.list_deployments(namespace, selector)
-        }
+        if done:
+            kopf.event(body, type="Normal", reason="Reconciled", message=_summary(done))
+        known = condition_of(previous, "Reconciled").get("message") or ""
+        for problem in problems:
+            if problem.message not in known:  # once per problem, not on every retry
+                kopf.event(body, type="Warning", reason=problem.reason, message=problem.message)
         lanes = [
             lane_status(pool, lane, live=after.get(deployment_name(pool.name, lane.name)),
                         previous=previous_lanes(previous).get(lane.name))
             for lane in pool.lanes
         ]
-        count_error = _previous_count_error(previous)
         conditions = merge_conditions(
             previous.get("conditions"),
-            pool_conditions(pool, lanes, count_error=count_error, problems=problems),
+            pool_conditions(pool, lanes, count_error=previous_count_error(previous),
+                            problems=problems),
             generation, now,
         )
         patch.status.update(pool_status(lanes, conditions, generation, None, previous))
+        if problems:
+            raise kopf.TemporaryError(
+                "; ".join(problem.message for problem in problems),
+                delay=retry_delay(retry, self.retry_base),
+            )
+
+    async def _reconcile_children(
+        self, pool: PoolSpec, owner: Mapping[str, Any], namespace: str, logger: Any
+    ) -> tuple[list[Action], list[Problem]]:
+        """Read, plan and apply the pool's children: the calls done and the problems met."""
+        try:
+            live = await _children(self.api.list_deployments, self.api.read_deployment,
+                                   namespace, pool.name, _lane_children(pool, keda_only=False))
+            scaled, keda_problem = await self._live_scaled_objects(pool, namespace, live)
+        except Exception as exc:  # any failed call (API error, server unreachable): report
+            return [], [Problem("ReconcileFailed", f"reading the pool's children failed: "
+                                f"{_describe(exc)}")]
+        plan = plan_reconcile(pool, owner, live, scaled, QUERIES["count_lane_jobs"].text)
+        done, failed = await self._apply(namespace, plan, logger)
+        conflicts = [Problem("NameConflict", conflict.message) for conflict in plan.conflicts]
+        return done, [*conflicts, *failed, *([keda_problem] if keda_problem else [])]
+
+    async def _apply(
+        self, namespace: str, plan: ReconcilePlan, logger: Any
+    ) -> tuple[list[Action], list[Problem]]:
+        """Every call of the plan, each on its own: the calls done and those that failed."""
+        done: list[Action] = []
+        failed: list[Problem] = []
+        for action in plan.actions:
+            logger.info("%s %s %s", action.verb, action.kind, action.name)
+            try:
+                await _call(self.api, namespace, action)
+            except Exception as exc:  # any failed call: report it, carry on with the others
+                failed.append(Problem(
+                    "ReconcileFailed",
+                    f"{action.verb} {action.kind} {action.name!r} failed: {_describe(exc)}",
+                ))
+            else:
+                done.append(action)
+        return done, failed
+
+    async def _live_scaled_objects(
+        self, pool: PoolSpec, namespace: str, live_deployments: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]] | None, Problem | None]:
+        """The ScaledObjects to plan with (None: leave KEDA alone) and why KEDA is unusable.
+
+        KEDA's API is called only for a pool that has (or had) lanes in keda mode; a 404
+        (no KEDA) or 403 (not granted, which a real API server answers before it looks for
+        the API) means it is unavailable.
+        """
+        if not touches_keda(pool, live_deployments):
+            return None, None
+        try:
+            scaled = await _children(self.api.list_scaled_objects, self.api.read_scaled_object,
+                                     namespace, pool.name, _lane_children(pool, keda_only=True))
+        except ApiError as exc:
+            if exc.status not in (403, 404):
+                raise
+            return None, keda_unavailable(pool, namespace, exc.status, exc.message)
+        return scaled, None
+
+    async def _own_deployments(self, namespace: str, pool: str) -> dict[str, dict[str, Any]]:
+        """The Deployments that belong to the pool, by name (never another owner's)."""
+        found = await self.api.list_deployments(namespace, pool_selector(pool))
+        return {d["metadata"]["name"]: d for d in found if belongs_to(d, pool)}
 
     async def scale(
         self, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | Any
@@ -140,10 +230,7 @@ class PoolController:
         except PoolSpecError as exc:
             self._report_invalid(body, patch, exc, now, None)
             return
-        live = {
-            d["metadata"]["name"]: d
-            for d in await self.api.list_deployments(namespace, pool_selector(pool.name))
-        }
+        live = await self._own_deployments(namespace, pool.name)
         counts: dict[str, LaneJobs] | None = None
         count_error: str | None = None
         try:
@@ -157,7 +244,7 @@ class PoolController:
             count_error = f"counting jobs failed: {type(exc).__name__}: {exc}"
         if count_error is not None:
             logger.warning(count_error)
-            if _previous_count_error(previous) != count_error:
+            if previous_count_error(previous) != count_error:
                 kopf.event(body, type="Warning", reason="CountFailed", message=count_error)
         old = previous_lanes(previous)
         lanes: list[dict[str, Any]] = []
@@ -179,17 +266,12 @@ class PoolController:
         conditions = merge_conditions(
             previous.get("conditions"),
             pool_conditions(pool, lanes, count_error=count_error,
-                            problems=_previous_problems(previous)),
+                            problems=previous_problems(previous)),
             previous.get("observedGeneration"), now,
         )
         patch.status.update(
             pool_status(lanes, conditions, None, now if counts is not None else None, previous)
         )
-
-    async def _apply(self, namespace: str, plan: ReconcilePlan, logger: Any) -> None:
-        for action in plan.actions:
-            logger.info("%s %s %s", action.verb, action.kind, action.name)
-            await _call(self.api, namespace, action)
 
     def _report_invalid(
         self,
@@ -204,7 +286,7 @@ class PoolController:
             previous.get("conditions"), invalid_spec_conditions(str(error)),
             generation if generation is not None else previous.get("observedGeneration"), now,
         )
-        if _condition(previous, "Degraded").get("message") != str(error):
+        if condition_of(previous, "Degraded").get("message") != str(error):
             kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
         patch.status["conditions"] = conditions
         if generation is not None:
@@ -251,8 +333,33 @@ async def _call(api: KubeApi, namespace: str, action: Action) -> None:
         await api.delete_scaled_object(namespace, action.name)
 
 
-def _summary(plan: ReconcilePlan) -> str:
-    return "; ".join(f"{a.verb}d {a.kind} {a.name}" for a in plan.actions)
+def _summary(done: Sequence[Action]) -> str:
+    return "; ".join(f"{a.verb}d {a.kind} {a.name}" for a in done)
+
+
+def _lane_children(pool: PoolSpec, *, keda_only: bool) -> list[str]:
+    """Names of the lanes' children (of keda lanes only if `keda_only`)."""
+    return [deployment_name(pool.name, lane.name) for lane in pool.lanes
+            if not keda_only or lane.autoscaling.mode == "keda"]
+
+
+async def _children(
+    list_call: ListChildren, read_call: ReadChild, namespace: str, pool: str,
+    names: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The pool's children (a list by its labels) and whatever else holds one of `names`."""
+    found = await list_call(namespace, pool_selector(pool))
+    listed = {obj["metadata"]["name"] for obj in found}
+    for name in names:
+        if name not in listed:
+            holder = await read_call(namespace, name)
+            if holder is not None:
+                found.append(holder)
+    return found
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
 
 
 def _count_error_message(pool: PoolSpec, exc: Exception) -> str:
@@ -264,27 +371,6 @@ def _count_error_message(pool: PoolSpec, exc: Exception) -> str:
     if isinstance(exc, ApiError):
         return f"cannot read the DSN from {secret}: {exc}"
     return f"counting jobs failed: {type(exc).__name__}: {exc}"
-
-
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for condition in status.get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("type") == kind:
-            return condition
-    return {}
-
-
-def _previous_count_error(status: Mapping[str, Any]) -> str | None:
-    degraded = _condition(status, "Degraded")
-    if degraded.get("reason") == "CountFailed":
-        return str(degraded.get("message"))
-    return None
-
-
-def _previous_problems(status: Mapping[str, Any]) -> list[str]:
-    degraded = _condition(status, "Degraded")
-    if degraded.get("reason") == "ReconcileProblem":
-        return [str(degraded.get("message"))]
-    return []
 
 
 def connection_info(configuration: kubernetes.client.Configuration) -> kopf.ConnectionInfo:
@@ -339,24 +425,24 @@ def build_registry(
 
     @kopf.on.create(*resource, registry=registry)
     async def jobworkerpool_create(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any
+        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
     ) -> None:
         """A new pool: create its lanes' Deployments."""
-        await controller.reconcile(body, patch, logger)
+        await controller.reconcile(body, patch, logger, retry)
 
     @kopf.on.update(*resource, registry=registry)
     async def jobworkerpool_update(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any
+        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
     ) -> None:
         """A changed pool: replace changed lanes, delete removed ones, keep replicas."""
-        await controller.reconcile(body, patch, logger)
+        await controller.reconcile(body, patch, logger, retry)
 
     @kopf.on.resume(*resource, registry=registry)
     async def jobworkerpool_resume(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any
+        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
     ) -> None:
         """The operator restarted: make sure the children still match."""
-        await controller.reconcile(body, patch, logger)
+        await controller.reconcile(body, patch, logger, retry)
 
     @kopf.timer(*resource, interval=config.scale_interval, registry=registry)
     async def jobworkerpool_timer(
@@ -378,7 +464,7 @@ async def run_operator(
     """Run the operator until `stop_flag` is set (or forever)."""
     configuration = load_configuration(config.kubeconfig)
     api = KubeApi(configuration)
-    controller = PoolController(api, count_jobs=count_jobs)
+    controller = PoolController(api, count_jobs=count_jobs, retry_base=config.scale_interval)
     registry = build_registry(config, controller, configuration)
     settings = kopf.OperatorSettings()
     operator_settings(settings)

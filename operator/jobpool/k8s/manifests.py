@@ -1,5 +1,5 @@
 """Pure builders of the objects the operator owns: one worker Deployment per lane, KEDA
-ScaledObjects, owner references and status (STYLE habit 4). Dicts in, dicts out."""
+ScaledObjects, owner references and status. Dicts in, dicts out."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ POOL_LABEL = f"{GROUP}/pool"
 LANE_LABEL = f"{GROUP}/lane"
 TEMPLATE_HASH = f"{GROUP}/template-hash"
 """Annotation on a Deployment: hash of everything the operator sets except replicas."""
+SCALED_BY = f"{GROUP}/scaled-by"
+"""Annotation `keda` on the Deployment of a keda lane: its ScaledObject must go if it leaves."""
 MANAGED_BY = "jobpool-operator"
 CONTAINER = "worker"
 GRACE_MARGIN = 15
@@ -205,7 +207,7 @@ def build_worker_deployment(
     metadata: dict[str, Any] = {
         "name": deployment_name(pool.name, lane.name),
         "labels": labels,
-        "annotations": {},
+        "annotations": {SCALED_BY: "keda"} if lane.autoscaling.mode == "keda" else {},
         "ownerReferences": [dict(owner)],
     }
     if pool.namespace:

@@ -2,6 +2,11 @@
 
 Replicas belong to the scaler: a replaced Deployment keeps the live replica count, so a
 new image or any other template change never resets a lane's scale.
+
+A child name can be taken by an object the pool does not own (pool `mdm` with lane
+`jobs-acme` and pool `mdm-jobs` with lane `acme` both want `mdm-jobs-acme`, or a
+Deployment made by hand): the plan leaves such an object alone, never adopting or
+overwriting it, and reports a Conflict that names its owner.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jobpool.core.poolspec import PoolSpec
+from jobpool.core.poolspec import KIND, PoolSpec
 from jobpool.k8s.manifests import (
+    GROUP,
     LANE_LABEL,
     MANAGED_BY,
     POOL_LABEL,
+    SCALED_BY,
     TEMPLATE_HASH,
     build_scaled_object,
     build_worker_deployment,
@@ -24,6 +31,8 @@ from jobpool.k8s.manifests import (
 
 Verb = Literal["create", "replace", "delete"]
 ChildKind = Literal["Deployment", "ScaledObject"]
+MAX_RETRY_DELAY = 300.0
+"""Seconds: the longest wait between two attempts of a failing reconcile."""
 
 
 @dataclass(frozen=True)
@@ -37,14 +46,38 @@ class Action:
 
 
 @dataclass(frozen=True)
+class Conflict:
+    """A child name of lane `lane` taken by an object that `holder` owns; left alone.
+
+    holder: e.g. "JobWorkerPool 'mdm'", or None for an object nothing owns that the
+    operator did not make (a Deployment created by hand).
+    """
+
+    kind: ChildKind
+    name: str
+    lane: str
+    holder: str | None
+
+    @property
+    def message(self) -> str:
+        """What happened and what to do, for the pool's status."""
+        owner = (f"belongs to {self.holder}" if self.holder
+                 else "exists and was not made by the jobpool operator")
+        return (f"{self.kind} {self.name!r} of lane {self.lane!r} {owner}; it is left alone "
+                "and the lane has no such child here: rename this pool or the lane")
+
+
+@dataclass(frozen=True)
 class ReconcilePlan:
     """The calls that bring a pool's children to its spec, in a safe order.
 
-    unchanged: names of children already as desired.
+    unchanged: names of children already as desired. conflicts: child names held by
+    objects the pool does not own, for which nothing is planned.
     """
 
     actions: tuple[Action, ...] = ()
     unchanged: tuple[str, ...] = field(default=())
+    conflicts: tuple[Conflict, ...] = field(default=())
 
     def of(self, verb: Verb, kind: ChildKind) -> list[str]:
         """Names of the children this plan calls `verb` on."""
@@ -72,14 +105,30 @@ def desired_scaled_objects(
     }
 
 
-def is_child_of(obj: Mapping[str, Any], pool: str) -> bool:
-    """Whether the operator made `obj` for `pool` (by its labels)."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return (
-        labels.get(POOL_LABEL) == pool
-        and labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
-        and LANE_LABEL in labels
-    )
+def holder_of(obj: Mapping[str, Any]) -> str | None:
+    """Who owns `obj`: its controller ("JobWorkerPool 'mdm'", "Rollout.argoproj.io 'x'"),
+    else the pool its operator labels name (an orphan), else None."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller"):
+            kind = str(ref.get("kind"))
+            group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+            if group and (kind, group) != (KIND, GROUP):
+                kind = f"{kind}.{group}"
+            return f"{kind} {ref.get('name')!r}"
+    labels = meta.get("labels") or {}
+    if labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and labels.get(POOL_LABEL):
+        return f"{KIND} {labels[POOL_LABEL]!r}"
+    return None
+
+
+def belongs_to(obj: Mapping[str, Any], pool: str) -> bool:
+    """Whether `obj` is pool `pool`'s to change: controlled by it, or its orphan.
+
+    An orphan (operator labels naming the pool, no controller, e.g. after a delete with
+    --cascade=orphan) is adopted: its replacement carries the pool's ownerReference.
+    """
+    return holder_of(obj) == f"{KIND} {pool!r}"
 
 
 def plan_children(
@@ -90,27 +139,43 @@ def plan_children(
 ) -> ReconcilePlan:
     """Plan one kind of child: create the missing, replace the changed, delete the extra.
 
-    live: the objects found (a list call); those not labelled as this pool's are ignored.
-    A replace body carries the live resourceVersion (optimistic concurrency) and, for a
-    Deployment, the live replicas.
+    live: the objects found, the pool's own (a list call) and whatever holds a desired
+    name; those that do not belong to the pool are never changed. A child whose template
+    hash or ownerReferences differ is replaced (so an orphan is adopted); the body carries
+    the live resourceVersion (optimistic concurrency) and, for a Deployment, the live
+    replicas.
     """
-    current = {
-        obj["metadata"]["name"]: obj for obj in live if is_child_of(obj, pool)
-    }
+    found = {obj["metadata"]["name"]: obj for obj in live}
     actions: list[Action] = []
     unchanged: list[str] = []
+    conflicts: list[Conflict] = []
     for name, body in sorted(desired.items()):
-        found = current.get(name)
-        if found is None:
+        current = found.get(name)
+        if current is None:
             actions.append(Action("create", kind, name, body))
-        elif _hash_of(found) == _hash_of(body):
+        elif not belongs_to(current, pool):
+            lane = str(body["metadata"]["labels"][LANE_LABEL])
+            conflicts.append(Conflict(kind, name, lane, holder_of(current)))
+        elif _hash_of(current) == _hash_of(body) and _owners(current) == _owners(body):
             unchanged.append(name)
         else:
-            actions.append(Action("replace", kind, name, replacement(body, found)))
+            actions.append(Action("replace", kind, name, replacement(body, current)))
     actions += [
-        Action("delete", kind, name) for name in sorted(current) if name not in desired
+        Action("delete", kind, name) for name, obj in sorted(found.items())
+        if name not in desired and belongs_to(obj, pool)
     ]
-    return ReconcilePlan(tuple(actions), tuple(unchanged))
+    return ReconcilePlan(tuple(actions), tuple(unchanged), tuple(conflicts))
+
+
+def touches_keda(pool: PoolSpec, live_deployments: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether reconcile must read ScaledObjects: a lane is in keda mode, or a Deployment of
+    the pool was made for one (its ScaledObject must go). Others never call KEDA's API,
+    which the chart's default RBAC does not grant."""
+    return any(lane.autoscaling.mode == "keda" for lane in pool.lanes) or any(
+        belongs_to(obj, pool.name)
+        and ((obj.get("metadata") or {}).get("annotations") or {}).get(SCALED_BY) == "keda"
+        for obj in live_deployments
+    )
 
 
 def plan_reconcile(
@@ -120,20 +185,38 @@ def plan_reconcile(
     live_scaled_objects: Sequence[Mapping[str, Any]] | None,
     count_query: str,
 ) -> ReconcilePlan:
-    """The whole plan for a pool: Deployments first, then ScaledObjects.
+    """The whole plan for a pool: ScaledObject deletions, Deployments, then ScaledObjects.
 
-    live_scaled_objects: None when the cluster has no KEDA; then no ScaledObject is
-    planned (lanes in keda mode keep their Deployment at its replicas).
+    live_scaled_objects: None when KEDA is not touched or not available; then no
+    ScaledObject is planned (lanes in keda mode keep their Deployment at its replicas).
+    A lane whose Deployment name is taken gets no ScaledObject: it would scale the
+    other owner's Deployment.
     """
     deployments = plan_children("Deployment", pool.name, desired_deployments(pool, owner),
                                 live_deployments)
     if live_scaled_objects is None:
         return deployments
-    scaled = plan_children("ScaledObject", pool.name,
-                           desired_scaled_objects(pool, owner, count_query), live_scaled_objects)
+    taken = {conflict.name for conflict in deployments.conflicts}
+    desired = {
+        name: body for name, body in desired_scaled_objects(pool, owner, count_query).items()
+        if name not in taken
+    }
+    scaled = plan_children("ScaledObject", pool.name, desired, live_scaled_objects)
+    deletions = tuple(a for a in scaled.actions if a.verb == "delete")
     return ReconcilePlan(
-        deployments.actions + scaled.actions, deployments.unchanged + scaled.unchanged
+        deletions + deployments.actions + tuple(a for a in scaled.actions if a.verb != "delete"),
+        deployments.unchanged + scaled.unchanged,
+        deployments.conflicts + scaled.conflicts,
     )
+
+
+def retry_delay(retries: int, base: float) -> float:
+    """Seconds before the next attempt of a reconcile that failed `retries` times before.
+
+    base: the first delay (the scale interval); it doubles per failure up to 5 minutes, so
+    a stuck pool (a taken name, KEDA missing) costs little and heals once the cause goes.
+    """
+    return min(base * 2.0 ** min(retries, 20), MAX_RETRY_DELAY)
 
 
 def replacement(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,6 +230,10 @@ def replacement(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str
         if live_replicas is not None:
             body["spec"]["replicas"] = live_replicas
     return body
+
+
+def _owners(obj: Mapping[str, Any]) -> list[Any]:
+    return list((obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def _hash_of(obj: Mapping[str, Any]) -> str | None:

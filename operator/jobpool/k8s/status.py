@@ -1,8 +1,9 @@
 """The `.status` of a JobWorkerPool: per-lane replicas and job counts, and conditions (pure).
 
-Conditions: Ready (every lane's Deployment exists and has its replicas ready), Degraded
-(the spec is invalid or incomplete, or counting jobs failed), ScalingActive (the last count
-succeeded and some lane scales). Every field written here is declared in the CRD.
+Conditions: Ready (reconciled, and every lane's Deployment has its replicas ready), Degraded
+(something needs a human: the spec is invalid or incomplete, reconciling or counting jobs
+failed), ScalingActive (the last count succeeded and some lane scales), Reconciled (the
+pool's children match its spec). Every field written here is declared in the CRD.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from jobpool.core.scaling import LaneJobs, ScaleDecision
 from jobpool.k8s.manifests import deployment_name
 
 ConditionStatus = Literal["True", "False", "Unknown"]
+KEDA_RULE = (
+    "get, list, create, update and delete on scaledobjects in API group keda.sh "
+    "(chart value rbac.keda=true)"
+)
+"""What the operator's ServiceAccount needs for lanes in keda mode."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,14 @@ class Condition:
 
     type: str
     status: ConditionStatus
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the pool's children do not match its spec; `reason` is a CamelCase condition reason."""
+
     reason: str
     message: str
 
@@ -82,6 +96,8 @@ def invalid_spec_conditions(error: str) -> list[Condition]:
         Condition("Degraded", "True", "InvalidSpec", error),
         Condition("ScalingActive", "False", "InvalidSpec",
                   "nothing scales until the spec is fixed"),
+        Condition("Reconciled", "False", "InvalidSpec",
+                  "nothing is applied until the spec is fixed"),
     ]
 
 
@@ -90,40 +106,111 @@ def pool_conditions(
     lanes: Sequence[Mapping[str, Any]],
     *,
     count_error: str | None,
-    problems: Sequence[str] = (),
+    problems: Sequence[Problem] = (),
 ) -> list[Condition]:
-    """Conditions of a valid pool from its lane statuses and the last counting attempt.
+    """Conditions of a valid pool from its lane statuses, reconcile problems and last count.
 
-    problems: things that went wrong this round besides counting (e.g. KEDA missing).
+    problems: why the last reconcile left children unlike the spec (a failed call, a child
+    name held by another object, KEDA unavailable). Any problem makes the pool not Ready
+    and Degraded: the Deployments running are not the ones the spec asks for.
     """
+    joined = "; ".join(problem.message for problem in problems)
+    if problems:
+        reconciled = Condition("Reconciled", "False", problems[0].reason, joined)
+    else:
+        reconciled = Condition("Reconciled", "True", "ChildrenMatchSpec",
+                               "every lane's children match the spec")
+    return [_ready(lanes, problems, joined), _degraded(pool, count_error, problems),
+            _scaling(pool, count_error), reconciled]
+
+
+def _ready(
+    lanes: Sequence[Mapping[str, Any]], problems: Sequence[Problem], joined: str
+) -> Condition:
+    if problems:
+        return Condition("Ready", "False", problems[0].reason, joined)
     not_ready = [
         str(lane["name"]) for lane in lanes
         if lane.get("currentReplicas") is None
         or int(lane.get("readyReplicas") or 0) < int(lane.get("desiredReplicas") or 0)
     ]
     if not_ready:
-        ready = Condition("Ready", "False", "LanesNotReady",
-                          f"lanes without their replicas ready: {', '.join(not_ready)}")
-    else:
-        ready = Condition("Ready", "True", "AllLanesReady", f"{len(lanes)} lanes ready")
-    troubles = [*pool.warnings, *problems]
+        return Condition("Ready", "False", "LanesNotReady",
+                         f"lanes without their replicas ready: {', '.join(not_ready)}")
+    return Condition("Ready", "True", "AllLanesReady", f"{len(lanes)} lanes ready")
+
+
+def _degraded(pool: PoolSpec, count_error: str | None, problems: Sequence[Problem]) -> Condition:
+    troubles = [*problems]
     if count_error:
-        degraded = Condition("Degraded", "True", "CountFailed", count_error)
-    elif troubles:
-        reason = "UnservedKinds" if pool.warnings else "ReconcileProblem"
-        degraded = Condition("Degraded", "True", reason, "; ".join(troubles))
-    else:
-        degraded = Condition("Degraded", "False", "AsExpected", "no problems")
-    modes = {lane.autoscaling.mode for lane in pool.lanes}
+        troubles.append(Problem("CountFailed", count_error))
+    troubles += [Problem("UnservedKinds", warning) for warning in pool.warnings]
+    if not troubles:
+        return Condition("Degraded", "False", "AsExpected", "no problems")
+    return Condition("Degraded", "True", troubles[0].reason,
+                     "; ".join(trouble.message for trouble in troubles))
+
+
+def _scaling(pool: PoolSpec, count_error: str | None) -> Condition:
     if count_error:
-        scaling = Condition("ScalingActive", "False", "CountFailed", count_error)
-    elif modes <= {"none"}:
-        scaling = Condition("ScalingActive", "False", "ScalingDisabled",
-                            "every lane has autoscaling mode none")
+        return Condition("ScalingActive", "False", "CountFailed", count_error)
+    if {lane.autoscaling.mode for lane in pool.lanes} <= {"none"}:
+        return Condition("ScalingActive", "False", "ScalingDisabled",
+                         "every lane has autoscaling mode none")
+    return Condition("ScalingActive", "True", "JobsCounted",
+                     "replicas follow the ready and running jobs of each lane")
+
+
+def condition_of(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
+    """The condition of type `kind` in a written status; {} if there is none."""
+    for condition in (status or {}).get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == kind:
+            return condition
+    return {}
+
+
+def previous_count_error(status: Mapping[str, Any] | None) -> str | None:
+    """The error of the last job count, as written in ScalingActive; None if it worked."""
+    scaling = condition_of(status, "ScalingActive")
+    return str(scaling.get("message")) if scaling.get("reason") == "CountFailed" else None
+
+
+def previous_problems(status: Mapping[str, Any] | None) -> list[Problem]:
+    """The problems of the last reconcile of a valid spec, as written in Reconciled.
+
+    The scale timer carries them over, so the status keeps saying what the last reconcile
+    could not do until a reconcile succeeds.
+    """
+    reconciled = condition_of(status, "Reconciled")
+    if reconciled.get("status") != "False" or reconciled.get("reason") == "InvalidSpec":
+        return []
+    return [Problem(str(reconciled.get("reason")), str(reconciled.get("message")))]
+
+
+def keda_unavailable(
+    pool: PoolSpec, namespace: str, http_status: int, detail: str
+) -> Problem | None:
+    """The problem of a cluster whose API refused to list ScaledObjects; None if harmless.
+
+    http_status: 404 (KEDA is not installed) or 403 (the operator may not read them; a real
+    API server answers 403 before it looks for the API, so also where KEDA is missing).
+    Without lanes in keda mode a 404 is harmless (there is nothing of KEDA to clean up).
+    """
+    lanes = [lane.name for lane in pool.lanes if lane.autoscaling.mode == "keda"]
+    if lanes:
+        effect = f"lanes in keda mode ({', '.join(lanes)}) keep their current replicas"
+    elif http_status == 404:
+        return None
     else:
-        scaling = Condition("ScalingActive", "True", "JobsCounted",
-                            "replicas follow the ready and running jobs of each lane")
-    return [ready, degraded, scaling]
+        effect = "ScaledObjects of lanes that left keda mode cannot be removed"
+    if http_status == 404:
+        return Problem("KedaUnavailable",
+                       f"KEDA is not installed (no API scaledobjects.keda.sh/v1alpha1): {effect}")
+    return Problem(
+        "KedaUnavailable",
+        f"the operator may not list KEDA ScaledObjects in namespace {namespace!r} ({detail}): "
+        f"{effect}; grant its ServiceAccount {KEDA_RULE}",
+    )
 
 
 def lane_status(
