@@ -13,7 +13,6 @@ payload is refused with a clear message before it reaches the database.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import uuid
@@ -26,8 +25,8 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
+from jobpool.core.jsondata import to_json_text
 from jobpool.core.webhooks import encode_secret, signing_key
 from jobpool.errors import UnknownTenantError
 from jobpool.sql import QUERIES
@@ -78,14 +77,11 @@ def check_event_type(event_type: str) -> str:
 
 def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> dict[str, Any]:
     try:
-        text = json.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"payload of a {event_type!r} event is not JSON-serialisable: {exc}"
-                         ) from None
-    if "\\u0000" in text:
-        raise ValueError(f"payload of a {event_type!r} event contains a NUL character")
+        text = to_json_text(payload, name="payload")
+    except ValueError as exc:
+        raise ValueError(f"payload of a {event_type!r} event is refused: {exc}") from None
     return {"tenant_id": _tenant(tenant_id), "event_type": check_event_type(event_type),
-            "payload": Jsonb(payload)}
+            "payload": text}
 
 
 def _published(row: dict[str, Any]) -> PublishedEvent:

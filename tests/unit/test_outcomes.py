@@ -33,5 +33,8 @@ def test_errors_are_truncated_and_marked() -> None:
     assert truncate_error("short") == "short"
 
 
-def test_nul_characters_are_dropped() -> None:
-    assert truncate_error("a\x00b") == "ab"
+def test_nul_characters_and_lone_surrogates_are_escaped_not_lost() -> None:
+    assert truncate_error("a\x00b") == "a\\x00b"
+    assert truncate_error("x\ud800y") == "x\\ud800y"
+    assert truncate_error("é\U0001f600") == "é\U0001f600"
+    truncate_error("\udfff" * 10_000).encode("utf-8")  # storable after the cut too

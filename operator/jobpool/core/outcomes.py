@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobpool.core.jsondata import storable_text
+
 LAST_ERROR_LIMIT = 4000
 """Characters kept of an error message in `aa_job.last_error` (the column allows 4096)."""
-
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,10 @@ def decide_failure(
 
 
 def truncate_error(error: str, limit: int = LAST_ERROR_LIMIT) -> str:
-    """Cut `error` to `limit` characters, marking the cut, and drop NUL characters."""
-    text = error.replace("\x00", "")
+    """Cut `error` to `limit` characters, marking the cut, with NUL characters and lone
+    surrogates escaped (`\\x00`, `\\ud800`): PostgreSQL text cannot hold them, and the real
+    message must be stored whatever a handler put in it."""
+    text = storable_text(error)
     if len(text) <= limit:
         return text
     marker = " …[truncated]"

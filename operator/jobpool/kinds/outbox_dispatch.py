@@ -33,6 +33,7 @@ from psycopg import AsyncConnection
 
 import jobpool
 from jobpool import settings
+from jobpool.core.jsondata import UndecodableJson
 from jobpool.core.outcomes import truncate_error
 from jobpool.core.ssrf import Address, Network, TargetRefused, check_target, parse_networks
 from jobpool.core.webhooks import (
@@ -246,6 +247,9 @@ async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str
         raise PermanentError(f"outbox event {event_id} does not exist (compacted?)")
     if event["dispatched_at"] is not None:
         return {"event_id": event_id, "deliveries": 0, "already_dispatched": True}
+    if isinstance(event["payload"], UndecodableJson):
+        raise PermanentError(f"outbox event {event_id}: payload cannot be decoded: "
+                             f"{event['payload'].reason}")
     body = event_body(event["event_type"], event["created_at"], event["payload"])
     rows = await fetch_all(tx, "fan_out_outbox_event", {"id": event_id, "body": body})
     jobs = await enqueue_many(tx, [
