@@ -43,6 +43,59 @@ async def fail(job: Job, tx: AsyncConnection[Any]) -> None:
     raise RuntimeError(job.payload.get("message", "transient failure"))
 
 
+@jobpool.kind("test_noop", max_attempts=1)
+async def noop(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Send no statement, return nothing (its `done` is batched)."""
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+MISBEHAVIOURS: dict[str, Any] = {
+    "nul_result": lambda: {"t": "a\x00b"},
+    "surrogate_result": lambda: {"t": "x\ud800"},
+    "nan_result": lambda: {"x": float("nan")},
+    "object_result": lambda: {"x": object()},
+    "deep_result": lambda: _nested(200),
+    "list_result": lambda: [1, 2],
+    "refused_result": lambda: {"refuse": True},  # storable; a test's CHECK constraint refuses it
+}
+FAILURES: dict[str, Any] = {
+    "nul_error": lambda: RuntimeError("a\x00b"),
+    "surrogate_error": lambda: RuntimeError("x\ud800y"),
+    "exit": lambda: SystemExit(3),
+    "unprintable_error": Unprintable,
+}
+
+
+@jobpool.kind("test_misbehave", max_attempts=1)
+async def misbehave(job: Job, tx: AsyncConnection[Any]) -> Any:
+    """Return or raise what `payload.do` names (see MISBEHAVIOURS, FAILURES); with
+    `payload.write`, first write a row in the job's transaction (which must roll back)."""
+    if job.payload.get("write"):
+        await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+                         (job.id, job.attempts, os.getpid()))
+    do = job.payload["do"]
+    if do in FAILURES:
+        raise FAILURES[do]()
+    return MISBEHAVIOURS[do]()
+
+
+@jobpool.kind("test_retry_after", max_attempts=3)
+async def retry_after(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Ask for a retry after `payload.delay` seconds (a float's text: "inf", "nan", "-5")."""
+    raise jobpool.RetryAfter(float(job.payload["delay"]), "not yet")
+
+
 TEST_RUNS_DDL = """
 CREATE TABLE IF NOT EXISTS test_runs (
     job_id bigint NOT NULL, attempt int NOT NULL, worker_pid int NOT NULL,

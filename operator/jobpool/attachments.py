@@ -29,6 +29,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
 from jobpool import settings
+from jobpool.core.jsondata import text_problem
 from jobpool.enqueue import NewJob, enqueue_many, enqueue_many_sync
 from jobpool.errors import JobpoolError, PermanentError, UnknownTenantError
 from jobpool.sql import QUERIES
@@ -96,8 +97,10 @@ def check_upload(upload: Upload) -> dict[str, Any]:
         raise ValueError(f"sha256 must be 64 hex digits, got {upload.sha256!r}")
     if not isinstance(upload.storage_uri, str) or not URI.fullmatch(upload.storage_uri):
         raise ValueError(f"storage_uri must be an absolute URI, got {upload.storage_uri!r}")
-    if "\x00" in upload.file_name + upload.content_type:
-        raise ValueError("file_name and content_type must not contain NUL characters")
+    for name in ("file_name", "content_type", "storage_uri"):
+        problem = text_problem(getattr(upload, name))
+        if problem is not None:
+            raise ValueError(f"{name} {problem}")
     return {"tenant_id": tenant, "file_name": upload.file_name,
             "content_type": upload.content_type, "size_bytes": upload.size_bytes,
             "sha256": sha256, "storage_uri": upload.storage_uri}

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from jobpool import admin
+from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
 from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
@@ -61,11 +62,25 @@ def _finite(text: str) -> float:
     return value
 
 
-def _json_arg(text: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+def _json_arg(name: str) -> Callable[[str], Any]:
+    """An argparse type: JSON text that jsonb stores (README "Enqueueing from a service")."""
+
+    def parse(text: str) -> Any:
+        if not within_depth(text):
+            raise argparse.ArgumentTypeError(
+                f"{name} is nested {nesting_depth(text)} levels deep, more than the limit of "
+                f"{MAX_DEPTH}")
+        try:
+            value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+        try:
+            to_json_text(value, name=name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return parse
 
 
 MAX_DELAY = 10 * 365 * 86_400.0
@@ -379,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_actor(p)
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
-    p.add_argument("--payload", type=_json_arg, default={}, help="JSON payload")
+    p.add_argument("--payload", type=_json_arg("payload"), default={}, help="JSON payload")
     p.add_argument("--priority", type=int)
     p.add_argument("--delay", type=_delay, help="seconds until the job becomes runnable")
     p.add_argument("--idempotency-key")
@@ -436,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = tsub.add_parser("add", help="add a tenant (or merge metadata into an existing one)")
     add_common_arguments(p)
     p.add_argument("key")
-    p.add_argument("--metadata", type=_json_arg, default={}, help="JSON object, e.g. rate limits")
+    p.add_argument("--metadata", type=_json_arg("metadata"), default={},
+                   help="JSON object, e.g. rate limits")
     p.set_defaults(func=cmd_tenants_add)
     p = tsub.add_parser("list", help="list tenants")
     add_common_arguments(p)

@@ -6,7 +6,6 @@ by a NOTIFY that PostgreSQL delivers at that commit.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
+from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import check_kind_name
 from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.sql import QUERIES
@@ -31,8 +31,9 @@ class NewJob:
     """One job to enqueue.
 
     tenant_id: the tenant's uuid. kind: a registered kind name. payload: a JSON object (dict;
-    finite numbers only).
-    priority, max_attempts: None takes the kind's default. available_at: None is now.
+    finite numbers, strings without NUL characters or lone surrogates, nested at most
+    `jobpool.core.jsondata.MAX_DEPTH` levels). priority, max_attempts: None takes the kind's
+    default. available_at: an aware datetime (a naive one is refused), None is now.
     idempotency_key: at most one job per (tenant, kind, key).
     """
 
@@ -75,24 +76,43 @@ def _check_fields(job: NewJob) -> None:
         raise ValueError(f"max_attempts must be >= 1, got {job.max_attempts}")
     if job.priority is not None and not -32768 <= job.priority <= 32767:
         raise ValueError(f"priority must fit a smallint, got {job.priority}")
+    _check_aware("available_at", job.available_at)
 
 
-def _check_payload(job: NewJob) -> None:
-    """Name the job whose payload PostgreSQL's jsonb would refuse."""
-    try:
-        text = json.dumps(job.payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"payload of a {job.kind} job is not valid JSON: {exc}") from None
-    if "\\u0000" in text:
+def _check_aware(name: str, moment: datetime | None) -> None:
+    """Refuse a naive datetime: PostgreSQL would read it in the session's time zone.
+
+    The same wall-clock time is then a different instant on every connection whose TimeZone
+    differs (hours early or late); an aware datetime (`datetime.now(UTC)`) means one instant.
+    Raises ValueError naming `name`.
+    """
+    if moment is None:
+        return
+    if not isinstance(moment, datetime):
+        raise ValueError(f"{name} must be a datetime, got {type(moment).__name__}")
+    if moment.utcoffset() is None:
         raise ValueError(
-            f"payload of a {job.kind} job contains a NUL character, which jsonb cannot store")
+            f"{name} is a naive datetime ({moment.isoformat()}): give it a time zone, e.g. "
+            "datetime.now(UTC) + timedelta(...), so that it means the same instant on every "
+            "connection")
+
+
+def _check_data(job: NewJob, where: str) -> None:
+    """Name the job's payload or idempotency key that PostgreSQL would refuse."""
+    try:
+        to_json_text(job.payload, name="payload")
+    except ValueError as exc:
+        raise ValueError(f"payload of a {job.kind} job{where} is refused: {exc}") from None
+    problem = None if job.idempotency_key is None else text_problem(job.idempotency_key)
+    if problem is not None:
+        raise ValueError(f"idempotency_key of a {job.kind} job{where} {problem}")
 
 
 def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:
     """The parameters of `enqueue_jobs`: the jobs as one JSON array text, checked first.
 
-    The array is serialised once; only when that fails are the jobs checked one by one, to
-    name the one at fault.
+    The array is serialised and checked once (each payload sits two levels deep in it);
+    only when that fails are the jobs checked one by one, to name the one at fault.
     """
     rows = []
     for job in jobs:
@@ -102,18 +122,16 @@ def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str
             "priority": job.priority, "available_at": _json_time(job.available_at),
             "idempotency_key": job.idempotency_key, "max_attempts": job.max_attempts})
     try:
-        text = json.dumps(rows, allow_nan=False)
-    except (TypeError, ValueError):
-        text = None
-    if text is None or "\\u0000" in text:
-        for job in jobs:
-            _check_payload(job)
-        raise ValueError("an idempotency key contains a NUL character, which text cannot store")
+        text = to_json_text(rows, name="jobs", limit=MAX_DEPTH + 2)
+    except ValueError as exc:
+        for index, job in enumerate(jobs):
+            _check_data(job, f" (number {index} of the batch)" if len(jobs) > 1 else "")
+        raise ValueError(f"cannot enqueue: {exc}") from None
     return {"jobs": text, "actor": actor, "notify": notify}
 
 
 def _json_time(moment: datetime | None) -> str | None:
-    """Text PostgreSQL reads as timestamptz (naive: in the session's time zone)."""
+    """Text PostgreSQL reads as timestamptz (`_check_fields` refused naive datetimes)."""
     return None if moment is None else moment.isoformat()
 
 
@@ -200,9 +218,10 @@ async def enqueue_many(
     inserter commits or rolls back first. `actor` is the audit principal (default: the
     database role). `notify` False sends no NOTIFY: PostgreSQL serialises the commits of
     transactions that notify, so many concurrent enqueuers may skip it and leave waiting
-    workers to find the jobs by polling (`--poll-interval`). Raises UnknownKindError,
-    UnknownTenantError, ValueError (bad payload or field); the caller's transaction is then
-    aborted, as with any failed statement.
+    workers to find the jobs by polling (`--poll-interval`). Raises ValueError naming the
+    job and the problem for a bad payload or field (before anything is sent; the rules are in
+    the README, "Enqueueing from a service"), UnknownKindError, UnknownTenantError (the
+    caller's transaction is then aborted, as with any failed statement).
     """
     if not jobs:
         return []

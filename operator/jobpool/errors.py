@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class JobpoolError(Exception):
     """Base of every error jobpool raises on purpose."""
@@ -11,15 +13,22 @@ class PermanentError(JobpoolError):
     """Raised by a handler when retrying cannot help: the job goes to the DLQ at once."""
 
 
+MAX_RETRY_DELAY = 10 * 365 * 86_400.0
+"""Seconds (10 years): the longest delay a retry is stored with; PostgreSQL's timestamps end."""
+
+
 class RetryAfter(JobpoolError):
     """Raised by a handler to retry after `delay` seconds instead of the kind's backoff.
 
-    The attempt counts; a job out of attempts still goes to the DLQ.
+    The delay is cut to 0 .. MAX_RETRY_DELAY (NaN counts as 0), so that whatever a handler
+    passes, the retry can be stored. The attempt counts; a job out of attempts still goes
+    to the DLQ.
     """
 
     def __init__(self, delay: float, message: str) -> None:
         super().__init__(message)
-        self.delay = max(0.0, float(delay))
+        seconds = float(delay)
+        self.delay = 0.0 if math.isnan(seconds) else min(max(0.0, seconds), MAX_RETRY_DELAY)
 
 
 class UnknownKindError(JobpoolError, LookupError):

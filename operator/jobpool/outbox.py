@@ -13,7 +13,6 @@ payload is refused with a clear message before it reaches the database.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import uuid
@@ -26,6 +25,7 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
+from jobpool.core.jsondata import to_json_text
 from jobpool.core.ssrf import webhook_target
 from jobpool.core.webhooks import encode_secret, signing_key
 from jobpool.errors import UnknownTenantError
@@ -34,8 +34,6 @@ from jobpool.sql import QUERIES
 EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 """Event types: dot-separated lower-case words, e.g. `entity.updated` (at most 200 chars)."""
 ALL_EVENTS = "*"
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-"""A JSON escape of NUL (jsonb cannot hold it), not an escaped backslash before `u0000`."""
 
 
 @dataclass(frozen=True)
@@ -77,27 +75,13 @@ def check_event_type(event_type: str) -> str:
     return event_type
 
 
-def _payload_json(event_type: str, payload: Any) -> str:
-    """The payload as JSON text jsonb accepts; ValueError naming what it cannot hold."""
-    try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"payload of a {event_type!r} event is not JSON-serialisable: {exc}"
-                         ) from None
-    if _NUL_ESCAPE.search(text):
-        raise ValueError(f"payload of a {event_type!r} event contains a NUL character")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"payload of a {event_type!r} event contains a lone surrogate "
-                             f"{exc.object[exc.start]!r}, which is not Unicode text") from None
-    return text
-
-
 def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> dict[str, Any]:
+    try:
+        text = to_json_text(payload, name="payload")
+    except ValueError as exc:
+        raise ValueError(f"payload of a {event_type!r} event is refused: {exc}") from None
     return {"tenant_id": _tenant(tenant_id), "event_type": check_event_type(event_type),
-            "payload": _payload_json(event_type, payload)}
+            "payload": text}
 
 
 def _published(row: dict[str, Any]) -> PublishedEvent:

@@ -210,6 +210,46 @@ async def test_stats_count_by_tenant_kind_and_status(api: Client, conn: Conn, te
         ("acme", KIND, "dlq", 2), ("acme", KIND, "pending", 3), ("acme", KIND, "running", 1)}
 
 
+# -- stored data the API cannot decode -------------------------------------------------------
+
+
+def deep_json(levels: int) -> str:
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+async def test_jobs_with_undecodable_data_are_served_not_500(
+    api: Client, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Payloads and results written by SQL that are too deep (or too long a number) to
+    decode are served as {"undecodable": why, "text": its start}; the other jobs as they are."""
+    dead = (await seed(conn, tenant, dlq=2, pending=0, running=0))["dlq"]
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s::jsonb, result = %s::jsonb "
+                       "WHERE id = %s", (deep_json(980), deep_json(300), dead[0]))
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s::jsonb WHERE id = %s",
+                       ('{"n": ' + "9" * 5000 + "}", dead[1]))
+    healthy = (await seed(conn, tenant, dlq=1, pending=0, running=0))["dlq"][0]
+
+    status, body, _ = await api.call("GET", f"/v1/jobs/{dead[0]}", bearer=token())
+    assert status == 200
+    assert body["payload"]["undecodable"] == "nested 980 levels deep, more than the limit of 100"
+    assert body["payload"]["text"].startswith('{"a": {"a": ')
+    assert body["result"]["undecodable"] == "nested 300 levels deep, more than the limit of 100"
+
+    status, body, _ = await api.call("GET", "/v1/dlq", bearer=token())
+    assert status == 200
+    items = {item["id"]: item for item in body["items"]}
+    assert set(items) == {*dead, healthy}
+    assert "nested 980 levels deep" in items[dead[0]]["payload"]["undecodable"]
+    assert "4300 digits" in items[dead[1]]["payload"]["undecodable"]
+    assert items[healthy]["payload"] == {"n": 0}
+
+    status, body, _ = await api.call("POST", f"/v1/jobs/{dead[0]}/replay", bearer=token())
+    assert (status, body["status"]) == (200, "pending")
+    status, body, _ = await api.call("POST", f"/v1/jobs/{dead[0]}/stop", bearer=token())
+    assert (status, body["status"]) == (200, "failed")
+    assert (await api.call("DELETE", f"/v1/jobs/{dead[0]}", bearer=token()))[0] == 204
+
+
 # -- bad input -----------------------------------------------------------------------------
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 import jobpool
@@ -143,25 +145,108 @@ async def test_unknown_tenant_is_a_clear_error(conn: Conn) -> None:
         await jobpool.enqueue(conn, tenant_id="acme", kind="test_record")
 
 
-@pytest.mark.parametrize(
-    ("payload", "message"),
-    [({"text": "a\x00b"}, "NUL"), ({"when": object()}, "not valid JSON"),
-     ({"ratio": float("nan")}, "not valid JSON"), ({"big": float("inf")}, "not valid JSON"),
-     ([1, 2], "must be a JSON object"), ("text", "must be a JSON object")],
-)
+def nested(levels: int) -> dict[str, Any]:
+    """A payload whose objects nest `levels` deep, built without recursion."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+BAD_PAYLOADS = [
+    ({"text": "a\x00b"}, r"payload\.text contains a NUL character"),
+    ({"n": "x\ud800"}, r"payload\.n contains a lone surrogate \(U\+D800\)"),
+    ({"ok": ["fine", {"k\x00": 1}]}, r"payload\.ok\[1\] has a key that contains a NUL"),
+    ({"when": object()}, r"payload\.when is of type object, which is not JSON"),
+    ({"ratio": float("nan")}, r"payload\.ratio is nan, which JSON cannot hold"),
+    ({"big": float("inf")}, r"payload\.big is inf, which JSON cannot hold"),
+    (nested(101), r"payload is nested more than 100 levels deep"),
+    (nested(3000), r"payload is nested more than 100 levels deep"),
+    ([1, 2], "must be a JSON object"),
+    ("text", "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("payload", "message"), BAD_PAYLOADS)
 async def test_bad_payloads_are_refused_before_any_write(
-    conn: Conn, tenant: uuid.UUID, payload: Any, message: str
+    conn: Conn, dsn: str, tenant: uuid.UUID, payload: Any, message: str
 ) -> None:
+    """Async and sync, one job and a batch: a ValueError naming the problem, nothing written."""
     await prepare(conn)
+    good = jobpool.NewJob(tenant, "test_record", {"n": 1})
+    bad = jobpool.NewJob(tenant, "test_record", payload)
     with pytest.raises(ValueError, match=message):
         await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", payload=payload)
+    with pytest.raises(ValueError, match=message):
+        await jobpool.enqueue_many(conn, [good, bad])
+    with psycopg.connect(dsn) as sync:
+        with pytest.raises(ValueError, match=message):
+            jobpool.enqueue_sync(sync, tenant_id=tenant, kind="test_record", payload=payload)
+        with pytest.raises(ValueError, match=message):
+            jobpool.enqueue_many_sync(sync, [good, bad])
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+async def test_a_batch_error_names_the_job_at_fault(conn: Conn, tenant: uuid.UUID) -> None:
+    await prepare(conn)
+    jobs = [jobpool.NewJob(tenant, "test_record", {"n": n}) for n in range(3)]
+    jobs.append(jobpool.NewJob(tenant, "test_record", {"n": "x\udfff"}))
+    with pytest.raises(ValueError, match=r"job \(number 3 of the batch\) is refused: payload\.n"):
+        await jobpool.enqueue_many(conn, jobs)
+
+
+async def test_payloads_up_to_the_depth_limit_and_lookalike_text_are_accepted(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    """The limit is 100 levels; brackets and escapes inside strings are only text."""
+    await prepare(conn)
+    payloads = [nested(100), {"text": "\\u0000 is not a NUL", "brackets": "[[[{{{" * 40},
+                {"emoji": "\U0001f600", "accent": "é"}]
+    jobs = [jobpool.NewJob(tenant, "test_record", p) for p in payloads]
+    for enqueued, payload in zip(await jobpool.enqueue_many(conn, jobs * 20), payloads * 20,
+                                 strict=True):
+        assert (await job(conn, enqueued.id))["payload"] == payload
+
+
+NAIVE = datetime(2030, 1, 1, 12, 0)
+
+
+async def test_naive_available_at_is_refused_everywhere(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """A naive datetime would be read in each session's TimeZone: hours early or late."""
+    await prepare(conn)
+    message = r"available_at is a naive datetime \(2030-01-01T12:00:00\): give it a time zone"
+    naive_job = jobpool.NewJob(tenant, "test_record", available_at=NAIVE)
+    with pytest.raises(ValueError, match=message):
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", available_at=NAIVE)
+    with pytest.raises(ValueError, match=message):
+        await jobpool.enqueue_many(conn, [naive_job])
+    with psycopg.connect(dsn) as sync:
+        with pytest.raises(ValueError, match=message):
+            jobpool.enqueue_sync(sync, tenant_id=tenant, kind="test_record", available_at=NAIVE)
+        with pytest.raises(ValueError, match=message):
+            jobpool.enqueue_many_sync(sync, [naive_job])
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Tokyo", "UTC"])
+async def test_an_aware_available_at_is_the_same_instant_in_every_session_time_zone(
+    conn: Conn, dsn: str, tenant: uuid.UUID, zone: str
+) -> None:
+    await prepare(conn)
+    when = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    async with await _connect(dsn) as caller:
+        await caller.execute(sql.SQL("SET TIME ZONE {}").format(sql.Literal(zone)))
+        enqueued = await jobpool.enqueue(caller, tenant_id=tenant, kind="test_record",
+                                         available_at=when)
+    assert (await job(conn, enqueued.id))["available_at"] == when
 
 
 async def test_a_nul_in_an_idempotency_key_is_refused_before_any_write(
     conn: Conn, tenant: uuid.UUID
 ) -> None:
     await prepare(conn)
-    with pytest.raises(ValueError, match="idempotency key contains a NUL"):
+    with pytest.raises(ValueError, match="idempotency_key of a test_record job contains a NUL"):
         await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", idempotency_key="a\x00b")
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0

@@ -225,14 +225,19 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
 ) -> None:
     with pytest.raises(ValueError, match="invalid event type 'Order Paid'"):
         await publish(conn, tenant_id=tenant, event_type="Order Paid", payload={})
-    with pytest.raises(ValueError, match="not JSON-serialisable"):
-        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": object()})
+    deep: dict[str, Any] = {}
+    for _ in range(3000):
+        deep = {"a": deep}
+    for payload, problem in [
+        ({"x": object()}, "payload.x is of type object, which is not JSON"),
+        ({"x": float("nan")}, "payload.x is nan, which JSON cannot hold"),
+        ({"x": "\ud800"}, r"payload.x contains a lone surrogate \(U\+D800\)"),
+        (deep, "payload is nested more than 100 levels deep"),
+    ]:
+        with pytest.raises(ValueError, match=f"payload of a 'a.b' event is refused: {problem}"):
+            await publish(conn, tenant_id=tenant, event_type="a.b", payload=payload)
     with pytest.raises(UnknownTenantError):
         await publish(conn, tenant_id=uuid.uuid4(), event_type="a.b", payload={})
-    with pytest.raises(ValueError, match="Out of range float values"):
-        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": float("nan")})
-    with pytest.raises(ValueError, match="lone surrogate '\\\\ud800'"):
-        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x": "a\ud800"})
     with pytest.raises(ValueError, match="NUL character"):
         await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x\x00": 1})
     with pytest.raises(ValueError, match="http:// or https://"):

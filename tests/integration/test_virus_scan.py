@@ -187,6 +187,14 @@ async def test_bad_uploads_are_refused_by_name(
         await commit_upload(conn, replace(upload, size_bytes=-1))
     with pytest.raises(ValueError, match="storage_uri"):
         await commit_upload(conn, replace(upload, storage_uri="/tmp/x"))
+    for field, value, problem in [
+        ("file_name", "cv\ud800.pdf", r"file_name contains a lone surrogate \(U\+D800\)"),
+        ("content_type", "text/\x00", "content_type contains a NUL character"),
+        ("storage_uri", "https://x.example/\x00", "storage_uri contains a NUL character"),
+        ("storage_uri", "https://x.example/\udc80", "storage_uri contains a lone surrogate"),
+    ]:
+        with pytest.raises(ValueError, match=problem):
+            await commit_upload(conn, replace(upload, **{field: value}))
     with pytest.raises(UnknownTenantError):
         await commit_upload(conn, replace(upload, tenant_id=uuid.uuid4()))
     with pytest.raises(AttachmentNotFoundError):

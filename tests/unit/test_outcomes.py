@@ -37,3 +37,10 @@ def test_unstorable_characters_are_escaped_not_lost() -> None:
     text = truncate_error("a\x00b\udcffc\ud800d\x1b[0m\x85e\tf\ng\rh")
     assert text == "a\\x00b\\xffc\\ud800d\\x1b[0m\\u0085e\tf\ng\\x0dh"
     text.encode()  # PostgreSQL takes it: no NUL, valid UTF-8
+
+
+def test_nul_characters_and_lone_surrogates_are_escaped_not_lost() -> None:
+    assert truncate_error("a\x00b") == "a\\x00b"
+    assert truncate_error("x\ud800y") == "x\\ud800y"
+    assert truncate_error("é\U0001f600") == "é\U0001f600"
+    truncate_error("\udfff" * 10_000).encode("utf-8")  # storable after the cut too

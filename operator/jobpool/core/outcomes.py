@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from jobpool.core.jsondata import storable_text
 
 LAST_ERROR_LIMIT = 4000
 """Characters kept of an error message in `aa_job.last_error` (the column allows 4096)."""
-
 
 
 @dataclass(frozen=True)
@@ -42,27 +42,11 @@ def decide_failure(
     return Retry(delay, message)
 
 
-_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-"""NUL and other control characters but tab and newline, and lone surrogates."""
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as surrogateescape carries it
-        return f"\\x{code - 0xDC00:02x}"
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
-
-
 def truncate_error(error: str, limit: int = LAST_ERROR_LIMIT) -> str:
-    """`error` made storable in a PostgreSQL text column: escaped, at most `limit` characters.
-
-    Error texts quote what other systems sent (response bodies, headers, client and DNS
-    errors). PostgreSQL refuses NUL in text and UTF-8 cannot encode lone surrogates (how
-    Python carries undecodable bytes), and control characters garble terminals; so those
-    become escapes (`\\x00`, `\\xff` for an undecodable byte, `\\u0085`), keeping what was
-    received visible. A longer text is cut, the cut marked `…[truncated]`.
-    """
-    text = _UNSTORABLE.sub(_escape, error)
+    """`error` made storable (`storable_text`: NUL, control characters and lone surrogates
+    escaped, so the real message is kept whatever a handler or a receiver put in it), cut to
+    `limit` characters with the cut marked `…[truncated]`."""
+    text = storable_text(error)
     if len(text) <= limit:
         return text
     marker = " …[truncated]"

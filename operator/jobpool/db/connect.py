@@ -10,16 +10,27 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, AsyncTransaction
+from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.core.jsondata import load_json
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
+
+ADAPTERS = AdaptersMap(psycopg.adapters)
+"""psycopg's adapters, but json/jsonb values are read with `load_json`: one value too deep
+to decode comes back as `UndecodableJson` instead of failing the whole fetch. Every
+connection jobpool opens uses them (`connect`, `open_pool`); a service's own connections,
+which only enqueue, keep theirs."""
+set_json_loads(load_json, ADAPTERS)
 
 _embedded: Any = None
 
@@ -60,8 +71,9 @@ def resolve_dsn(dsn: str | None, data_dir: str) -> str:
 
 
 async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:
-    """One async connection returning rows as dicts."""
-    return await AsyncConnection.connect(dsn, autocommit=autocommit, row_factory=dict_row)
+    """One async connection returning rows as dicts, json read with `load_json`."""
+    return await AsyncConnection.connect(dsn, autocommit=autocommit, row_factory=dict_row,
+                                         context=ADAPTERS)
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -88,7 +100,8 @@ class JobConnection(AsyncConnection[Any]):
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:
-    """A pool of `size` JobConnections (dict rows); call `await pool.open()` before use."""
+    """A pool of `size` JobConnections (dict rows, json read with `load_json`); call
+    `await pool.open()` before use."""
     return AsyncConnectionPool(
         dsn,
         min_size=size,
@@ -96,7 +109,7 @@ def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionP
         name=name,
         open=False,
         connection_class=JobConnection,
-        kwargs={"row_factory": dict_row},
+        kwargs={"row_factory": dict_row, "context": ADAPTERS},
     )
 
 

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.registry import KindSpec
@@ -18,11 +17,14 @@ Row = dict[str, Any]
 
 
 class Completion(NamedTuple):
-    """A job to mark done whose handler wrote nothing (its `done` commits on its own)."""
+    """A job to mark done whose handler wrote nothing (its `done` commits on its own).
+
+    result: the handler's result as checked JSON text (`core.jsondata.to_json_text`), or None.
+    """
 
     job_id: int
     attempts: int
-    result: Mapping[str, Any] | None
+    result: str | None
 
 
 async def fetch_one(
@@ -104,7 +106,7 @@ class QueueStore:
         return {
             "ids": [c.job_id for c in completions],
             "attempts": [c.attempts for c in completions],
-            "results": [None if c.result is None else Jsonb(c.result) for c in completions],
+            "results": [c.result for c in completions],
             "worker_id": self.worker_id, "actor": self.actor,
         }
 
@@ -113,14 +115,22 @@ class QueueStore:
                 "actor": self.actor}
 
     async def complete(
-        self, conn: AsyncConnection[Any], job_id: int, attempts: int,
-        result: Mapping[str, Any] | None,
+        self, conn: AsyncConnection[Any], job_id: int, attempts: int, result: str | None,
     ) -> bool:
-        """Mark done in the job's transaction; False if this worker lost the claim."""
-        row = await fetch_one(conn, "complete_job", {
-            **self._cas(job_id, attempts), "result": None if result is None else Jsonb(result),
-        })
+        """Mark done in the job's transaction; False if this worker lost the claim.
+
+        result: checked JSON text (`core.jsondata.to_json_text`) or None.
+        """
+        row = await fetch_one(conn, "complete_job", {**self._cas(job_id, attempts),
+                                                     "result": result})
         return bool(row and row["changed"])
+
+    async def complete_alone(self, completion: Completion) -> bool:
+        """Mark one batched completion done in a transaction of its own (after its batch
+        failed, so that only the job at fault fails); False if this worker lost the claim."""
+        async with self.pool.connection() as conn:
+            return await self.complete(conn, completion.job_id, completion.attempts,
+                                       completion.result)
 
     async def retry(self, job_id: int, attempts: int, *, delay: float, error: str) -> bool:
         """Back to pending in `delay` seconds; False if this worker lost the claim."""

@@ -17,6 +17,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
 from jobpool.core.backoff import backoff_delay
+from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
 from jobpool.core.ratelimit import Denied
 from jobpool.db.connect import JobConnection, open_pool
@@ -39,6 +40,47 @@ class ClaimLost(Exception):
 
 class CompletionFailed(Exception):
     """The batched `done` of a job could not be written (its lease will expire)."""
+
+
+class ResultRefused(PermanentError):
+    """The database refused to record the job done with its result."""
+
+    def __init__(self, exc: psycopg.Error) -> None:
+        super().__init__(f"the database refused to record the job done with its result "
+                         f"({type(exc).__name__}: {exc})")
+
+
+class HandlerExit(Exception):
+    """The handler raised SystemExit or another BaseException that would stop the worker."""
+
+
+def payload_problem(payload: Any) -> str | None:
+    """Why a claimed payload cannot go to a handler (written by SQL past enqueue's checks)."""
+    if isinstance(payload, UndecodableJson):
+        return f"payload cannot be decoded: {payload.reason}"
+    if not isinstance(payload, dict):
+        return f"payload must be a JSON object, got {type(payload).__name__}"
+    return None
+
+
+def stored_result(result: Mapping[str, Any] | None) -> str | None:
+    """The handler's result as JSON text a jsonb column takes; PermanentError naming the
+    problem when it is not storable (retrying would return the same)."""
+    if result is None:
+        return None
+    try:
+        return to_json_text(dict(result), name="result")
+    except Exception as exc:
+        raise PermanentError(f"handler returned a result that cannot be stored: {exc}") from None
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message` of `exc`, also when its str() raises."""
+    try:
+        message = str(exc)
+    except Exception as inner:
+        message = f"(its message could not be built: {type(inner).__name__})"
+    return f"{type(exc).__name__}: {message}"
 
 
 class Worker:
@@ -162,17 +204,36 @@ class Worker:
                 throttled=self.throttled() if limit > 0 else [],
             )
             self.database_ok = True
-        except psycopg.Error as exc:
+        except psycopg.OperationalError as exc:
             for _, done in batch:
                 done.set_exception(CompletionFailed(str(exc)))
-            if not isinstance(exc, psycopg.OperationalError):
-                raise
             self.database_ok = False
             log.warning("claim failed, database unreachable: %s", exc)
+            return []
+        except psycopg.Error as exc:
+            if not batch:
+                raise
+            log.warning("the batched done of %d job(s) was refused (%s); recording each on "
+                        "its own", len(batch), exc)
+            await self._complete_one_by_one(batch)
             return []
         for completion, done in batch:
             done.set_result(completion.job_id in held)
         return claimed
+
+    async def _complete_one_by_one(
+        self, batch: list[tuple[Completion, asyncio.Future[bool]]]
+    ) -> None:
+        """Record each `done` of a refused batch in its own transaction, so that only the job
+        whose `done` the database refuses fails (ResultRefused: to the DLQ)."""
+        assert self.store is not None
+        for completion, done in batch:
+            try:
+                done.set_result(await self.store.complete_alone(completion))
+            except psycopg.OperationalError as exc:
+                done.set_exception(CompletionFailed(str(exc)))
+            except psycopg.Error as exc:
+                done.set_exception(ResultRefused(exc))
 
     async def _gather_completions(self) -> None:
         """Let jobs that are finishing right now queue their `done` too, so that one
@@ -237,6 +298,10 @@ class Worker:
         assert self.store is not None
         spec = self.specs[job.job_kind]
         started = time.monotonic()
+        problem = payload_problem(job.payload)
+        if problem is not None:
+            self.observe(job, await self._fail(job, spec, PermanentError(problem)), started)
+            return
         denied = self.limiter.acquire(job.tenant_id, job.job_kind)
         if denied is not None:
             await self._requeue_rate_limited(job, denied, started)
@@ -276,15 +341,14 @@ class Worker:
             if not (self.config.batch_completions and isinstance(conn, JobConnection)):
                 async with conn.transaction():
                     result = await self._call_handler(job, spec, conn)
-                    if not await self.store.complete(conn, job.id, job.attempts, result):
-                        raise ClaimLost
+                    await self._complete(conn, job, stored_result(result))
                     return result
             conn.job_scope = True
             try:
                 result = await self._call_handler(job, spec, conn)
+                stored = stored_result(result)
                 if conn.info.transaction_status != TransactionStatus.IDLE:
-                    if not await self.store.complete(conn, job.id, job.attempts, result):
-                        raise ClaimLost
+                    await self._complete(conn, job, stored)
                     await conn.commit()
                     return result
             except BaseException:
@@ -293,14 +357,24 @@ class Worker:
                 raise
             finally:
                 conn.job_scope = False
-        if not await self._complete_later(job, result):
+        if not await self._complete_later(job, stored):
             raise ClaimLost
         return result
 
-    async def _complete_later(self, job: Job, result: Mapping[str, Any] | None) -> bool:
+    async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
+        """Mark the job done in its transaction; raises ClaimLost, or ResultRefused."""
+        assert self.store is not None
+        try:
+            held = await self.store.complete(conn, job.id, job.attempts, stored)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            raise ResultRefused(exc) from exc
+        if not held:
+            raise ClaimLost
+
+    async def _complete_later(self, job: Job, stored: str | None) -> bool:
         """Queue the job's `done` for the fetch loop's next transaction; False: claim lost."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.completions.append((Completion(job.id, job.attempts, result), done))
+        self.completions.append((Completion(job.id, job.attempts, stored), done))
         self._completion_queued()
         return await done
 
@@ -313,6 +387,11 @@ class Worker:
         except TimeoutError:
             raise TimeoutError(
                 f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
+        except BaseException as exc:
+            if isinstance(exc, Exception | asyncio.CancelledError | KeyboardInterrupt):
+                raise
+            raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not stop the "
+                              "worker") from exc
         if result is not None and not isinstance(result, Mapping):
             raise PermanentError(
                 f"handler returned {type(result).__name__}, expected a mapping or None")
@@ -323,9 +402,8 @@ class Worker:
         delay = (exc.delay if isinstance(exc, RetryAfter)
                  else backoff_delay(job.attempts, spec.defaults.backoff, self.rng))
         decision = decide_failure(
-            attempts=job.attempts, max_attempts=job.max_attempts,
-            error=f"{type(exc).__name__}: {exc}", delay=delay,
-            permanent=isinstance(exc, PermanentError),
+            attempts=job.attempts, max_attempts=job.max_attempts, error=error_text(exc),
+            delay=delay, permanent=isinstance(exc, PermanentError),
         )
         outcome: Outcome
         try:
@@ -340,7 +418,7 @@ class Worker:
                     outcome = "dlq"
                     log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
                                 job.id, job.job_kind, job.attempts, error)
-        except psycopg.OperationalError as db_exc:
+        except psycopg.Error as db_exc:
             log.error("job %d: could not record its failure (%s); its lease will expire",
                       job.id, db_exc)
             return "error"

@@ -1,0 +1,235 @@
+"""JSON that PostgreSQL's jsonb stores and that every jobpool process can decode again.
+
+One job's data must never stop a worker, strand the other jobs of its batch or make an
+admin read answer 500. So values are checked on the way in (`to_json_text`: payloads,
+results, events) and decoded defensively on the way out (`load_json`, registered on every
+connection jobpool opens), and both sides share one nesting limit, `MAX_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from itertools import accumulate
+from typing import Any
+
+MAX_DEPTH = 100
+"""Deepest nesting of arrays and objects a stored value may have.
+
+Python's json module, PostgreSQL's jsonb functions and a handler's own recursive walk all
+spend a stack frame per level, and Python's default recursion limit (1000) is shared with
+everything else on the stack. Real payloads are a few levels deep; 100 leaves an order of
+magnitude on both sides.
+"""
+
+PREVIEW = 200
+"""Characters of an undecodable value's stored text that `UndecodableJson` keeps."""
+
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""`\\u0000` in JSON text that is an escape, not an escaped backslash followed by `u0000`."""
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[]{}'))
+_STEP = {ord("{"): 1, ord("["): 1, ord("}"): -1, ord("]"): -1}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class UndecodableJson(dict[str, str]):
+    """Stands in for a stored JSON value this process will not decode (too deep, or invalid).
+
+    It is a plain JSON object to anything that prints or serves it:
+    `{"undecodable": <reason>, "text": <first PREVIEW characters of the stored text>}`; code
+    that must not act on it (the worker, before it runs a handler) tests isinstance.
+    """
+
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__(undecodable=reason, text=text[:PREVIEW])
+
+    @property
+    def reason(self) -> str:
+        """Why the value was not decoded, e.g. "nested 980 levels deep, more than the limit
+        of 100"."""
+        return self["undecodable"]
+
+
+def nesting_depth(text: str | bytes) -> int:
+    """Deepest nesting of arrays and objects in JSON `text`, counted without recursion.
+
+    Brackets inside strings do not count; for text that is not JSON the count is a guess.
+    """
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if b"\\" in data:  # escaped backslashes and quotes are string content
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    structure = data.translate(None, _NOT_STRUCTURE)  # quotes and brackets only
+    brackets = b"".join(structure.split(b'"')[::2])  # what lies between strings
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def within_depth(text: str | bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON `text` nests at most `limit` levels; cheap for the common shallow text."""
+    if isinstance(text, str):
+        openers = text.count("{") + text.count("[")
+    else:
+        openers = text.count(b"{") + text.count(b"[")
+    return openers <= limit or nesting_depth(text) <= limit
+
+
+def text_problem(text: str) -> str | None:
+    """What keeps the string `text` out of PostgreSQL (a NUL, a lone surrogate), or None."""
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which PostgreSQL cannot store"
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"contains a lone surrogate (U+{ord(text[exc.start]):04X}) at index "
+                f"{exc.start}, which is not valid Unicode")
+    return None
+
+
+_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""NUL and other control characters but tab and newline, and lone surrogates."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as surrogateescape carries it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+
+
+def storable_text(text: str) -> str:
+    """`text` made storable in a PostgreSQL text column, nothing of it lost.
+
+    Messages quote what handlers and other systems produced (exceptions, response bodies,
+    headers, client and DNS errors). PostgreSQL refuses NUL in text, UTF-8 cannot encode
+    lone surrogates (how Python carries undecodable bytes) and control characters garble
+    terminals; so those become escapes: `\\x00`, `\\xff` for an undecodable byte,
+    `\\ud800`, `\\u0085`. Tab and newline stay.
+    """
+    return _UNSTORABLE.sub(_escape, text)
+
+
+def to_json_text(value: Any, *, name: str, limit: int = MAX_DEPTH) -> str:
+    """The JSON text of `value`, checked so that a jsonb column takes it as it is.
+
+    name: how messages call the value ("payload", "result"). Raises ValueError naming the
+    place and the problem: a value that is not JSON (NaN or Infinity, an object of another
+    type, a circular reference), a string with a NUL character or a lone surrogate, or
+    nesting deeper than `limit` levels. The checks of the text are exact; the walk that
+    names the place only runs when one fails.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(value_problem(value, name, limit) or f"{name} is not JSON: {exc}"
+                         ) from None
+    problem = json_text_problem(text, limit)
+    if problem is not None:
+        raise ValueError(value_problem(value, name, limit) or f"{name} {problem}")
+    return text
+
+
+def json_text_problem(text: str, limit: int = MAX_DEPTH) -> str | None:
+    """What keeps JSON `text` (as json.dumps writes it) out of a jsonb column, or None."""
+    if "\\u0000" in text and _NUL.search(text):
+        return "contains a NUL character (\\u0000), which PostgreSQL cannot store"
+    problem = text_problem(text)
+    if problem is not None:
+        return problem
+    if not within_depth(text, limit):
+        return f"is nested {nesting_depth(text)} levels deep, more than the limit of {limit}"
+    return None
+
+
+def value_problem(value: Any, name: str, limit: int = MAX_DEPTH) -> str | None:
+    """The first place in `value` that is not storable JSON, as "<path> <problem>", or None.
+
+    Walks without recursion; a container met a second time is not walked again (so a
+    circular reference ends the walk, and json.dumps names it).
+    """
+    seen: set[int] = set()
+    for path, depth, item in _walk(value, name, seen):
+        if isinstance(item, dict | list | tuple) and depth > limit:
+            return f"{name} is nested more than {limit} levels deep (the limit)"
+        problem = _scalar_problem(item)
+        if problem is not None:
+            return f"{_shorten(path)} {problem}"
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str | int | float | bool) and key is not None:
+                    return (f"{_shorten(path)} has a key of type {type(key).__name__}; "
+                            "JSON object keys are strings")
+                problem = text_problem(key) if isinstance(key, str) else _scalar_problem(key)
+                if problem is not None:
+                    return f"{_shorten(path)} has a key that {problem}"
+    return None
+
+
+def _walk(value: Any, name: str, seen: set[int]) -> Iterator[tuple[str, int, Any]]:
+    """(path, depth, item) for `value` and everything in it, depth first."""
+    stack: list[tuple[str, int, Any]] = [(name, 1, value)]
+    while stack:
+        path, depth, item = stack.pop()
+        yield path, depth, item
+        if not isinstance(item, dict | list | tuple) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        children = (item.items() if isinstance(item, dict) else enumerate(item))
+        stack.extend(reversed([(_child_path(path, key, isinstance(item, dict)), depth + 1, child)
+                               for key, child in children]))
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if item is None or isinstance(item, bool | dict | list | tuple):
+        return None
+    if isinstance(item, str):
+        return text_problem(item)
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f"is {item}, which JSON cannot hold"
+    if isinstance(item, int):
+        try:
+            repr(item)
+        except ValueError:
+            return "is an integer too long to write as text"
+        return None
+    return (f"is of type {type(item).__name__}, which is not JSON "
+            "(use str, int, float, bool, None, list or dict)")
+
+
+def _child_path(path: str, key: Any, in_object: bool) -> str:
+    if not in_object:
+        return f"{path}[{key}]"
+    if isinstance(key, str) and _IDENTIFIER.fullmatch(key):
+        return f"{path}.{key}"
+    return f"{path}[{storable_text(repr(key))[:40]}]"
+
+
+def _shorten(path: str, limit: int = 200) -> str:
+    return path if len(path) <= limit else f"{path[:limit]}…"
+
+
+def load_json(data: bytes | bytearray | memoryview | str) -> Any:
+    """Decode JSON text read from PostgreSQL (UTF-8 bytes, or str), never raising.
+
+    A value nested deeper than `MAX_DEPTH`, or one json cannot decode (an integer too long,
+    bytes that are not UTF-8), comes back as `UndecodableJson` naming the reason, so that one
+    row cannot fail the read of the others. A count of brackets spares the exact depth scan
+    for nearly every value.
+    """
+    text = data if isinstance(data, str | bytes) else bytes(data)
+    if not within_depth(text):
+        return UndecodableJson(
+            f"nested {nesting_depth(text)} levels deep, more than the limit of {MAX_DEPTH}",
+            _preview(text))
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return UndecodableJson(f"{type(exc).__name__}: {exc}", _preview(text))
+
+
+def _preview(text: str | bytes) -> str:
+    if isinstance(text, str):
+        return text[:PREVIEW]
+    return text[: PREVIEW * 4].decode("utf-8", "replace")[:PREVIEW]

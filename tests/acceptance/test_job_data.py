@@ -1,0 +1,107 @@
+"""One tenant's data never stops a worker process: the examples users hit, end to end.
+
+A dozen normal jobs of two tenants (max_attempts 1: one lost attempt would put them in the
+DLQ) run beside the bad one in `jobpool run --slots 8 --until-empty`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+from integration.helpers import prepare
+
+import jobpool
+from acceptance.cli import jobpool as cli
+from acceptance.cli import worker_args
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+DEEP_980 = '{"a":' * 980 + "1" + "}" * 980
+
+
+async def twelve_normal_jobs(conn: Conn, tenant: uuid.UUID) -> list[int]:
+    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('globex') RETURNING id")
+    row = await cur.fetchone()
+    assert row is not None
+    tenants = [tenant, row["id"]]
+    made = await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenants[n % 2], "test_noop", {"n": n}, max_attempts=1)
+        for n in range(12)])
+    return [m.id for m in made]
+
+
+async def states(conn: Conn, ids: list[int]) -> dict[int, tuple[str, str | None]]:
+    cur = await conn.execute("SELECT id, status::text AS status, last_error FROM mdm.aa_job "
+                             "WHERE id = ANY(%s)", (ids,))
+    return {row["id"]: (row["status"], row["last_error"]) for row in await cur.fetchall()}
+
+
+async def test_a_result_with_a_nul_fails_its_job_alone(conn: Conn, dsn: str,
+                                                       tenant: uuid.UUID) -> None:
+    """A handler that sends no SQL and returns {"t": "a\\u0000b"}."""
+    await prepare(conn)
+    normal = await twelve_normal_jobs(conn, tenant)
+    bad = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_misbehave",
+                                 payload={"do": "nul_result"})).id
+
+    run = cli(dsn, *worker_args("test_noop", "test_misbehave", slots=8, until_empty=True),
+              check=False)
+
+    assert run.returncode == 0, run.stderr
+    found = await states(conn, [*normal, bad])
+    assert {found[i][0] for i in normal} == {"done"}
+    assert found[bad] == ("dlq", "PermanentError: handler returned a result that cannot be "
+                                 "stored: result.t contains a NUL character (\\u0000), which "
+                                 "PostgreSQL cannot store")
+
+
+def test_enqueue_refuses_payloads_jsonb_cannot_store_or_we_cannot_read(dsn: str) -> None:
+    cli(dsn, "tenants", "add", "acme")
+    for payload, problem in [
+        (DEEP_980, "argument --payload: payload is nested 980 levels deep, more than the "
+                   "limit of 100"),
+        ('{"n": "x\\ud800"}', "argument --payload: payload.n contains a lone surrogate "
+                              "(U+D800)"),
+        ('{"t": "a\\u0000b"}', "argument --payload: payload.t contains a NUL character"),
+    ]:
+        result = cli(dsn, "enqueue", "test_noop", "--tenant", "acme", "--payload", payload,
+                     "--import", "kinds_for_tests", check=False)
+        assert result.returncode == 2, result.stderr
+        assert problem in result.stderr
+        assert "Traceback" not in result.stderr
+    result = cli(dsn, "tenants", "add", "globex", "--metadata", DEEP_980, check=False)
+    assert result.returncode == 2
+    assert "argument --metadata: metadata is nested 980 levels deep" in result.stderr
+
+
+async def test_a_payload_too_deep_to_decode_fails_its_job_alone_and_stays_readable(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Written by SQL past enqueue's checks: the worker puts it in the DLQ at claim time, the
+    others run, and `jobpool jobs show` / `jobpool dlq list` still show it."""
+    await prepare(conn)
+    normal = await twelve_normal_jobs(conn, tenant)
+    cur = await conn.execute("INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, max_attempts)"
+                             " VALUES (%s, 'test_noop', %s::jsonb, 5) RETURNING id",
+                             (tenant, DEEP_980))
+    row = await cur.fetchone()
+    assert row is not None
+    bad = row["id"]
+
+    run = cli(dsn, *worker_args("test_noop", slots=8, until_empty=True), check=False)
+
+    assert run.returncode == 0, run.stderr
+    found = await states(conn, [*normal, bad])
+    assert {found[i][0] for i in normal} == {"done"}
+    reason = "nested 980 levels deep, more than the limit of 100"
+    assert found[bad] == ("dlq", f"PermanentError: payload cannot be decoded: {reason}")
+
+    shown = cli(dsn, "jobs", "show", str(bad))
+    assert f'"undecodable": "{reason}"' in shown.stdout
+    assert json.loads(cli(dsn, "jobs", "show", str(bad), "--json").stdout)["payload"][
+        "undecodable"] == reason
+    listed = json.loads(cli(dsn, "dlq", "list", "--json").stdout)
+    assert [(item["id"], item["payload"]["undecodable"]) for item in listed] == [(bad, reason)]
+    assert str(bad) in cli(dsn, "dlq", "list").stdout

@@ -1,0 +1,172 @@
+"""One job's data never stops the worker or strands its neighbours.
+
+Whatever a handler returns or raises, and whatever a payload holds, only that job fails:
+the worker keeps running and the other jobs of its claim and completion batch finish.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobpool
+from integration.helpers import job, prepare, run_until_empty, scalar
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+EXPECTED_ERRORS = {
+    "nul_result": "PermanentError: handler returned a result that cannot be stored: result.t "
+                  "contains a NUL character (\\u0000), which PostgreSQL cannot store",
+    "surrogate_result": "PermanentError: handler returned a result that cannot be stored: "
+                        "result.t contains a lone surrogate (U+D800) at index 1, which is not "
+                        "valid Unicode",
+    "nan_result": "PermanentError: handler returned a result that cannot be stored: result.x "
+                  "is nan, which JSON cannot hold",
+    "object_result": "PermanentError: handler returned a result that cannot be stored: "
+                     "result.x is of type object, which is not JSON",
+    "deep_result": "PermanentError: handler returned a result that cannot be stored: result is "
+                   "nested more than 100 levels deep",
+    "list_result": "PermanentError: handler returned list, expected a mapping or None",
+    "nul_error": "RuntimeError: a\\x00b",
+    "surrogate_error": "RuntimeError: x\\ud800y",
+    "exit": "HandlerExit: handler raised SystemExit: 3; a handler must not stop the worker",
+    "unprintable_error": "Unprintable: (its message could not be built: RuntimeError)",
+}
+
+
+async def second_tenant(conn: Conn) -> uuid.UUID:
+    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('globex') RETURNING id")
+    row = await cur.fetchone()
+    assert row is not None
+    return uuid.UUID(str(row["id"]))
+
+
+async def normal_jobs(conn: Conn, tenants: list[uuid.UUID], count: int = 12) -> list[int]:
+    """`count` no-op jobs with max_attempts 1, spread over `tenants`: one lost attempt would
+    put them in the DLQ."""
+    made = await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenants[n % len(tenants)], "test_noop", {"n": n}, max_attempts=1)
+        for n in range(count)])
+    return [m.id for m in made]
+
+
+async def statuses(conn: Conn, ids: list[int]) -> set[str]:
+    return {(await job(conn, i))["status"] for i in ids}
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-transaction-per-job"])
+async def test_whatever_a_handler_returns_or_raises_only_its_job_fails(
+    conn: Conn, dsn: str, tenant: uuid.UUID, batched: bool
+) -> None:
+    await prepare(conn)
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)])
+    bad = {}
+    for do in EXPECTED_ERRORS:
+        for write in (False, True):
+            bad[(do, write)] = (await jobpool.enqueue(
+                conn, tenant_id=tenant, kind="test_misbehave",
+                payload={"do": do, "write": write})).id
+    normal += await normal_jobs(conn, [tenant])
+
+    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8,
+                          batch_completions=batched)
+
+    assert await statuses(conn, normal) == {"done"}
+    for (do, _), job_id in bad.items():
+        row = await job(conn, job_id)
+        assert (row["status"], row["attempts"]) == ("dlq", 1), (do, row)
+        assert row["last_error"].startswith(EXPECTED_ERRORS[do]), (do, row["last_error"])
+    assert await scalar(conn, "SELECT count(*) FROM test_runs") == 0  # all rolled back
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'running'") == 0
+
+
+async def test_a_payload_too_deep_to_decode_goes_to_the_dlq_at_claim(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Written by SQL past enqueue's checks: the claim that holds it runs its other jobs."""
+    await prepare(conn)
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)])
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, max_attempts) "
+        "SELECT %s, 'test_noop', p::jsonb, 5 FROM unnest(%s::text[]) AS p RETURNING id",
+        (tenant, ['{"a":' * 980 + "1" + "}" * 980, '{"n": ' + "7" * 5000 + "}", "[1, 2]"]))
+    deep, long_number, array = [row["id"] for row in await cur.fetchall()]
+
+    await run_until_empty(dsn, "test_noop", slots=8)
+
+    assert await statuses(conn, normal) == {"done"}
+    assert await outcome(conn, deep) == (
+        "dlq", "PermanentError: payload cannot be decoded: nested 980 levels deep, more than "
+        "the limit of 100")
+    status, error = await outcome(conn, long_number)
+    assert status == "dlq"
+    assert error.startswith("PermanentError: payload cannot be decoded: ValueError: Exceeds "
+                            "the limit (4300 digits)")
+    assert await outcome(conn, array) == (
+        "dlq", "PermanentError: payload must be a JSON object, got list")
+
+
+async def outcome(conn: Conn, job_id: int) -> tuple[str, str]:
+    """Status and last error (this test connection decodes payloads with plain json)."""
+    cur = await conn.execute("SELECT status::text AS status, last_error FROM mdm.aa_job "
+                             "WHERE id = %s", (job_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row["status"], row["last_error"]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-transaction-per-job"])
+async def test_a_done_the_database_refuses_fails_its_job_alone(
+    conn: Conn, dsn: str, tenant: uuid.UUID, batched: bool
+) -> None:
+    """A batch of `done`s that the database refuses is recorded job by job: the culprit goes
+    to the DLQ naming the refusal, the rest of its batch is done."""
+    await prepare(conn)
+    await conn.execute("ALTER TABLE mdm.aa_job ADD CONSTRAINT test_refuse_result "
+                       "CHECK (result IS NULL OR NOT result ? 'refuse')")
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=30)
+    refused = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_misbehave",
+                                     payload={"do": "refused_result"})).id
+    normal += await normal_jobs(conn, [tenant], count=30)
+
+    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8,
+                          batch_completions=batched)
+
+    assert await statuses(conn, normal) == {"done"}
+    row = await job(conn, refused)
+    assert row["status"] == "dlq"
+    assert row["last_error"].startswith(
+        "ResultRefused: the database refused to record the job done with its result "
+        "(CheckViolation: new row for relation \"aa_job\" violates check constraint "
+        "\"test_refuse_result\"")
+
+
+TEN_YEARS = 10 * 365 * 86_400
+
+
+@pytest.mark.parametrize(("delay", "far"), [("inf", True), ("1e300", True), ("nan", False),
+                                            ("-5", False)])
+async def test_any_retry_after_delay_is_stored(
+    conn: Conn, dsn: str, tenant: uuid.UUID, delay: str, far: bool
+) -> None:
+    """An out-of-range RetryAfter is cut to 0 .. 10 years instead of failing to be stored
+    (which left the job running until its stale TTL)."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_retry_after",
+                                    payload={"delay": delay})).id
+    await run_until_empty(dsn, "test_retry_after")
+    cur = await conn.execute(
+        "SELECT status::text AS status, attempts, last_error, "
+        "extract(epoch FROM available_at - now())::float8 AS wait FROM mdm.aa_job WHERE id = %s",
+        (job_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    if far:
+        assert (row["status"], row["attempts"]) == ("pending", 1), row
+        assert TEN_YEARS - 3600 < row["wait"] <= TEN_YEARS
+    else:  # a delay of 0: retried at once until out of attempts
+        assert (row["status"], row["attempts"]) == ("dlq", 3), row
+    assert row["last_error"] == "RetryAfter: not yet"
