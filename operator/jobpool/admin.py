@@ -11,10 +11,18 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from jobpool.core.tenants import tenant_id_of, tenant_ref
 from jobpool.db.store import fetch_all, fetch_one
 from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
 
 Row = dict[str, Any]
+
+MAX_JOB_ID = 9_223_372_036_854_775_807
+"""Job ids are bigint."""
+MAX_PAGE = 1000
+"""Most DLQ rows one call lists (CLI and API)."""
+DEFAULT_PAGE = 100
+"""DLQ rows listed when no limit is given."""
 
 
 async def get_job(conn: AsyncConnection[Any], job_id: int) -> Row:
@@ -62,7 +70,7 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
 
 async def list_dlq(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | None = None, kind: str | None = None,
-    after: int = 0, limit: int = 100,
+    after: int = 0, limit: int = DEFAULT_PAGE,
 ) -> list[Row]:
     """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`."""
     return await fetch_all(conn, "list_dlq", {
@@ -76,8 +84,15 @@ async def job_counts(conn: AsyncConnection[Any]) -> list[Row]:
 
 
 async def resolve_tenant(conn: AsyncConnection[Any], ref: str) -> Row:
-    """The tenant whose key or id is `ref`; raises UnknownTenantError."""
-    row = await fetch_one(conn, "resolve_tenant", {"ref": ref})
+    """`{"id", "key"}` of the tenant whose key or id (a uuid, in any case) is `ref`.
+
+    Raises ValueError for a `ref` that is neither a key nor a uuid, UnknownTenantError for
+    one that names no tenant.
+    """
+    canonical = tenant_ref(ref)
+    tenant_id = tenant_id_of(canonical)
+    row = await fetch_one(conn, "resolve_tenant", {
+        "key": canonical if tenant_id is None else None, "id": tenant_id})
     if row is None:
         raise UnknownTenantError(ref)
     return row

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -33,18 +34,41 @@ Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 
 class EnvDefault(argparse.Action):
-    """A flag whose default comes from an environment variable, named in --help."""
+    """A flag whose default comes from an environment variable, named in --help.
+
+    argparse converts a default read from the variable with the flag's `type`; a value it
+    refuses is reported as the variable's: `argument --grace: JOBPOOL_GRACE: must be ...`.
+    """
 
     def __init__(self, envvar: str, required: bool = False, default: Any = None,
                  **kwargs: Any) -> None:
-        default = os.environ.get(envvar) or default
+        from_env = os.environ.get(envvar)
+        default = from_env or default
         if "help" in kwargs:
             kwargs["help"] = f"{kwargs['help']} [env {envvar}]"
+        if from_env and kwargs.get("type") is not None:
+            kwargs["type"] = _naming_variable(kwargs["type"], envvar, from_env)
         super().__init__(default=default, required=required and default is None, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
+
+
+def _naming_variable(convert: Callable[[str], Any], envvar: str,
+                     from_env: str) -> Callable[[str], Any]:
+    """`convert`, whose error for the variable's own value (the very object) names it."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            if text is not from_env:
+                raise
+            raise argparse.ArgumentTypeError(f"{envvar}: {exc}") from None
+
+    parse.__name__ = getattr(convert, "__name__", "value")
+    return parse
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -83,35 +107,50 @@ def _json_arg(name: str) -> Callable[[str], Any]:
     return parse
 
 
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`, else an error naming the range."""
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"\s*[+-]?[0-9]{1,20}\s*", text) or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {low} to {high}, got {text[:40]!r}")
+        return int(text)
+
+    return parse
+
+
+def seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: seconds from `low` to `high` (nan, infinity and words refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+        if not low <= value <= high:  # also refuses nan
+            raise argparse.ArgumentTypeError(
+                f"must be from {low:.10g} to {high:.10g} seconds, got {text[:40]}")
+        return value
+
+    return parse
+
+
 MAX_DELAY = 10 * 365 * 86_400.0
+"""Ten years: a later start is a typo."""
+MAX_SLOTS = 256
+"""Each slot holds a database connection while its job runs; more is a typo, not a pool."""
+MIN_GRACE, MAX_GRACE = 0.1, 3600.0
+"""Seconds; the pool file's graceSeconds allows up to an hour as well."""
+MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
+"""Seconds; below the minimum the fetch loop would query the database without pause."""
+MAX_COUNT = 100_000
+"""`jobpool enqueue --count` builds every job in memory and sends them in one statement."""
+MAX_ATTEMPTS = 1000
+"""Attempts of one job; with backoff capped at a day, more never ends."""
+MAX_DEMO_EMAILS = 1000
 
-
-def _delay(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= MAX_DELAY:  # also refuses nan
-        raise argparse.ArgumentTypeError(
-            f"must be between 0 and {MAX_DELAY:.0f} seconds (10 years), got {text}")
-    return value
-
-
-def _port(text: str | int) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port 0..65535, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_port = whole_number(0, 65535)
+_job_id = whole_number(1, admin.MAX_JOB_ID)
 
 
 # -- database -----------------------------------------------------------------------------
@@ -291,18 +330,16 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg.types.json import Jsonb
 
-    from jobpool.core.ratelimit import parse_tenant_limits
-    from jobpool.core.tenants import check_tenant_key
+    from jobpool.core.tenants import check_tenant_key, check_tenant_metadata
 
     check_tenant_key(args.key)
-    if not isinstance(args.metadata, dict):
-        raise ValueError("--metadata must be a JSON object")
-    _, problems = parse_tenant_limits(args.metadata.get("rate_limit"), args.key)
-    if problems:
-        raise ValueError("--metadata: " + "; ".join(problems))
+    try:
+        metadata = check_tenant_metadata(args.metadata, args.key)
+    except ValueError as exc:
+        raise ValueError(f"--metadata: {exc}") from None
     async with await open_database(settings) as conn:
         cur = await conn.execute(QUERIES["create_tenant"].text,
-                                 {"key": args.key, "metadata": Jsonb(args.metadata)})
+                                 {"key": args.key, "metadata": Jsonb(metadata)})
         row = await cur.fetchone()
         await conn.commit()
     assert row is not None
@@ -372,12 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", type=_csv, help="comma-separated kinds to serve (default: all)")
     p.add_argument("--exclude-kinds", type=_csv, help="comma-separated kinds not to serve")
     p.add_argument("--tenants", type=_csv, help="comma-separated tenant keys or ids (default: all)")
-    p.add_argument("--slots", type=_positive_int, action=EnvDefault, envvar="JOBPOOL_SLOTS",
-                   default=4, help="jobs run at once")
-    p.add_argument("--grace", type=float, action=EnvDefault, envvar="JOBPOOL_GRACE", default=30.0,
+    p.add_argument("--slots", type=whole_number(1, MAX_SLOTS), action=EnvDefault,
+                   envvar="JOBPOOL_SLOTS", default=4, help="jobs run at once")
+    p.add_argument("--grace", type=seconds(MIN_GRACE, MAX_GRACE), action=EnvDefault,
+                   envvar="JOBPOOL_GRACE", default=30.0,
                    help="seconds running jobs get after SIGTERM before they are handed back")
-    p.add_argument("--poll-interval", type=float, action=EnvDefault,
-                   envvar="JOBPOOL_POLL_INTERVAL", default=2.0,
+    p.add_argument("--poll-interval", type=seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
+                   action=EnvDefault, envvar="JOBPOOL_POLL_INTERVAL", default=2.0,
                    help="seconds between claims when no notification arrives")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE to register more kinds (repeatable)")
@@ -395,11 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--payload", type=_json_arg("payload"), default={}, help="JSON payload")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--delay", type=_delay, help="seconds until the job becomes runnable")
+    p.add_argument("--priority", type=whole_number(-32768, 32767),
+                   help="lower runs first (default: the kind's)")
+    p.add_argument("--delay", type=seconds(0, MAX_DELAY),
+                   help="seconds until the job becomes runnable")
     p.add_argument("--idempotency-key")
-    p.add_argument("--max-attempts", type=_positive_int)
-    p.add_argument("--count", type=_positive_int, default=1, help="enqueue this many copies")
+    p.add_argument("--max-attempts", type=whole_number(1, MAX_ATTEMPTS))
+    p.add_argument("--count", type=whole_number(1, MAX_COUNT), default=1,
+                   help="enqueue this many copies")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     p.set_defaults(func=cmd_enqueue)
 
@@ -414,8 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_arguments(p)
     p.add_argument("--tenant")
     p.add_argument("--kind")
-    p.add_argument("--after", type=int, default=0, help="list ids after this one")
-    p.add_argument("--limit", type=_positive_int, default=100)
+    p.add_argument("--after", type=whole_number(0, admin.MAX_JOB_ID), default=0,
+                   help="list ids after this one")
+    p.add_argument("--limit", type=whole_number(1, admin.MAX_PAGE), default=admin.DEFAULT_PAGE)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_dlq_list)
     for name, action, verb, text in (
@@ -425,20 +467,20 @@ def build_parser() -> argparse.ArgumentParser:
         p = dsub.add_parser(name, help=text)
         add_common_arguments(p)
         _add_actor(p)
-        p.add_argument("id", type=int)
+        p.add_argument("id", type=_job_id)
         p.set_defaults(func=_admin_action(action, verb))
 
     jobs = sub.add_parser("jobs", help="show or stop one job")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     p = jsub.add_parser("show", help="every column of one job")
     add_common_arguments(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs_show)
     p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
     add_common_arguments(p)
     _add_actor(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
     p = sub.add_parser("status", help="job counts per tenant, kind and status")
@@ -470,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
     add_common_arguments(p)
     p.add_argument("pool", nargs="?", default="examples/pool.yaml")
-    p.add_argument("--emails", type=_positive_int, default=10, help="demo emails to enqueue")
+    p.add_argument("--emails", type=whole_number(1, MAX_DEMO_EMAILS), default=10,
+                   help="demo emails to enqueue")
     p.set_defaults(func=cmd_demo, blocking=True)
 
     _add_extensions(sub)

@@ -11,6 +11,7 @@ from typing import Any
 
 from jobpool import admin
 from jobpool.core.poolspec import PoolSpec, load_pool_file
+from jobpool.core.tenants import tenant_id_of
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
@@ -53,14 +54,7 @@ def demo_jobs(tenants: dict[str, uuid.UUID], count: int) -> list[NewJob]:
 
 def lane_tenant_keys(pool: PoolSpec) -> set[str]:
     """Tenant keys the pool's lanes name (uuids are left out: they must exist already)."""
-    keys: set[str] = set()
-    for lane in pool.lanes:
-        for ref in lane.tenants:
-            try:
-                uuid.UUID(ref)
-            except ValueError:
-                keys.add(ref)
-    return keys
+    return {ref for lane in pool.lanes for ref in lane.tenants if tenant_id_of(ref) is None}
 
 
 async def seed(conn: Any, pool: PoolSpec, count: int) -> None:

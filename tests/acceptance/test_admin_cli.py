@@ -119,11 +119,30 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
          "must be a JSON object"),
         (["enqueue", "test_record", "--tenant", "acme", "--idempotency-key", "k", "--count", "3"],
          "cannot go with --count"),
-        (["run", "--slots", "abc"], "'abc' is not a whole number"),
+        (["run", "--slots", "abc"], "argument --slots: must be a whole number from 1 to 256"),
         (["tenants", "add", "Robert'); DROP TABLE mdm.aa_job;--"], "invalid tenant key"),
         (["tenants", "add", "00000000-0000-0000-0000-000000000000"], "look like a tenant id"),
         (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"email_send": {"rps": -2}}}'],
          "rate_limit.email_send"),
+        (["tenants", "add", "initech", "--metadata",
+          '{"rate_limit": {"email_send": {"rps": 1' + "0" * 400 + '}}}'],
+         "--metadata: tenant initech: rate_limit.email_send.rps: must be a number of tokens"),
+        (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"k": {"rps": 1e308}}}'],
+         "--metadata: tenant initech: rate_limit.k.rps: must be a number of tokens"),
+        (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"k": {"rps": true}}}'],
+         "--metadata: tenant initech: rate_limit.k.rps: must be a number of tokens"),
+        (["tenants", "add", "initech", "--metadata",
+          '{"rate_limit": {"k": {"rps": 1, "burst": 1e30}}}'],
+         "--metadata: tenant initech: rate_limit.k.burst: must be a whole number from 1"),
+        (["tenants", "add", "initech", "--metadata", '{"a": ' * 40 + "1" + "}" * 40],
+         "--metadata: metadata" + ".a" * 31 + ": nested deeper than 32 levels"),
+        (["tenants", "add", "initech", "--metadata", "[" * 20_000 + "]" * 20_000],
+         "--metadata: metadata is nested 20000 levels deep, more than the limit of 100"),
+        (["run", "--kinds", "test_record", "--grace", "inf"],
+         "argument --grace: must be from 0.1 to 3600 seconds, got inf"),
+        (["run", "--kinds", "test_record", "--poll-interval", "0"],
+         "argument --poll-interval: must be from 0.01 to 3600 seconds, got 0"),
+        (["dlq", "list", "--tenant", "ACME"], "'ACME' is neither a tenant key"),
     ],
 )
 async def test_bad_input_is_refused_naming_the_problem(
@@ -137,6 +156,18 @@ async def test_bad_input_is_refused_naming_the_problem(
     assert "Traceback" not in result.stderr
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_tenant") == 2  # system and acme
+
+
+async def test_a_tenant_id_is_taken_in_any_case(conn: Conn, dsn: str, tenant: uuid.UUID
+                                                ) -> None:
+    await prepare(conn)
+    upper = str(tenant).upper()
+    out = cli(dsn, "enqueue", "test_record", "--tenant", upper, "--import", "kinds_for_tests")
+    assert "enqueued" in out.stdout
+    cli(dsn, *worker_args("test_record", until_empty=True), "--tenants", upper)
+    assert await scalar(conn, "SELECT status::text FROM mdm.aa_job WHERE tenant_id = %s",
+                        (tenant,)) == "done"
+    assert json.loads(cli(dsn, "dlq", "list", "--tenant", upper, "--json").stdout) == []
 
 
 async def test_discard_refuses_a_pending_job(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:

@@ -62,12 +62,25 @@ async def test_each_lane_runs_as_local_processes_until_empty(
                         (foreign.id,)) == "pending"
 
 
+def laughs(indent: str, levels: int = 30) -> str:
+    """YAML lines anchoring `levels` lists, each holding the one before 4 times: 4^30 values
+    once expanded, in 2 KB ("billion laughs")."""
+    lines = [f"{indent}l0: &l0 [x, x, x, x]"]
+    lines += [f"{indent}l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 4)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
         (POOL.replace("minReplicas: 2\n", "minReplicas: 5\n"), "spec.lanes[0]"),
         (POOL.replace("workersPerPod: 3", "workersPerPod: many"), "spec.lanes[0].workersPerPod"),
         ("spec: [unclosed", "pool.yaml"),
+        (POOL.replace("      maxReplicas: 4\n", "      maxReplicas: 4\n"
+                      "      rateLimits: {providers: {a: {rps: .inf, burst: 5}}}\n"),
+         "spec.lanes[0].rateLimits.providers.a.rps: inf is not a finite number"),
+        (POOL.replace("      workersPerPod: 3\n", "      workersPerPod: 3\n" + laughs("      ")),
+         "more than 20000 values once aliases are expanded"),
     ],
 )
 def test_an_invalid_pool_file_is_refused_naming_the_field(

@@ -152,5 +152,42 @@ async def test_an_invalid_limit_in_the_database_is_logged_and_ignored(
     with caplog.at_level(logging.WARNING, logger="jobpool.ratelimit"):
         await asyncio.wait_for(worker.run(), 30)
     assert await statuses(conn, tenant) == {"done": [1] * 8}
-    assert any(f"tenant typo: rate_limit.{KIND}.rps: expected a number > 0" in r.getMessage()
+    assert any(f"tenant typo: rate_limit.{KIND}.rps: must be a number" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("number", ["1e400", "1e5000"])
+async def test_a_number_out_of_range_never_disables_the_other_limits(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture, number: str
+) -> None:
+    """1e400 is valid jsonb; Python reads it back as an int too large for a float (and 1e5000
+    as one too long for int()). Only that entry is ignored, at start and at every refresh."""
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_tenant (key, metadata) VALUES ('huge', %s::jsonb) RETURNING id",
+        (f'{{"rate_limit": {{"{KIND}": {{"rps": {number}}}, "*": {{"rps": 0.2}}}}}}',))
+    huge = str((await cur.fetchone() or {})["id"])
+    slow = await add_tenant(conn, "slow", {KIND: {"rps": 0.2, "burst": 1}})
+    await enqueue(conn, [(slow, 10)])
+    worker = worker_for(dsn)
+    with caplog.at_level(logging.WARNING, logger="jobpool.ratelimit"):
+        task = asyncio.create_task(worker.run())
+        try:
+            deadline = time.monotonic() + 20
+            while not SENT and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            assert len(SENT) == 1  # slow's limit applies: burst 1, the next token after 5 s
+            assert worker.limiter.tenants[huge].for_kind("other").rps == 0.2  # huge's "*" too
+            await conn.execute(
+                "UPDATE mdm.aa_tenant SET metadata = jsonb_set(metadata, '{rate_limit}', "
+                "%s::jsonb) WHERE id = %s", (json.dumps({KIND: {"rps": 50, "burst": 10}}), slow))
+            deadline = time.monotonic() + 20  # the refresh still runs, so the change applies
+            while len(SENT) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert len(SENT) == 10
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any(f"tenant huge: rate_limit.{KIND}.rps: must be a number of tokens per second"
+               in message for message in warnings), warnings

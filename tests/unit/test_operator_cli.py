@@ -36,7 +36,7 @@ def test_environment_fallbacks_and_flags(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_bad_interval_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse("--scale-interval", "0")
-    assert "must be > 0" in capsys.readouterr().err
+    assert "must be from 1 to 3600 seconds, got 0" in capsys.readouterr().err
 
 
 def test_building_the_cli_does_not_import_kopf() -> None:

@@ -352,3 +352,101 @@ def test_pool_file_problems_are_pool_spec_errors(tmp_path: Path) -> None:
 
 def test_pool_spec_error_is_a_value_error() -> None:
     assert issubclass(PoolSpecError, ValueError)
+
+
+# -- numbers out of range and YAML that costs too much --------------------------------------
+
+
+RPS_RANGE = "must be a number of tokens per second from 0.00001 to 100000"
+
+
+@pytest.mark.parametrize(("providers", "expected"), [
+    ("{a: {rps: .inf, burst: 5}}", "spec.lanes[0].rateLimits.providers.a.rps: inf is not a finite"),
+    ("{a: {rps: .nan}}", "spec.lanes[0].rateLimits.providers.a.rps: nan is not a finite"),
+    ("{a: {rps: 1000000}}", "spec.lanes[0].rateLimits.providers.a.rps: 1000000 is greater than"),
+    ("{a: {rps: 0.000001}}", "spec.lanes[0].rateLimits.providers.a.rps: 1e-06 is less than"),
+    ("{a: {rps: 1, burst: 1000000}}", "spec.lanes[0].rateLimits.providers.a.burst: 1000000 is"),
+    ("{a: {rps: 1, burst: true}}", "spec.lanes[0].rateLimits.providers.a.burst: True is not of"),
+    ("{a: {rps: '5'}}", "spec.lanes[0].rateLimits.providers.a.rps: '5' is not of type"),
+])
+def test_pool_file_rate_limits_out_of_range_name_the_field(tmp_path: Path, providers: str,
+                                                           expected: str) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool({"name": "a"})).replace(
+        "- name: a", f"- name: a\n    rateLimits: {{providers: {providers}}}"))
+    with pytest.raises(PoolSpecError) as caught:
+        load_pool_file(path)
+    assert str(caught.value).startswith(expected)
+
+
+def test_a_provider_cap_bound_is_checked_without_the_schema_too() -> None:
+    """The operator's documents come from the API server; the same rule applies to them."""
+    lanes = pool({"name": "a", "rateLimits": {"providers": {"a": {"rps": 10**400}}}})
+    assert error_of(lanes).startswith("spec.lanes[0].rateLimits.providers.a.rps: ")
+    assert error_of(pool({"name": "a", "autoscaling": {"targetUtilization": float("nan")}})) \
+        == "spec.lanes[0].autoscaling.targetUtilization: nan is not a finite number"
+
+
+def test_python_bounds_match_crd_bounds() -> None:
+    from jobpool.core.ratelimit import MAX_BURST, MAX_RPS, MIN_RPS
+
+    limit = _lane_schema()["rateLimits"]["properties"]["providers"]["additionalProperties"]
+    rps, burst = limit["properties"]["rps"], limit["properties"]["burst"]
+    assert (rps["minimum"], rps["maximum"]) == (MIN_RPS, MAX_RPS)
+    assert (burst["minimum"], burst["maximum"]) == (1, MAX_BURST)
+
+
+LAUGHS = """\
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: p}
+a: &a [x, x, x, x, x, x, x, x, x, x]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]
+spec: {image: x, database: {secretName: db}, lanes: [{name: a, kinds: *i}]}
+"""
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (LAUGHS, "more than 20000 values once aliases are expanded (line 8)"),
+    ("spec: " + "[" * 100_000 + "]" * 100_000, "nested deeper than 32 levels"),
+    ("spec: &s {lanes: [*s]}", "an alias refers to a node that contains it"),
+    ("spec: {image: " + "9" * 5000 + "}", "not a usable YAML value"),
+    ("# padding\n" * 120_000, "larger than 1048576 bytes, not a pool file"),
+])
+def test_yaml_that_would_cost_too_much_is_refused(tmp_path: Path, text: str,
+                                                  message: str) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(text)
+    with pytest.raises(PoolSpecError) as caught:
+        load_pool_file(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value)
+
+
+def test_anchors_within_bounds_still_work(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(
+        "apiVersion: jobs.mdm.io/v1alpha1\nkind: JobWorkerPool\nmetadata: {name: p}\n"
+        "spec:\n  image: x\n  database: {secretName: db}\n"
+        "  heavyLane: {autoscaling: &auto {mode: none}}\n"
+        "  lanes:\n  - {name: a, autoscaling: *auto}\n"
+        "  - {name: b, kinds: [reindex], autoscaling: *auto}\n")
+    spec = load_pool_file(path)
+    assert {lane.autoscaling.mode for lane in spec.lanes} == {"none"}
+
+
+def test_tenant_ids_are_taken_in_any_case_and_kept_in_lower_case() -> None:
+    upper = "7C4B5BD2-3F0E-4C43-9D0F-4F8A4A3F8E01"
+    spec = load_pool(pool({"name": "a"}, {"name": "t", "kinds": ["reindex"],
+                                          "tenants": [upper, "acme", upper.lower()]}))
+    assert spec.lane("t").tenants == (upper.lower(), "acme")
+    clash = pool({"name": "a"}, {"name": "t", "kinds": ["reindex"], "tenants": [upper]},
+                 {"name": "u", "kinds": ["reindex"], "tenants": [upper.lower()]})
+    assert "reindex claimed by lanes 't' and 'u'" in error_of(clash)

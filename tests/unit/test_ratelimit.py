@@ -12,11 +12,13 @@ from jobpool.core.ratelimit import (
     Granted,
     Need,
     RateLimit,
+    TenantLimits,
     TokenBucket,
     full_bucket,
     parse_provider_caps,
     parse_rate_limit,
     parse_tenant_limits,
+    parse_tenant_limits_json,
     refill,
     take_token,
     wait_for_token,
@@ -92,21 +94,41 @@ def test_wait_for_token_is_zero_with_a_token() -> None:
     assert wait_for_token(full_bucket(HALF, 0.0), HALF, 0.0) == 0.0
 
 
+RPS_RANGE = "rps: must be a number of tokens per second from 0.00001 to 100000, got"
+BURST_RANGE = "burst: must be a whole number from 1 to 100000, got"
+
+
 @pytest.mark.parametrize(("raw", "message"), [
-    ({"rps": 0}, "rps must be a number > 0"),
-    ({"rps": -1, "burst": 1}, "rps must be a number > 0"),
-    ({"rps": "fast"}, "rps: expected a number"),
-    ({"rps": True}, "rps: expected a number"),
-    ({"rps": 1, "burst": 0}, "burst must be an integer >= 1"),
-    ({"rps": 1, "burst": 1.5}, "burst must be an integer >= 1"),
+    ({"rps": 0}, f"{RPS_RANGE} 0"),
+    ({"rps": -1, "burst": 1}, f"{RPS_RANGE} -1"),
+    ({"rps": "fast"}, f"{RPS_RANGE} 'fast'"),
+    ({"rps": "5"}, f"{RPS_RANGE} '5'"),
+    ({"rps": True}, f"{RPS_RANGE} True"),
+    ({"rps": float("nan")}, f"{RPS_RANGE} nan"),
+    ({"rps": float("inf")}, f"{RPS_RANGE} inf"),
+    ({"rps": 10**400}, f"{RPS_RANGE} a number of about 400 digits"),  # jsonb's 1e400, read back
+    ({"rps": 1e308}, f"{RPS_RANGE} 1e+308"),
+    ({"rps": 1e-320}, f"{RPS_RANGE} 1e-320"),
+    ({"burst": 5}, f"{RPS_RANGE} None"),
+    ({"rps": 1, "burst": 0}, f"{BURST_RANGE} 0"),
+    ({"rps": 1, "burst": 1.5}, f"{BURST_RANGE} 1.5"),
+    ({"rps": 1, "burst": True}, f"{BURST_RANGE} True"),
+    ({"rps": 1, "burst": 10**30}, f"{BURST_RANGE} {10**30}"),
+    ({"rps": 1, "burst": float("inf")}, f"{BURST_RANGE} inf"),
     ({"rps": 1, "brust": 2}, "unknown field(s) brust"),
     ([1, 2], "expected an object"),
-    ({"rps": float("nan")}, "rps must be a number > 0"),
 ])
 def test_bad_limits_are_named(raw: object, message: str) -> None:
-    with pytest.raises(ValueError, match=r"x\.y") as info:
+    with pytest.raises(ValueError) as info:
         parse_rate_limit(raw, "x.y")
+    assert str(info.value).startswith("x.y")
     assert message in str(info.value)
+
+
+def test_limits_at_the_bounds_are_accepted() -> None:
+    assert parse_rate_limit({"rps": 0.00001}, "x") == RateLimit(0.00001, 1)
+    assert parse_rate_limit({"rps": 100_000}, "x") == RateLimit(100_000.0, 100_000)
+    assert parse_rate_limit({"rps": 1, "burst": 100_000}, "x") == RateLimit(1.0, 100_000)
 
 
 def test_burst_defaults_to_ceil_rps() -> None:
@@ -128,7 +150,7 @@ def test_a_bad_tenant_entry_is_dropped_and_reported_not_raised() -> None:
         {"email_send": {"rps": "x"}, "reindex": {"rps": 1}}, "acme")
     assert limits.for_kind("email_send") is None
     assert limits.for_kind("reindex") == RateLimit(1, 1)
-    assert problems == ["tenant acme: rate_limit.email_send.rps: expected a number > 0, got 'x'"]
+    assert problems == [f"tenant acme: rate_limit.email_send.{RPS_RANGE} 'x'"]
     assert parse_tenant_limits("fast", "acme")[1] == [
         "tenant acme: rate_limit must be an object, got 'fast'"]
 
@@ -161,7 +183,7 @@ def test_provider_caps_from_json_text_or_a_yaml_file(tmp_path: Path) -> None:
     assert load_provider_caps(None).providers == {}
     with pytest.raises(ValueError, match=r"JOBPOOL_RATE_LIMITS file .*missing\.yaml: cannot read"):
         load_provider_caps("@/nonexistent/missing.yaml")
-    with pytest.raises(ValueError, match="JOBPOOL_RATE_LIMITS: not valid JSON or YAML"):
+    with pytest.raises(ValueError, match="JOBPOOL_RATE_LIMITS: not valid YAML"):
         load_provider_caps("{providers: [")
 
 
@@ -177,11 +199,16 @@ TENANT = "7c4b5bd2-3f0e-4c43-9d0f-4f8a4a3f8e01"
 OTHER = "0e3f5c55-2f8a-4a5e-9a68-7f0f9c6c2b10"
 
 
+def row(tenant: str, key: str, rate_limit: object) -> dict[str, object]:
+    """A `tenant_rate_limits` row: the limits as the JSON text PostgreSQL prints."""
+    return {"id": tenant, "key": key,
+            "rate_limit": None if rate_limit is None else json.dumps(rate_limit)}
+
+
 def limiter_with(rate_limit: object, caps: str | None = None) -> tuple[RateLimiter, Clock]:
     clock = Clock()
     limiter = RateLimiter(load_provider_caps(caps), clock=clock)
-    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": rate_limit},
-                               {"id": OTHER, "key": "beta", "rate_limit": None}])
+    limiter.set_tenant_limits([row(TENANT, "acme", rate_limit), row(OTHER, "beta", None)])
     return limiter, clock
 
 
@@ -202,9 +229,9 @@ def test_a_raised_limit_applies_at_the_next_refresh() -> None:
     assert limiter.acquire(TENANT, "k") is None
     clock.now += 0.01
     assert limiter.throttled() == [f"{TENANT}/k"]  # next token in ~100 s
-    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": {"k": {"rps": 1000}}}])
+    limiter.set_tenant_limits([row(TENANT, "acme", {"k": {"rps": 1000}})])
     assert limiter.throttled() == []  # at 1000 rps it is due already
-    limiter.set_tenant_limits([{"id": TENANT, "key": "acme", "rate_limit": None}])
+    limiter.set_tenant_limits([row(TENANT, "acme", None)])
     assert [limiter.acquire(TENANT, "k") for _ in range(50)] == [None] * 50
     assert limiter.buckets == {}
 
@@ -230,3 +257,73 @@ def test_labels_use_the_tenant_key() -> None:
 def test_requeue_delay_is_capped_so_relaxed_limits_reach_parked_jobs() -> None:
     assert requeue_delay(Denied(2.0, "tenant")) == 2.0
     assert requeue_delay(Denied(3600.0, "tenant")) == 60.0
+
+
+# -- limits read from the database: one bad entry never disables the others ---------------
+
+
+JSONB_1E400 = "1" + "0" * 400  # how PostgreSQL prints the jsonb number 1e400
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (f'{{"k": {{"rps": {JSONB_1E400}}}, "j": {{"rps": 2}}}}', f"rate_limit.k.{RPS_RANGE} inf"),
+    (f'{{"k": {{"rps": 1{"0" * 5000}}}, "j": {{"rps": 2}}}}', f"rate_limit.k.{RPS_RANGE} inf"),
+    (f'{{"k": {{"rps": 1, "burst": {JSONB_1E400}}}, "j": {{"rps": 2}}}}',
+     f"rate_limit.k.{BURST_RANGE} inf"),
+    ('{"k": {"rps": true}, "j": {"rps": 2}}', f"rate_limit.k.{RPS_RANGE} True"),
+    ('{"k": {"rps": "3"}, "j": {"rps": 2}}', f"rate_limit.k.{RPS_RANGE} '3'"),
+])
+def test_a_number_out_of_range_in_the_database_drops_only_its_entry(text: str,
+                                                                   problem: str) -> None:
+    limiter, _ = limiter_with(None)
+    problems = limiter.set_tenant_limits([
+        {"id": TENANT, "key": "acme", "rate_limit": text},
+        row(OTHER, "beta", {"k": {"rps": 1, "burst": 1}}),
+    ])
+    assert problems == [f"tenant acme: {problem}"]
+    assert limiter.tenants[TENANT].for_kind("j") == RateLimit(2, 2)  # the tenant's other entry
+    assert limiter.tenants[OTHER].for_kind("k") == RateLimit(1, 1)  # and other tenants
+    assert limiter.acquire(OTHER, "k") is None
+    assert isinstance(limiter.acquire(OTHER, "k"), Denied)
+
+
+def test_limits_json_that_python_cannot_decode_are_reported_not_raised() -> None:
+    deep = '{"k": ' + "[" * 5000 + "]" * 5000 + "}"
+    limits, problems = parse_tenant_limits_json(deep, "acme")
+    assert limits.kinds == {}
+    assert problems and problems[0].startswith("tenant acme: rate_limit")
+    assert parse_tenant_limits_json(None, "acme") == (TenantLimits({}), [])
+    assert parse_tenant_limits_json("null", "acme") == (TenantLimits({}), [])
+
+
+# -- provider caps: refused where they are written ----------------------------------------
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"providers": {"a": {"rps": .inf, "burst": 5}}}', f"providers.a.{RPS_RANGE} inf"),
+    ('{"providers": {"a": {"rps": .nan}}}', f"providers.a.{RPS_RANGE} nan"),
+    ('{"providers": {"a": {"rps": 1e400}}}', f"providers.a.{RPS_RANGE} inf"),
+    (f'{{"providers": {{"a": {{"rps": {JSONB_1E400}}}}}}}',
+     f"providers.a.{RPS_RANGE} a number of about 400 digits"),
+    ('{"providers": {"a": {"rps": 5, "burst": 1000000}}}', f"providers.a.{BURST_RANGE} 1000000"),
+    ('{"providers": {"a": {"rps": 5}}, "kinds": {"email_send": ["a"]}}',
+     "kinds.email_send: expected a provider name, got ['a']"),
+    ('{"providers": {"a": {"rps": 1}}}\n---\n{}', "expected one document, found 2"),
+    ("providers: " + "[" * 100 + "]" * 100, "nested deeper than 32 levels"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_bad_provider_caps_name_the_variable_and_field(value: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_provider_caps(value)
+    assert str(info.value).startswith("JOBPOOL_RATE_LIMITS: ")
+    assert message in str(info.value)
+
+
+def test_a_lanes_smallest_rate_reaches_its_workers() -> None:
+    """The operator writes JOBPOOL_RATE_LIMITS as JSON, where a small rps reads `1e-05`: a
+    string to YAML 1.1, so the value is read as JSON first."""
+    from jobpool.core.poolspec import RateLimits
+
+    written = RateLimits({"slow": RateLimit(0.00001, 1)}, {"email_send": "slow"}).to_json()
+    assert "1e-05" in written
+    assert load_provider_caps(written).for_kind("email_send") == ("slow", RateLimit(0.00001, 1))

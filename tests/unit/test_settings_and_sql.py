@@ -17,6 +17,35 @@ def test_settings_name_a_bad_variable() -> None:
         Settings.from_env({"JOBPOOL_METRICS_PORT": "ninety"})
 
 
+PORT_RANGE = "JOBPOOL_METRICS_PORT must be a whole number from 0 to 65535"
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("JOBPOOL_METRICS_PORT", "70000", PORT_RANGE),
+    ("JOBPOOL_METRICS_PORT", "-1", PORT_RANGE),
+    ("JOBPOOL_METRICS_PORT", "9e3", PORT_RANGE),
+    ("JOBPOOL_METRICS_PORT", "9" * 5000, PORT_RANGE),
+    ("JOBPOOL_CLAMD_STREAM_MAX_LENGTH", "0",
+     "JOBPOOL_CLAMD_STREAM_MAX_LENGTH must be a whole number from 1 to 4294967296"),
+    ("JOBPOOL_CLAMD_STREAM_MAX_LENGTH", "99999999999999",
+     "JOBPOOL_CLAMD_STREAM_MAX_LENGTH must be a whole number from 1 to 4294967296"),
+    ("JOBPOOL_SMTP_URL", "smtp://user:secret@mail:99999",
+     "JOBPOOL_SMTP_URL is not a usable URL: Port out of range 0-65535"),
+    ("JOBPOOL_CLAMD_URL", "tcp://clamd:port", "JOBPOOL_CLAMD_URL is not a usable URL: Port"),
+])
+def test_numbers_out_of_range_in_settings_are_refused_at_start(variable: str, value: str,
+                                                               message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({variable: value})
+    assert str(info.value).startswith(message)
+    assert "secret" not in str(info.value)
+
+
+def test_settings_made_in_code_are_checked_too() -> None:
+    with pytest.raises(ValueError, match="metrics_port must be a whole number from 0 to 65535"):
+        Settings(metrics_port=True)
+
+
 def test_named_queries_parse() -> None:
     parsed = parse_queries("-- name: a :one\n-- First.\nSELECT 1;\n\n-- name: b :many\nSELECT 2;\n")
     assert parsed["a"].doc == "First."

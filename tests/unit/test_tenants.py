@@ -1,6 +1,12 @@
+"""Tenant keys, references (key or id) and metadata: pure rules (jobpool.core.tenants)."""
+
+from __future__ import annotations
+
+import uuid
+
 import pytest
 
-from jobpool.core.tenants import check_tenant_key
+from jobpool.core.tenants import check_tenant_key, check_tenant_metadata, tenant_id_of, tenant_ref
 
 
 @pytest.mark.parametrize("key", ["acme", "a", "acme-eu.1", "globex_2", "0day", "x" * 63])
@@ -20,3 +26,49 @@ def test_invalid_keys_name_the_rule(key: str) -> None:
 def test_a_key_may_not_shadow_a_tenant_id() -> None:
     with pytest.raises(ValueError, match="must not look like a tenant id"):
         check_tenant_key("00000000-0000-0000-0000-000000000000")
+
+
+UPPER = "7C4B5BD2-3F0E-4C43-9D0F-4F8A4A3F8E01"
+
+
+def test_a_tenant_id_is_taken_in_any_case() -> None:
+    assert tenant_ref(UPPER) == UPPER.lower()
+    assert tenant_ref(UPPER.lower()) == UPPER.lower()
+    assert tenant_id_of(tenant_ref(UPPER)) == uuid.UUID(UPPER)
+    assert tenant_ref("acme") == "acme" and tenant_id_of("acme") is None
+    assert tenant_id_of("7c4b5bd23f0e4c439d0f4f8a4a3f8e01") is None  # a valid key, not an id
+
+
+@pytest.mark.parametrize("ref", ["ACME", "", "a b", "{" + UPPER + "}", "x" * 64])
+def test_a_reference_that_is_neither_key_nor_id_names_both_rules(ref: str) -> None:
+    with pytest.raises(ValueError, match=r"is neither a tenant key .* nor a tenant id"):
+        tenant_ref(ref)
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ([], "metadata must be a JSON object, got list"),
+    ({"rate_limit": {"k": {"rps": 10**400}}}, "tenant acme: rate_limit.k.rps: must be a number"),
+    ({"rate_limit": {"k": {"rps": 1e308}}}, "tenant acme: rate_limit.k.rps: must be a number"),
+    ({"rate_limit": {"k": {"rps": True}}}, "tenant acme: rate_limit.k.rps: must be a number"),
+    ({"rate_limit": {"k": {"rps": 1, "burst": "9"}}}, "tenant acme: rate_limit.k.burst: must be"),
+    ({"rate_limit": {"k": {"rps": 1}, "j": {"rps": 0}}}, "tenant acme: rate_limit.j.rps: must be"),
+    ({"rate_limit": 5}, "tenant acme: rate_limit must be an object, got 5"),
+    ({"x": [{"y": float("nan")}]}, "metadata.x[0].y: nan is not a JSON number"),
+])
+def test_metadata_a_worker_could_not_use_is_refused_naming_the_field(metadata: object,
+                                                                     message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        check_tenant_metadata(metadata, "acme")
+    assert str(info.value).startswith(message)
+
+
+def test_metadata_nested_too_deeply_is_refused_without_recursion() -> None:
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(100_000):
+        node["a"] = {}
+        node = node["a"]  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"^metadata(\.a)+: nested deeper than 32 levels"):
+        check_tenant_metadata(deep, "acme")
+    fine = {"rate_limit": {"email_send": {"rps": 2, "burst": 10}}, "labels": {"tier": ["gold"]}}
+    assert check_tenant_metadata(fine, "acme") is fine

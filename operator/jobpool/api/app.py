@@ -21,15 +21,10 @@ from aiohttp import web
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpool import admin
+from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, TokenVerifier
-from jobpool.api.openapi import (
-    DEFAULT_PAGE,
-    KIND_NAME,
-    MAX_JOB_ID,
-    MAX_PAGE,
-    TENANT_REF,
-    document,
-)
+from jobpool.api.openapi import KIND_NAME, document
+from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
 
 log = logging.getLogger("jobpool.api")
@@ -48,7 +43,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class BadRequest(Exception):
-    """A bad path or query parameter (400)."""
+    """A bad path or query parameter, or a body that cannot be read (400)."""
 
 
 def problem(status: int, detail: str, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -106,12 +101,21 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require a valid token with manage_metadata on every non-public path; refuse big bodies."""
+    """Require a valid token with manage_metadata on every non-public path; refuse big bodies
+    and bodies that cannot be decoded (a bad Content-Encoding)."""
     if request.path not in PUBLIC_PATHS:
         request[ACTOR] = request.app[VERIFIER].principal(request.headers.get("Authorization"))
     if request.body_exists:
-        await request.read()  # raises 413 beyond client_max_size
+        try:
+            await request.read()  # raises 413 beyond client_max_size
+        except web.RequestPayloadError as exc:
+            raise BadRequest(f"the request body cannot be read: {_first_line(exc)}") from None
     return await handler(request)
+
+
+def _first_line(exc: Exception) -> str:
+    cause = exc.__cause__ or exc
+    return (getattr(cause, "message", None) or str(cause)).strip().splitlines()[0][:200]
 
 
 # -- parameters ----------------------------------------------------------------------------
@@ -143,6 +147,15 @@ def _query_match(request: web.Request, name: str, pattern: str, what: str) -> st
     return text
 
 
+def _query_tenant(request: web.Request) -> str | None:
+    """The `tenant` filter in canonical form (a uuid in any case is accepted)."""
+    text = request.query.get("tenant")
+    try:
+        return None if text is None else tenant_ref(text)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 # -- handlers ------------------------------------------------------------------------------
 
 
@@ -151,7 +164,7 @@ async def list_dlq(request: web.Request) -> web.Response:
     after = _query_int(request, "after", 0, 0, MAX_JOB_ID)
     limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
     kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
-    tenant = _query_match(request, "tenant", TENANT_REF, "a tenant key or uuid")
+    tenant = _query_tenant(request)
     async with request.app[POOL].connection() as conn:
         tenant_id = (await admin.resolve_tenant(conn, tenant))["id"] if tenant else None
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=kind, after=after,

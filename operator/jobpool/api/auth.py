@@ -10,6 +10,7 @@ secret and `alg: none` is never accepted.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ MIN_SECRET_BYTES = 32
 LEEWAY = 5.0
 """Seconds of clock skew tolerated on `exp`, `nbf` and `iat`."""
 MAX_SUBJECT = 256
+B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+"""RFC 6750 credentials of a Bearer header; a JWT (base64url segments and dots) is one."""
 
 
 class AuthError(Exception):
@@ -71,7 +74,7 @@ class TokenVerifier:
     def _decode(self, token: str) -> Mapping[str, Any]:
         try:
             header = jwt.get_unverified_header(token)
-        except jwt.InvalidTokenError as exc:
+        except jwt.PyJWTError as exc:
             raise AuthError(401, f"malformed token: {exc}") from None
         algorithm, kid = header.get("alg"), header.get("kid")
         candidates = [k for k in self.keys if k.algorithm == algorithm
@@ -87,7 +90,7 @@ class TokenVerifier:
                     token, candidate.key, algorithms=[candidate.algorithm],
                     audience=self.audience, leeway=LEEWAY,
                     options={"require": ["exp", "sub", "aud"]})
-            except jwt.InvalidTokenError as exc:
+            except jwt.PyJWTError as exc:
                 failure = _explain(exc, self.audience)
                 if not isinstance(exc, jwt.InvalidSignatureError):
                     break
@@ -98,15 +101,19 @@ class TokenVerifier:
 
 
 def _bearer(authorization: str | None) -> str:
+    """The token of a `Bearer <token>` header value; anything else is refused with 401 before
+    any decoding (a header can carry any byte, e.g. 0xff, which no JWT contains)."""
     if not authorization:
         raise AuthError(401, "missing Authorization header (expected: Bearer <JWT>)")
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError(401, "malformed Authorization header (expected: Bearer <JWT>)")
+    if not B64TOKEN.fullmatch(token.strip()):
+        raise AuthError(401, "malformed token: a JWT holds only base64url characters and dots")
     return token.strip()
 
 
-def _explain(exc: jwt.InvalidTokenError, audience: str) -> AuthError:
+def _explain(exc: jwt.PyJWTError, audience: str) -> AuthError:
     if isinstance(exc, jwt.ExpiredSignatureError):
         return AuthError(401, "token expired")
     if isinstance(exc, jwt.InvalidAudienceError):

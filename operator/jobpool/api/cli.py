@@ -18,14 +18,14 @@ POOL_SIZE = 4
 
 def add_api_command(subparsers: Any) -> None:
     """Add `jobpool api` to the CLI's subcommands."""
-    from jobpool.cli import EnvDefault, add_common_arguments
+    from jobpool.cli import EnvDefault, add_common_arguments, whole_number
 
     p = subparsers.add_parser("api", help="serve the admin REST API (DLQ, jobs, stats)")
     add_common_arguments(p)
     p.add_argument("--host", action=EnvDefault, envvar="JOBPOOL_API_HOST", default="0.0.0.0",
                    help="address to listen on")
-    p.add_argument("--port", type=int, action=EnvDefault, envvar="JOBPOOL_API_PORT",
-                   default=DEFAULT_PORT, help="port to listen on")
+    p.add_argument("--port", type=whole_number(0, 65535), action=EnvDefault,
+                   envvar="JOBPOOL_API_PORT", default=DEFAULT_PORT, help="port to listen on")
     p.add_argument("--jwt-secret", action=EnvDefault, envvar="JOBPOOL_API_JWT_SECRET",
                    help="HS256 secret, >= 32 bytes (prefer the variable: flags show in ps)")
     p.add_argument("--jwt-public-key", action=EnvDefault, envvar="JOBPOOL_API_JWT_PUBLIC_KEY",

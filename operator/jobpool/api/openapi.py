@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_JOB_ID = 9_223_372_036_854_775_807
-MAX_PAGE = 1000
-DEFAULT_PAGE = 100
-UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-TENANT_REF = rf"^([a-z0-9][a-z0-9_.-]{{0,62}}|{UUID})$"
+from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
+from jobpool.core.tenants import TENANT_REF_PATTERN
+
 KIND_NAME = r"^[a-z][a-z0-9_]{0,62}$"
 
 _STATUS = {"type": "string", "enum": ["pending", "running", "done", "dlq", "failed"]}
@@ -91,15 +89,22 @@ def _job_links(source: str) -> dict[str, Any]:
                                     ("StopJob", "stopJob"), ("DiscardJob", "discardJob"))}
 
 
-_AUTH_ERRORS = {
-    "401": _problem("missing, malformed, expired or wrongly signed token"),
+_UNAUTHORIZED = {
+    **_problem("missing, malformed, expired or wrongly signed token"),
+    "headers": {"WWW-Authenticate": {
+        "description": "Bearer, with the error (RFC 6750)", "schema": {"type": "string"}}},
+}
+_BODY = "a request body that cannot be read (e.g. a bad Content-Encoding)"
+_COMMON_ERRORS = {
+    "400": _problem(_BODY),
+    "401": _UNAUTHORIZED,
     "403": _problem("the token lacks the manage_metadata permission"),
-    "413": _problem("request body too large"),
+    "413": _problem("request body too large (no endpoint takes one)"),
     "503": _problem("the database is unreachable"),
 }
 _JOB_ERRORS = {
-    **_AUTH_ERRORS,
-    "400": _problem("the job id is not an integer from 1 to 2^63-1"),
+    **_COMMON_ERRORS,
+    "400": _problem(f"the job id is not an integer from 1 to 2^63-1, or {_BODY}"),
     "404": _problem("no job with that id"),
 }
 
@@ -125,8 +130,9 @@ def document() -> dict[str, Any]:
                 "operationId": "listDlq",
                 "summary": "DLQ jobs, oldest first, keyset-paginated by id",
                 "parameters": [
-                    {"name": "tenant", "in": "query", "description": "tenant key or id",
-                     "schema": {"type": "string", "pattern": TENANT_REF}},
+                    {"name": "tenant", "in": "query",
+                     "description": "tenant key, or tenant id (a uuid, in any case)",
+                     "schema": {"type": "string", "pattern": TENANT_REF_PATTERN}},
                     {"name": "kind", "in": "query",
                      "schema": {"type": "string", "pattern": KIND_NAME}},
                     {"name": "after", "in": "query", "description": "return ids above this",
@@ -144,9 +150,9 @@ def document() -> dict[str, Any]:
                                       "items": {"$ref": "#/components/schemas/DlqJob"}},
                             "next_after": {"type": "integer", "nullable": True},
                         }}, _job_links("/items/0/id")),
-                    "400": _problem("a bad filter (tenant, kind, after or limit)"),
+                    **_COMMON_ERRORS,
+                    "400": _problem(f"a bad filter (tenant, kind, after or limit), or {_BODY}"),
                     "404": _problem("no tenant with that key or id"),
-                    **_AUTH_ERRORS,
                 },
             }},
             "/v1/jobs/{id}": {
@@ -188,7 +194,7 @@ def document() -> dict[str, Any]:
                                 "jobs": {"type": "integer", "minimum": 0}}}},
                         "totals": {"type": "object",
                                    "additionalProperties": {"type": "integer", "minimum": 0}},
-                    }}), **_AUTH_ERRORS}}},
+                    }}), **_COMMON_ERRORS}}},
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",

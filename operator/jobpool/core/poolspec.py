@@ -1,7 +1,7 @@
 """The JobWorkerPool document: validation against the CRD schema, and the lane plan.
 
 One document describes a pool for both runners: the Kubernetes operator (one Deployment per
-lane) and `jobpool run pool.yaml` (local worker processes per lane). DESIGN.md section 5.
+lane) and `jobpool run pool.yaml` (local worker processes per lane).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import functools
 import importlib.resources
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -20,6 +20,9 @@ import jsonschema
 import yaml
 
 from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
+from jobpool.core.ratelimit import RateLimit, parse_rate_limit
+from jobpool.core.tenants import tenant_ref
+from jobpool.core.yamlfile import MAX_CHARS, load_documents
 
 API_VERSION = "jobs.mdm.io/v1alpha1"
 KIND = "JobWorkerPool"
@@ -48,6 +51,7 @@ DEFAULT_SECRET_KEY = "dsn"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 
 ScalingMode = Literal["operator", "keda", "none"]
+JsonPath = tuple[str | int, ...]
 
 
 class PoolSpecError(ValueError):
@@ -71,18 +75,10 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
-class ProviderLimit:
-    """A global cap on one provider: `rps` requests per second, bursts of `burst`."""
-
-    rps: float
-    burst: int
-
-
-@dataclass(frozen=True)
 class RateLimits:
     """Provider caps of a lane; `kinds` maps a job kind to the provider it uses."""
 
-    providers: Mapping[str, ProviderLimit]
+    providers: Mapping[str, RateLimit]
     kinds: Mapping[str, str]
 
     def to_json(self) -> str:
@@ -105,7 +101,7 @@ class Lane:
 
     kinds: the kinds served, or None for the catch-all lane (every kind no other lane lists).
     exclude_kinds: for the catch-all lane, the kinds other lanes serve (always incl. heavy
-    kinds); () otherwise. tenants: tenant keys or ids; () means all tenants.
+    kinds); () otherwise. tenants: tenant keys or ids (lower-case); () means all tenants.
     implicit: True for the heavy lane the plan adds by itself.
     """
 
@@ -213,17 +209,22 @@ def _closed(schema: Any) -> Any:
 def load_pool_file(path: str | Path) -> PoolSpec:
     """Read a YAML file holding one JobWorkerPool and return its plan.
 
-    Raises PoolSpecError for an unreadable file, invalid YAML, or an invalid pool.
+    Raises PoolSpecError for an unreadable file, invalid YAML, YAML beyond the bounds of
+    `jobpool.core.yamlfile` (size, nesting, alias expansion), or an invalid pool.
     """
     path = Path(path)
     try:
-        text = path.read_text("utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_CHARS + 1)
+        if len(data) > MAX_CHARS:
+            raise PoolSpecError(f"{path}: larger than {MAX_CHARS} bytes, not a pool file")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PoolSpecError(f"{path}: cannot read the pool file: {exc}") from exc
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise PoolSpecError(f"{path}: not valid YAML: {exc}") from exc
+        documents = [doc for doc in load_documents(text) if doc is not None]
+    except ValueError as exc:
+        raise PoolSpecError(f"{path}: {exc}") from exc
     if len(documents) != 1:
         raise PoolSpecError(
             f"{path}: expected exactly one JobWorkerPool document, found {len(documents)}"
@@ -239,12 +240,13 @@ def load_pool_file(path: str | Path) -> PoolSpec:
 def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     """Validate a JobWorkerPool document (as parsed from YAML or read from the API) and plan it.
 
-    Checks, in order: the CRD's OpenAPI schema, the rules the CRD states in CEL, then the
-    lane plan (duplicate lanes, a kind two lanes claim for the same tenant, Deployment
-    name lengths). Raises PoolSpecError naming the path of the first bad field, e.g.
-    `spec.lanes[1].maxReplicas: ...`.
+    Checks, in order: that every number is finite (the schema's bounds do not catch nan),
+    the CRD's OpenAPI schema, the rules the CRD states in CEL, then the lane plan (duplicate
+    lanes, a kind two lanes claim for the same tenant, Deployment name lengths). Raises
+    PoolSpecError naming the path of the first bad field, e.g. `spec.lanes[1].maxReplicas: ...`.
     """
     document = _plain(document)
+    _check_finite(document)
     _check_schema(document)
     metadata = document.get("metadata") or {}
     name = metadata.get("name")
@@ -347,6 +349,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _check_finite(document: Any) -> None:
+    """Refuse nan and infinity (YAML's .nan and .inf) anywhere: they pass every schema bound."""
+    for path, value in _leaves(document, ()):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PoolSpecError(f"{_json_path(path)}: {value} is not a finite number")
+
+
+def _leaves(value: Any, path: JsonPath) -> Iterator[tuple[JsonPath, Any]]:
+    """(path, value) of every scalar in plain dicts and lists."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path, value
+
+
 def _check_schema(document: Mapping[str, Any]) -> None:
     if document.get("apiVersion") != API_VERSION:
         raise PoolSpecError(
@@ -388,12 +409,13 @@ def _autoscaling(raw: Mapping[str, Any]) -> Autoscaling:
 def _rate_limits(raw: Mapping[str, Any] | None, path: str) -> RateLimits | None:
     if raw is None:
         return None
-    providers = {
-        name: ProviderLimit(
-            rps=float(limit["rps"]), burst=int(limit.get("burst", math.ceil(limit["rps"])))
-        )
-        for name, limit in (raw.get("providers") or {}).items()
-    }
+    try:
+        providers = {
+            name: parse_rate_limit(limit, f"{path}.rateLimits.providers.{name}")
+            for name, limit in (raw.get("providers") or {}).items()
+        }
+    except ValueError as exc:
+        raise PoolSpecError(str(exc)) from None
     kinds = dict(raw.get("kinds") or {})
     for kind, provider in kinds.items():
         if provider not in providers:
@@ -423,7 +445,7 @@ def _declared_lane(raw: Mapping[str, Any], path: str) -> Lane:
         name=raw["name"],
         kinds=None if kinds is None else tuple(kinds),
         exclude_kinds=(),
-        tenants=tuple(raw.get("tenants") or ()),
+        tenants=tuple(dict.fromkeys(tenant_ref(ref) for ref in raw.get("tenants") or ())),
         workers_per_pod=int(raw.get("workersPerPod", DEFAULT_WORKERS_PER_POD)),
         min_replicas=low,
         max_replicas=high,

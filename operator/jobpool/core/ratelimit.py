@@ -10,6 +10,7 @@ Pure: callers pass `now` (seconds on a monotonic clock) and store the buckets re
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,43 +19,84 @@ from typing import Any, Literal
 WILDCARD_KIND = "*"
 """Key in a tenant's `rate_limit` object that limits every kind without its own entry."""
 
+MIN_RPS = 0.00001
+"""One token in about 28 hours: a slower "limit" is a stop (`jobpool jobs stop`), and the
+waits it computes (up to 1 / rps seconds) must stay schedulable."""
+MAX_RPS = 100_000
+"""Tokens per second; ten times what one worker process can run, so a higher rate limits
+nothing and is a typo."""
+MAX_BURST = 100_000
+"""Tokens a bucket may save up; as for MAX_RPS, more means no limit at all."""
+
 LimitScope = Literal["tenant", "provider"]
 
 
 @dataclass(frozen=True)
 class RateLimit:
-    """Sustained `rps` tokens per second (> 0), at most `burst` (>= 1) saved up."""
+    """Sustained `rps` tokens per second (MIN_RPS..MAX_RPS), at most `burst` (1..MAX_BURST)
+    saved up."""
 
     rps: float
     burst: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.rps, int | float) and math.isfinite(self.rps) and self.rps > 0):
-            raise ValueError(f"rps must be a number > 0, got {self.rps!r}")
-        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ValueError(f"burst must be an integer >= 1, got {self.burst!r}")
+        for name, problem in (("rps", _rps_problem(self.rps)),
+                              ("burst", _burst_problem(self.burst))):
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number: int or float, not bool (a bool is an int to Python, not to JSON)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _rps_problem(rps: Any) -> str | None:
+    # compared as is, not as float(): an int of 400 digits does not fit a float (nan and
+    # infinity fail the comparison)
+    if _is_number(rps) and MIN_RPS <= rps <= MAX_RPS:
+        return None
+    return (f"must be a number of tokens per second from {MIN_RPS:.5f} to {MAX_RPS}, "
+            f"got {_shown(rps)}")
+
+
+def _burst_problem(burst: Any) -> str | None:
+    if isinstance(burst, int) and not isinstance(burst, bool) and 1 <= burst <= MAX_BURST:
+        return None
+    return f"must be a whole number from 1 to {MAX_BURST}, got {_shown(burst)}"
+
+
+def _shown(value: Any) -> str:
+    """The value for an error message, cut short (a number may have thousands of digits)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"a number of about {int(value.bit_length() * math.log10(2))} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def parse_rate_limit(raw: Any, where: str) -> RateLimit:
     """A RateLimit from `{"rps": r, "burst": b}`; burst defaults to ceil(rps).
 
-    Raises ValueError naming `where` (e.g. `providers.ses`) and the bad field.
+    rps: tokens per second, a number from MIN_RPS to MAX_RPS; burst: a whole number from 1 to
+    MAX_BURST (4.0 counts as 4). Booleans, strings, nan and infinity are refused. Raises
+    ValueError naming `where` (e.g. `providers.ses`) and the bad field.
     """
     if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected an object {{rps, burst}}, got {raw!r}")
-    unknown = sorted(set(raw) - {"rps", "burst"})
+        raise ValueError(f"{where}: expected an object {{rps, burst}}, got {_shown(raw)}")
+    unknown = sorted(str(key) for key in set(raw) - {"rps", "burst"})
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: rps, burst)")
-    rps = raw.get("rps")
-    if isinstance(rps, bool) or not isinstance(rps, int | float):
-        raise ValueError(f"{where}.rps: expected a number > 0, got {rps!r}")
-    burst = raw.get("burst", max(1, math.ceil(rps)) if math.isfinite(rps) else 1)
+    rps: Any = raw.get("rps")
+    problem = _rps_problem(rps)
+    if problem:
+        raise ValueError(f"{where}.rps: {problem}")
+    burst = raw.get("burst", max(1, math.ceil(rps)))
     if isinstance(burst, float) and burst.is_integer():
         burst = int(burst)
-    try:
-        return RateLimit(float(rps), burst)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    problem = _burst_problem(burst)
+    if problem:
+        raise ValueError(f"{where}.burst: {problem}")
+    return RateLimit(float(rps), burst)
 
 
 @dataclass(frozen=True)
@@ -156,13 +198,15 @@ class TenantLimits:
 def parse_tenant_limits(raw: Any, tenant: str) -> tuple[TenantLimits, list[str]]:
     """Parse `metadata.rate_limit` leniently: bad entries are dropped and reported.
 
-    Returns the valid limits and one problem message per dropped entry (a bad limit in
-    the database must not stop a worker; the worker logs them).
+    Returns the valid limits and one problem message per dropped entry, naming the tenant
+    and the field (a bad limit in the database must not stop a worker, nor disable the
+    tenant's other limits; the worker logs the problems).
     """
     if raw is None:
         return TenantLimits({}), []
     if not isinstance(raw, Mapping):
-        return TenantLimits({}), [f"tenant {tenant}: rate_limit must be an object, got {raw!r}"]
+        return TenantLimits({}), [
+            f"tenant {tenant}: rate_limit must be an object, got {_shown(raw)}"]
     kinds: dict[str, RateLimit] = {}
     problems: list[str] = []
     for kind, value in raw.items():
@@ -171,6 +215,27 @@ def parse_tenant_limits(raw: Any, tenant: str) -> tuple[TenantLimits, list[str]]
         except ValueError as exc:
             problems.append(str(exc))
     return TenantLimits(kinds), problems
+
+
+def parse_tenant_limits_json(text: str | None, tenant: str) -> tuple[TenantLimits, list[str]]:
+    """parse_tenant_limits of `metadata -> 'rate_limit'` as PostgreSQL prints it (JSON text).
+
+    Decoded here rather than by the driver, so that a value Python's JSON decoder cannot
+    take (a number of thousands of digits, nesting deeper than its recursion limit) costs
+    only this tenant's limits, reported like any other bad entry.
+    """
+    if text is None:
+        return TenantLimits({}), []
+    try:
+        raw = json.loads(text, parse_int=_json_int)
+    except (ValueError, RecursionError) as exc:
+        return TenantLimits({}), [f"tenant {tenant}: rate_limit is not readable JSON: {exc}"]
+    return parse_tenant_limits(raw, tenant)
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer; a very long one as a float (inf when huge) so that decoding never fails."""
+    return int(text) if len(text) <= 30 else float(text)
 
 
 @dataclass(frozen=True)
@@ -198,7 +263,8 @@ def parse_provider_caps(raw: Any) -> ProviderCaps:
     if raw is None:
         return NO_CAPS
     if not isinstance(raw, Mapping):
-        raise ValueError(f"rate limits: expected an object {{providers, kinds}}, got {raw!r}")
+        raise ValueError(
+            f"rate limits: expected an object {{providers, kinds}}, got {_shown(raw)}")
     unknown = sorted(set(raw) - {"providers", "kinds"})
     if unknown:
         raise ValueError(f"rate limits: unknown key(s) {', '.join(unknown)} "
@@ -210,6 +276,8 @@ def parse_provider_caps(raw: Any) -> ProviderCaps:
     providers = {str(name): parse_rate_limit(value, f"providers.{name}")
                  for name, value in providers_raw.items()}
     for kind, provider in kinds_raw.items():
+        if not isinstance(provider, str):
+            raise ValueError(f"kinds.{kind}: expected a provider name, got {_shown(provider)}")
         if provider not in providers:
             raise ValueError(f"kinds.{kind}: provider {provider!r} is not declared in providers "
                              f"(declared: {', '.join(sorted(providers)) or 'none'})")

@@ -1,11 +1,28 @@
-"""Tenant keys: what a key may look like (DESIGN §6: the CLI takes a key or an id)."""
+"""Tenants: what a key, a reference and metadata may look like (the CLI takes a key or an id)."""
 
 from __future__ import annotations
 
+import math
 import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
 
-TENANT_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_UUID_SHAPE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+from jobpool.core.ratelimit import parse_tenant_limits
+
+TENANT_KEY_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,62}"
+TENANT_ID_PATTERN = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+"""A uuid in its hyphenated form, in either case (uuids are case-insensitive)."""
+TENANT_REF_PATTERN = rf"^({TENANT_KEY_PATTERN}|{TENANT_ID_PATTERN})$"
+"""A tenant key or id, as the CLI, the admin API and pool files take it."""
+
+TENANT_KEY = re.compile(rf"^{TENANT_KEY_PATTERN}$")
+_TENANT_ID = re.compile(rf"^{TENANT_ID_PATTERN}$")
+_KEY_RULE = "1 to 63 lower-case letters, digits, '_', '.' or '-', starting with a letter or digit"
+
+MAX_METADATA_DEPTH = 32
+"""Nesting levels of tenant metadata; every reader decodes it, and deep JSON exhausts
+decoders that recurse."""
 
 
 def check_tenant_key(key: str) -> str:
@@ -15,10 +32,60 @@ def check_tenant_key(key: str) -> str:
     with a letter or digit, and is not shaped like a uuid (which would shadow a tenant id).
     """
     if not TENANT_KEY.fullmatch(key):
-        raise ValueError(
-            f"invalid tenant key {key!r}: use 1 to 63 lower-case letters, digits, '_', '.' "
-            "or '-', starting with a letter or digit"
-        )
-    if _UUID_SHAPE.fullmatch(key):
+        raise ValueError(f"invalid tenant key {key!r}: use {_KEY_RULE}")
+    if _TENANT_ID.fullmatch(key):
         raise ValueError(f"invalid tenant key {key!r}: a key must not look like a tenant id")
     return key
+
+
+def tenant_ref(text: str) -> str:
+    """The canonical form of a tenant reference: an id (uuid) in lower case, a key as it is.
+
+    Ids are uuids and compare case-insensitively; keys are lower-case by rule, so no key
+    can be mistaken for an id. Raises ValueError for text that is neither.
+    """
+    if _TENANT_ID.fullmatch(text):
+        return text.lower()
+    if TENANT_KEY.fullmatch(text):
+        return text
+    raise ValueError(f"tenant {text[:80]!r} is neither a tenant key ({_KEY_RULE}) "
+                     "nor a tenant id (a uuid)")
+
+
+def tenant_id_of(ref: str) -> uuid.UUID | None:
+    """The uuid a canonical reference (see tenant_ref) names, or None when it is a key."""
+    return uuid.UUID(ref) if _TENANT_ID.fullmatch(ref) else None
+
+
+def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
+    """Return `metadata` if a tenant may store it, else raise ValueError naming the field.
+
+    It must be a JSON object, nested at most MAX_METADATA_DEPTH levels, hold only finite
+    numbers, and its `rate_limit` (if any) must be valid in every entry: refused here,
+    where it is written, so that workers never have to ignore it where it is read.
+    """
+    if not isinstance(metadata, dict):
+        raise ValueError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    _check_json_values(metadata)
+    _, problems = parse_tenant_limits(metadata.get("rate_limit"), tenant)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return metadata
+
+
+def _check_json_values(root: Mapping[str, Any]) -> None:
+    """Refuse nesting deeper than MAX_METADATA_DEPTH and nan or infinity (counted without
+    recursion)."""
+    stack: list[tuple[Any, str, int]] = [(root, "metadata", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: {value} is not a JSON number")
+        children: list[tuple[str, Any]] = []
+        if isinstance(value, Mapping):
+            children = [(f"{path}.{key}", item) for key, item in value.items()]
+        elif isinstance(value, list):
+            children = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+        if children and depth >= MAX_METADATA_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_METADATA_DEPTH} levels")
+        stack.extend((item, child, depth + 1) for child, item in children)

@@ -13,11 +13,8 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL = 1.0, 3600.0
+"""Seconds; each interval runs one counting query per pool, and an hour is no autoscaling."""
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -26,6 +23,8 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def add_operator_command(subparsers: Any) -> None:
     """Add the `operator` subcommand to the `jobpool` parser's subparsers."""
+    from jobpool.cli import EnvDefault, seconds
+
     p: argparse.ArgumentParser = subparsers.add_parser(
         "operator", help="run the Kubernetes operator for JobWorkerPools",
         description="Reconcile JobWorkerPools into one worker Deployment per lane and scale "
@@ -39,10 +38,9 @@ def add_operator_command(subparsers: Any) -> None:
              "[env JOBPOOL_OPERATOR_NAMESPACES, comma-separated]",
     )
     p.add_argument(
-        "--scale-interval", type=_positive_float,
-        default=_env("JOBPOOL_SCALE_INTERVAL", "15"),
-        metavar="SECONDS",
-        help="seconds between job counts per pool [env JOBPOOL_SCALE_INTERVAL]",
+        "--scale-interval", type=seconds(MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL),
+        action=EnvDefault, envvar="JOBPOOL_SCALE_INTERVAL", default=15.0, metavar="SECONDS",
+        help="seconds between job counts per pool",
     )
     p.add_argument(
         "--kubeconfig", default=_env("JOBPOOL_KUBECONFIG"), metavar="PATH",

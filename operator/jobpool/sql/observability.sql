@@ -1,8 +1,8 @@
 -- Named queries of rate limits and metrics (spec "Rate-Limiting", "Beobachtbarkeit").
 
 -- name: tenant_rate_limits :many
--- Every tenant's key and its rate_limit metadata (NULL when it sets none).
-SELECT id, key, metadata -> 'rate_limit' AS rate_limit
+-- Every tenant's key and its rate_limit metadata as JSON text (NULL when it sets none).
+SELECT id, key, (metadata -> 'rate_limit')::text AS rate_limit
   FROM mdm.aa_tenant
  ORDER BY key;
 

@@ -310,14 +310,14 @@ SELECT t.key AS tenant_key, j.tenant_id, j.job_kind, j.status::text AS status,
  ORDER BY t.key, j.job_kind, j.status;
 
 -- name: resolve_tenant :one
--- A tenant by key or by id (text form).
-SELECT id, key, metadata FROM mdm.aa_tenant WHERE key = %(ref)s OR id::text = %(ref)s;
+-- A tenant by key or by id (one of the two is null).
+SELECT id, key FROM mdm.aa_tenant WHERE key = %(key)s::text OR id = %(id)s::uuid;
 
 -- name: create_tenant :one
 -- Add a tenant; an existing key keeps its row and gets the given metadata merged in.
 INSERT INTO mdm.aa_tenant (key, metadata) VALUES (%(key)s, %(metadata)s::jsonb)
 ON CONFLICT (key) DO UPDATE SET metadata = aa_tenant.metadata || EXCLUDED.metadata
-RETURNING id, key, metadata;
+RETURNING id, key;
 
 -- name: list_tenants :many
 -- Every tenant.

@@ -9,6 +9,7 @@ are the pure ones of `jobpool.core.ratelimit`; each worker process keeps its own
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.ratelimit import (
@@ -29,10 +29,11 @@ from jobpool.core.ratelimit import (
     TenantLimits,
     TokenBucket,
     parse_provider_caps,
-    parse_tenant_limits,
+    parse_tenant_limits_json,
     take_token,
     wait_time,
 )
+from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
@@ -51,7 +52,8 @@ WAKE_SLACK = 0.05
 def load_provider_caps(value: str | None) -> ProviderCaps:
     """Provider caps from a `JOBPOOL_RATE_LIMITS` value: JSON text or `@path` to YAML/JSON.
 
-    None or empty: no caps. Raises ValueError naming the variable, the file and the problem.
+    None or empty: no caps. Raises ValueError naming the variable, the file and the problem
+    (bad YAML, a document too large or too deep to be configuration, a bad field).
     """
     if not value or not value.strip():
         return NO_CAPS
@@ -65,13 +67,26 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
         except OSError as exc:
             raise ValueError(f"{source}: cannot read it: {exc.strerror or exc}") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{source}: not valid JSON or YAML: {exc}") from None
-    try:
-        return parse_provider_caps(raw)
+        return parse_provider_caps(_document(text))
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
+
+
+def _document(text: str) -> Any:
+    """The one JSON or YAML document of `text`; JSON first, because YAML 1.1 reads JSON's
+    `1e-05` (how the operator writes a small rps) as a string."""
+    if len(text) > MAX_CHARS:
+        raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    except RecursionError:
+        raise ValueError("not usable JSON: nested too deeply") from None
+    documents = load_documents(text)
+    if len(documents) > 1:
+        raise ValueError(f"expected one document, found {len(documents)}")
+    return documents[0] if documents else None
 
 
 def pair_key(tenant_id: uuid.UUID | str, kind: str) -> str:
@@ -147,6 +162,8 @@ class RateLimiter:
     def set_tenant_limits(self, rows: Iterable[Mapping[str, Any]]) -> list[str]:
         """Replace the tenants' limits from `tenant_rate_limits` rows; return the problems.
 
+        `rate_limit` is JSON text or None. An invalid entry is left out and reported (naming
+        the tenant and field); the tenant's other entries and other tenants still apply.
         Buckets keep their tokens across a change; the new rps and burst apply at once.
         """
         tenants: dict[str, TenantLimits] = {}
@@ -155,7 +172,7 @@ class RateLimiter:
         for row in rows:
             tenant = str(row["id"])
             keys[tenant] = str(row["key"])
-            limits, bad = parse_tenant_limits(row["rate_limit"], str(row["key"]))
+            limits, bad = parse_tenant_limits_json(row["rate_limit"], str(row["key"]))
             problems += bad
             if limits.kinds:
                 tenants[tenant] = limits

@@ -1,0 +1,104 @@
+"""YAML configuration text parsed at a bounded cost (pool files, JOBPOOL_RATE_LIMITS).
+
+PyYAML's SafeLoader constructs only plain data, but it follows aliases: ten anchors that
+each repeat the previous one ten times ("billion laughs") are a few hundred bytes that every
+later walk over the data (validation, JSON encoding) sees as 10^9 nodes, an alias inside its
+own anchor is a cycle, and deep nesting exhausts the composer's recursion. Configuration is
+small, so anything beyond these bounds is refused before it is constructed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MAX_CHARS = 1024 * 1024
+"""A pool file is a few kilobytes; a million characters is far beyond any real one."""
+MAX_DEPTH = 32
+"""Nesting levels; the JobWorkerPool schema needs 8."""
+MAX_NODES = 20_000
+"""Values after alias expansion; the largest pool the schema admits has about 8,000."""
+
+
+class YamlLimitError(ValueError):
+    """YAML text beyond MAX_CHARS, MAX_DEPTH or MAX_NODES, or with a recursive alias."""
+
+
+def load_documents(text: str) -> list[Any]:
+    """The documents of `text`, as SafeLoader builds them.
+
+    Raises YamlLimitError (too large, too deep, too many values after alias expansion, a
+    recursive alias) or ValueError (not valid YAML, or a value YAML cannot construct, such
+    as a number of thousands of digits), each naming the line where known.
+    """
+    if len(text) > MAX_CHARS:
+        raise YamlLimitError(f"longer than {MAX_CHARS} characters ({len(text)})")
+    loader = _BoundedLoader(text)
+    try:
+        documents = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                _check_expanded_size(node)
+                documents.append(loader.construct_document(node))
+        return documents
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not valid YAML: {exc}") from None
+    except YamlLimitError:
+        raise
+    except ValueError as exc:  # e.g. int() of a 5,000-digit number
+        raise ValueError(f"not a usable YAML value: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses nesting deeper than MAX_DEPTH while it composes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.get_mark()
+                raise YamlLimitError(
+                    f"nested deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Refuse a document of more than MAX_NODES values once aliases are expanded, or a cycle.
+
+    Each node's expanded size is computed once (an alias reuses its anchor's), so this costs
+    one pass over the nodes actually written, however far they would expand.
+    """
+    sizes: dict[int, int] = {}
+    unfinished: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in unfinished:
+            raise YamlLimitError(f"an alias refers to a node that contains it "
+                                 f"(line {node.start_mark.line + 1})")
+        unfinished.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(key_node) + size(value) for key_node, value in node.value)
+        if total > MAX_NODES:
+            raise YamlLimitError(f"more than {MAX_NODES} values once aliases are expanded "
+                                 f"(line {node.start_mark.line + 1})")
+        unfinished.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
