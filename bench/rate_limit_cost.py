@@ -1,4 +1,4 @@
-"""What a rate-limited tenant costs the others (issue 3): tenant B's throughput with and
+"""What a rate-limited tenant costs the others: tenant B's throughput with and
 without a throttled tenant A flooding the queue ahead of it.
 
     .venv/bin/python bench/rate_limit_cost.py [--dsn postgresql://postgres@127.0.0.1/postgres]

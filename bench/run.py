@@ -1,4 +1,4 @@
-"""Benchmark jobpool against PgQueuer and Procrastinate on one PostgreSQL (issue 7).
+"""Benchmark jobpool against PgQueuer and Procrastinate on one PostgreSQL.
 
     python3 bench/run.py                 # everything, 3 repetitions, medians
     python3 bench/run.py drain --repeat 1 --jobs 10000 --systems jobpool

@@ -1,4 +1,4 @@
-"""The scenarios of issue 7: drain, latency, enqueue (single, batch, concurrent with NOTIFY)."""
+"""The scenarios: drain, latency, enqueue (single, batch, concurrent with NOTIFY)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Soak (issue 7, not in CI): steady enqueue and drain with done-job retention on.
+"""Soak (not in CI): steady enqueue and drain with done-job retention on.
 
     python3 bench/soak.py --minutes 30 --rate 200
 

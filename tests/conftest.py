@@ -1,4 +1,4 @@
-"""Database fixtures: one migrated template per session, a fresh copy per test (STYLE habit 6).
+"""Database fixtures: one migrated template per session, a fresh copy per test.
 
 The server comes from JOBPOOL_TEST_DSN, else libpq's PG* variables, else
 postgresql://postgres@127.0.0.1:5432/postgres.

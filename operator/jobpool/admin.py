@@ -1,4 +1,4 @@
-"""Admin actions on jobs: DLQ list, replay, discard, stop, show, status (spec "DLQ-Verwaltung").
+"""Admin actions on jobs: DLQ list, replay, discard, stop, show, status.
 
 Each takes a connection with dict rows and runs in the caller's transaction; each change
 writes its audit row with `actor` as `actor_principal_id`.

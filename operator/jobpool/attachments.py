@@ -1,4 +1,4 @@
-"""Commit uploaded attachments, and read their bytes for the virus scan (issue 5).
+"""Commit uploaded attachments, and read their bytes for the virus scan.
 
 How a service commits an upload (after the client PUT the object to its pre-signed URL):
 `await commit_upload(conn, Upload(tenant_id, "cv.pdf", "application/pdf", size, sha256,

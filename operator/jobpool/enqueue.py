@@ -1,4 +1,4 @@
-"""Enqueue jobs on the caller's connection, inside the caller's transaction (DESIGN §1, §2).
+"""Enqueue jobs on the caller's connection, inside the caller's transaction.
 
 The job exists if and only if the caller's transaction commits; waiting workers are woken
 by a NOTIFY that PostgreSQL delivers at that commit.

@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Job:
-    """A claimed row of `mdm.aa_job`, one attribute per column (DESIGN §2).
+    """A claimed row of `mdm.aa_job`, one attribute per column.
 
     `attempts` counts this run (the claim increments it); `payload` is the decoded jsonb.
     """

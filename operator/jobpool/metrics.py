@@ -1,4 +1,4 @@
-"""Prometheus metrics of a worker process (spec "Beobachtbarkeit", DESIGN §4).
+"""Prometheus metrics of a worker process.
 
 Counters and histograms are recorded by the worker as attempts finish; the queue gauges
 (`mdm_jobs_pending`, `_ready`, `_running`, `_dlq`, `_ready_age_seconds`, per tenant key and
@@ -90,7 +90,7 @@ class WorkerMetrics:
             timings[1].observe(max(0.0, processing))
 
     def rate_limited(self, tenant: str, kind: str, limit: str) -> None:
-        """Count one rate-limit hit (spec: a metric, not an audit row)."""
+        """Count one rate-limit hit (a metric, not an audit row: hits are frequent)."""
         self.rate_limit_hits.labels(tenant, kind, limit).inc()
 
     def add_queue_gauges(self, gauges: QueueGauges) -> None:

@@ -1,4 +1,4 @@
-"""The admin REST API against a real database, over real HTTP (issue 3, spec "DLQ-Verwaltung")."""
+"""The admin REST API against a real database, over real HTTP."""
 
 from __future__ import annotations
 

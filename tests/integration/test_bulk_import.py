@@ -1,4 +1,4 @@
-"""bulk_import against a real PostgreSQL: staging, validation, batches, crash resume (issue 6)."""
+"""bulk_import against a real PostgreSQL: staging, validation, batches, crash resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""gin_backfill against a real PostgreSQL, and hostile keys (issue 6)."""
+"""gin_backfill against a real PostgreSQL, and hostile keys."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""index_sync against a real PostgreSQL: online builds, drift, blockers, duplicates (issue 6)."""
+"""index_sync against a real PostgreSQL: online builds, drift, blockers, duplicates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/metrics, /healthz and /readyz of a real worker on a real database (issue 3)."""
+"""/metrics, /healthz and /readyz of a real worker on a real database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rate limits against a real database and a real worker (issue 3, spec "Rate-Limiting")."""
+"""Rate limits against a real database and a real worker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scaling decision: desired replicas from ready and running jobs (issue 4), table-driven."""
+"""The scaling decision: desired replicas from ready and running jobs, table-driven."""
 
 from __future__ import annotations
 

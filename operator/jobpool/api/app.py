@@ -1,4 +1,4 @@
-"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin` (spec "DLQ-Verwaltung").
+"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin`.
 
 Every /v1 route needs a Bearer token with `manage_metadata` (`jobpool.api.auth`). Errors are
 `application/problem+json` (RFC 9457) naming the problem; bad input is a 4xx, never a 500.

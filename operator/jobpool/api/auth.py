@@ -1,4 +1,4 @@
-"""Bearer-token authentication of the admin API (spec "DLQ-Verwaltung": admin only).
+"""Bearer-token authentication of the admin API (admins only).
 
 A token is a JWT signed with HS256 (a shared secret) or RS256/ES256 (a public key from a
 PEM file, inline PEM, or a JWKS file). It must carry `exp`, `sub` and the configured `aud`;

@@ -1,4 +1,4 @@
-"""Entity keys and attribute values: what an import accepts, and how it is stored (issue 6).
+"""Entity keys and attribute values: what an import accepts, and how it is stored.
 
 Pure: no I/O. `check_key` guards every user-supplied `type_key`/`attr_key` before it can reach
 SQL; `validate_record` turns one staged record into an entity or a rejection naming the field.

@@ -1,4 +1,4 @@
-"""Retry backoff: exponential with a cap and bounded jitter (spec "Backoff")."""
+"""Retry backoff: exponential with a cap and bounded jitter."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 class BackoffPolicy:
     """How long a failed job waits before its next attempt.
 
-    base: delay after the first attempt, seconds (spec default 30 s).
-    max_delay: cap on the exponential part, seconds (spec default 24 h).
-    jitter: fraction of the capped delay added at random, 0..1 (spec default 10 %).
+    base: delay after the first attempt, seconds (default 30 s).
+    max_delay: cap on the exponential part, seconds (default 24 h).
+    jitter: fraction of the capped delay added at random, 0..1 (default 10 %).
     Raises ValueError for a negative base, a cap below the base, or jitter outside 0..1.
     """
 

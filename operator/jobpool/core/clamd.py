@@ -1,4 +1,4 @@
-"""What a clamd INSTREAM reply means for an attachment (issue 5, virus_scan).
+"""What a clamd INSTREAM reply means for an attachment (virus_scan).
 
 The rule that matters: `clean` if and only if clamd answered `stream: OK`. Everything
 else is infected (a signature), unscannable (terminal, not clean), or transient (retry, the

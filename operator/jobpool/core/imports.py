@@ -1,4 +1,4 @@
-"""One import batch, decided: which staged records become entities, which are rejected (issue 6).
+"""One import batch, decided: which staged records become entities, which are rejected.
 
 Pure: no I/O. The bulk_import kind reads a batch of staged rows, calls `plan_batch`, and
 writes the plan in one transaction with the progress marker.

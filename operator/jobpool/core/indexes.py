@@ -1,4 +1,4 @@
-"""Online index builds on `mdm.ddm_entity`: names, desired definitions, drift plan (issue 6).
+"""Online index builds on `mdm.ddm_entity`: names, desired definitions, drift plan.
 
 Pure: no I/O. The kinds `index_sync` and `gin_backfill` gather the facts (the attribute, the
 index that exists under the name), call `plan_index`, and carry the plan out.

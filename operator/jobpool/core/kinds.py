@@ -1,4 +1,4 @@
-"""Per-kind defaults: priority, attempts, stale TTL, backoff and timeout (spec "Job-Kinds")."""
+"""Per-kind defaults: priority, attempts, stale TTL, backoff and timeout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What happens to a running job when its handler returns or raises (spec "Lebenszyklus")."""
+"""What happens to a running job when its handler returns or raises."""
 
 from __future__ import annotations
 

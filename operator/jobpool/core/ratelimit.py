@@ -1,4 +1,4 @@
-"""Token buckets per (tenant, kind) and per provider (spec "Rate-Limiting").
+"""Token buckets per (tenant, kind) and per provider.
 
 A bucket holds up to `burst` tokens and gains `rps` tokens per second. A job may start when
 every bucket it needs (its tenant's limit for its kind, and its kind's provider cap) holds a

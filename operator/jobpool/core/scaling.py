@@ -1,4 +1,4 @@
-"""Desired replicas of a lane from its job count: the operator's scaling decision (issue 4).
+"""Desired replicas of a lane from its job count: the operator's scaling decision.
 
 desired = clamp(ceil((ready + running) / (workers_per_pod * target_utilization)), min, max).
 Scale-up is immediate. A demand-driven scale-down waits until demand has stayed lower for

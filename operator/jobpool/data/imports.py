@@ -1,6 +1,6 @@
 """Import batches: each one commits its entities, row outcomes and progress marker together.
 
-Decision (issue 6): the worker gives bulk_import one transaction, but an import must keep its
+The worker gives bulk_import one transaction, but an import must keep its
 progress across a crash. So batches commit on a side connection, each in its own transaction
 that also moves `aa_import_job.last_line`; a batch is either wholly committed with its marker
 or not at all, and a retry continues after the marker. The job's transaction only marks the

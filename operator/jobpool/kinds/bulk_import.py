@@ -1,6 +1,6 @@
 """bulk_import: validate staged records and commit them into `mdm.ddm_entity` in batches.
 
-DESIGN §3, spec OP-41. Payload: {"import_job_id": int, "batch_size": int (default 1000, at
+Payload: {"import_job_id": int, "batch_size": int (default 1000, at
 most 10,000)}; `jobpool import FILE --tenant T --type K` stages a file and enqueues it.
 
 Each record is checked against the type's attributes (`jobpool.core.attributes`); valid ones

@@ -1,6 +1,6 @@
 """gin_backfill: build a type's partial GIN index on `attributes jsonb_path_ops` online.
 
-DESIGN §3, spec OP-17. Payload (the trigger on `mdm.ddm_entity_type` writes it when
+Payload (the trigger on `mdm.ddm_entity_type` writes it when
 `is_external_source_target` becomes true): {"type_key": str}, optionally "entity_type_id"
 (informational) and "lock_timeout" / "statement_timeout" in seconds (`DEFAULT_TIMEOUTS`).
 

@@ -1,4 +1,4 @@
-"""index_sync: build or drop an attribute's expression index online (DESIGN §3, spec OP-17).
+"""index_sync: build or drop an attribute's expression index online.
 
 Payload (the trigger on `mdm.ddm_entity_type_attribute` writes it when `searchable`,
 `sortable` or `is_unique` changes): {"attribute_id": int, "type_key": str, "attr_key": str},

@@ -1,4 +1,4 @@
-"""reindex: rebuild `search_vector` of one tenant's entities of one type (DESIGN §3).
+"""reindex: rebuild `search_vector` of one tenant's entities of one type.
 
 Payload: {"type_key": str, "batch_size": int (default 1000, at most 10,000)}. The trigger on
 `mdm.ddm_entity_type_attribute` enqueues one when an attribute's `searchable` changes; a

@@ -1,6 +1,6 @@
 """virus_scan: stream an attachment to clamd (INSTREAM) and patch `virus_scan_status`.
 
-Spec job-kind table ("Anhänge-Verhalten") and issue 5. Payload: `{"attachment_id": n,
+Payload: `{"attachment_id": n,
 "sha256": hex}` (enqueued by `jobpool.attachments.commit_upload`).
 
 `clean` if and only if clamd answered `stream: OK` for exactly the committed bytes (size and

@@ -1,4 +1,4 @@
-"""Named SQL queries, loaded once from the `.sql` files in this folder (STYLE habit 1).
+"""Named SQL queries, loaded once from the `.sql` files in this folder.
 
 Each query starts with `-- name: <name> :<shape>` and a one-line description; the shape
 (`:one`, `:many`, `:exec`) tells the caller what comes back.

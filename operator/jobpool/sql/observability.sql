@@ -1,4 +1,4 @@
--- Named queries of rate limits and metrics (spec "Rate-Limiting", "Beobachtbarkeit").
+-- Named queries of rate limits and metrics.
 
 -- name: tenant_rate_limits :many
 -- Every tenant's key and its rate_limit metadata as JSON text (NULL when it sets none).

@@ -11,7 +11,7 @@ INSERT INTO mdm.aa_job_kind (name, priority, max_attempts, stale_ttl) VALUES
     ('virus_scan', 100, 20, '15 minutes')
 ON CONFLICT (name) DO NOTHING;
 
--- Events for external consumers (spec: AA_JOB is not the outbox event bus).
+-- Events for external consumers (the job table is not an event bus: events outlive their jobs).
 CREATE TABLE mdm.aa_outbox_event (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     uid           uuid NOT NULL UNIQUE DEFAULT gen_random_uuid(),
@@ -73,7 +73,7 @@ CREATE INDEX ix_aa_webhook_delivery_pending ON mdm.aa_webhook_delivery (event_id
     WHERE status = 'pending';
 CREATE INDEX ix_aa_webhook_delivery_subscription ON mdm.aa_webhook_delivery (subscription_id);
 
--- Decision (issue 5): a trigger, not only a library call, turns every inserted event into an
+-- A trigger, not only a library call, turns every inserted event into an
 -- outbox_dispatch job in the inserting transaction, whoever inserts it (jobpool.outbox.publish,
 -- plain SQL, a service in another language, a data migration). One job per event; it fans
 -- out to one delivery job per matching subscription.

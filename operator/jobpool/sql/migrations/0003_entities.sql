@@ -1,6 +1,6 @@
 -- Master data: entity types, their attributes, entities, import staging; the data kinds'
 -- job kinds, audit actions, and the triggers that enqueue index_sync / gin_backfill / reindex
--- in the same transaction as the change (DESIGN §3, issue 6).
+-- in the same transaction as the change.
 
 ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'import_completed';
 ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'search_reindexed';
