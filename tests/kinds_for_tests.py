@@ -43,6 +43,12 @@ async def fail(job: Job, tx: AsyncConnection[Any]) -> None:
     raise RuntimeError(job.payload.get("message", "transient failure"))
 
 
+@jobpool.kind("test_env")
+async def env(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
+    """Return the values of the environment variables `payload.names` in the worker process."""
+    return {name: os.environ.get(name) for name in job.payload["names"]}
+
+
 TEST_RUNS_DDL = """
 CREATE TABLE IF NOT EXISTS test_runs (
     job_id bigint NOT NULL, attempt int NOT NULL, worker_pid int NOT NULL,
