@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from private_postgres import PrivateServer, find_bin
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -105,3 +106,21 @@ async def tenant(conn: psycopg.AsyncConnection[dict[str, Any]]) -> uuid.UUID:
     row = await cur.fetchone()
     assert row is not None
     return uuid.UUID(str(row["id"]))
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    """A running, migrated PostgreSQL cluster of the test's own, to stop and restart.
+
+    Its `postgres` database (`private_server.dsn()`) holds the schema.
+    """
+    bin_dir = find_bin()
+    if bin_dir is None:
+        pytest.skip("no initdb/pg_ctl found: set JOBPOOL_TEST_PG_BIN to their folder")
+    server = PrivateServer(bin_dir)
+    try:
+        server.start()
+        asyncio.run(_migrate(server.dsn()))
+        yield server
+    finally:
+        server.remove()

@@ -208,7 +208,9 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
         until_empty=args.until_empty,
     )
-    dsn = await prepare_database(settings)
+    # a server of your own may be down or not migrated yet: the worker waits for it, serving
+    # its probes; the embedded one is started (and migrated) here
+    dsn = settings.dsn or await prepare_database(settings)
     worker = Worker(dsn, registry, config, actor=settings.service_account)
     worker.install_signal_handlers()
     health = await start_worker_health(worker, dsn, args.metrics_port)
@@ -225,16 +227,16 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.worker.supervisor import lane_processes, supervise
 
     pool = load_pool_file(args.pool)
-    asyncio.run(prepare_database(settings))
+    if not settings.dsn:  # start and migrate the embedded server once, for every lane
+        asyncio.run(prepare_database(settings))
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
         print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
               f"{lane.workers_per_pod} slots; kinds: {kinds}"
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
-    processes = lane_processes(pool.lanes, imports=args.imports, until_empty=args.until_empty,
-                               grace=args.grace, log_level=args.log_level,
-                               metrics_port=args.metrics_port)
+    processes = lane_processes(pool, imports=args.imports, until_empty=args.until_empty,
+                               log_level=args.log_level, metrics_port=args.metrics_port)
     return supervise(processes)
 
 
@@ -413,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
                    envvar="JOBPOOL_SLOTS", default=4, help="jobs run at once")
     p.add_argument("--grace", type=seconds(MIN_GRACE, MAX_GRACE), action=EnvDefault,
                    envvar="JOBPOOL_GRACE", default=30.0,
-                   help="seconds running jobs get after SIGTERM before they are handed back")
+                   help="seconds running jobs get after SIGTERM before they are handed back "
+                        "(a pool file's lanes get its spec.worker.graceSeconds)")
     p.add_argument("--poll-interval", type=seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
                    action=EnvDefault, envvar="JOBPOOL_POLL_INTERVAL", default=2.0,
                    help="seconds between claims when no notification arrives")

@@ -108,8 +108,7 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
                 await seed(conn, pool, args.emails)
 
         asyncio.run(prepare())
-        code = supervise(lane_processes(pool.lanes, imports=(), until_empty=True, grace=10.0,
-                                        metrics_port=0,
+        code = supervise(lane_processes(pool, imports=(), until_empty=True, metrics_port=0,
                                         log_level=args.log_level))
 
         async def summary() -> None:

@@ -13,6 +13,8 @@ from integration.helpers import prepare, scalar
 import jobpool
 from acceptance.cli import REPO
 from acceptance.cli import jobpool as cli
+from jobpool.core.poolspec import load_pool_file
+from jobpool.k8s.manifests import build_worker_env
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -68,6 +70,50 @@ def laughs(indent: str, levels: int = 30) -> str:
     lines = [f"{indent}l0: &l0 [x, x, x, x]"]
     lines += [f"{indent}l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 4)}]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+CAPPED_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: local}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  worker:
+    env: [{name: JOBPOOL_SMTP_FROM, value: lanes@example.com}]
+  lanes:
+    - name: capped
+      kinds: [test_env]
+      rateLimits:
+        providers: {relay: {rps: 50, burst: 50}}
+        kinds: {test_env: relay}
+"""
+
+
+async def test_local_lane_processes_get_the_environment_the_operator_gives_pods(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """The lane's rateLimits reach its processes as JOBPOOL_RATE_LIMITS, as on Kubernetes,
+    replacing one inherited from the shell."""
+    await prepare(conn)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(CAPPED_POOL)
+    spec = load_pool_file(pool)
+    pod_env = {item["name"]: item["value"] for item in build_worker_env(spec, spec.lane("capped"))
+               if "value" in item and item["name"] != "JOBPOOL_METRICS_PORT"}
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_env",
+                                payload={"names": sorted(pod_env)})
+    cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+        "--metrics-port", "0", "--log-level", "warning",
+        JOBPOOL_RATE_LIMITS='{"providers": {}}')
+    assert await scalar(conn, "SELECT result FROM mdm.aa_job WHERE id = %s", (job.id,)) == pod_env
+    assert set(pod_env) >= {"JOBPOOL_RATE_LIMITS", "JOBPOOL_LANE", "JOBPOOL_SMTP_FROM"}
+
+
+def test_the_example_pool_runs_until_empty_before_its_tenant_exists(dsn: str) -> None:
+    """The example's lane `acme` names a tenant a fresh database does not have yet: with
+    --until-empty it has nothing to run, so it ends like the others."""
+    result = cli(dsn, "run", "examples/pool.yaml", "--until-empty", "--metrics-port", "0",
+                 "--log-level", "warning", timeout=300)
+    assert "tenant(s) acme do not exist: nothing to run for them" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,7 @@ async def test_kill_9_mid_job_then_recovery_runs_it_to_done(conn: Conn, dsn: str
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
                                     payload={"seconds": 60, "retry_seconds": 0})).id
+    placed = (await job(conn, job_id))["available_at"]
     victim = start(dsn, *worker_args("test_sleep"))
     await _wait_status(conn, job_id, "running")
     os.kill(victim.pid, signal.SIGKILL)
@@ -64,6 +65,7 @@ async def test_kill_9_mid_job_then_recovery_runs_it_to_done(conn: Conn, dsn: str
     assert f"job {job_id} (test_sleep): stale claim recovered -> pending" in out
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("pending", 1)  # recovery is not an attempt
+    assert row["available_at"] == placed  # nor a reason to queue it behind newer jobs
     assert row["last_error"].endswith("[stale-claim recovered]")
 
     run_cli(dsn, *worker_args("test_sleep", until_empty=True))
@@ -78,6 +80,7 @@ async def test_sigterm_hands_back_a_job_longer_than_the_grace_period(
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
                                     payload={"seconds": 60, "retry_seconds": 0})).id
+    placed = (await job(conn, job_id))["available_at"]
     quick = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
     w = start(dsn, *worker_args("test_sleep", "test_record", grace=1))
     await _wait_status(conn, job_id, "running")
@@ -88,6 +91,7 @@ async def test_sigterm_hands_back_a_job_longer_than_the_grace_period(
     assert "handed back" in err
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+    assert row["available_at"] == placed  # handed back at its place in the queue
 
     run_cli(dsn, *worker_args("test_sleep", until_empty=True))
     row = await job(conn, job_id)

@@ -10,7 +10,6 @@ import subprocess
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -185,8 +184,19 @@ async def test_gauges_survive_an_unreachable_database() -> None:
     assert samples["mdm_jobs_gauges_age_seconds"] == []
 
 
+class FakeSource:
+    """A worker as the probes see it: its problems and its fetch loop's last beat."""
+
+    def __init__(self, problems: list[str], loop_beat: float) -> None:
+        self.problems = problems
+        self.loop_beat = loop_beat
+
+    def not_ready(self) -> list[str]:
+        return self.problems
+
+
 async def test_readyz_names_what_is_down_and_healthz_a_stuck_loop() -> None:
-    source = SimpleNamespace(listening=False, database_ok=True, loop_beat=-1000.0)
+    source = FakeSource(["LISTEN connection down"], loop_beat=-1000.0)
     server = HealthServer(source, WorkerMetrics())
     port = await server.start(port=0, host="127.0.0.1")
     try:
@@ -194,14 +204,14 @@ async def test_readyz_names_what_is_down_and_healthz_a_stuck_loop() -> None:
         assert (status, json.loads(body)["problems"]) == (503, ["LISTEN connection down"])
         status, body = await scrape(port, "/healthz")
         assert status == 503 and "fetch loop silent" in body
-        source.listening = True
+        source.problems = []
         assert (await scrape(port, "/readyz"))[0] == 200
     finally:
         await server.stop()
 
 
 async def test_a_taken_port_is_a_clear_error() -> None:
-    source = SimpleNamespace(listening=True, database_ok=True, loop_beat=0.0)
+    source = FakeSource([], loop_beat=0.0)
     first = HealthServer(source, WorkerMetrics())
     port = await first.start(port=0, host="127.0.0.1")
     try:

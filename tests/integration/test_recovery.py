@@ -46,6 +46,31 @@ async def test_recovery_follows_the_spec(conn: Conn, tenant: uuid.UUID) -> None:
                         " AND job_id = %s", (exhausted,)) == 1
 
 
+async def test_a_recovered_job_keeps_its_place_in_the_queue(conn: Conn,
+                                                           tenant: uuid.UUID) -> None:
+    """Recovery is no fault of the job: it goes back ahead of jobs enqueued after it."""
+    await prepare(conn)
+    first, later = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                    for _ in range(2)]
+    await conn.execute("UPDATE mdm.aa_job SET available_at = now() - interval '1 hour'"
+                       " WHERE id = %s", (first,))
+    placed = (await job(conn, first))["available_at"]
+    await _running(conn, first, "1 hour")
+
+    await recover_stale_claims(conn, actor="cleanup")
+
+    assert (await job(conn, first))["available_at"] == placed
+    pool = open_pool(str(conn.info.dsn), size=1)
+    await pool.open()
+    try:
+        claimed = await QueueStore(pool, worker_id="h/1/next", actor="w").claim(
+            kinds=["test_record"], tenants=None, limit=1)
+    finally:
+        await pool.close()
+    assert [row["id"] for row in claimed] == [first]
+    assert (await job(conn, later))["status"] == "pending"
+
+
 async def test_a_live_long_job_keeps_its_claim(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
     """test_sleep has a 3 s stale TTL; a 6 s job survives recovery because its lease is renewed."""
     await prepare(conn)

@@ -45,3 +45,14 @@ def backoff_delay(attempts: int, policy: BackoffPolicy, rng: random.Random) -> f
     else:
         capped = min(policy.base * 2.0**exponent, policy.max_delay)
     return capped + rng.uniform(0.0, policy.jitter * capped)
+
+
+def retry_pause(failures: int, *, first: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait after `failures` failed tries in a row of something that may work again
+    any moment (reaching the database, restarting a background task).
+
+    first * 2^(failures-1), capped at `cap`, times uniform(0.5, 1): the pause stays short while
+    the outage is short, and processes that failed together do not retry in step.
+    """
+    exponent = min(max(failures, 1) - 1, 64)
+    return min(first * 2.0**exponent, cap) * rng.uniform(0.5, 1.0)

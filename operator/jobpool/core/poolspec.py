@@ -176,6 +176,16 @@ class PoolSpec:
                 return lane
         raise KeyError(name)
 
+    def lane_env(self, lane: Lane) -> dict[str, str]:
+        """The environment a worker of `lane` gets besides its DSN and metrics port, on
+        Kubernetes and in a local run alike: the pool and lane names, the lane's provider
+        caps as JOBPOOL_RATE_LIMITS (only if it has `rateLimits`), then `spec.worker.env`."""
+        env = {"JOBPOOL_POOL": self.name, "JOBPOOL_LANE": lane.name}
+        if lane.rate_limits is not None:
+            env["JOBPOOL_RATE_LIMITS"] = lane.rate_limits.to_json()
+        env.update(self.env)
+        return env
+
 
 @functools.cache
 def crd_document() -> Mapping[str, Any]:

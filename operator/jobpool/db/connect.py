@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import warnings
@@ -20,6 +21,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.jsondata import load_json
+from jobpool.db.migrate import check_schema
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.sql import QUERIES
 
@@ -111,6 +113,48 @@ def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionP
         connection_class=JobConnection,
         kwargs={"row_factory": dict_row, "context": ADAPTERS},
     )
+
+
+async def open_live_pool(
+    dsn: str, *, size: int, name: str, timeout: float
+) -> AsyncConnectionPool[Any]:
+    """`open_pool`, opened, once one of its connections answers (the others follow in the
+    background, so a server near its connection limit still gets a working pool).
+
+    Raises psycopg.OperationalError (PoolTimeout after `timeout` seconds), the pool closed.
+    """
+    pool = open_pool(dsn, size=size, name=name)
+    await pool.open()
+    try:
+        async with pool.connection(timeout=timeout) as conn:
+            await conn.execute(QUERIES["ping"].text)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+async def probe(dsn: str, *, timeout: float) -> None:
+    """Connect to `dsn` afresh and check that its schema is migrated.
+
+    Raises psycopg.OperationalError (unreachable, refusing, or no answer within `timeout`
+    seconds) or SchemaNotMigratedError.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await check_schema(conn)
+    except TimeoutError:
+        raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether `exc` says the connection failed (refused, broken, server shutting down, no
+    pooled connection in time), as opposed to a statement that failed on a live one."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P"))
 
 
 async def open_side_connection(

@@ -49,8 +49,8 @@ class QueueStore:
     """Queue I/O for one worker (or admin) process.
 
     Methods that take `conn` run inside the caller's transaction (a job's transaction);
-    the others borrow a connection from the pool and commit at once.
-    Connections must return rows as dicts (`jobpool.db.connect`).
+    the others borrow a connection from `pool` and commit at once; a worker replaces `pool`
+    after an outage. Connections must return rows as dicts (`jobpool.db.connect`).
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str) -> None:
@@ -152,6 +152,15 @@ class QueueStore:
             row = await fetch_one(conn, "release_job",
                                   {**self._cas(job_id, attempts), "delay": delay})
         return row is not None
+
+    async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]:
+        """Hand back the jobs running under this worker's claim except `running` (the ones it
+        runs): claims that committed while it saw the connection fail. Returns their
+        (id, job_kind). They keep their place in the queue and their attempt is not counted:
+        they never ran."""
+        async with self.pool.connection() as conn:
+            return await fetch_all(conn, "release_unrun_claims",
+                                   {"running": list(running), "worker_id": self.worker_id})
 
     async def renew_leases(self, job_ids: Sequence[int]) -> set[int]:
         """Renew the leases of `job_ids`; return those this worker still holds."""

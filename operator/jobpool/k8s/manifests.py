@@ -93,12 +93,8 @@ def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
             },
         },
         {"name": "JOBPOOL_METRICS_PORT", "value": str(pool.metrics_port)},
-        {"name": "JOBPOOL_POOL", "value": pool.name},
-        {"name": "JOBPOOL_LANE", "value": lane.name},
     ]
-    if lane.rate_limits is not None:
-        env.append({"name": "JOBPOOL_RATE_LIMITS", "value": lane.rate_limits.to_json()})
-    env += [{"name": name, "value": value} for name, value in pool.env]
+    env += [{"name": name, "value": value} for name, value in pool.lane_env(lane).items()]
     return env
 
 

@@ -97,6 +97,7 @@ SELECT count(*)::int AS changed FROM done;
 
 -- name: complete_jobs :many
 -- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
+-- Returns the ids done by this worker's claim, also those a first try already marked.
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
@@ -118,8 +119,15 @@ WITH input AS (
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
     SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+), done_before AS (
+    -- sent again after a connection failure that hid the commit of the first try
+    SELECT j.id
+      FROM mdm.aa_job j JOIN input i ON i.id = j.id
+     WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
 )
-SELECT id FROM done;
+SELECT id FROM done
+UNION ALL
+SELECT id FROM done_before;
 
 -- name: plan_claim :one
 -- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.
@@ -154,14 +162,27 @@ WITH parked AS (
 SELECT id FROM parked;
 
 -- name: release_job :one
--- Hand a claimed job back without using up its attempt (shutdown, rate limit).
+-- Hand a claimed job back without using up its attempt: after a delay (rate limit), or at
+-- once (shutdown), then keeping its place in the queue.
 UPDATE mdm.aa_job
    SET status = 'pending', attempts = attempts - 1,
-       available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+       available_at = CASE WHEN %(delay)s::float8 > 0
+                           THEN clock_timestamp() + make_interval(secs => %(delay)s::float8)
+                           ELSE available_at END,
        claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
  WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
    AND attempts = %(attempts)s
 RETURNING id;
+
+-- name: release_unrun_claims :many
+-- Hand back this worker's running jobs other than %(running)s: claims that committed while
+-- the worker saw its connection fail, so it never ran them. Pending again at their place in
+-- the queue, the attempt not counted.
+UPDATE mdm.aa_job
+   SET status = 'pending', attempts = attempts - 1,
+       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+ WHERE status = 'running' AND claimed_by = %(worker_id)s AND id <> ALL(%(running)s::bigint[])
+RETURNING id, job_kind;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs; returns the ids it still holds.
@@ -180,7 +201,8 @@ UPDATE mdm.aa_job j
 RETURNING j.id;
 
 -- name: recover_stale_claims :many
--- Take back claims whose lease expired; a job out of attempts goes to the DLQ instead.
+-- Take back claims whose lease expired, keeping each job's place in the queue (its
+-- available_at); a job out of attempts goes to the DLQ instead.
 WITH stale AS (
     SELECT j.id
       FROM mdm.aa_job j
@@ -193,8 +215,6 @@ WITH stale AS (
        SET status = CASE WHEN j.attempts >= j.max_attempts
                          THEN 'dlq'::mdm.job_status ELSE 'pending'::mdm.job_status END,
            completed_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
-           available_at = CASE WHEN j.attempts >= j.max_attempts THEN j.available_at
-                               ELSE clock_timestamp() END,
            last_error = left(coalesce(j.last_error, ''), 4000) || ' [stale-claim recovered]',
            claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
       FROM stale

@@ -1,7 +1,9 @@
 """The worker's HTTP side: `/metrics` (Prometheus), `/healthz` and `/readyz` (Kubernetes probes).
 
 /healthz: the fetch loop has beaten within `LIVENESS_TIMEOUT` seconds (else 503: restart me).
-/readyz: the database answered the last claim and the LISTEN connection is up (else 503).
+It beats also while waiting for the database: a restart would not bring the database back.
+/readyz: the worker reports no problem (else 503 with the list): the database answers, the
+LISTEN connection is up, no background task is failing.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ LIVENESS_TIMEOUT = 60.0
 class HealthSource(Protocol):
     """What the probes read from a worker (`jobpool.worker.runtime.Worker` has these)."""
 
-    listening: bool
-    database_ok: bool
     loop_beat: float
+
+    def not_ready(self) -> list[str]:
+        """What keeps the worker from being ready, one sentence each; [] when ready."""
+        ...
 
 
 class ObservedWorker(HealthSource, Protocol):
@@ -56,10 +60,7 @@ def build_app(source: HealthSource, metrics: WorkerMetrics, *,
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        problems = [text for ok, text in (
-            (source.database_ok, "database unreachable"),
-            (source.listening, "LISTEN connection down"),
-        ) if not ok]
+        problems = source.not_ready()
         if problems:
             return web.json_response({"status": "not ready", "problems": problems}, status=503)
         return web.json_response({"status": "ready"})

@@ -8,7 +8,6 @@ are the pure ones of `jobpool.core.ratelimit`; each worker process keeps its own
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -17,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.ratelimit import (
@@ -98,7 +96,8 @@ class RateLimiter:
     """The token buckets of one worker process.
 
     `acquire` decides whether a claimed job may start; `throttled` lists the pairs the next
-    claim should leave out; `refresh`/`keep_fresh` reload the tenants' limits.
+    claim should leave out; `refresh` reloads the tenants' limits (the worker calls it every
+    `refresh_every` seconds).
     """
 
     def __init__(
@@ -195,16 +194,6 @@ class RateLimiter:
             for problem in problems:
                 log.warning("ignoring invalid rate limit: %s", problem)
         self._reported = problems
-
-    async def keep_fresh(self, pool: AsyncConnectionPool[Any]) -> None:
-        """Refresh every `refresh_every` seconds until cancelled; keep old limits on errors."""
-        while True:
-            await asyncio.sleep(self.refresh_every)
-            try:
-                await self.refresh(pool)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("could not reload tenant rate limits (keeping the old ones): %s",
-                            exc)
 
 
 def requeue_delay(denied: Denied) -> float:

@@ -1,4 +1,11 @@
-"""One worker process: claim into free slots, run each job in its transaction, renew leases."""
+"""One worker process: claim into free slots, run each job in its transaction, renew leases.
+
+Outages: whoever sees the connection fail calls `_database_error`; claiming pauses, and a
+background task probes with a fresh connection until the database answers (every 0.1 s
+growing to 1 s), renews the pool, settles this worker's leftovers (renews its leases, hands
+back claims it never ran) and resumes. Outcomes that could not be written are written again
+then, on a fresh connection.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +16,53 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
+from psycopg_pool import PoolClosed
 
-from jobpool.core.backoff import backoff_delay
+from jobpool.core.backoff import backoff_delay, retry_pause
 from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
 from jobpool.core.ratelimit import Denied
-from jobpool.db.connect import JobConnection, open_pool
+from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe
 from jobpool.db.store import Completion, QueueStore
-from jobpool.errors import PermanentError, RetryAfter
+from jobpool.errors import PermanentError, RetryAfter, SchemaNotMigratedError, UnknownTenantError
 from jobpool.job import Job
 from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
+from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
 from jobpool.worker.ratelimit import WAKE_SLACK, RateLimiter, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
+
+RECONNECT_FIRST = 0.1
+"""Seconds between the first probes of a database that stopped answering."""
+
+RECONNECT_MAX = 1.0
+"""Cap on the pause between probes, seconds: claiming resumes within about this long after
+the database answers again."""
+
+PROBE_TIMEOUT = 10.0
+"""Seconds a probe (or opening a fresh pool) may take before it counts as failed."""
+
+STILL_DOWN_LOG_EVERY = 30.0
+"""Seconds between log lines while the database stays unreachable."""
+
+BEAT_EVERY = 5.0
+"""Seconds between fetch-loop beats (/healthz) while claiming waits for the database."""
+
+TENANT_CHECK_EVERY = 5.0
+"""Seconds between checks for a lane's tenants that do not exist yet."""
+
+SHUTDOWN_WRITE_TIMEOUT = 5.0
+"""Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
 
 class ClaimLost(Exception):
@@ -107,12 +138,16 @@ class Worker:
         self.completions: list[tuple[Completion, asyncio.Future[bool]]] = []
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
+        self.online = asyncio.Event()
+        self.claiming = asyncio.Lock()
+        self.database_problem: str | None = "waiting for the database"
         self.listening = False
-        self.database_ok = False
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
+        self.started = False
         self.limiter = limiter or RateLimiter.from_settings(current_settings())
         self.metrics = WorkerMetrics()
+        self.background = BackgroundTasks(self.rng)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -129,43 +164,83 @@ class Worker:
             loop.add_signal_handler(sig, self.stop)
 
     async def run(self) -> None:
+        """Wait until the database answers (serving the probes meanwhile), then work.
+
+        With `until_empty` (a one-off drain, which nobody restarts) a database that is
+        unreachable or not migrated at the start raises psycopg.OperationalError or
+        SchemaNotMigratedError instead.
+        """
         if not self.kinds:
             raise ValueError("this worker serves no job kinds")
-        pool = open_pool(self.dsn, size=self.config.slots + 2, name=f"jobpool-{self.worker_id}")
-        await pool.open(wait=True, timeout=30)
+        if self.config.until_empty:
+            await probe(self.dsn, timeout=PROBE_TIMEOUT)
+        self.background.start("reconnect", self._reconnect)
         try:
-            self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
-            await self.store.register_kinds(self.specs.values())
-            self.tenant_ids = await self._resolve_tenants()
-            await self.limiter.refresh(pool)
-            self.database_ok = True
-            log.info(
-                "worker %s: %d slots, kinds %s, tenants %s", self.worker_id, self.config.slots,
-                ",".join(self.kinds), ",".join(self.config.tenants) or "all",
-            )
-            background = [asyncio.create_task(self._listen(), name="listen"),
-                          asyncio.create_task(self._renew_leases(), name="leases"),
-                          asyncio.create_task(self.limiter.keep_fresh(pool), name="rate-limits")]
+            if not await self._wait_online():
+                return
+            self.background.start("listen", self._listen)
+            self.background.start("leases", self._renew_leases)
+            self.background.start("rate-limits", self._refresh_limits)
             if "cleanup_jobs" in self.kinds and not self.config.until_empty:
-                background.append(asyncio.create_task(self._schedule_cleanup(), name="cleanup"))
-            try:
-                await self._fetch_loop()
-                await self._drain()
-            finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                self.background.start("cleanup", self._schedule_cleanup)
+            await self._fetch_loop()
+            await self._drain()
         finally:
-            await pool.close()
+            await self.background.stop()
+            if self.store is not None:
+                await self.store.pool.close()
 
-    async def _resolve_tenants(self) -> list[uuid.UUID] | None:
+    def not_ready(self) -> list[str]:
+        """What keeps this worker from being ready (/readyz); [] when ready."""
+        problems = [self.database_problem] if self.database_problem else []
+        if not self.listening:
+            problems.append("LISTEN connection down")
+        return problems + self.background.problems()
+
+    async def _start_up(self) -> None:
+        """Register the kinds, find the lane's tenants, load the rate limits."""
+        assert self.store is not None
+        await self.store.register_kinds(self.specs.values())
+        if self.config.tenants:
+            found, missing = await self._find_tenants(self.config.tenants)
+            self.tenant_ids = list(found.values())
+            if missing:
+                self._wait_for_tenants(missing)
+        try:
+            await self.limiter.refresh(self.store.pool)
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            self.background.failed("rate-limits", exc)  # its task keeps trying meanwhile
+        log.info(
+            "worker %s: %d slots, kinds %s, tenants %s", self.worker_id, self.config.slots,
+            ",".join(self.kinds), ",".join(self.config.tenants) or "all",
+        )
+        self.started = True
+
+    async def _find_tenants(
+        self, refs: tuple[str, ...]
+    ) -> tuple[dict[str, uuid.UUID], tuple[str, ...]]:
+        """The tenants of `refs` (keys or ids) that exist, by ref, and the refs that do not."""
         from jobpool.admin import resolve_tenant
 
-        if not self.config.tenants:
-            return None
         assert self.store is not None
+        found: dict[str, uuid.UUID] = {}
         async with self.store.pool.connection() as conn:
-            return [(await resolve_tenant(conn, ref))["id"] for ref in self.config.tenants]
+            for ref in refs:
+                with contextlib.suppress(UnknownTenantError):
+                    found[ref] = (await resolve_tenant(conn, ref))["id"]
+        return found, tuple(ref for ref in refs if ref not in found)
+
+    def _wait_for_tenants(self, missing: tuple[str, ...]) -> None:
+        """Serve tenants created after the start once they exist; with `until_empty` they
+        have no jobs to run (a job needs its tenant), so nothing is awaited."""
+        if self.config.until_empty:
+            log.warning("tenant(s) %s do not exist: nothing to run for them", ", ".join(missing))
+            return
+        log.warning("tenant(s) %s do not exist yet: serving them once created (checking "
+                    "every %gs)", ", ".join(missing), TENANT_CHECK_EVERY)
+        self.background.start("tenants", lambda: self._watch_tenants(missing))
 
     # -- claiming ------------------------------------------------------------------------
 
@@ -173,13 +248,19 @@ class Worker:
         assert self.store is not None
         while not self.stopping.is_set():
             self.loop_beat = time.monotonic()
+            if not self.online.is_set():
+                await self._wait_online()
+                continue
             self.wake.clear()
             await self._gather_completions()
             batch, self.completions = self.completions, []
             free = self.config.slots - len(self.in_flight) + len(batch)
-            claimed = await self._complete_and_claim(batch, free)
-            for row in claimed:
-                self._start(row)
+            async with self.claiming:  # settling after an outage sees every claimed job started
+                claimed = await self._complete_and_claim(batch, free)
+                for row in claimed:
+                    self._start(row)
+            if not self.online.is_set():
+                continue  # the claim failed: claim again once the database answers
             # a job that finished during the claim may have enqueued more: claim again first
             if (self.config.until_empty and not claimed and not self.in_flight
                     and not self.wake.is_set()):
@@ -203,19 +284,19 @@ class Worker:
                 tenants=self.tenant_ids, limit=max(limit, 0),
                 throttled=self.throttled() if limit > 0 else [],
             )
-            self.database_ok = True
-        except psycopg.OperationalError as exc:
-            for _, done in batch:
-                done.set_exception(CompletionFailed(str(exc)))
-            self.database_ok = False
-            log.warning("claim failed, database unreachable: %s", exc)
-            return []
         except psycopg.Error as exc:
-            if not batch:
+            if lost_connection(exc):
+                self.completions[:0] = batch  # written with the next claim, on a fresh connection
+                self._database_error(exc)
+                return []
+            if batch:
+                log.warning("the batched done of %d job(s) was refused (%s); recording each on "
+                            "its own", len(batch), exc)
+                await self._complete_one_by_one(batch)
+                return []
+            if not isinstance(exc, psycopg.OperationalError):
                 raise
-            log.warning("the batched done of %d job(s) was refused (%s); recording each on "
-                        "its own", len(batch), exc)
-            await self._complete_one_by_one(batch)
+            log.warning("claim failed: %s", exc)
             return []
         for completion, done in batch:
             done.set_result(completion.job_id in held)
@@ -227,12 +308,14 @@ class Worker:
         """Record each `done` of a refused batch in its own transaction, so that only the job
         whose `done` the database refuses fails (ResultRefused: to the DLQ)."""
         assert self.store is not None
-        for completion, done in batch:
+        for index, (completion, done) in enumerate(batch):
             try:
                 done.set_result(await self.store.complete_alone(completion))
-            except psycopg.OperationalError as exc:
-                done.set_exception(CompletionFailed(str(exc)))
             except psycopg.Error as exc:
+                if lost_connection(exc):  # the rest go with the next claim, on a fresh connection
+                    self.completions[:0] = batch[index:]
+                    self._database_error(exc)
+                    return
                 done.set_exception(ResultRefused(exc))
 
     async def _gather_completions(self) -> None:
@@ -288,6 +371,9 @@ class Worker:
             for task in unfinished:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
+            if unfinished and not self.online.is_set():
+                log.error("%d job(s) stopped while the database was unreachable: their claims "
+                          "wait for stale-claim recovery", len(unfinished))
         finally:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
@@ -406,15 +492,19 @@ class Worker:
             delay=delay, permanent=isinstance(exc, PermanentError),
         )
         outcome: Outcome
+        store = self.store
         try:
             match decision:
                 case Retry(delay=wait, error=error):
-                    held = await self.store.retry(job.id, job.attempts, delay=wait, error=error)
+                    held = await self._record(
+                        lambda: store.retry(job.id, job.attempts, delay=wait, error=error))
                     outcome = "retry"
+                    self._wake_in(wait)
                     log.info("job %d (%s) attempt %d failed, retry in %.1fs: %s",
                              job.id, job.job_kind, job.attempts, wait, error)
                 case DeadLetter(error=error):
-                    held = await self.store.dead_letter(job.id, job.attempts, error=error)
+                    held = await self._record(
+                        lambda: store.dead_letter(job.id, job.attempts, error=error))
                     outcome = "dlq"
                     log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
                                 job.id, job.job_kind, job.attempts, error)
@@ -428,28 +518,56 @@ class Worker:
         return outcome
 
     async def _hand_back(self, job: Job) -> None:
-        assert self.store is not None
+        store = self.store
+        assert store is not None
         try:
-            if await self.store.release(job.id, job.attempts):
-                log.warning("job %d (%s) did not finish within the grace period; handed back",
-                            job.id, job.job_kind)
-        except psycopg.Error as exc:
-            log.error("job %d: could not hand back (%s); its lease will expire", job.id, exc)
+            async with asyncio.timeout(SHUTDOWN_WRITE_TIMEOUT):
+                held = await self._record(lambda: store.release(job.id, job.attempts))
+        except (TimeoutError, psycopg.Error) as exc:
+            log.error("job %d: could not hand back (%s); its lease will expire",
+                      job.id, str(exc) or "the database did not answer")
+            return
+        if held:
+            log.warning("job %d (%s) did not finish within the grace period; handed back",
+                        job.id, job.job_kind)
 
     async def _requeue_rate_limited(self, job: Job, denied: Denied, started: float) -> None:
         """No token: back to pending until the next one is due; the attempt is not used up."""
-        assert self.store is not None
+        store = self.store
+        assert store is not None
         tenant = self.limiter.tenant_label(job.tenant_id)
         self.metrics.rate_limited(tenant, job.job_kind, denied.scope)
-        asyncio.get_running_loop().call_later(denied.retry_after + WAKE_SLACK, self.wake.set)
+        self._wake_in(denied.retry_after)
         try:
-            await self.store.release(job.id, job.attempts, delay=requeue_delay(denied))
+            await self._record(
+                lambda: store.release(job.id, job.attempts, delay=requeue_delay(denied)))
         except psycopg.Error as exc:
             log.error("job %d: could not requeue (%s); its lease will expire", job.id, exc)
             self.observe(job, "error", started)
             return
         log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
         self.observe(job, "rate_limited", started)
+
+    async def _record(self, write: Callable[[], Awaitable[bool]]) -> bool:
+        """Write a job's outcome with `write` (a compare-and-set: False means the claim is
+        lost). When the connection fails, write it again once the database answers; other
+        errors are raised."""
+        failures = 0
+        while True:
+            try:
+                return await write()
+            except psycopg.OperationalError as exc:
+                if not lost_connection(exc):
+                    raise
+                failures += 1
+                self._database_error(exc)
+                await self.online.wait()
+                if failures > 1:  # not a dead pooled connection: do not hammer
+                    await asyncio.sleep(self._reconnect_pause(failures - 1))
+
+    def _wake_in(self, delay: float) -> None:
+        """Wake the fetch loop when something this worker scheduled `delay` s ahead falls due."""
+        asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
 
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
@@ -460,6 +578,88 @@ class Worker:
             processing=time.monotonic() - started if ran else None,
         )
 
+    # -- the database link --------------------------------------------------------------
+
+    def _database_error(self, exc: psycopg.Error) -> None:
+        """A statement failed with `exc`. If the connection failed: pause claiming, reconnect
+        in the background. Else log it (the caller retries or gives up).
+
+        A pool retired by the reconnect (PoolClosed) needs nothing: retry on the new one.
+        """
+        if isinstance(exc, PoolClosed):
+            return
+        if not lost_connection(exc):
+            log.warning("database error: %s", exc)
+            return
+        if self.online.is_set():
+            log.warning("database connection lost (%s); claiming paused until it answers", exc)
+        self.online.clear()
+        self.database_problem = f"database unreachable: {exc}"
+        self.background.start("reconnect", self._reconnect)
+
+    async def _wait_online(self) -> bool:
+        """Wait until the database answers (True) or the worker stops (False), beating."""
+        while True:
+            self.wake.clear()
+            if self.stopping.is_set() or self.online.is_set():
+                return not self.stopping.is_set()
+            self.loop_beat = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), BEAT_EVERY)
+
+    def _reconnect_pause(self, failures: int) -> float:
+        return retry_pause(failures, first=RECONNECT_FIRST, cap=RECONNECT_MAX, rng=self.rng)
+
+    async def _reconnect(self) -> None:
+        """Probe until the database answers, renew the pool, settle leftovers, go online."""
+        lost_at = time.monotonic()
+        failures = 0
+        logged = lost_at
+        while True:
+            try:
+                await probe(self.dsn, timeout=PROBE_TIMEOUT)
+                await self._renew_pool(replace=failures > 0)
+                await (self._settle_leftovers() if self.started else self._start_up())
+                break
+            except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
+                failures += 1
+                self.database_problem = (f"database unreachable: {exc}"
+                                         if isinstance(exc, psycopg.OperationalError) else str(exc))
+                if failures == 1 or time.monotonic() - logged >= STILL_DOWN_LOG_EVERY:
+                    logged = time.monotonic()
+                    log.warning("%s; trying again (%.0fs so far)", self.database_problem,
+                                logged - lost_at)
+                await asyncio.sleep(self._reconnect_pause(failures))
+        self.database_problem = None
+        self.online.set()
+        self.wake.set()
+        if failures:
+            log.info("database answers after %.1fs", time.monotonic() - lost_at)
+
+    async def _renew_pool(self, *, replace: bool) -> None:
+        """A fresh pool after an outage (its pooled connections are dead, and the pool would
+        replace them only with its own backoff, up to minutes); else drop the dead ones."""
+        if self.store is not None and not replace:
+            await self.store.pool.check()
+            return
+        pool = await open_live_pool(self.dsn, size=self.config.slots + 2,
+                                    name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
+        if self.store is None:
+            self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
+            return
+        retired, self.store.pool = self.store.pool, pool
+        await retired.close()  # waiting clients get PoolClosed; used connections close on return
+
+    async def _settle_leftovers(self) -> None:
+        """Renew the leases of the running jobs and hand back claims this worker never ran."""
+        assert self.store is not None
+        async with self.claiming:
+            await self._renew_held_leases()
+            released = await self.store.release_unrun_claims(list(self.in_flight))
+        if released:
+            log.warning("handed back %d job(s) claimed while the connection failed, never run: "
+                        "%s", len(released), ", ".join(str(row["id"]) for row in released))
+
     # -- background ----------------------------------------------------------------------
 
     def _lease_interval(self) -> float:
@@ -467,40 +667,81 @@ class Worker:
         return min(self.config.lease_interval, shortest / 3)
 
     async def _renew_leases(self) -> None:
-        assert self.store is not None
         while True:
             await asyncio.sleep(self._lease_interval())
-            ids = list(self.in_flight)
+            await self.online.wait()
             try:
-                held = await self.store.renew_leases(ids)
-            except psycopg.Error as exc:
-                log.warning("lease renewal failed: %s", exc)
+                await self._renew_held_leases()
+            except psycopg.OperationalError as exc:
+                self._database_error(exc)  # reconnecting renews them first thing
                 continue
-            for lost in set(ids) - held:
-                if lost in self.in_flight:
-                    log.warning("job %d: lease lost (recovered elsewhere); its result will be "
-                                "discarded", lost)
+            self.background.healthy("leases")
+
+    async def _renew_held_leases(self) -> None:
+        assert self.store is not None
+        ids = list(self.in_flight)
+        held = await self.store.renew_leases(ids)
+        for lost in set(ids) - held:
+            if lost in self.in_flight:
+                log.warning("job %d: lease lost (recovered elsewhere); its result will be "
+                            "discarded", lost)
+
+    async def _refresh_limits(self) -> None:
+        """Reload the tenants' rate limits every `limiter.refresh_every` seconds (the old ones
+        stay while the database is unreachable)."""
+        assert self.store is not None
+        while True:
+            await asyncio.sleep(self.limiter.refresh_every)
+            await self.online.wait()
+            try:
+                await self.limiter.refresh(self.store.pool)
+            except psycopg.OperationalError as exc:
+                self._database_error(exc)
+                continue
+            self.background.healthy("rate-limits")
+
+    async def _watch_tenants(self, missing: tuple[str, ...]) -> None:
+        """Check for the lane's tenants that do not exist yet; serve each once it does."""
+        while missing:
+            await asyncio.sleep(TENANT_CHECK_EVERY)
+            await self.online.wait()
+            try:
+                found, missing = await self._find_tenants(missing)
+            except psycopg.OperationalError as exc:
+                self._database_error(exc)
+                continue
+            if found:
+                self.tenant_ids = [*(self.tenant_ids or ()), *found.values()]
+                log.info("tenant(s) %s exist now: serving them", ", ".join(found))
+                self.wake.set()
+            self.background.healthy("tenants")
 
     async def _listen(self) -> None:
-        """LISTEN for new jobs; reconnect with backoff when the connection dies."""
-        pause = 0.5
+        """LISTEN for new jobs; after a lost connection, listen again once the database answers."""
         served = set(self.kinds)
+        failures = 0
         while True:
+            await self.online.wait()
             try:
                 async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute(QUERIES["listen_for_jobs"].text)
-                    self.listening, pause = True, 0.5
+                    self.listening, failures = True, 0
+                    self.background.healthy("listen")
                     self.wake.set()  # catch up with whatever arrived while not listening
                     while True:
                         async for note in conn.notifies(timeout=15.0):
                             if note.payload in served:
                                 self.wake.set()
                         await conn.execute(QUERIES["ping"].text)
-            except psycopg.Error as exc:
+            except psycopg.OperationalError as exc:
                 self.listening = False
-                log.warning("listener lost its connection (%s); reconnecting in %.1fs", exc, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 30.0)
+                failures += 1
+                log.warning("listener lost its connection (%s); listening again once the "
+                            "database answers", exc)
+                self._database_error(exc)
+                await asyncio.sleep(self._reconnect_pause(failures))
+            finally:
+                self.listening = False
 
     async def _schedule_cleanup(self) -> None:
         """Make sure the current slot's `cleanup_jobs` job exists (one per slot, however many
@@ -508,10 +749,12 @@ class Worker:
         assert self.store is not None
         every = self.config.cleanup_every
         while True:
+            await self.online.wait()
             try:
                 job_id = await self.store.schedule_cleanup(every)
                 if job_id is not None:
                     log.info("scheduled cleanup_jobs job %d", job_id)
-            except psycopg.Error as exc:
-                log.warning("could not schedule cleanup_jobs: %s", exc)
+                self.background.healthy("cleanup")
+            except psycopg.OperationalError as exc:
+                self._database_error(exc)
             await asyncio.sleep(min(60.0, every / 2) * self.rng.uniform(0.8, 1.2))

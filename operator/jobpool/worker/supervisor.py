@@ -3,54 +3,73 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jobpool.core.poolspec import Lane
+from jobpool.core.poolspec import Lane, PoolSpec
 
 log = logging.getLogger("jobpool.pool")
 
 
 @dataclass(frozen=True)
 class LaneProcess:
-    """One local worker process of a lane and its `jobpool run` arguments."""
+    """One local worker process of a lane: its `jobpool run` arguments and its environment."""
 
     lane: str
     index: int
     argv: tuple[str, ...]
+    env: Mapping[str, str]
 
 
-def lane_argv(lane: Lane, *, imports: Sequence[str], until_empty: bool, grace: float,
+def lane_argv(pool: PoolSpec, lane: Lane, *, imports: Sequence[str], until_empty: bool,
               log_level: str) -> tuple[str, ...]:
     """The `jobpool run` arguments of one local worker process of `lane`: those of its pods
-    (`Lane.worker_args`), plus the local run's log level and `--until-empty`."""
-    argv = [*lane.worker_args(grace, imports), "--log-level", log_level]
+    (`Lane.worker_args` with the pool's `graceSeconds` and `imports`), plus the local run's
+    own `imports`, log level and `--until-empty`."""
+    modules = tuple(dict.fromkeys((*pool.imports, *imports)))
+    argv = [*lane.worker_args(pool.grace_seconds, modules), "--log-level", log_level]
     return (*argv, "--until-empty") if until_empty else tuple(argv)
 
 
-def lane_processes(lanes: Sequence[Lane], *, imports: Sequence[str], until_empty: bool,
-                   grace: float, log_level: str,
-                   metrics_port: int | None = None) -> list[LaneProcess]:
-    """max(1, minReplicas) local processes per lane: a local run has no autoscaler.
+def lane_environment(pool: PoolSpec, lane: Lane,
+                     inherited: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a local process of `lane`: `inherited` (this process's: the DSN,
+    SMTP and other settings) with the variables the operator gives the lane's pods on top
+    (`PoolSpec.lane_env`). An inherited JOBPOOL_RATE_LIMITS is dropped: as on Kubernetes,
+    provider caps come from the lane's `rateLimits` alone."""
+    base = {name: value for name, value in inherited.items() if name != "JOBPOOL_RATE_LIMITS"}
+    return base | pool.lane_env(lane)
+
+
+def lane_processes(pool: PoolSpec, *, imports: Sequence[str], until_empty: bool,
+                   log_level: str, metrics_port: int | None = None,
+                   inherited: Mapping[str, str] | None = None) -> list[LaneProcess]:
+    """max(1, minReplicas) local processes per lane of `pool`: a local run has no autoscaler.
 
     metrics_port: the n-th process of the pool (counting across lanes from 0) serves
     /metrics on metrics_port + n; 0 turns it off everywhere; None leaves it to the env.
+    inherited: the environment the processes start from (default: this process's).
     """
+    parent = os.environ if inherited is None else inherited
     processes = [
-        LaneProcess(lane.name, index, lane_argv(lane, imports=imports, until_empty=until_empty,
-                                                grace=grace, log_level=log_level))
-        for lane in lanes
+        LaneProcess(lane.name, index,
+                    lane_argv(pool, lane, imports=imports, until_empty=until_empty,
+                              log_level=log_level),
+                    lane_environment(pool, lane, parent))
+        for lane in pool.lanes
         for index in range(max(1, lane.min_replicas))
     ]
     if metrics_port is None:
         return processes
     return [
-        LaneProcess(proc.lane, proc.index, (*proc.argv, "--metrics-port",
-                                            str(metrics_port + n if metrics_port else 0)))
+        LaneProcess(proc.lane, proc.index,
+                    (*proc.argv, "--metrics-port", str(metrics_port + n if metrics_port else 0)),
+                    proc.env)
         for n, proc in enumerate(processes)
     ]
 
@@ -61,7 +80,8 @@ def supervise(processes: Sequence[LaneProcess]) -> int:
     for proc in processes:
         log.info("lane %s: starting worker %d: jobpool %s",
                  proc.lane, proc.index, " ".join(proc.argv))
-        children.append((proc, subprocess.Popen([sys.executable, "-m", "jobpool", *proc.argv])))
+        children.append((proc, subprocess.Popen([sys.executable, "-m", "jobpool", *proc.argv],
+                                                env=dict(proc.env))))
 
     def forward(signum: int, _frame: object) -> None:
         for _, child in children:

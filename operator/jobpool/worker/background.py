@@ -1,0 +1,88 @@
+"""A worker's background tasks (listener, lease renewal, limits refresh, ...), supervised.
+
+A task that raises is logged with its traceback, shown as a readiness problem and started
+again after a pause that grows with its failures in a row (1 s doubling to 30 s), so an
+unexpected exception never ends a task silently. A task that returns has finished its work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from jobpool.core.backoff import retry_pause
+
+log = logging.getLogger("jobpool.worker")
+
+RESTART_FIRST = 1.0
+"""Seconds before a task that failed once is started again."""
+
+RESTART_MAX = 30.0
+"""Cap on the pause before a restart, seconds."""
+
+
+class BackgroundTasks:
+    """Named tasks of one worker, each restarted whenever it raises.
+
+    A task calls `healthy(name)` after each round of work that succeeded: that clears its
+    readiness problem and its count of failures in a row.
+    """
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random()
+        self.failing: dict[str, str] = {}
+        self._failures: dict[str, int] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `run()` as task `name` under supervision, unless `name` is running already."""
+        task = self._tasks.get(name)
+        if task is None or task.done():
+            self._tasks[name] = asyncio.create_task(self._supervise(name, run), name=name)
+
+    def running(self, name: str) -> bool:
+        """Whether task `name` is running (or waiting to be restarted)."""
+        task = self._tasks.get(name)
+        return task is not None and not task.done()
+
+    def healthy(self, name: str) -> None:
+        """Task `name` completed a round of its work."""
+        self._failures.pop(name, None)
+        if self.failing.pop(name, None) is not None:
+            log.info("background task %s works again", name)
+
+    def failed(self, name: str, exc: BaseException) -> float:
+        """Record a failure of task `name` (log and readiness); return the pause before retrying."""
+        failures = self._failures.get(name, 0) + 1
+        self._failures[name] = failures
+        self.failing[name] = f"{type(exc).__name__}: {exc}"
+        pause = retry_pause(failures, first=RESTART_FIRST, cap=RESTART_MAX, rng=self.rng)
+        log.error("background task %s failed (%s: %s); restarting it in %.1fs",
+                  name, type(exc).__name__, exc, pause, exc_info=exc)
+        return pause
+
+    def problems(self) -> list[str]:
+        """Readiness problems: one per failing task, naming it and its last error."""
+        return [f"background task {name} failing: {error}"
+                for name, error in sorted(self.failing.items())]
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for them to end."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _supervise(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        while True:
+            try:
+                await run()
+            except Exception as exc:
+                await asyncio.sleep(self.failed(name, exc))
+            else:
+                self.healthy(name)
+                return

@@ -1,0 +1,191 @@
+"""Database outages and restarts: a worker settles its own leftovers as soon as the database
+answers again, so no job waits for a stale TTL because of an outage."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from private_postgres import PrivateServer
+from psycopg.rows import dict_row
+
+import jobpool
+from integration.helpers import prepare, scalar, worker
+from jobpool.db.connect import open_pool
+from jobpool.db.store import QueueStore
+from jobpool.job import Job
+from jobpool.worker.runtime import Worker
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+DEADLINE = 60.0
+"""Seconds a test waits for a state; far below any stale TTL of these kinds (1 h)."""
+
+
+@jobpool.kind("test_outage_step", max_attempts=20, stale_ttl=3600.0, backoff_base=0.1,
+              backoff_max=0.5, backoff_jitter=0.0)
+async def outage_step(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Work a little, then record this run in the job's transaction."""
+    await asyncio.sleep(0.02)
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
+                     (job.id, job.attempts))
+
+
+@jobpool.kind("test_kill_then_fail", max_attempts=3, stale_ttl=3600.0, backoff_base=0.1,
+              backoff_max=0.1, backoff_jitter=0.0)
+async def kill_then_fail(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """First attempt: end every other session of the database (the worker's pooled ones)
+    except `payload.spare`, then fail, so the failure must be written on a dead connection."""
+    if job.attempts > 1:
+        return
+    async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True) as side:
+        await side.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid() AND pid <> ALL(%s::int[])",
+            (job.payload["spare"],))
+    raise RuntimeError("failed while the pool's connections died")
+
+
+@jobpool.kind("test_retry_soon", max_attempts=3, stale_ttl=3600.0)
+async def retry_soon(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    if job.attempts == 1:
+        raise jobpool.RetryAfter(0.2, "try again in 0.2 s")
+
+
+async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
+    for _ in range(int(DEADLINE / 0.1)):
+        answer = check()
+        if await answer if inspect.isawaitable(answer) else answer:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {DEADLINE:.0f}s: {what}")
+
+
+async def statuses(conn: Conn) -> dict[str, int]:
+    cur = await conn.execute("SELECT status::text AS status, count(*)::int AS n"
+                             " FROM mdm.aa_job WHERE tenant_id <> %s GROUP BY 1",
+                             ("00000000-0000-0000-0000-000000000000",))
+    return {row["status"]: row["n"] for row in await cur.fetchall()}
+
+
+async def all_done(conn: Conn, total: int) -> bool:
+    return await statuses(conn) == {"done": total}
+
+
+async def started(w: Worker) -> asyncio.Task[None]:
+    task = asyncio.create_task(w.run())
+    await wait_until(lambda: w.listening, "worker listening")
+    return task
+
+
+async def stopped(w: Worker, task: asyncio.Task[None]) -> None:
+    w.stop()
+    await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_a_claim_committed_unseen_is_handed_back_when_the_connection_returns(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Rows claimed under the worker's id that it never ran (the claim's commit reached the
+    server, the answer did not) go back to pending, keeping their place and their attempt."""
+    await prepare(conn)
+    w = worker(dsn, ("test_record",), until_empty=False, poll_interval=3600.0)
+    task = await started(w)
+    try:
+        ids = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record",
+                                      notify=False)).id for _ in range(3)]
+        before = await scalar(conn, "SELECT array_agg(available_at ORDER BY id) FROM mdm.aa_job")
+        side = open_pool(dsn, size=1)
+        await side.open()
+        try:  # the claim the worker did not see, under its own id
+            unseen = QueueStore(side, worker_id=w.worker_id, actor="test")
+            claimed = await unseen.claim(kinds=["test_record"], tenants=None, limit=3)
+        finally:
+            await side.close()
+        assert sorted(row["id"] for row in claimed) == ids
+        await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+        await wait_until(lambda: all_done(conn, 3), "the unseen claims run to done")
+    finally:
+        await stopped(w, task)
+    assert await scalar(conn, "SELECT array_agg(attempts) FROM mdm.aa_job") == [1, 1, 1]
+    assert await scalar(conn, "SELECT count(*) FROM test_runs") == 3
+    assert await scalar(conn, "SELECT array_agg(available_at ORDER BY id) FROM mdm.aa_job"
+                        ) == before
+
+
+async def test_a_failure_written_on_a_dead_connection_is_written_again(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The first write of the outcome meets a dead pooled connection: the worker writes it
+    again on a fresh one, and the retry (due in 0.1 s) runs without waiting for a poll."""
+    await prepare(conn)
+    w = worker(dsn, ("test_kill_then_fail",), until_empty=False, poll_interval=3600.0)
+    task = await started(w)
+    try:
+        job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_kill_then_fail",
+                                        payload={"spare": [conn.info.backend_pid]})).id
+        await wait_until(lambda: all_done(conn, 1), "the job failed once, then done")
+    finally:
+        await stopped(w, task)
+    assert await scalar(conn, "SELECT attempts FROM mdm.aa_job WHERE id = %s", (job_id,)) == 2
+
+
+async def test_a_retry_wakes_the_worker_when_it_falls_due(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    w = worker(dsn, ("test_retry_soon",), until_empty=False, poll_interval=3600.0)
+    task = await started(w)
+    try:
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_retry_soon")
+        await wait_until(lambda: all_done(conn, 1), "the retry ran before the next poll")
+    finally:
+        await stopped(w, task)
+    assert await scalar(conn, "SELECT attempts FROM mdm.aa_job") == 2
+
+
+async def test_two_restarts_during_a_drain_lose_and_strand_nothing(
+    private_server: PrivateServer,
+) -> None:
+    total = 400
+    async with await psycopg.AsyncConnection.connect(
+        private_server.dsn(), autocommit=True, row_factory=dict_row
+    ) as setup:
+        await prepare(setup)
+        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
+                              " RETURNING id")
+        await jobpool.enqueue_many(setup, [jobpool.NewJob(tenant, "test_outage_step")] * total)
+    w = worker(private_server.dsn(), ("test_outage_step",), until_empty=False, slots=8,
+               poll_interval=0.5)
+    task = await started(w)
+
+    async def connect() -> Conn:
+        return await psycopg.AsyncConnection.connect(private_server.dsn(), autocommit=True,
+                                                     row_factory=dict_row)
+
+    async def done_at_least(n: int) -> bool:
+        async with await connect() as conn:
+            return int(await scalar(conn, "SELECT count(*) FROM test_runs")) >= n
+
+    async def all_finished() -> bool:
+        async with await connect() as conn:
+            return await all_done(conn, total)
+
+    try:
+        for share in (0.2, 0.5):
+            await wait_until(lambda share=share: done_at_least(int(total * share)), "progress")
+            await asyncio.to_thread(private_server.restart)
+        await wait_until(all_finished, "every job done after two restarts")
+        await wait_until(lambda: w.not_ready() == [], "the worker ready again")
+    finally:
+        await stopped(w, task)
+    async with await connect() as conn:
+        assert await scalar(conn, "SELECT count(*) FROM test_runs") == total
+        assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total

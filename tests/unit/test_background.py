@@ -1,0 +1,54 @@
+"""Supervision of a worker's background tasks: restart on failure, reported until healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import pytest
+
+from jobpool.core.backoff import retry_pause
+from jobpool.worker.background import BackgroundTasks
+
+
+async def test_a_task_that_raises_is_restarted_and_reported_until_healthy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks(random.Random(1))
+    runs = 0
+    release = asyncio.Event()
+
+    async def flaky() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise RuntimeError("unexpected")
+        tasks.healthy("flaky")
+        await release.wait()
+
+    tasks.start("flaky", flaky)
+    await asyncio.sleep(0.05)
+    assert tasks.problems() == ["background task flaky failing: RuntimeError: unexpected"]
+    assert "background task flaky failed (RuntimeError: unexpected); restarting it in" in (
+        caplog.text)
+    assert any(record.exc_info for record in caplog.records if record.levelno == logging.ERROR)
+    for _ in range(100):
+        if runs == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert (runs, tasks.problems(), tasks.running("flaky")) == (2, [], True)
+    release.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not tasks.running("flaky")  # returning ends a task
+    await tasks.stop()
+
+
+def test_retry_pauses_grow_to_their_cap_and_are_spread() -> None:
+    rng = random.Random(7)
+    pauses = [retry_pause(n, first=0.1, cap=1.0, rng=rng) for n in range(1, 200)]
+    assert 0.05 <= pauses[0] <= 0.1
+    assert all(0.5 <= pause <= 1.0 for pause in pauses[5:])
+    assert len(set(pauses[5:])) > 100
+    assert retry_pause(10**6, first=1.0, cap=30.0, rng=rng) <= 30.0

@@ -1,0 +1,48 @@
+"""`jobpool run pool.yaml`: the local processes of each lane, as the operator's pods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobpool.core.poolspec import load_pool, load_pool_file
+from jobpool.k8s.manifests import build_worker_container, build_worker_env
+from jobpool.worker.supervisor import lane_processes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
+
+
+def test_each_local_process_gets_its_lanes_pod_environment() -> None:
+    pool = load_pool_file(EXAMPLE)
+    inherited = {"PATH": "/usr/bin", "JOBPOOL_DSN": "postgresql://db/mdm",
+                 "JOBPOOL_RATE_LIMITS": '{"providers": {}}'}
+    processes = lane_processes(pool, imports=(), until_empty=False, log_level="info",
+                               metrics_port=0, inherited=inherited)
+    assert {proc.lane for proc in processes} == {lane.name for lane in pool.lanes}
+    for proc in processes:
+        pod = {item["name"]: item["value"] for item in build_worker_env(pool, pool.lane(proc.lane))
+               if "value" in item and item["name"] != "JOBPOOL_METRICS_PORT"}
+        assert {name: proc.env.get(name) for name in pod} == pod
+        assert ("JOBPOOL_RATE_LIMITS" in proc.env) == ("JOBPOOL_RATE_LIMITS" in pod)
+        assert (proc.env["PATH"], proc.env["JOBPOOL_DSN"]) == ("/usr/bin", "postgresql://db/mdm")
+    lanes = {proc.lane: proc.env for proc in processes}
+    assert "smtp" in lanes["default"]["JOBPOOL_RATE_LIMITS"]
+    assert "JOBPOOL_RATE_LIMITS" not in lanes["bulk"]  # no rateLimits: no inherited caps either
+
+
+def test_each_local_process_gets_its_lanes_pod_arguments() -> None:
+    """The pool's graceSeconds and imports reach the local processes as they reach pods."""
+    pool = load_pool({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "metadata": {"name": "local"},
+        "spec": {"image": "jobpool:test", "database": {"secretName": "db"},
+                 "worker": {"graceSeconds": 7, "imports": ["mykinds"]},
+                 "lanes": [{"name": "all"}]},
+    })
+    processes = lane_processes(pool, imports=("extra", "mykinds"), until_empty=True,
+                               log_level="info", inherited={})
+    for proc in processes:
+        pod_args = tuple(build_worker_container(pool, pool.lane(proc.lane))["args"])
+        assert proc.argv[:len(pod_args)] == pod_args
+        assert proc.argv[len(pod_args):] == ("--import", "extra", "--log-level", "info",
+                                             "--until-empty")
+        assert proc.argv[proc.argv.index("--grace"):][:2] == ("--grace", "7")
