@@ -1,4 +1,4 @@
-"""Forward-only migrations, applied in order under an advisory lock (STYLE habit 2)."""
+"""Forward-only migrations, applied in order under an advisory lock."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ class QueueStore:
 
 
 async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
-    """Recover expired claims (spec "Stale-Claim-Recovery"); return (id, job_kind, status)."""
+    """Recover expired claims; return (id, job_kind, status)."""
     return await fetch_all(conn, "recover_stale_claims", {"actor": actor})
 
 

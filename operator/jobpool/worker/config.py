@@ -13,11 +13,11 @@ class WorkerConfig:
     """One worker process.
 
     kinds: kinds to serve; None = every registered kind except `exclude_kinds`.
-    tenants: tenant keys or ids to serve; () = all. slots: jobs run at once (spec default 4).
+    tenants: tenant keys or ids to serve; () = all. slots: jobs run at once (default 4).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
     poll_interval: seconds between claims when no NOTIFY arrives.
     lease_interval: seconds between lease renewals (capped to a third of the shortest stale TTL).
-    cleanup_every: seconds between `cleanup_jobs` runs (spec: 5 minutes).
+    cleanup_every: seconds between `cleanup_jobs` runs (default 5 minutes).
     until_empty: exit once nothing runnable is left (and schedule no cleanup).
     batch_completions: mark jobs whose handlers sent no statement done in batches, in the
         fetch loop's transaction (False: one transaction per job, as for every other job).
@@ -48,7 +48,7 @@ class WorkerConfig:
 
 
 def make_worker_id() -> str:
-    """`<host>/<pid>/<uuid>` (spec "Worker-Pool")."""
+    """`<host>/<pid>/<uuid>`: unique per process and readable in `claimed_by`."""
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4()}"
 
 

@@ -3,7 +3,8 @@
 Tenant limits live in `mdm.aa_tenant.metadata -> 'rate_limit'` and are re-read every
 `refresh_every` seconds, so a change applies within seconds without a restart. Provider caps
 come from `JOBPOOL_RATE_LIMITS` (JSON, or `@/path/file.yaml|json`). The buckets themselves
-are the pure ones of `jobpool.core.ratelimit`; each worker process keeps its own (spec V1).
+are the pure ones of `jobpool.core.ratelimit`; each worker process keeps its own, so N
+processes give a tenant up to N x its rate.
 """
 
 from __future__ import annotations

@@ -416,7 +416,7 @@ class Worker:
             self.observe(job, "done", started)
 
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
-        """Run the handler and mark the job done in its transaction (spec "Lebenszyklus").
+        """Run the handler and mark the job done in its transaction.
 
         A handler that sent no statement has nothing to commit with its `done`: that job is
         completed later in a batch with others (`complete_jobs`), after its connection went
