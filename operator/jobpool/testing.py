@@ -1,0 +1,233 @@
+"""Test your own kinds against the real schema: run a job inline, drain a queue, list jobs.
+
+Every function works on a migrated PostgreSQL database (`jobpool.db.migrate.migrate`), never
+a fake: a handler's SQL, the job's transaction, the kind's retry policy and the DLQ are the
+ones production runs. Jobs run through a real `Worker` (claim, the handler in the job's
+transaction, done / retry / DLQ, rate limits); nothing waits for a backoff or a delayed job.
+The README's "Testing your kinds" has a complete pytest example.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from jobpool.admin import get_job, resolve_tenant
+from jobpool.db.connect import connect, open_live_pool
+from jobpool.db.store import Completion, QueueStore, Row, fetch_all, fetch_one
+from jobpool.db.store import register_kinds as register_specs
+from jobpool.enqueue import enqueue
+from jobpool.errors import JobStateError
+from jobpool.job import Job
+from jobpool.metrics import Outcome
+from jobpool.registry import load_kind_modules
+from jobpool.worker.config import WorkerConfig
+from jobpool.worker.runtime import PROBE_TIMEOUT, Worker
+
+ACTOR = "jobpool.testing"
+"""The audit principal of the jobs these functions enqueue and run."""
+
+STATUSES = ("pending", "running", "done", "dlq", "failed")
+"""The values of `mdm.job_status`."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of `mdm.aa_job` as a test sees it.
+
+    status: one of STATUSES. attempts: claims so far. available_at: when a pending job is
+    due (after a retry: now + the backoff). last_error: `Type: message` of the last failure.
+    result: what the handler returned (None when it returned nothing or has not finished).
+    """
+
+    id: int
+    tenant_id: uuid.UUID
+    kind: str
+    payload: Any
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    available_at: datetime
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> JobRecord:
+        """Build from an `mdm.aa_job` row (dict) whose `status` is text."""
+        return cls(
+            id=row["id"], tenant_id=row["tenant_id"], kind=row["job_kind"],
+            payload=row["payload"], status=row["status"], priority=row["priority"],
+            attempts=row["attempts"], max_attempts=row["max_attempts"],
+            available_at=row["available_at"], last_error=row["last_error"],
+            result=row["result"], idempotency_key=row["idempotency_key"],
+        )
+
+
+async def register_kinds(conn: AsyncConnection[Any]) -> None:
+    """Register every loaded kind and its defaults, as a worker does when it starts.
+
+    Loaded: the `jobpool.kinds` entry points and every `@jobpool.kind` imported so far.
+    Runs in `conn`'s transaction. Needed before anything enqueues a kind (a service's code,
+    a handler's follow-up), because `mdm.aa_job_kind` is what makes an unknown kind an
+    error at enqueue time.
+    """
+    await register_specs(conn, load_kind_modules().specs())
+
+
+async def run_job(
+    dsn: str, kind: str, payload: dict[str, Any] | None = None, *,
+    tenant: str | uuid.UUID, max_attempts: int | None = None,
+) -> JobRecord:
+    """Enqueue one `kind` job for `tenant` (a key or an id), run it once; return its row.
+
+    Registers the kind first (its defaults apply). The outcome is the row's: `done` with
+    `result`; `pending` with `last_error` and the next `available_at` after a failure that
+    is retried (call `run_pending` to run the next attempt without waiting); `dlq` after a
+    PermanentError or the last attempt. Jobs the handler enqueues are not run (`drain`).
+
+    Raises UnknownKindError (not loaded), UnknownTenantError, ValueError for a bad payload
+    or tenant reference (see `jobpool.enqueue`), and whatever the worker raises for a
+    database that is unreachable or not migrated.
+    """
+    spec = load_kind_modules().get(kind)
+    async with await connect(dsn, autocommit=True) as conn, conn.transaction():
+        await register_specs(conn, [spec])
+        tenant_id = (await resolve_tenant(conn, str(tenant)))["id"]
+        job_id, _ = await enqueue(conn, tenant_id=tenant_id, kind=kind, payload=payload,
+                                  max_attempts=max_attempts, actor=ACTOR)
+    return await run_pending(dsn, job_id)
+
+
+async def run_pending(dsn: str, job_id: int) -> JobRecord:
+    """Run pending job `job_id` once, now, even when it is not due yet; return its row.
+
+    For the next attempt of a job `run_job` left pending, or a job your own code enqueued
+    (and committed). Only that job runs: other jobs, also those the handler enqueues, stay.
+    Raises JobNotFoundError, JobStateError when the job is not pending (the message names
+    its status), UnknownKindError when its kind is not loaded.
+    """
+    registry = load_kind_modules()
+    async with await connect(dsn, autocommit=True) as conn:
+        row = await get_job(conn, job_id)
+    registry.get(row["job_kind"])
+    _require_pending(row)
+    worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],), slots=1,
+                                                until_empty=True), actor=ACTOR)
+    pool = await open_live_pool(dsn, size=worker.config.slots + 2,
+                                name=f"jobpool-testing-{job_id}", timeout=PROBE_TIMEOUT)
+    store = _OneJobStore(pool, worker_id=worker.worker_id, job_id=job_id)
+    worker.store = store
+    try:
+        await worker.run()
+    finally:
+        await pool.close()
+    async with await connect(dsn, autocommit=True) as conn:
+        row = await get_job(conn, job_id)
+    if not store.claimed:  # another process took or finished it meanwhile
+        _require_pending(row)
+    return JobRecord.from_row(row)
+
+
+async def drain(
+    dsn: str, *, kinds: Iterable[str] | None = None,
+    tenants: Iterable[str | uuid.UUID] | None = None,
+) -> Counter[str]:
+    """Run every runnable job of `kinds` and `tenants` (None: all) until none is left.
+
+    A real `Worker` in `until_empty` mode (4 slots), so jobs the handlers enqueue run too;
+    jobs not due yet (delayed, or retried with a backoff) are left for later, never waited
+    for. Returns the attempts by outcome: `done`, `retry` (pending again with a backoff),
+    `dlq`, `rate_limited` (pending again until the tenant's next token); an empty Counter
+    when nothing was runnable. Raises UnknownKindError or UnknownTenantError naming the
+    kind or tenant, ValueError for an empty `kinds` or `tenants` (None means all).
+    """
+    registry = load_kind_modules()
+    chosen = None if kinds is None else _nonempty("kinds", [registry.get(k).name for k in kinds])
+    refs = () if tenants is None else _nonempty("tenants", [str(t) for t in tenants])
+    if refs:
+        async with await connect(dsn, autocommit=True) as conn:
+            for ref in refs:
+                await resolve_tenant(conn, ref)  # a misspelt tenant would drain nothing
+    worker = _CountingWorker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs,
+                                                         until_empty=True), actor=ACTOR)
+    await worker.run()
+    return worker.outcomes
+
+
+async def enqueued(
+    conn: AsyncConnection[Any], *, kind: str | None = None,
+    tenant: str | uuid.UUID | None = None, status: str | None = None,
+) -> list[JobRecord]:
+    """The jobs of `kind`, `tenant` (a key or an id) and `status` (each None: any), oldest
+    first, as `conn` sees them (inside its transaction, jobs it has not committed too).
+
+    Raises ValueError for a status that is not one of STATUSES, UnknownTenantError.
+    """
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+    tenant_id = None if tenant is None else (await resolve_tenant(conn, str(tenant)))["id"]
+    rows = await fetch_all(conn, "find_jobs",
+                           {"kind": kind, "tenant_id": tenant_id, "status": status})
+    return [JobRecord.from_row(row) for row in rows]
+
+
+def _require_pending(row: Row) -> None:
+    if row["status"] != "pending":
+        raise JobStateError(f"cannot run job {row['id']}: it is {row['status']}; only a "
+                            "pending job can run")
+
+
+def _nonempty(name: str, values: list[str]) -> tuple[str, ...]:
+    if not values:
+        raise ValueError(f"{name} is empty, so nothing would run: pass None for all {name}")
+    return tuple(values)
+
+
+class _OneJobStore(QueueStore):
+    """A worker's store whose claims take job `job_id` alone, once, whenever it is due."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, job_id: int) -> None:
+        super().__init__(pool, worker_id=worker_id, actor=ACTOR)
+        self.job_id = job_id
+        self.tried = False
+        self.claimed = False
+
+    async def complete_and_claim(
+        self, completions: Sequence[Completion], *, kinds: Sequence[str],
+        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+    ) -> tuple[set[int], list[Row]]:
+        """Write the batched `done`s; claim the job if it was not claimed before."""
+        held: set[int] = set()
+        if completions:
+            held, _ = await super().complete_and_claim(
+                completions, kinds=kinds, tenants=tenants, limit=0)
+        if limit <= 0 or self.tried:
+            return held, []
+        self.tried = True
+        async with self.pool.connection() as conn:
+            row = await fetch_one(conn, "claim_job", {"id": self.job_id,
+                                                      "worker_id": self.worker_id})
+        self.claimed = row is not None
+        return held, [] if row is None else [row]
+
+
+class _CountingWorker(Worker):
+    """A Worker that counts its finished attempts by outcome."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outcomes: Counter[str] = Counter()
+
+    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
+        """Count the outcome, then record it in metrics as every worker does."""
+        self.outcomes[outcome] += 1
+        super().observe(job, outcome, started)
