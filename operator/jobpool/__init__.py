@@ -2,16 +2,24 @@
 
 Public API: `kind` (register a handler), `enqueue` / `enqueue_many` (async, on the
 caller's connection), `enqueue_sync` / `enqueue_many_sync`, `NewJob`, `Enqueued`, `Job`,
-and the errors `PermanentError`, `RetryAfter`, `UnknownKindError`, `UnknownTenantError`.
+and the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError`
+and `RetryAfter`, raised by handlers; `UnknownKindError`, `UnknownTenantError`,
+`JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`, `FetchError`,
+`WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
 """
 
+from jobpool.core.webhooks import WebhookVerificationError
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
 from jobpool.errors import (
+    AttachmentNotFoundError,
+    DatabaseUnavailableError,
+    FetchError,
     JobNotFoundError,
     JobpoolError,
     JobStateError,
     PermanentError,
     RetryAfter,
+    SchemaNotMigratedError,
     UnknownKindError,
     UnknownTenantError,
 )
@@ -19,7 +27,9 @@ from jobpool.job import Job
 from jobpool.registry import kind
 
 __all__ = [
-    "Enqueued", "Job", "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob",
-    "PermanentError", "RetryAfter", "UnknownKindError", "UnknownTenantError", "enqueue",
-    "enqueue_many", "enqueue_many_sync", "enqueue_sync", "kind",
+    "AttachmentNotFoundError", "DatabaseUnavailableError", "Enqueued", "FetchError", "Job",
+    "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob", "PermanentError",
+    "RetryAfter", "SchemaNotMigratedError", "UnknownKindError", "UnknownTenantError",
+    "WebhookVerificationError", "enqueue", "enqueue_many", "enqueue_many_sync", "enqueue_sync",
+    "kind",
 ]

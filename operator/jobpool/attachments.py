@@ -31,7 +31,12 @@ from psycopg.rows import dict_row
 from jobpool import settings
 from jobpool.core.jsondata import text_problem
 from jobpool.enqueue import NewJob, enqueue_many, enqueue_many_sync
-from jobpool.errors import JobpoolError, PermanentError, UnknownTenantError
+from jobpool.errors import (
+    AttachmentNotFoundError,
+    FetchError,
+    PermanentError,
+    UnknownTenantError,
+)
 from jobpool.sql import QUERIES
 
 CHUNK_SIZE = 64 * 1024
@@ -44,14 +49,6 @@ URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 
 Fetcher = Callable[[str], AsyncIterator[bytes]]
 """`fetch(uri)` → the object's bytes in chunks."""
-
-
-class FetchError(Exception):
-    """The object could not be read this time (not found yet, store unavailable): retry."""
-
-
-class AttachmentNotFoundError(JobpoolError, LookupError):
-    """No attachment with that id for that tenant."""
 
 
 @dataclass(frozen=True)

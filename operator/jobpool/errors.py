@@ -1,4 +1,10 @@
-"""Errors a caller or a handler sees."""
+"""Errors a caller or a handler sees.
+
+Every exception class jobpool defines derives from `JobpoolError` (a unit test walks the
+package to keep it so). Those for a bad value derive from ValueError too, and lookups from
+LookupError, so that `except ValueError` also catches them, as it catches the plain
+ValueError jobpool raises for a bad argument.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import math
 
 
 class JobpoolError(Exception):
-    """Base of every error jobpool raises on purpose."""
+    """Base of every exception class jobpool defines: `except JobpoolError` catches jobpool's
+    own failures, never those of a bug or of a library below it."""
 
 
 class PermanentError(JobpoolError):
@@ -68,3 +75,16 @@ class DatabaseUnavailableError(JobpoolError):
 
 class SchemaNotMigratedError(JobpoolError):
     """The database lacks the jobpool schema, or an older version of it."""
+
+
+class AttachmentNotFoundError(JobpoolError, LookupError):
+    """No attachment with that id for that tenant."""
+
+
+class FetchError(JobpoolError):
+    """An attachment's bytes could not be read this time (not there yet, store unavailable).
+
+    Raised by a fetcher (`jobpool.attachments.register_fetcher`) for a failure worth
+    retrying: the virus_scan job retries with backoff; raise PermanentError for one that is
+    not.
+    """

@@ -27,7 +27,7 @@ from jobpool.core.webhooks import (
     Delivered,
     Gone,
     Rejected,
-    RetryLater,
+    Transient,
     WebhookVerificationError,
     classify_response,
     encode_secret,
@@ -124,8 +124,8 @@ def test_event_body_places_the_stored_json_digit_for_digit() -> None:
 @pytest.mark.parametrize(("status", "expected"), [
     (200, Delivered), (201, Delivered), (204, Delivered), (299, Delivered),
     (410, Gone),
-    (408, RetryLater), (429, RetryLater), (500, RetryLater), (502, RetryLater),
-    (503, RetryLater), (599, RetryLater),
+    (408, Transient), (429, Transient), (500, Transient), (502, Transient),
+    (503, Transient), (599, Transient),
     (400, Rejected), (401, Rejected), (403, Rejected), (404, Rejected), (422, Rejected),
     (301, Rejected), (302, Rejected), (307, Rejected), (308, Rejected), (600, Rejected),
 ])
@@ -142,12 +142,12 @@ def test_redirects_are_named_as_not_followed_with_their_location() -> None:
 
 
 def test_retry_after_is_honoured_in_seconds_and_as_a_date() -> None:
-    assert classify_response(429, retry_after="120", now=NOW) == RetryLater(
+    assert classify_response(429, retry_after="120", now=NOW) == Transient(
         "HTTP 429", 120.0, 429)
     date = "Sun, 29 Nov 2026 12:05:00 GMT"
-    assert classify_response(503, retry_after=date, now=NOW) == RetryLater(
+    assert classify_response(503, retry_after=date, now=NOW) == Transient(
         "HTTP 503", 300.0, 503)
-    assert classify_response(500, retry_after=None, now=NOW) == RetryLater("HTTP 500", None, 500)
+    assert classify_response(500, retry_after=None, now=NOW) == Transient("HTTP 500", None, 500)
 
 
 @pytest.mark.parametrize("status", [410, 400, 503])

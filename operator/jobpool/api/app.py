@@ -25,7 +25,7 @@ from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, TokenVerifier
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.core.tenants import tenant_ref
-from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
+from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
 log = logging.getLogger("jobpool.api")
 
@@ -42,7 +42,7 @@ ACTOR = web.RequestKey("actor", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class BadRequest(Exception):
+class BadRequest(JobpoolError):
     """A bad path or query parameter, or a body that cannot be read (400)."""
 
 

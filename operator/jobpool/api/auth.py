@@ -20,6 +20,8 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+from jobpool.errors import JobpoolError
+
 PERMISSION = "manage_metadata"
 MIN_SECRET_BYTES = 32
 """RFC 7518 §3.2: an HS256 key has at least as many bits as the hash (256)."""
@@ -30,7 +32,7 @@ B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 """RFC 6750 credentials of a Bearer header; a JWT (base64url segments and dots) is one."""
 
 
-class AuthError(Exception):
+class AuthError(JobpoolError):
     """A refused request: 401 (no valid token) or 403 (valid token, no permission)."""
 
     def __init__(self, status: int, message: str) -> None:

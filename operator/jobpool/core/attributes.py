@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
+from jobpool.errors import JobpoolError
+
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 """type_key and attr_key: a lower-case letter, then up to 39 lower-case letters, digits or `_`."""
 
@@ -77,7 +79,7 @@ class AttributeSpec:
     enum_values: tuple[str, ...] | None = None
 
 
-class FieldValueError(ValueError):
+class FieldValueError(JobpoolError, ValueError):
     """A value that its attribute does not accept; the message names the field."""
 
 

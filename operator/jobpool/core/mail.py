@@ -19,6 +19,8 @@ from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
 
+from jobpool.errors import JobpoolError
+
 FIELDS = ("to", "subject", "text", "html", "from", "from_name", "reply_to")
 """The payload's fields; any other key is refused (a `cc` would otherwise be dropped)."""
 
@@ -33,7 +35,7 @@ _LINE_BREAKING = frozenset({"Cc", "Zl", "Zp"})
 the line and paragraph separators U+2028/U+2029."""
 
 
-class PayloadError(ValueError):
+class PayloadError(JobpoolError, ValueError):
     """A payload field that cannot be sent as given; the message names the field."""
 
 

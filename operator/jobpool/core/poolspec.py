@@ -23,6 +23,7 @@ from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
 from jobpool.core.ratelimit import RateLimit, parse_rate_limit
 from jobpool.core.tenants import tenant_ref
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
+from jobpool.errors import JobpoolError
 
 API_VERSION = "jobs.mdm.io/v1alpha1"
 KIND = "JobWorkerPool"
@@ -54,7 +55,7 @@ ScalingMode = Literal["operator", "keda", "none"]
 JsonPath = tuple[str | int, ...]
 
 
-class PoolSpecError(ValueError):
+class PoolSpecError(JobpoolError, ValueError):
     """A JobWorkerPool document that cannot run; the message starts with the bad field's path."""
 
 

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import idna
 
+from jobpool.errors import JobpoolError
+
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
 
@@ -39,11 +41,11 @@ _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _USERINFO = re.compile(r"(?<=//)[^/?#]*@")
 
 
-class TargetRefused(ValueError):
+class TargetRefused(JobpoolError, ValueError):
     """A webhook target resolves to an address the guard refuses; nothing was connected to."""
 
 
-class InvalidWebhookURL(ValueError):
+class InvalidWebhookURL(JobpoolError, ValueError):
     """A webhook URL that cannot be delivered to; the message names the problem."""
 
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from jobpool.core.outcomes import truncate_error
+from jobpool.errors import JobpoolError
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"
@@ -33,7 +34,7 @@ REASON_CHARS = 1000
 """Characters of an HTTP client, TLS or DNS error message kept in `last_error`."""
 
 
-class WebhookVerificationError(ValueError):
+class WebhookVerificationError(JobpoolError, ValueError):
     """A webhook request whose headers or signature do not verify."""
 
 
@@ -123,10 +124,12 @@ class Delivered:
 
 
 @dataclass(frozen=True)
-class RetryLater:
-    """Try again: after `delay` seconds (Retry-After), or None for the kind's backoff.
+class Transient:
+    """A failure that may pass (408, 429, 5xx, no answer): the delivery is tried again after
+    `delay` seconds (the receiver's Retry-After), or after the kind's backoff when None.
 
     status: the HTTP status, None when no answer came (timeout, connection or DNS error).
+    Named like clamd's verdict of the same meaning (`jobpool.core.clamd.Transient`).
     """
 
     reason: str
@@ -156,7 +159,7 @@ class Undeliverable:
     reason: str
 
 
-Outcome = Delivered | RetryLater | Gone | Rejected | Undeliverable
+Outcome = Delivered | Transient | Gone | Rejected | Undeliverable
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
@@ -209,7 +212,7 @@ def classify_response(
     if status == 410:
         return Gone(detail)
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
-        return RetryLater(detail, parse_retry_after(retry_after, now), status)
+        return Transient(detail, parse_retry_after(retry_after, now), status)
     if 300 <= status <= 399:
         target = f"; Location: {truncate_error(location, EXCERPT_CHARS)}" if location else ""
         return Rejected(f"{detail} (redirects are not followed{target})", status)

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from jobpool.errors import JobpoolError
+
 MAX_CHARS = 1024 * 1024
 """A pool file is a few kilobytes; a million characters is far beyond any real one."""
 MAX_DEPTH = 32
@@ -21,7 +23,7 @@ MAX_NODES = 20_000
 """Values after alias expansion; the largest pool the schema admits has about 8,000."""
 
 
-class YamlLimitError(ValueError):
+class YamlLimitError(JobpoolError, ValueError):
     """YAML text beyond MAX_CHARS, MAX_DEPTH or MAX_NODES, or with a recursive alias."""
 
 

@@ -29,6 +29,7 @@ from jobpool.core.imports import (
     StagedRow,
     plan_batch,
 )
+from jobpool.errors import JobpoolError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 Conn = AsyncConnection[dict[str, Any]]
 
 
-class ImportClaimLost(Exception):
+class ImportClaimLost(JobpoolError):
     """The job no longer holds its claim; another run owns the import now."""
 
 

@@ -25,7 +25,7 @@ from jobpool.core.indexes import (
     plan_outline,
     plan_uses_index,
 )
-from jobpool.errors import PermanentError
+from jobpool.errors import JobpoolError, PermanentError
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ LOCK_POLL = 1.0
 """Seconds between tries for the index DDL lock."""
 
 
-class BuildBlocked(Exception):
+class BuildBlocked(JobpoolError):
     """A build or drop gave up waiting (lock_timeout/statement_timeout); retried with backoff."""
 
 

@@ -16,6 +16,8 @@ from urllib.parse import quote, urlencode
 
 import kubernetes
 
+from jobpool.errors import JobpoolError
+
 _kube_config: Any = kubernetes.config  # its loaders are untyped
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -23,7 +25,7 @@ REQUEST_TIMEOUT = 30.0
 KEDA_PATH = "/apis/keda.sh/v1alpha1"
 
 
-class ApiError(Exception):
+class ApiError(JobpoolError):
     """A Kubernetes API call answered with an error status."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:

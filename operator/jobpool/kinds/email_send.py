@@ -28,14 +28,14 @@ from jobpool.core.mail import (
     parse_address,
     parse_payload,
 )
-from jobpool.errors import PermanentError
+from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
 SMTP_TIMEOUT = 30.0
 
 
-class SmtpNotConfigured(RuntimeError):
+class SmtpNotConfigured(JobpoolError):
     """No usable SMTP server or sender configured: transient, the job waits for the operator."""
 
 

@@ -49,7 +49,7 @@ from jobpool.core.webhooks import (
     Gone,
     Outcome,
     Rejected,
-    RetryLater,
+    Transient,
     Undeliverable,
     classify_response,
     event_body,
@@ -59,7 +59,7 @@ from jobpool.core.webhooks import (
 from jobpool.db.connect import open_side_connection
 from jobpool.db.store import fetch_all, fetch_one
 from jobpool.enqueue import NewJob, enqueue_many
-from jobpool.errors import PermanentError, RetryAfter
+from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.kinds.cleanup_jobs import cleanup_step
 from jobpool.sql import QUERIES
@@ -81,11 +81,11 @@ COMPACT_MAX_BATCHES = 20
 Resolve = Callable[[str, int], Awaitable[list[Address]]]
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(JobpoolError):
     """A transient delivery failure: the job retries with the kind's backoff."""
 
 
-class TransportError(Exception):
+class TransportError(JobpoolError):
     """No HTTP answer: DNS failure, connection refused or reset, timeout, TLS error, a
     malformed response; the message is storable (`failure_reason`)."""
 
@@ -287,7 +287,7 @@ async def _attempt(delivery: Mapping[str, Any], body: bytes) -> Outcome:
     except (InvalidWebhookURL, TargetRefused) as exc:
         return Undeliverable(str(exc))
     except TransportError as exc:
-        return RetryLater(str(exc))
+        return Transient(str(exc))
     return classify_response(answer.status, now=delivery["db_now"], body=answer.body,
                              retry_after=answer.retry_after, location=answer.location)
 
@@ -334,7 +334,7 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
         case Undeliverable(reason=reason):
             await _failed(tx, delivery_id, final=True, reason=reason, status_code=None)
             raise PermanentError(f"webhook delivery {delivery_id} not sent: {reason}")
-        case RetryLater(reason=reason, delay=delay, status=code):
+        case Transient(reason=reason, delay=delay, status=code):
             await _failed(tx, delivery_id, final=job.attempts >= job.max_attempts,
                           reason=reason, status_code=code)
             message = f"webhook {delivery['url']}: {reason}"

@@ -44,7 +44,7 @@ from jobpool.core.clamd import (
     status_of,
     with_integrity,
 )
-from jobpool.errors import PermanentError
+from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -58,7 +58,7 @@ CUT_REPLY_TIMEOUT = 5.0
 """Seconds to wait for a reply after clamd stopped reading mid-stream."""
 
 
-class ScanFailed(Exception):
+class ScanFailed(JobpoolError):
     """No verdict this time (clamd down, timed out, errored): retry, stay pending."""
 
 

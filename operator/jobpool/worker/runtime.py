@@ -30,7 +30,13 @@ from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
 from jobpool.core.ratelimit import Denied
 from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe
 from jobpool.db.store import Completion, QueueStore
-from jobpool.errors import PermanentError, RetryAfter, SchemaNotMigratedError, UnknownTenantError
+from jobpool.errors import (
+    JobpoolError,
+    PermanentError,
+    RetryAfter,
+    SchemaNotMigratedError,
+    UnknownTenantError,
+)
 from jobpool.job import Job
 from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
@@ -65,11 +71,15 @@ SHUTDOWN_WRITE_TIMEOUT = 5.0
 """Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
 
-class ClaimLost(Exception):
-    """The job's row is no longer running under this worker's claim."""
+class ClaimLost(JobpoolError):
+    """The job's row is no longer running under this worker's claim.
+
+    Raised by the worker's own `done` write, after the handler returned, and caught in
+    `_execute`: it never passes through a handler, so no handler's `except` can swallow it.
+    """
 
 
-class CompletionFailed(Exception):
+class CompletionFailed(JobpoolError):
     """The batched `done` of a job could not be written (its lease will expire)."""
 
 
@@ -81,7 +91,7 @@ class ResultRefused(PermanentError):
                          f"({type(exc).__name__}: {exc})")
 
 
-class HandlerExit(Exception):
+class HandlerExit(JobpoolError):
     """The handler raised SystemExit or another BaseException that would stop the worker."""
 
 
