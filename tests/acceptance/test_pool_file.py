@@ -108,6 +108,39 @@ async def test_local_lane_processes_get_the_environment_the_operator_gives_pods(
     assert set(pod_env) >= {"JOBPOOL_RATE_LIMITS", "JOBPOOL_LANE", "JOBPOOL_SMTP_FROM"}
 
 
+ENV_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: flags}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  lanes:
+    - name: env
+      kinds: [test_env]
+"""
+
+
+async def test_the_flags_of_the_command_reach_the_lane_processes(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """`--dsn` and `--poll-interval` count for the pool's processes as their variables do
+    (they used to get only the shell's environment, so `--dsn` alone left them on an
+    embedded server, here one that cannot start)."""
+    await prepare(conn)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(ENV_POOL)
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    names = ["JOBPOOL_DSN", "JOBPOOL_POLL_INTERVAL", "JOBPOOL_LANE"]
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_env", payload={"names": names})
+    cli(None, "run", str(pool), "--dsn", dsn, "--poll-interval", "0.5", "--until-empty",
+        "--import", "kinds_for_tests", "--metrics-port", "0", "--log-level", "warning",
+        JOBPOOL_DATA_DIR=str(not_a_folder))
+    assert await scalar(conn, "SELECT result FROM mdm.aa_job WHERE id = %s", (job.id,)) == {
+        "JOBPOOL_DSN": dsn, "JOBPOOL_POLL_INTERVAL": "0.5", "JOBPOOL_LANE": "env"}
+
+
 def test_the_example_pool_runs_until_empty_before_its_tenant_exists(dsn: str) -> None:
     """The example's lane `acme` names a tenant a fresh database does not have yet: with
     --until-empty it has nothing to run, so it ends like the others."""

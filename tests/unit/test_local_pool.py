@@ -6,6 +6,7 @@ from pathlib import Path
 
 from jobpool.core.poolspec import load_pool, load_pool_file
 from jobpool.k8s.manifests import build_worker_container, build_worker_env
+from jobpool.settings import Settings
 from jobpool.worker.supervisor import lane_processes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
@@ -13,10 +14,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
 
 def test_each_local_process_gets_its_lanes_pod_environment() -> None:
     pool = load_pool_file(EXAMPLE)
-    inherited = {"PATH": "/usr/bin", "JOBPOOL_DSN": "postgresql://db/mdm",
-                 "JOBPOOL_RATE_LIMITS": '{"providers": {}}'}
-    processes = lane_processes(pool, imports=(), until_empty=False, log_level="info",
-                               metrics_port=0, inherited=inherited)
+    settings = Settings(dsn="postgresql://db/mdm", rate_limits='{"providers": {}}')
+    inherited = {"PATH": "/usr/bin", "JOBPOOL_RATE_LIMITS": '{"providers": {}}'}
+    processes = lane_processes(pool, settings, imports=(), until_empty=False, metrics_port=0,
+                               inherited=inherited)
     assert {proc.lane for proc in processes} == {lane.name for lane in pool.lanes}
     for proc in processes:
         pod = {item["name"]: item["value"] for item in build_worker_env(pool, pool.lane(proc.lane))
@@ -38,8 +39,8 @@ def test_each_local_process_gets_its_lanes_pod_arguments() -> None:
                  "worker": {"graceSeconds": 7, "imports": ["mykinds"]},
                  "lanes": [{"name": "all"}]},
     })
-    processes = lane_processes(pool, imports=("extra", "mykinds"), until_empty=True,
-                               log_level="info", inherited={})
+    processes = lane_processes(pool, Settings(), imports=("extra", "mykinds"), until_empty=True,
+                               inherited={})
     for proc in processes:
         pod_args = tuple(build_worker_container(pool, pool.lane(proc.lane))["args"])
         assert proc.argv[:len(pod_args)] == pod_args

@@ -8,14 +8,17 @@ from typing import Any
 
 from jobpool.settings import Settings
 
+IMPORT_ACTOR = "jobpool-cli"
+"""The audit log's principal of `jobpool import` while JOBPOOL_SERVICE_ACCOUNT is unset."""
 
-def add_import_command(subparsers: Any) -> None:
-    """Add the `import` subcommand to the `jobpool` parser."""
-    from jobpool.cli import EnvDefault, add_common_arguments
+
+def add_import_command(subparsers: Any, settings: Settings) -> None:
+    """Add the `import` subcommand to the `jobpool` parser; its flags default to `settings`."""
+    from jobpool.cli import add_actor, add_common_arguments
 
     p = subparsers.add_parser(
         "import", help="stage a CSV or JSON Lines file of entities and enqueue bulk_import")
-    add_common_arguments(p)
+    add_common_arguments(p, settings)
     p.add_argument("file", type=Path, help="a .csv (header line first) or .jsonl file")
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--type", dest="type_key", required=True, help="entity type key")
@@ -26,8 +29,8 @@ def add_import_command(subparsers: Any) -> None:
                    help="fields that are not attributes of the type: reject the record "
                         "(default) or ignore the field")
     p.add_argument("--batch-size", type=int, help="records per committed batch (default 1000)")
-    p.add_argument("--actor", action=EnvDefault, envvar="JOBPOOL_SERVICE_ACCOUNT",
-                   default="jobpool-cli", help="principal written to the audit log")
+    unset = settings.service_account == Settings().service_account
+    add_actor(p, settings, default=IMPORT_ACTOR if unset else None)
     p.set_defaults(func=cmd_import)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,12 +63,9 @@ def embedded_dsn(data_dir: str) -> str:
 
 
 def resolve_dsn(dsn: str | None, data_dir: str) -> str:
-    """`dsn` if given, else the embedded server's (exported as JOBPOOL_DSN for child processes)."""
-    if dsn:
-        return dsn
-    uri = embedded_dsn(data_dir)
-    os.environ["JOBPOOL_DSN"] = uri
-    return uri
+    """`dsn` if given, else the embedded server's (child processes get it in the environment
+    their parent builds for them, `Settings.to_env`)."""
+    return dsn or embedded_dsn(data_dir)
 
 
 async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:

@@ -222,9 +222,11 @@ class Worker:
             raise
         except Exception as exc:
             self.background.failed("rate-limits", exc)  # its task keeps trying meanwhile
+        where = current_settings()
         log.info(
-            "worker %s: %d slots, kinds %s, tenants %s", self.worker_id, self.config.slots,
-            ",".join(self.kinds), ",".join(self.config.tenants) or "all",
+            "worker %s%s: %d slots, kinds %s, tenants %s", self.worker_id,
+            f" (pool {where.pool}, lane {where.lane})" if where.pool and where.lane else "",
+            self.config.slots, ",".join(self.kinds), ",".join(self.config.tenants) or "all",
         )
         self.started = True
 

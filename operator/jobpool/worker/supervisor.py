@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobpool.core.poolspec import Lane, PoolSpec
+from jobpool.settings import PREFIX, Settings
 
 log = logging.getLogger("jobpool.pool")
 
@@ -36,31 +36,33 @@ def lane_argv(pool: PoolSpec, lane: Lane, *, imports: Sequence[str], until_empty
     return (*argv, "--until-empty") if until_empty else tuple(argv)
 
 
-def lane_environment(pool: PoolSpec, lane: Lane,
+def lane_environment(pool: PoolSpec, lane: Lane, settings: Settings,
                      inherited: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a local process of `lane`: `inherited` (this process's: the DSN,
-    SMTP and other settings) with the variables the operator gives the lane's pods on top
-    (`PoolSpec.lane_env`). An inherited JOBPOOL_RATE_LIMITS is dropped: as on Kubernetes,
-    provider caps come from the lane's `rateLimits` alone."""
-    base = {name: value for name, value in inherited.items() if name != "JOBPOOL_RATE_LIMITS"}
-    return base | pool.lane_env(lane)
+    """The environment of a local process of `lane`, built explicitly: `inherited` without
+    its `JOBPOOL_*` variables (PATH, PYTHONPATH, libpq's PG*, ...), then `settings` as
+    `JOBPOOL_*` variables (the DSN, the embedded server's included, SMTP, ...), then the
+    variables the operator gives the lane's pods (`PoolSpec.lane_env`). `settings.rate_limits`
+    is left out: as on Kubernetes, provider caps come from the lane's `rateLimits` alone."""
+    base = {name: value for name, value in inherited.items() if not name.startswith(PREFIX)}
+    return base | replace(settings, rate_limits=None).to_env() | pool.lane_env(lane)
 
 
-def lane_processes(pool: PoolSpec, *, imports: Sequence[str], until_empty: bool,
-                   log_level: str, metrics_port: int | None = None,
-                   inherited: Mapping[str, str] | None = None) -> list[LaneProcess]:
+def lane_processes(pool: PoolSpec, settings: Settings, *, imports: Sequence[str],
+                   until_empty: bool, inherited: Mapping[str, str],
+                   metrics_port: int | None = None) -> list[LaneProcess]:
     """max(1, minReplicas) local processes per lane of `pool`: a local run has no autoscaler.
 
-    metrics_port: the n-th process of the pool (counting across lanes from 0) serves
-    /metrics on metrics_port + n; 0 turns it off everywhere; None leaves it to the env.
-    inherited: the environment the processes start from (default: this process's).
+    settings: the parent's, its DSN resolved; the processes get them as `JOBPOOL_*`
+    variables, and its log level as a flag. inherited: the environment besides jobpool's
+    own variables (`lane_environment`). metrics_port: the n-th process of the pool (counting
+    across lanes from 0) serves /metrics on metrics_port + n; 0 turns it off everywhere;
+    None leaves it to the settings.
     """
-    parent = os.environ if inherited is None else inherited
     processes = [
         LaneProcess(lane.name, index,
                     lane_argv(pool, lane, imports=imports, until_empty=until_empty,
-                              log_level=log_level),
-                    lane_environment(pool, lane, parent))
+                              log_level=settings.log_level),
+                    lane_environment(pool, lane, settings, inherited))
         for lane in pool.lanes
         for index in range(max(1, lane.min_replicas))
     ]
