@@ -479,7 +479,27 @@ def test_the_scale_timer_carries_the_last_reconcile_and_count_over() -> None:
     invalid = {"conditions": status.merge_conditions(
         None, status.invalid_spec_conditions("spec.lanes: bad"), 1, NOW)}
     assert status.previous_problems(invalid) == []  # a valid spec makes it obsolete
-    assert status.previous_problems({}) == [] and status.previous_count_error({}) is None
+    assert status.previous_count_error({}) is None
+
+
+def test_the_scale_timer_never_says_reconciled_before_a_reconcile_did() -> None:
+    """The timer may run before the first reconcile wrote its outcome (a new pool): children
+    may not exist yet, so Reconciled is Unknown and Ready False, and nothing is Degraded."""
+    pool = example()
+    ready_lane = [{"name": "default", "currentReplicas": 1, "readyReplicas": 1,
+                   "desiredReplicas": 1}]
+    for before in ({}, {"conditions": []}):
+        problems = status.previous_problems(before)
+        assert [p.reason for p in problems] == [status.RECONCILING]
+        found = {c.type: c for c in status.pool_conditions(
+            pool, ready_lane, count_error=None, problems=problems)}
+        assert (found["Reconciled"].status, found["Reconciled"].reason) == (
+            "Unknown", "Reconciling")
+        assert (found["Ready"].status, found["Ready"].reason) == ("False", "Reconciling")
+        assert found["Degraded"].status == "False"
+    reconciled = {"conditions": status.merge_conditions(None, status.pool_conditions(
+        pool, ready_lane, count_error=None), 1, NOW)}
+    assert status.previous_problems(reconciled) == []
 
 
 @pytest.mark.parametrize(("keda", "http_status", "expected"), [

@@ -115,6 +115,11 @@ def pool_conditions(
     and Degraded: the Deployments running are not the ones the spec asks for.
     """
     joined = "; ".join(problem.message for problem in problems)
+    if problems and problems[0].reason == RECONCILING:
+        reconciled = Condition("Reconciled", "Unknown", RECONCILING, joined)
+        return [Condition("Ready", "False", RECONCILING, joined),
+                _degraded(pool, count_error, problems[1:]), _scaling(pool, count_error),
+                reconciled]
     if problems:
         reconciled = Condition("Reconciled", "False", problems[0].reason, joined)
     else:
@@ -175,13 +180,20 @@ def previous_count_error(status: Mapping[str, Any] | None) -> str | None:
     return str(scaling.get("message")) if scaling.get("reason") == "CountFailed" else None
 
 
+RECONCILING = "Reconciling"
+"""Reason of a pool whose first reconcile has not written its outcome yet."""
+
+
 def previous_problems(status: Mapping[str, Any] | None) -> list[Problem]:
     """The problems of the last reconcile of a valid spec, as written in Reconciled.
 
     The scale timer carries them over, so the status keeps saying what the last reconcile
-    could not do until a reconcile succeeds.
+    could not do until a reconcile succeeds. Before any reconcile wrote its outcome, the
+    timer must not claim that the children match the spec: that is a `Reconciling` problem.
     """
     reconciled = condition_of(status, "Reconciled")
+    if not reconciled or reconciled.get("reason") == RECONCILING:
+        return [Problem(RECONCILING, "the pool's children are being created or updated")]
     if reconciled.get("status") != "False" or reconciled.get("reason") == "InvalidSpec":
         return []
     return [Problem(str(reconciled.get("reason")), str(reconciled.get("message")))]
