@@ -219,7 +219,7 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
         print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
-              f"{lane.workers_per_pod} slots; kinds: {kinds}"
+              f"{lane.workers_per_pod} slot(s); kinds: {kinds}"
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
     processes = lane_processes(pool, settings, imports=args.imports,

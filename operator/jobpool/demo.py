@@ -28,7 +28,8 @@ class PrintingInbox:
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         msg = email.message_from_bytes(envelope.content)
         self.received += 1
-        print(f"smtp: received {msg['Message-ID']} to {msg['To']}: {msg['Subject']!r}", flush=True)
+        message_id = " ".join(str(msg["Message-ID"]).split())  # unfold the folded header
+        print(f"smtp: received {message_id} to {msg['To']}: {msg['Subject']!r}", flush=True)
         return "250 Message accepted"
 
 

@@ -69,7 +69,8 @@ def _check_fields(job: NewJob) -> None:
         raise UnknownKindError(job.kind) from None
     if not isinstance(job.payload, dict):
         raise ValueError(
-            f"payload of a {job.kind} job must be a JSON object, got {type(job.payload).__name__}")
+            f"payload of a job of kind {job.kind} must be a JSON object, "
+            f"got {type(job.payload).__name__}")
     if job.idempotency_key is not None and not 1 <= len(job.idempotency_key) <= 512:
         raise ValueError("idempotency_key must be 1 to 512 characters")
     if job.max_attempts is not None and job.max_attempts < 1:
@@ -102,10 +103,10 @@ def _check_data(job: NewJob, where: str) -> None:
     try:
         to_json_text(job.payload, name="payload")
     except ValueError as exc:
-        raise ValueError(f"payload of a {job.kind} job{where} is refused: {exc}") from None
+        raise ValueError(f"payload of a job of kind {job.kind}{where} is refused: {exc}") from None
     problem = None if job.idempotency_key is None else text_problem(job.idempotency_key)
     if problem is not None:
-        raise ValueError(f"idempotency_key of a {job.kind} job{where} {problem}")
+        raise ValueError(f"idempotency_key of a job of kind {job.kind}{where} {problem}")
 
 
 def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:

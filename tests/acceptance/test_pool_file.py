@@ -53,8 +53,8 @@ async def test_each_lane_runs_as_local_processes_until_empty(
     pool.write_text(POOL)
     result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
                  "--log-level", "warning")
-    assert "lane records: 2 process(es) x 3 slots; kinds: test_record" in result.stdout
-    assert "lane acme-sleepers: 1 process(es) x 2 slots; kinds: test_sleep" in result.stdout
+    assert "lane records: 2 process(es) x 3 slot(s); kinds: test_record" in result.stdout
+    assert "lane acme-sleepers: 1 process(es) x 2 slot(s); kinds: test_sleep" in result.stdout
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 43
     assert await scalar(conn, "SELECT count(DISTINCT worker_pid) FROM test_runs r"
                         " JOIN mdm.aa_job j ON j.id = r.job_id WHERE j.job_kind = 'test_record'"

@@ -247,6 +247,7 @@ async def test_a_nul_in_an_idempotency_key_is_refused_before_any_write(
     conn: Conn, tenant: uuid.UUID
 ) -> None:
     await prepare(conn)
-    with pytest.raises(ValueError, match="idempotency_key of a test_record job contains a NUL"):
+    with pytest.raises(ValueError,
+                       match="idempotency_key of a job of kind test_record contains a NUL"):
         await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", idempotency_key="a\x00b")
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0

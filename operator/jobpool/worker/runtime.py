@@ -224,7 +224,7 @@ class Worker:
             self.background.failed("rate-limits", exc)  # its task keeps trying meanwhile
         where = current_settings()
         log.info(
-            "worker %s%s: %d slots, kinds %s, tenants %s", self.worker_id,
+            "worker %s%s: %d slot(s), kinds %s, tenants %s", self.worker_id,
             f" (pool {where.pool}, lane {where.lane})" if where.pool and where.lane else "",
             self.config.slots, ",".join(self.kinds), ",".join(self.config.tenants) or "all",
         )
