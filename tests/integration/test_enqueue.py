@@ -191,7 +191,8 @@ async def test_a_batch_error_names_the_job_at_fault(conn: Conn, tenant: uuid.UUI
     await prepare(conn)
     jobs = [jobpool.NewJob(tenant, "test_record", {"n": n}) for n in range(3)]
     jobs.append(jobpool.NewJob(tenant, "test_record", {"n": "x\udfff"}))
-    with pytest.raises(ValueError, match=r"job \(number 3 of the batch\) is refused: payload\.n"):
+    with pytest.raises(ValueError,
+                       match=r"test_record \(number 3 of the batch\) is refused: payload\.n"):
         await jobpool.enqueue_many(conn, jobs)
 
 
