@@ -1,5 +1,6 @@
-# One image for the operator, the workers and the migrations: `jobpool operator`,
-# `jobpool run ...`, `jobpool migrate`.
+# One image for the operator, the workers, the migrations and the admin API: `jobpool
+# operator`, `jobpool run ...`, `jobpool migrate`, `jobpool api`. It installs the extras
+# those need; not `local` (embedded PostgreSQL, demo SMTP): a pod always has JOBPOOL_DSN.
 
 # -- build: the wheel of jobpool and of everything it needs ---------------------------
 FROM python:3.11-slim AS build
@@ -8,7 +9,7 @@ RUN pip install --no-cache-dir build==1.2.2
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN python -m build --wheel --outdir /dist \
- && pip wheel --no-cache-dir --wheel-dir /wheels /dist/jobpool-*.whl
+ && pip wheel --no-cache-dir --wheel-dir /wheels "$(ls /dist/jobpool-*.whl)[worker,api,operator]"
 
 # -- runtime: the wheels installed, no build tools, a non-root user ---------------------
 FROM python:3.11-slim AS runtime
@@ -16,12 +17,11 @@ RUN groupadd --system --gid 10001 jobpool \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin jobpool
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels jobpool \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels "jobpool[worker,api,operator]" \
  && rm -rf /wheels
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    JOBPOOL_METRICS_PORT=9108 \
-    JOBPOOL_DATA_DIR=/tmp/jobpool
+    JOBPOOL_METRICS_PORT=9108
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 9108 8080

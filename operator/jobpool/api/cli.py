@@ -24,7 +24,7 @@ def add_api_command(subparsers: Any, settings: Settings) -> None:
     for name in ("api_host", "api_port", "api_jwt_secret", "api_jwt_public_key",
                  "api_jwt_audience"):
         add_setting(p, settings, name)
-    p.set_defaults(func=cmd_api)
+    p.set_defaults(func=cmd_api, extra="api")
 
 
 async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema
 from jobpool.errors import DatabaseUnavailableError
+from jobpool.extras import require_extra
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,12 @@ _embedded: Any = None
 def embedded_dsn(data_dir: str) -> str:
     """Start (or join) the embedded PostgreSQL under `data_dir`/postgres; return its DSN.
 
-    The server stops when the last process using it exits. Raises DatabaseUnavailableError
-    naming the folder when it cannot start.
+    The server stops when the last process using it exits. Raises MissingExtraError when the
+    local extra (which brings the server) is not installed, DatabaseUnavailableError naming
+    the folder when it cannot start.
     """
     global _embedded
+    require_extra("local", "the embedded PostgreSQL (no JOBPOOL_DSN or --dsn given)")
     folder = Path(data_dir).expanduser().resolve() / "postgres"
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def add_operator_command(subparsers: Any, settings: Settings) -> None:
     add_setting(p, settings, "peering", metavar="NAME")
     add_setting(p, settings, "operator_liveness", metavar="URL")
     add_setting(p, settings, "log_level", metavar="{debug,info,warning,error}")
-    p.set_defaults(func=cmd_operator)
+    p.set_defaults(func=cmd_operator, extra="operator")
 
 
 async def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:

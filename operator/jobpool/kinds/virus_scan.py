@@ -8,7 +8,9 @@ sha256 checked on the way). A signature hit is `infected`; an object past clamd'
 limit, or whose bytes are not the committed ones, is `unscannable` (terminal, no retry).
 A daemon that is down, times out or answers an error is a transient failure: the job
 retries and the attachment stays `pending`. The object is streamed chunk by chunk, never
-held in memory whole.
+held in memory whole; `https://` objects by the fetcher defined here (aiohttp, a worker's
+dependency, which `jobpool.attachments` leaves to this module so that services committing
+uploads need not install it).
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ import asyncio
 import contextlib
 import hashlib
 import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+import aiohttp
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 import jobpool
 from jobpool import settings
-from jobpool.attachments import fetcher_for, redact
+from jobpool.attachments import CHUNK_SIZE, Fetcher, fetcher_for, redact, register_fetcher
 from jobpool.core.clamd import (
     END_OF_STREAM,
     INSTREAM,
@@ -44,7 +48,7 @@ from jobpool.core.clamd import (
     status_of,
     with_integrity,
 )
-from jobpool.errors import JobpoolError, PermanentError
+from jobpool.errors import FetchError, JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.sql import QUERIES
 
@@ -56,6 +60,9 @@ REPLY_TIMEOUT = 180.0
 """Seconds clamd may take to answer once the stream ended (its scan time)."""
 CUT_REPLY_TIMEOUT = 5.0
 """Seconds to wait for a reply after clamd stopped reading mid-stream."""
+HTTP_CONNECT_TIMEOUT = 10.0
+HTTP_READ_TIMEOUT = 60.0
+"""Seconds without a byte from the object store before a fetch counts as failed."""
 
 
 class ScanFailed(JobpoolError):
@@ -232,6 +239,47 @@ async def scan(
         closer = getattr(chunks, "aclose", None)
         if closer is not None:
             await closer()
+
+
+# -- the https:// fetcher ------------------------------------------------------------------
+
+
+def _http_failure(status: int, uri: str) -> Exception:
+    message = f"GET {redact(uri)} answered HTTP {status}"
+    if status in (404, 408, 429) or status >= 500:
+        return FetchError(message)
+    return PermanentError(message + " (an expired or wrong pre-signed URL?)")
+
+
+def https_fetcher(ssl_context: ssl.SSLContext | None = None) -> Fetcher:
+    """A fetcher of `https://` objects (e.g. pre-signed GET URLs); no redirects followed.
+
+    ssl_context: trust for the object store (None: the system's CAs, hostname checked).
+    404, 408, 429, 5xx and network errors are FetchError; other non-200 answers are
+    PermanentError.
+    """
+    verify: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
+
+    async def fetch_https(uri: str) -> AsyncIterator[bytes]:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT,
+                                        sock_read=HTTP_READ_TIMEOUT)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, trust_env=False,
+                                             auto_decompress=False) as session, session.get(
+                    uri, allow_redirects=False, ssl=verify) as response:
+                if response.status != 200:
+                    raise _http_failure(response.status, uri)
+                async for chunk in response.content.iter_chunked(CHUNK_SIZE):
+                    yield chunk
+        except TimeoutError as exc:
+            raise FetchError(f"GET {redact(uri)} timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise FetchError(f"GET {redact(uri)} failed: {type(exc).__name__}: {exc}") from exc
+
+    return fetch_https
+
+
+register_fetcher("https", https_fetcher())
 
 
 # -- the kind ------------------------------------------------------------------------------
