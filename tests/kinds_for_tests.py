@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.rows import tuple_row
 
 import jobpool
 from jobpool.job import Job
@@ -88,6 +89,74 @@ async def misbehave(job: Job, tx: AsyncConnection[Any]) -> Any:
     if do in FAILURES:
         raise FAILURES[do]()
     return MISBEHAVIOURS[do]()
+
+
+async def _commit_after(tx: AsyncConnection[Any], statement: str) -> None:
+    await tx.execute(statement)
+    await tx.commit()
+
+
+def _set_row_factory(tx: AsyncConnection[Any]) -> None:
+    tx.row_factory = tuple_row
+
+
+async def _cancel_itself() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    await asyncio.sleep(60)
+
+
+TX_ABUSES: dict[str, Any] = {
+    "search_path": lambda tx: tx.execute("SET search_path = pg_catalog"),
+    "statement_timeout": lambda tx: _commit_after(tx, "SET statement_timeout = '1ms'"),
+    "idle_timeout": lambda tx: _commit_after(
+        tx, "SET idle_in_transaction_session_timeout = '1ms'"),
+    "read_only_session": lambda tx: _commit_after(
+        tx, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
+    "role": lambda tx: _commit_after(tx, "SET ROLE pg_monitor"),
+    "listen": lambda tx: tx.execute("LISTEN somewhere"),
+    "held_cursor": lambda tx: _commit_after(tx, "DECLARE held CURSOR WITH HOLD FOR SELECT 1"),
+    "autocommit": lambda tx: tx.set_autocommit(True),
+    "read_only_attribute": lambda tx: tx.set_read_only(True),
+}
+"""What a handler may do to its `tx` that would outlive its job on a pooled connection."""
+RAISES: dict[str, Any] = {
+    "keyboard_interrupt": KeyboardInterrupt,
+    "cancelled": asyncio.CancelledError,
+}
+
+
+@jobpool.kind("test_abuse_tx", max_attempts=1)
+async def abuse_tx(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Do to `tx` what `payload.do` names (TX_ABUSES), or raise what RAISES names, or
+    `payload.do == "row_factory"`, or "cancel_itself"."""
+    do = job.payload["do"]
+    if do in RAISES:
+        raise RAISES[do]()
+    if do == "row_factory":
+        _set_row_factory(tx)
+    elif do == "cancel_itself":
+        await _cancel_itself()
+    else:
+        await TX_ABUSES[do](tx)
+
+
+@jobpool.kind("test_session_probe", max_attempts=1)
+async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Fail (PermanentError naming it) if `tx` carries anything an earlier job left behind."""
+    if tx.autocommit or tx.read_only is not None:
+        raise jobpool.PermanentError(f"inherited autocommit {tx.autocommit}, read_only "
+                                     f"{tx.read_only}")
+    cur = await tx.execute(
+        "SELECT array(SELECT name FROM pg_settings WHERE source = 'session') AS settings,"
+        " array(SELECT pg_listening_channels()) AS channels,"
+        " array(SELECT name FROM pg_cursors WHERE name <> '') AS cursors")
+    row = await cur.fetchone()
+    if not isinstance(row, dict) or any(row.values()):
+        raise jobpool.PermanentError(f"inherited session state: {row}")
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+                     (job.id, job.attempts, os.getpid()))
 
 
 @jobpool.kind("test_retry_after", max_attempts=3)

@@ -63,6 +63,8 @@ def _tenant_id(job: NewJob) -> uuid.UUID:
 
 
 def _check_fields(job: NewJob) -> None:
+    if not isinstance(job.kind, str):
+        raise ValueError(f"kind must be a string, got {type(job.kind).__name__}")
     try:
         check_kind_name(job.kind)
     except ValueError:
@@ -71,13 +73,23 @@ def _check_fields(job: NewJob) -> None:
         raise ValueError(
             f"payload of a job of kind {job.kind} must be a JSON object, "
             f"got {type(job.payload).__name__}")
-    if job.idempotency_key is not None and not 1 <= len(job.idempotency_key) <= 512:
-        raise ValueError("idempotency_key must be 1 to 512 characters")
-    if job.max_attempts is not None and job.max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1, got {job.max_attempts}")
-    if job.priority is not None and not -32768 <= job.priority <= 32767:
-        raise ValueError(f"priority must fit a smallint, got {job.priority}")
+    if job.idempotency_key is not None and not (
+            isinstance(job.idempotency_key, str) and 1 <= len(job.idempotency_key) <= 512):
+        raise ValueError("idempotency_key must be a string of 1 to 512 characters, got "
+                         f"{job.idempotency_key!r:.80}")
+    _check_whole("max_attempts", job.max_attempts, 1, 2**31 - 1)
+    _check_whole("priority", job.priority, -32768, 32767)
     _check_aware("available_at", job.available_at)
+
+
+def _check_whole(name: str, value: int | None, low: int, high: int) -> None:
+    """Refuse a number its column (smallint, integer) cannot hold, naming `name`; bools and
+    floats too, which PostgreSQL would refuse with an error that aborts the caller's
+    transaction."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r:.80}")
 
 
 def _check_aware(name: str, moment: datetime | None) -> None:

@@ -60,6 +60,11 @@ class Registry:
 REGISTRY = Registry()
 
 
+def _same(value: Any) -> Any:
+    """Leave a whole-number option as given: KindDefaults refuses 1.5 rather than cut it."""
+    return value
+
+
 def kind(
     name: str,
     *,
@@ -88,12 +93,15 @@ def kind(
     overrides: dict[str, Any] = {
         key: convert(value)
         for key, convert, value in (
-            ("priority", int, priority), ("max_attempts", int, max_attempts),
+            ("priority", _same, priority), ("max_attempts", _same, max_attempts),
             ("stale_ttl", float, stale_ttl), ("timeout", float, timeout),
         )
         if value is not None
     }
-    defaults = replace(base, backoff=backoff, **overrides)
+    try:
+        defaults = replace(base, backoff=backoff, **overrides)
+    except ValueError as exc:
+        raise ValueError(f"job kind {name!r}: {exc}") from None
 
     def register(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):

@@ -10,6 +10,7 @@ import json
 import uuid
 from typing import Any
 
+import kinds_for_tests
 import psycopg
 from integration.helpers import prepare
 
@@ -105,3 +106,54 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_alone_and_stays_readab
     listed = json.loads(cli(dsn, "dlq", "list", "--json").stdout)
     assert [(item["id"], item["payload"]["undecodable"]) for item in listed] == [(bad, reason)]
     assert str(bad) in cli(dsn, "dlq", "list").stdout
+
+
+
+REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout"}
+"""Abuses after which the connection is replaced rather than reset."""
+
+
+async def run_abuses_then_probes(conn: Conn, dsn: str, tenant: uuid.UUID,
+                                 abuses: list[str]) -> dict[str, tuple[str, str | None]]:
+    """Run one `test_abuse_tx` job per abuse first, then 48 probes on the same pooled
+    connections, in one `jobpool run --slots 8 --until-empty`; every probe must end done."""
+    await prepare(conn)
+    bad = await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_abuse_tx", {"do": do}, priority=0) for do in abuses])
+    probes = [m.id for m in await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_session_probe", {"n": n}) for n in range(48)])]
+
+    run = cli(dsn, *worker_args("test_abuse_tx", "test_session_probe", slots=8,
+                                until_empty=True), check=False, timeout=300)
+
+    assert run.returncode == 0, run.stderr
+    # only connections that cannot be reset are replaced (changed psycopg attributes, killed)
+    assert run.stderr.count("replacing the connection") <= len(REPLACED), run.stderr
+    found = await states(conn, [*(m.id for m in bad), *probes])
+    assert {i: found[i] for i in probes if found[i][0] != "done"} == {}
+    return {do: found[m.id] for m, do in zip(bad, abuses, strict=True)}
+
+
+async def test_what_a_handler_does_to_its_session_ends_with_its_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """SET, SET ROLE, LISTEN, a read-only session, a held cursor, autocommit, row_factory:
+    the next job on that pooled connection, and the worker's own queries, never see them."""
+    abuses = [*kinds_for_tests.TX_ABUSES, "row_factory"]
+    found = await run_abuses_then_probes(conn, dsn, tenant, abuses)
+    assert {do for do, (status, _) in found.items() if status not in ("done", "dlq")} == set()
+
+
+async def test_keyboard_interrupt_and_cancelled_error_fail_only_their_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Raised by the handler (or a handler cancelling its own task), they are HandlerExit:
+    to the DLQ, not the worker's exit and not a hand-back that would run the job forever."""
+    found = await run_abuses_then_probes(conn, dsn, tenant,
+                                         ["keyboard_interrupt", "cancelled", "cancel_itself"])
+    assert found["keyboard_interrupt"] == (
+        "dlq", "HandlerExit: handler raised KeyboardInterrupt: ; a handler must not stop the "
+               "worker")
+    for do in ("cancelled", "cancel_itself"):
+        assert found[do] == ("dlq", "HandlerExit: handler raised CancelledError: ; a handler "
+                                    "must not cancel the worker's task")

@@ -252,3 +252,28 @@ async def test_a_nul_in_an_idempotency_key_is_refused_before_any_write(
                        match="idempotency_key of a job of kind test_record contains a NUL"):
         await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", idempotency_key="a\x00b")
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("priority", 1.5, "priority must be a whole number from -32768 to 32767, got 1.5"),
+    ("priority", True, "priority must be a whole number from -32768 to 32767, got True"),
+    ("max_attempts", 2**40, "max_attempts must be a whole number from 1 to 2147483647, got "
+                            "1099511627776"),
+    ("max_attempts", 2.0, "max_attempts must be a whole number from 1 to 2147483647, got 2.0"),
+    ("idempotency_key", 5, "idempotency_key must be a string of 1 to 512 characters, got 5"),
+    ("kind", 5, "kind must be a string, got int"),
+])
+async def test_fields_of_the_wrong_type_or_size_are_refused_naming_the_field(
+    conn: Conn, tenant: uuid.UUID, field: str, value: Any, problem: str
+) -> None:
+    """A ValueError before anything is sent, not a psycopg error (which would abort the
+    caller's transaction) or a TypeError from deep inside; the transaction goes on."""
+    await prepare(conn)
+    fields: dict[str, Any] = {"tenant_id": tenant, "kind": "test_record", field: value}
+    with pytest.raises(ValueError) as refused:
+        await jobpool.enqueue(conn, **fields)
+    assert str(refused.value) == problem
+    with pytest.raises(ValueError) as refused:
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(**fields)])
+    assert str(refused.value) == problem
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0

@@ -75,3 +75,22 @@ def test_a_handler_must_be_async() -> None:
         jobpool.kind("unit_sync_handler")(not_async)
     with pytest.raises(jobpool.UnknownKindError):
         REGISTRY.get("unit_sync_handler")
+
+
+@pytest.mark.parametrize(("option", "value", "problem"), [
+    ("max_attempts", 2**40, "max_attempts must be a whole number from 1 to 2147483647, got "
+                            "1099511627776"),
+    ("max_attempts", True, "max_attempts must be a whole number from 1 to 2147483647, got True"),
+    ("priority", 1.5, "priority must be a whole number from -32768 to 32767, got 1.5"),
+    ("stale_ttl", float("inf"), "stale_ttl must be from 0.001 to 3.1536e+08 seconds, got inf"),
+    ("stale_ttl", 1e-300, "stale_ttl must be from 0.001 to 3.1536e+08 seconds, got 1e-300"),
+    ("timeout", float("nan"), "timeout must be from 0.001 to 3.1536e+08 seconds, got nan"),
+])
+def test_kind_defaults_the_database_cannot_hold_are_refused_naming_kind_and_option(
+    option: str, value: object, problem: str
+) -> None:
+    """Registered at worker start, they would fail it with a bare "integer out of range"
+    or a check violation naming neither; 1.5 would silently become 1."""
+    with pytest.raises(ValueError) as refused:
+        jobpool.kind("test_bounds", **{option: value})  # type: ignore[arg-type]
+    assert str(refused.value) == f"job kind 'test_bounds': {problem}"

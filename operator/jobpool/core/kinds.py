@@ -19,6 +19,12 @@ HEAVY_KINDS = frozenset({"index_sync", "gin_backfill"})
 """Online index builds: long, low priority, few attempts; served by a lane of their own."""
 
 
+MIN_SECONDS = 0.001
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Bounds of `stale_ttl` and `timeout`: PostgreSQL's interval holds neither 0 (a microsecond
+rounds away below it) nor infinity, and beyond ten years a bound bounds nothing."""
+
+
 @dataclass(frozen=True)
 class KindDefaults:
     """Defaults a kind's jobs get unless the enqueue says otherwise.
@@ -36,14 +42,15 @@ class KindDefaults:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
 
     def __post_init__(self) -> None:
-        if not -32768 <= self.priority <= 32767:
-            raise ValueError(f"priority must fit a smallint, got {self.priority}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not self.stale_ttl > 0:
-            raise ValueError(f"stale_ttl must be > 0 seconds, got {self.stale_ttl}")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        for name, value, low, high in (("priority", self.priority, -32768, 32767),
+                                       ("max_attempts", self.max_attempts, 1, 2**31 - 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name} must be a whole number from {low} to {high}, "
+                                 f"got {value!r}")
+        for name, seconds in (("stale_ttl", self.stale_ttl), ("timeout", self.timeout)):
+            if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+                raise ValueError(f"{name} must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} "
+                                 f"seconds, got {seconds!r}")
 
 
 _HEAVY = KindDefaults(

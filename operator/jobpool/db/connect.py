@@ -100,6 +100,43 @@ class JobConnection(AsyncConnection[Any]):
             yield tx
 
 
+PRISTINE = {"autocommit": False, "read_only": None, "isolation_level": None, "deferrable": None,
+            "row_factory": dict_row, "prepare_threshold": 5}
+"""The attributes of a pooled connection as `open_pool` makes it; a handler may change them."""
+
+
+async def reset_session(conn: AsyncConnection[Any]) -> None:
+    """Undo what a handler did to its `tx`, before the connection goes back to the pool.
+
+    Otherwise the next job, or the worker's own queries, would inherit it (a
+    `statement_timeout` of 1 ms, a read-only session, an unprivileged role). Server side,
+    what `DISCARD ALL` does but deallocating (psycopg's own prepared statements stay valid)
+    ends what outlives a transaction (SET, SET SESSION CHARACTERISTICS or AUTHORIZATION, SET
+    ROLE, LISTEN, held cursors, temp tables, advisory locks). A connection that cannot be
+    reset, or whose psycopg attributes were changed (autocommit, row_factory, ...), is closed
+    instead: the pool replaces it. Raises only what interrupted it (CancelledError).
+    """
+    if conn.closed:
+        return
+    changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
+    try:
+        if not changed:
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                await conn.rollback()
+            await conn.set_autocommit(True)  # each statement takes effect at once
+            await conn.execute(QUERIES["reset_session"].text, prepare=False)
+            await conn.set_autocommit(False)
+            return
+    except psycopg.Error as exc:
+        changed = [f"session ({type(exc).__name__}: {exc})"]
+    except BaseException:
+        await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
+        raise
+    log.warning("a handler changed its connection's %s; replacing the connection",
+                ", ".join(changed))
+    await conn.close()
+
+
 def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:
     """A pool of `size` JobConnections (dict rows, json read with `load_json`); call
     `await pool.open()` before use."""

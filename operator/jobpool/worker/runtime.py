@@ -28,7 +28,7 @@ from jobpool.core.backoff import backoff_delay, retry_pause
 from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
 from jobpool.core.ratelimit import Denied
-from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe
+from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe, reset_session
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
     JobpoolError,
@@ -151,6 +151,8 @@ class Worker:
         self.online = asyncio.Event()
         self.claiming = asyncio.Lock()
         self.database_problem: str | None = "waiting for the database"
+        self.releasing = False
+        """Set when the grace period is over: a cancelled job is handed back, not failed."""
         self.listening = False
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
@@ -380,6 +382,7 @@ class Worker:
         flusher = asyncio.create_task(self._flush_completions(), name="completions")
         try:
             _, unfinished = await asyncio.wait(tasks, timeout=self.config.grace)
+            self.releasing = True
             for task in unfinished:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
@@ -436,25 +439,28 @@ class Worker:
         """
         assert self.store is not None
         async with self.store.pool.connection() as conn:
-            if not (self.config.batch_completions and isinstance(conn, JobConnection)):
-                async with conn.transaction():
-                    result = await self._call_handler(job, spec, conn)
-                    await self._complete(conn, job, stored_result(result))
-                    return result
-            conn.job_scope = True
             try:
-                result = await self._call_handler(job, spec, conn)
-                stored = stored_result(result)
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    await self._complete(conn, job, stored)
-                    await conn.commit()
-                    return result
-            except BaseException:
-                if not conn.closed:
-                    await conn.rollback()
-                raise
+                if not (self.config.batch_completions and isinstance(conn, JobConnection)):
+                    async with conn.transaction():
+                        result = await self._call_handler(job, spec, conn)
+                        await self._complete(conn, job, stored_result(result))
+                        return result
+                conn.job_scope = True
+                try:
+                    result = await self._call_handler(job, spec, conn)
+                    stored = stored_result(result)
+                    if conn.info.transaction_status != TransactionStatus.IDLE:
+                        await self._complete(conn, job, stored)
+                        await conn.commit()
+                        return result
+                except BaseException:
+                    if not conn.closed:
+                        await conn.rollback()
+                    raise
+                finally:
+                    conn.job_scope = False
             finally:
-                conn.job_scope = False
+                await reset_session(conn)
         if not await self._complete_later(job, stored):
             raise ClaimLost
         return result
@@ -485,9 +491,17 @@ class Worker:
         except TimeoutError:
             raise TimeoutError(
                 f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
-        except BaseException as exc:
-            if isinstance(exc, Exception | asyncio.CancelledError | KeyboardInterrupt):
+        except asyncio.CancelledError as exc:
+            if self.releasing:
                 raise
+            task = asyncio.current_task()
+            while task is not None and task.cancelling():
+                task.uncancel()  # the handler cancelled itself: not the worker's hand-back
+            raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not cancel "
+                              "the worker's task") from exc
+        except Exception:
+            raise
+        except BaseException as exc:
             raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not stop the "
                               "worker") from exc
         if result is not None and not isinstance(result, Mapping):
