@@ -48,7 +48,8 @@ async def never_runs(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
     """No worker runs in these tests; the kind only has to be registered."""
 
 
-def token(*, sub: str = "alice", permissions: Any = ("manage_metadata",), expires_in: float = 300,
+def token(*, sub: str = "alice", permissions: Any = ("manage_metadata",),
+          expires_in: float = 86_400,  # tokens are made at collection: outlive a slow suite
           key: Any = SECRET, algorithm: str = "HS256", audience: str = AUDIENCE,
           headers: dict[str, Any] | None = None) -> str:
     claims = {"sub": sub, "aud": audience, "exp": int(time.time() + expires_in),
@@ -361,14 +362,14 @@ def forged_hs256_with_public_key() -> str:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
     header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    claims = b64(json.dumps({"sub": "mallory", "aud": AUDIENCE, "exp": int(time.time()) + 300,
+    claims = b64(json.dumps({"sub": "mallory", "aud": AUDIENCE, "exp": int(time.time()) + 86_400,
                              "permissions": ["manage_metadata"]}).encode())
     mac = hmac.new(RSA_PUBLIC_PEM.encode(), f"{header}.{claims}".encode(), hashlib.sha256)
     return f"{header}.{claims}.{b64(mac.digest())}"
 
 
 def unsigned() -> str:
-    return jwt.encode({"sub": "mallory", "aud": AUDIENCE, "exp": int(time.time()) + 300,
+    return jwt.encode({"sub": "mallory", "aud": AUDIENCE, "exp": int(time.time()) + 86_400,
                        "permissions": ["manage_metadata"]}, None, algorithm="none")
 
 
