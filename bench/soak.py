@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 from systems import BENCH_TENANT, SYSTEMS
 
 import jobpool
-from jobpool.db.store import delete_expired_done_jobs
+from jobpool.worker.maintenance import delete_expired_done_jobs
 
 SAMPLE = """
 SELECT pg_total_relation_size('mdm.aa_job') AS bytes, s.n_live_tup AS live,

@@ -270,7 +270,7 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
-    from jobpool.db.store import recover_stale_claims
+    from jobpool.worker.maintenance import recover_stale_claims
 
     async with await open_database(settings) as conn:
         rows = await recover_stale_claims(conn, actor=args.actor)

@@ -11,8 +11,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobpool.core.backoff import BackoffPolicy
 from jobpool.core.kinds import KindDefaults, check_kind_name, defaults_for
+from jobpool.core.retry import BackoffPolicy
 from jobpool.errors import UnknownKindError
 from jobpool.extras import missing_modules
 from jobpool.job import Job

@@ -17,7 +17,7 @@ import pytest
 
 from jobpool.data import imports
 from jobpool.data.staging import detect_format, read_file, stage_import
-from jobpool.db.store import recover_stale_claims
+from jobpool.worker.maintenance import recover_stale_claims
 
 from .entities_helpers import Conn, create_type, jobs_of, run_worker
 

@@ -12,8 +12,9 @@ import psycopg
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
 from jobpool.db.connect import open_pool
-from jobpool.db.store import QueueStore, recover_stale_claims
+from jobpool.db.store import QueueStore
 from jobpool.job import Job
+from jobpool.worker.maintenance import recover_stale_claims
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 

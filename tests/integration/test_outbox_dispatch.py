@@ -18,8 +18,8 @@ import pytest
 import standardwebhooks
 from aiohttp import web
 
-import jobpool.kinds.cleanup_jobs  # noqa: F401  (registers cleanup_jobs)
 import jobpool.kinds.outbox_dispatch as outbox_dispatch
+import jobpool.worker.maintenance  # noqa: F401  (registers cleanup_jobs)
 from jobpool import settings
 from jobpool.core.ssrf import Address
 from jobpool.core.webhooks import encode_secret, verify

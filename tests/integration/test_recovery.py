@@ -11,7 +11,8 @@ import psycopg
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar, worker
 from jobpool.db.connect import open_pool
-from jobpool.db.store import QueueStore, recover_stale_claims
+from jobpool.db.store import QueueStore
+from jobpool.worker.maintenance import recover_stale_claims, schedule_cleanup
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -112,8 +113,7 @@ async def test_cleanup_is_scheduled_once_per_slot(conn: Conn, dsn: str) -> None:
     pool = open_pool(dsn, size=2)
     await pool.open()
     try:
-        stores = [QueueStore(pool, worker_id=f"h/{i}/x", actor="w") for i in range(5)]
-        ids = await asyncio.gather(*(s.schedule_cleanup(300) for s in stores))
+        ids = await asyncio.gather(*(schedule_cleanup(pool, 300) for _ in range(5)))
     finally:
         await pool.close()
     assert len([i for i in ids if i is not None]) == 1

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from jobpool.core.backoff import retry_pause
+from jobpool.core.retry import retry_pause
 from jobpool.worker.background import BackgroundTasks
 
 

@@ -105,6 +105,6 @@ def test_try_again_later_has_one_name_per_idea() -> None:
     that may pass (a webhook receiver's 503, clamd down) is Transient, never a third Retry."""
     classes = defined_classes()
     retries = sorted(name for name in classes if "retry" in name.rpartition(".")[2].lower())
-    assert retries == ["jobpool.core.outcomes.Retry", "jobpool.errors.RetryAfter"]
+    assert retries == ["jobpool.core.retry.Retry", "jobpool.errors.RetryAfter"]
     assert "jobpool.core.webhooks.Transient" in classes
     assert "jobpool.core.clamd.Transient" in classes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from jobpool.core.backoff import BackoffPolicy
+from jobpool.core.retry import BackoffPolicy
 
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from jobpool.core.outcomes import truncate_error
+from jobpool.core.retry import truncate_error
 from jobpool.errors import JobpoolError
 
 SECRET_PREFIX = "whsec_"

@@ -171,26 +171,6 @@ class QueueStore:
                                                       "worker_id": self.worker_id})
         return {row["id"] for row in rows}
 
-    async def schedule_cleanup(self, every: float) -> int | None:
-        """Enqueue the current slot's cleanup job unless it exists; return its id if new."""
-        async with self.pool.connection() as conn:
-            row = await fetch_one(conn, "schedule_cleanup", {"every": every})
-        return None if row is None else row["id"]
-
-
-async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
-    """Recover expired claims; return (id, job_kind, status)."""
-    return await fetch_all(conn, "recover_stale_claims", {"actor": actor})
-
-
-async def delete_expired_done_jobs(
-    conn: AsyncConnection[Any], *, retention: float, batch: int
-) -> int:
-    """Delete up to `batch` done jobs older than `retention` seconds; return how many."""
-    row = await fetch_one(conn, "delete_expired_done_jobs",
-                          {"retention": retention, "batch": batch})
-    return int(row["deleted"]) if row else 0
-
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:
     """Upsert kinds on `conn` (for processes without a QueueStore)."""

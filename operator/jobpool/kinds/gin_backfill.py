@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 import jobpool
 from jobpool import settings
 from jobpool.core.indexes import BuildTimeouts, GinIndex, gin_index_name
-from jobpool.core.outcomes import truncate_error
+from jobpool.core.retry import truncate_error
 from jobpool.data.entity_types import require_entity_type
 from jobpool.data.indexes import IndexWork, record_failure, sync_index, template
 from jobpool.data.payloads import as_object, build_timeouts, entity_key, is_last_attempt

@@ -33,7 +33,7 @@ from jobpool.core.indexes import (
     expression_function,
     sample_value,
 )
-from jobpool.core.outcomes import truncate_error
+from jobpool.core.retry import truncate_error
 from jobpool.data.indexes import (
     IndexOutcome,
     IndexWork,

@@ -33,7 +33,7 @@ from psycopg import AsyncConnection
 
 import jobpool
 from jobpool import settings
-from jobpool.core.outcomes import truncate_error
+from jobpool.core.retry import truncate_error
 from jobpool.core.ssrf import (
     Address,
     InvalidWebhookURL,
@@ -61,8 +61,8 @@ from jobpool.db.store import fetch_all, fetch_one
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
-from jobpool.kinds.cleanup_jobs import cleanup_step
 from jobpool.sql import QUERIES
+from jobpool.worker.maintenance import cleanup_step
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from jobpool.core.backoff import retry_pause
+from jobpool.core.retry import retry_pause
 
 log = logging.getLogger("jobpool.worker")
 

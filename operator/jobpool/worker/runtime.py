@@ -24,16 +24,14 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed
 
-from jobpool.core.backoff import backoff_delay, retry_pause
 from jobpool.core.jsondata import UndecodableJson, to_json_text
-from jobpool.core.outcomes import DeadLetter, Retry, decide_failure
 from jobpool.core.ratelimit import Denied
+from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, retry_pause
 from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe, reset_session
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
     JobpoolError,
     PermanentError,
-    RetryAfter,
     SchemaNotMigratedError,
     UnknownTenantError,
 )
@@ -44,6 +42,7 @@ from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
+from jobpool.worker.maintenance import keep_cleanup_scheduled
 from jobpool.worker.ratelimit import WAKE_SLACK, RateLimiter, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
@@ -113,15 +112,6 @@ def stored_result(result: Mapping[str, Any] | None) -> str | None:
         return to_json_text(dict(result), name="result")
     except Exception as exc:
         raise PermanentError(f"handler returned a result that cannot be stored: {exc}") from None
-
-
-def error_text(exc: BaseException) -> str:
-    """`Type: message` of `exc`, also when its str() raises."""
-    try:
-        message = str(exc)
-    except Exception as inner:
-        message = f"(its message could not be built: {type(inner).__name__})"
-    return f"{type(exc).__name__}: {message}"
 
 
 class Worker:
@@ -510,13 +500,10 @@ class Worker:
         return result
 
     async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
+        """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
         assert self.store is not None
-        delay = (exc.delay if isinstance(exc, RetryAfter)
-                 else backoff_delay(job.attempts, spec.defaults.backoff, self.rng))
-        decision = decide_failure(
-            attempts=job.attempts, max_attempts=job.max_attempts, error=error_text(exc),
-            delay=delay, permanent=isinstance(exc, PermanentError),
-        )
+        decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
+                                policy=spec.defaults.backoff, rng=self.rng)
         outcome: Outcome
         store = self.store
         try:
@@ -770,17 +757,10 @@ class Worker:
                 self.listening = False
 
     async def _schedule_cleanup(self) -> None:
-        """Make sure the current slot's `cleanup_jobs` job exists (one per slot, however many
-        workers ask)."""
+        """Keep the current slot's `cleanup_jobs` job enqueued (worker/maintenance.py)."""
         assert self.store is not None
-        every = self.config.cleanup_every
-        while True:
-            await self.online.wait()
-            try:
-                job_id = await self.store.schedule_cleanup(every)
-                if job_id is not None:
-                    log.info("scheduled cleanup_jobs job %d", job_id)
-                self.background.healthy("cleanup")
-            except psycopg.OperationalError as exc:
-                self._database_error(exc)
-            await asyncio.sleep(min(60.0, every / 2) * self.rng.uniform(0.8, 1.2))
+        await keep_cleanup_scheduled(
+            self.store, every=self.config.cleanup_every, online=self.online, rng=self.rng,
+            healthy=lambda: self.background.healthy("cleanup"),
+            database_error=self._database_error,
+        )
