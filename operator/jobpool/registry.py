@@ -12,7 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from jobpool.core.backoff import BackoffPolicy
-from jobpool.core.kinds import KindDefaults, check_kind_name, defaults_for
+from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name
 from jobpool.errors import UnknownKindError
 from jobpool.job import Job
 
@@ -71,17 +71,19 @@ def kind(
 ) -> Callable[[Handler], Handler]:
     """Register `async def handler(job, tx)` as the handler of job kind `name`.
 
-    Unset options take the spec's per-kind defaults (`jobpool.core.kinds.BUILTIN_DEFAULTS`)
-    or the generic ones. Units: stale_ttl, timeout, backoff_base and backoff_max in seconds;
-    backoff_jitter a fraction 0..1. Raises ValueError for a bad name or value, and TypeError
-    when the decorated handler is not an `async def` function.
+    The options are the kind's defaults, declared here once: `jobpool migrate` and every
+    worker write priority, max_attempts and stale_ttl to `mdm.aa_job_kind`. Unset options
+    take the generic ones (`jobpool.core.kinds.KindDefaults`). Units: stale_ttl, timeout,
+    backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. Raises
+    ValueError for a bad name or value, and TypeError when the decorated handler is not an
+    `async def` function.
     """
     check_kind_name(name)
-    base = defaults_for(name)
+    generic = KindDefaults()
     backoff = BackoffPolicy(
-        base=base.backoff.base if backoff_base is None else float(backoff_base),
-        max_delay=base.backoff.max_delay if backoff_max is None else float(backoff_max),
-        jitter=base.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
+        base=generic.backoff.base if backoff_base is None else float(backoff_base),
+        max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
+        jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
     )
     overrides: dict[str, Any] = {
         key: convert(value)
@@ -91,7 +93,7 @@ def kind(
         )
         if value is not None
     }
-    defaults = replace(base, backoff=backoff, **overrides)
+    defaults = replace(generic, backoff=backoff, **overrides)
 
     def register(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):
@@ -118,3 +120,10 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
         except ImportError as exc:
             raise ImportError(f"cannot import kind module {module!r}: {exc}") from exc
     return REGISTRY
+
+
+def builtin_kinds() -> tuple[KindSpec, ...]:
+    """The built-in kinds as their modules declare them (`jobpool.kinds.<name>`), by name."""
+    for name in sorted(BUILTIN_KINDS):
+        importlib.import_module(f"jobpool.kinds.{name}")
+    return tuple(REGISTRY.get(name) for name in sorted(BUILTIN_KINDS))
