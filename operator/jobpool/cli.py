@@ -394,7 +394,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or update the mdm schema")
     add_common_arguments(p, settings)
     p.add_argument("--print-sql", action="store_true",
-                   help="print the migrations as one SQL script instead of applying them")
+                   help="print the migrations and the registration of the built-in kinds "
+                   "as one SQL script instead of applying them")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")

@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobpool.core.kinds import KindDefaults, check_kind_name, defaults_for
+from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name
 from jobpool.core.retry import BackoffPolicy
 from jobpool.errors import UnknownKindError
 from jobpool.extras import missing_modules
@@ -21,7 +21,6 @@ Handler = Callable[[Job, AsyncConnection[Any]], Awaitable[Mapping[str, Any] | No
 """`async def handler(job, tx)`; may return a JSON-able mapping stored as the job's result."""
 
 ENTRY_POINT_GROUP = "jobpool.kinds"
-BUILTIN_KINDS_PACKAGE = "jobpool.kinds."
 
 
 @dataclass(frozen=True)
@@ -78,17 +77,19 @@ def kind(
 ) -> Callable[[Handler], Handler]:
     """Register `async def handler(job, tx)` as the handler of job kind `name`.
 
-    Unset options take the spec's per-kind defaults (`jobpool.core.kinds.BUILTIN_DEFAULTS`)
-    or the generic ones. Units: stale_ttl, timeout, backoff_base and backoff_max in seconds;
-    backoff_jitter a fraction 0..1. Raises ValueError for a bad name or value, and TypeError
-    when the decorated handler is not an `async def` function.
+    The options are the kind's defaults, declared here once: `jobpool migrate` and every
+    worker write priority, max_attempts and stale_ttl to `mdm.aa_job_kind`. Unset options
+    take the generic ones (`jobpool.core.kinds.KindDefaults`). Units: stale_ttl, timeout,
+    backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. Raises
+    ValueError for a bad name or value, and TypeError when the decorated handler is not an
+    `async def` function.
     """
     check_kind_name(name)
-    base = defaults_for(name)
+    generic = KindDefaults()
     backoff = BackoffPolicy(
-        base=base.backoff.base if backoff_base is None else float(backoff_base),
-        max_delay=base.backoff.max_delay if backoff_max is None else float(backoff_max),
-        jitter=base.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
+        base=generic.backoff.base if backoff_base is None else float(backoff_base),
+        max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
+        jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
     )
     overrides: dict[str, Any] = {
         key: convert(value)
@@ -99,7 +100,7 @@ def kind(
         if value is not None
     }
     try:
-        defaults = replace(base, backoff=backoff, **overrides)
+        defaults = replace(generic, backoff=backoff, **overrides)
     except ValueError as exc:
         raise ValueError(f"job kind {name!r}: {exc}") from None
 
@@ -124,7 +125,7 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
     """
     builtins = not missing_modules("worker")
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        if builtins or not point.module.startswith(BUILTIN_KINDS_PACKAGE):
+        if builtins or point.name not in BUILTIN_KINDS:
             point.load()
     for module in modules:
         try:
@@ -132,3 +133,17 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
         except ImportError as exc:
             raise ImportError(f"cannot import kind module {module!r}: {exc}") from exc
     return REGISTRY
+
+
+def builtin_kinds() -> tuple[KindSpec, ...]:
+    """The built-in kinds as their declarations state them, by name.
+
+    () where the worker extra is missing: their modules need it, and a worker registers them
+    when it starts.
+    """
+    if missing_modules("worker"):
+        return ()
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in BUILTIN_KINDS:
+            point.load()
+    return tuple(REGISTRY.get(name) for name in sorted(BUILTIN_KINDS))

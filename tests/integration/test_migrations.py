@@ -10,6 +10,23 @@ import pytest
 
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.errors import SchemaNotMigratedError
+from jobpool.registry import builtin_kinds
+
+KINDS = """
+SELECT name, priority, max_attempts, extract(epoch FROM stale_ttl)::float8 AS stale_ttl
+  FROM mdm.aa_job_kind ORDER BY name
+"""
+
+
+def _declared() -> list[tuple[str, int, int, float]]:
+    return [(spec.name, spec.defaults.priority, spec.defaults.max_attempts,
+             spec.defaults.stale_ttl) for spec in builtin_kinds()]
+
+
+async def _kinds(dsn: str) -> list[tuple[str, int, int, float]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(KINDS)
+        return [(row[0], row[1], row[2], row[3]) for row in await cur.fetchall()]
 
 SNAPSHOT = """
 SELECT (SELECT json_agg(x ORDER BY x) FROM (
@@ -22,7 +39,8 @@ SELECT (SELECT json_agg(x ORDER BY x) FROM (
        (SELECT json_agg(e.enumlabel ORDER BY e.enumlabel) FROM pg_enum e) AS enums,
        (SELECT count(*) FROM mdm.jobpool_migration) AS migrations,
        (SELECT count(*) FROM mdm.aa_tenant) AS tenants,
-       (SELECT count(*) FROM mdm.aa_job_kind) AS kinds
+       (SELECT json_agg(json_build_array(name, priority, max_attempts, stale_ttl) ORDER BY name)
+          FROM mdm.aa_job_kind) AS kinds
 """
 
 
@@ -44,6 +62,26 @@ async def test_migrations_apply_once_and_the_second_run_changes_nothing(empty_ds
     assert first and first[0] == "0001_queue"
     assert second == []
     assert await _snapshot(empty_dsn) == after_first
+
+
+async def test_migrate_registers_the_built_in_kinds_as_declared(empty_dsn: str) -> None:
+    """Every built-in kind can be enqueued before any worker ran, with its declared defaults."""
+    async with await psycopg.AsyncConnection.connect(empty_dsn) as conn:
+        await migrate(conn)
+    assert await _kinds(empty_dsn) == _declared()
+
+
+async def test_migrate_brings_the_built_in_kinds_back_to_their_declarations(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("UPDATE mdm.aa_job_kind SET priority = 1, stale_ttl = '1 second'")
+        await migrate(conn)
+    assert await _kinds(dsn) == _declared()
+
+
+async def test_printed_sql_registers_the_built_in_kinds_as_declared(empty_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        await conn.execute(migration_script().encode())
+    assert await _kinds(empty_dsn) == _declared()
 
 
 async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:

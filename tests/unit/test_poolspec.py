@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jobpool.core import poolspec
-from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
+from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.poolspec import PoolSpecError, load_pool, load_pool_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def test_a_lane_named_heavy_must_take_the_heavy_kinds() -> None:
 def test_known_kinds_no_lane_serves_are_a_warning() -> None:
     spec = load_pool(pool({"name": "mail", "kinds": ["email_send"]}))
     assert len(spec.warnings) == 1
-    missing = set(BUILTIN_DEFAULTS) - {"email_send", *HEAVY_KINDS}
+    missing = set(BUILTIN_KINDS) - {"email_send", *HEAVY_KINDS}
     assert all(kind in spec.warnings[0] for kind in missing)
     assert "email_send" not in spec.warnings[0]
 

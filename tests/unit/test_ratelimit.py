@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from jobpool.core.poolspec import load_pool_file
 from jobpool.core.ratelimit import (
     Denied,
     Granted,
     Need,
+    ProviderCaps,
     RateLimit,
     TenantLimits,
     TokenBucket,
@@ -322,8 +326,35 @@ def test_bad_provider_caps_name_the_variable_and_field(value: str, message: str)
 def test_a_lanes_smallest_rate_reaches_its_workers() -> None:
     """The operator writes JOBPOOL_RATE_LIMITS as JSON, where a small rps reads `1e-05`: a
     string to YAML 1.1, so the value is read as JSON first."""
-    from jobpool.core.poolspec import RateLimits
-
-    written = RateLimits({"slow": RateLimit(0.00001, 1)}, {"email_send": "slow"}).to_json()
+    written = ProviderCaps({"slow": RateLimit(0.00001, 1)}, {"email_send": "slow"}).to_json()
     assert "1e-05" in written
     assert load_provider_caps(written).for_kind("email_send") == ("slow", RateLimit(0.00001, 1))
+
+
+ROUND_TRIP_LANES = [
+    {"providers": {"slow": {"rps": 0.00001}}, "kinds": {"email_send": "slow"}},
+    {"providers": {"ses": {"rps": 2.5}, "hooks": {"rps": 100000, "burst": 100000}},
+     "kinds": {"email_send": "ses", "outbox_dispatch": "hooks", "virus_scan": "ses"}},
+    {"providers": {"a": {"rps": 3, "burst": 1}, "b": {"rps": 0.3333333333333333}}},
+    {"providers": {"unused": {"rps": 1}}},
+    {},
+]
+
+
+@pytest.mark.parametrize("rate_limits", ROUND_TRIP_LANES)
+def test_pool_spec_to_env_to_worker_is_the_identity(tmp_path: Path,
+                                                    rate_limits: dict[str, Any]) -> None:
+    """What the operator (and `jobpool run pool.yaml`) writes is what the worker reads: the
+    smallest rps too, which its JSON spells `1e-05`."""
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "metadata": {"name": "p"},
+        "spec": {"image": "jobpool:1", "database": {"secretName": "db"},
+                 "lanes": [{"name": "a", "rateLimits": rate_limits}]},
+    }))
+    spec = load_pool_file(path)
+    lane = spec.lane("a")
+    assert lane.rate_limits is not None
+    written = spec.lane_env(lane)["JOBPOOL_RATE_LIMITS"]
+    assert load_provider_caps(written) == lane.rate_limits
+    assert load_provider_caps(written).to_json() == written

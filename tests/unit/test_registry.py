@@ -1,8 +1,12 @@
+import re
+from importlib.metadata import distribution
+from pathlib import Path
+
 import pytest
 
 import jobpool
-from jobpool.core.kinds import BUILTIN_DEFAULTS, check_kind_name
-from jobpool.registry import REGISTRY, load_kind_modules
+from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS, KindDefaults, check_kind_name
+from jobpool.registry import ENTRY_POINT_GROUP, REGISTRY, builtin_kinds, load_kind_modules
 from jobpool.worker.config import WorkerConfig, resolve_kinds
 
 
@@ -19,12 +23,70 @@ def test_decorator_registers_with_overrides() -> None:
     assert spec.defaults.priority == 100
 
 
-@pytest.mark.parametrize("kind", ["index_sync", "gin_backfill"])
-def test_heavy_kinds_have_the_spec_defaults(kind: str) -> None:
-    defaults = BUILTIN_DEFAULTS[kind]
+@pytest.mark.parametrize("kind", sorted(HEAVY_KINDS))
+def test_heavy_kinds_are_low_priority_long_and_few_attempts(kind: str) -> None:
+    defaults = {spec.name: spec.defaults for spec in builtin_kinds()}[kind]
     assert defaults.priority == 200
     assert defaults.max_attempts == 3
     assert defaults.stale_ttl >= 3600
+
+
+def test_the_table_of_built_in_names_is_the_declared_kinds() -> None:
+    """core.kinds.BUILTIN_KINDS (for the pool spec) names exactly the kinds jobpool declares."""
+    points = distribution("jobpool").entry_points.select(group=ENTRY_POINT_GROUP)
+    assert {point.name for point in points} == BUILTIN_KINDS
+    assert {point.value for point in points} == {f"jobpool.kinds.{n}" for n in BUILTIN_KINDS}
+    assert tuple(spec.name for spec in builtin_kinds()) == tuple(sorted(BUILTIN_KINDS))
+    assert HEAVY_KINDS <= BUILTIN_KINDS
+
+
+def test_every_built_in_kind_declares_each_of_its_defaults() -> None:
+    """Defaults are declared once, on the kind's decorator: none falls back silently."""
+    source = Path(jobpool.__file__).parent / "kinds"
+    options = ("priority", "max_attempts", "stale_ttl", "timeout", "backoff_base",
+               "backoff_max", "backoff_jitter")
+    for name in BUILTIN_KINDS:
+        text = (source / f"{name}.py").read_text()
+        declaration = re.search(rf'@jobpool\.kind\("{name}",(.*?)\)\n', text, re.S)
+        assert declaration is not None, name
+        assert [o for o in options if f"{o}=" not in declaration[1]] == [], name
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+UNITS = {"s": 1, "min": 60, "h": 3600}
+
+
+def _seconds(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * UNITS[unit]
+
+
+Row = tuple[int, int, float, float, float, float]
+
+
+def _row(defaults: KindDefaults) -> Row:
+    return (defaults.priority, defaults.max_attempts, defaults.stale_ttl, defaults.timeout,
+            defaults.backoff.base, defaults.backoff.max_delay)
+
+
+def _readme_kind_table() -> dict[str, Row]:
+    text = README.read_text()
+    table = text[text.index("| kind | priority | max attempts |"):].split("\n\n")[0]
+    rows: dict[str, Row] = {}
+    for line in table.splitlines()[2:]:
+        cells = (cell.strip() for cell in line.strip("|").split("|"))
+        kinds, priority, attempts, stale_ttl, timeout, backoff = cells
+        base, cap = backoff.split(", ")
+        for kind in kinds.split(", "):
+            rows[kind] = (int(priority), int(attempts), _seconds(stale_ttl), _seconds(timeout),
+                          _seconds(base), _seconds(cap))
+    return rows
+
+
+def test_readme_table_of_built_in_kinds_is_their_declarations() -> None:
+    expected = {spec.name: _row(spec.defaults) for spec in builtin_kinds()}
+    expected["any other kind"] = _row(KindDefaults())
+    assert _readme_kind_table() == expected
 
 
 def test_built_in_kinds_load_from_entry_points() -> None:

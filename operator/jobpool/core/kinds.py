@@ -1,4 +1,8 @@
-"""Per-kind defaults: priority, attempts, stale TTL, backoff and timeout."""
+"""Kind names and the defaults a kind's declaration starts from.
+
+Each kind declares its own defaults on `@jobpool.kind(...)`; KindDefaults holds the values
+of any option a declaration leaves out.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,16 @@ KIND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 DEFAULT_PRIORITY = 100
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_STALE_TTL = 15 * 60.0
-"""Seconds; the spec's recovery interval, used for any kind that sets none."""
+"""Seconds; the recovery interval of any kind that sets none."""
 DEFAULT_TIMEOUT = 30 * 60.0
+
+BUILTIN_KINDS = frozenset({
+    "bulk_import", "cleanup_jobs", "email_send", "gin_backfill", "index_sync",
+    "outbox_dispatch", "reindex", "virus_scan",
+})
+"""Names of the kinds `jobpool.kinds` declares (each with its defaults, on its decorator),
+for what must know them without importing handlers: the pool spec's warnings about kinds no
+lane serves, and `jobpool migrate`, which registers them (`jobpool.kinds.<name>`)."""
 
 HEAVY_KINDS = frozenset({"index_sync", "gin_backfill"})
 """Online index builds: long, low priority, few attempts; served by a lane of their own."""
@@ -51,29 +63,6 @@ class KindDefaults:
             if not MIN_SECONDS <= seconds <= MAX_SECONDS:
                 raise ValueError(f"{name} must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} "
                                  f"seconds, got {seconds!r}")
-
-
-_HEAVY = KindDefaults(
-    priority=200, max_attempts=3, stale_ttl=2 * 3600.0, timeout=6 * 3600.0,
-    backoff=BackoffPolicy(base=60.0, max_delay=3600.0),
-)
-
-BUILTIN_DEFAULTS: dict[str, KindDefaults] = {
-    "email_send": KindDefaults(stale_ttl=5 * 60.0, timeout=60.0),
-    "cleanup_jobs": KindDefaults(max_attempts=3, stale_ttl=10 * 60.0, timeout=5 * 60.0),
-    "bulk_import": KindDefaults(stale_ttl=3600.0, timeout=4 * 3600.0),
-    "reindex": KindDefaults(priority=150, stale_ttl=3600.0, timeout=4 * 3600.0),
-    "outbox_dispatch": KindDefaults(stale_ttl=5 * 60.0, timeout=120.0),
-    "virus_scan": KindDefaults(stale_ttl=15 * 60.0, timeout=10 * 60.0),
-    "index_sync": _HEAVY,
-    "gin_backfill": _HEAVY,
-}
-"""The spec's per-kind defaults; a registration may override any of them."""
-
-
-def defaults_for(kind: str) -> KindDefaults:
-    """The built-in defaults of `kind`, or the generic ones for a kind the platform adds."""
-    return BUILTIN_DEFAULTS.get(kind, KindDefaults())
 
 
 def check_kind_name(name: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.resources
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from typing import Any, Literal, cast
 import jsonschema
 import yaml
 
-from jobpool.core.kinds import BUILTIN_DEFAULTS, HEAVY_KINDS
-from jobpool.core.ratelimit import RateLimit, parse_rate_limit
+from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
+from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.tenants import tenant_ref
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
@@ -76,27 +75,6 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
-class RateLimits:
-    """Provider caps of a lane; `kinds` maps a job kind to the provider it uses."""
-
-    providers: Mapping[str, RateLimit]
-    kinds: Mapping[str, str]
-
-    def to_json(self) -> str:
-        """The JOBPOOL_RATE_LIMITS value: {"providers": {name: {rps, burst}}, "kinds": {...}}."""
-        return json.dumps(
-            {
-                "providers": {
-                    name: {"rps": limit.rps, "burst": limit.burst}
-                    for name, limit in sorted(self.providers.items())
-                },
-                "kinds": dict(sorted(self.kinds.items())),
-            },
-            separators=(",", ":"),
-        )
-
-
-@dataclass(frozen=True)
 class Lane:
     """One group of identical workers: which jobs they claim and how many pods run them.
 
@@ -115,7 +93,7 @@ class Lane:
     max_replicas: int
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     resources: Mapping[str, Any] = field(default_factory=dict)
-    rate_limits: RateLimits | None = None
+    rate_limits: ProviderCaps | None = None
     implicit: bool = False
 
     def serves(self, kind: str, tenant: str | None = None) -> bool:
@@ -300,7 +278,7 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         env=env,
         pod_annotations=dict(worker.get("podAnnotations") or {}),
         node_selector=dict(worker.get("nodeSelector") or {}),
-        warnings=unserved_kind_warnings(lanes, BUILTIN_DEFAULTS),
+        warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
 
 
@@ -417,24 +395,13 @@ def _autoscaling(raw: Mapping[str, Any]) -> Autoscaling:
     )
 
 
-def _rate_limits(raw: Mapping[str, Any] | None, path: str) -> RateLimits | None:
+def _rate_limits(raw: Mapping[str, Any] | None, path: str) -> ProviderCaps | None:
     if raw is None:
         return None
     try:
-        providers = {
-            name: parse_rate_limit(limit, f"{path}.rateLimits.providers.{name}")
-            for name, limit in (raw.get("providers") or {}).items()
-        }
+        return parse_provider_caps(raw, f"{path}.rateLimits")
     except ValueError as exc:
         raise PoolSpecError(str(exc)) from None
-    kinds = dict(raw.get("kinds") or {})
-    for kind, provider in kinds.items():
-        if provider not in providers:
-            raise PoolSpecError(
-                f"{path}.rateLimits.kinds.{kind}: provider {provider!r} is not declared in "
-                f"{path}.rateLimits.providers"
-            )
-    return RateLimits(providers=providers, kinds=kinds)
 
 
 def _bounds(

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jobpool.core.yamlfile import MAX_CHARS, load_documents
+
 WILDCARD_KIND = "*"
 """Key in a tenant's `rate_limit` object that limits every kind without its own entry."""
 
@@ -242,8 +244,10 @@ def _json_int(text: str) -> int | float:
 class ProviderCaps:
     """Global caps per provider and the provider each kind uses (platform configuration).
 
-    The `JOBPOOL_RATE_LIMITS` contract:
-    `{"providers": {"<name>": {"rps": r, "burst": b}}, "kinds": {"<kind>": "<name>"}}`.
+    The one model of a lane's `rateLimits` (pool spec) and of `JOBPOOL_RATE_LIMITS` (the
+    worker's environment): `{"providers": {"<name>": {"rps": r, "burst": b}}, "kinds":
+    {"<kind>": "<name>"}}`. `to_json` writes it, `parse_provider_caps` (a document) and
+    `provider_caps_from_text` (its text) read it back unchanged.
     """
 
     providers: Mapping[str, RateLimit]
@@ -254,31 +258,84 @@ class ProviderCaps:
         name = self.kinds.get(kind)
         return None if name is None else (name, self.providers[name])
 
+    def to_json(self) -> str:
+        """The `JOBPOOL_RATE_LIMITS` value: compact JSON, names sorted."""
+        return json.dumps(
+            {
+                "providers": {name: {"rps": limit.rps, "burst": limit.burst}
+                              for name, limit in sorted(self.providers.items())},
+                "kinds": dict(sorted(self.kinds.items())),
+            },
+            separators=(",", ":"),
+        )
+
 
 NO_CAPS = ProviderCaps({}, {})
 
 
-def parse_provider_caps(raw: Any) -> ProviderCaps:
-    """Validate the provider-caps document; raises ValueError naming the bad entry."""
+def parse_provider_caps(raw: Any, where: str = "") -> ProviderCaps:
+    """Validate a provider-caps document (parsed JSON or YAML); None means no caps.
+
+    `where` is the document's path for messages (`spec.lanes[0].rateLimits` in a pool spec;
+    empty for `JOBPOOL_RATE_LIMITS`, whose reader names the variable). Raises ValueError
+    naming the bad field, e.g. `providers.ses.rps: ...` or `kinds.email_send: provider 'ses'
+    is not declared in providers`.
+    """
     if raw is None:
         return NO_CAPS
+    document = where or "rate limits"
     if not isinstance(raw, Mapping):
         raise ValueError(
-            f"rate limits: expected an object {{providers, kinds}}, got {_shown(raw)}")
-    unknown = sorted(set(raw) - {"providers", "kinds"})
+            f"{document}: expected an object {{providers, kinds}}, got {_shown(raw)}")
+    unknown = sorted(str(key) for key in set(raw) - {"providers", "kinds"})
     if unknown:
-        raise ValueError(f"rate limits: unknown key(s) {', '.join(unknown)} "
+        raise ValueError(f"{document}: unknown key(s) {', '.join(unknown)} "
                          "(allowed: providers, kinds)")
     providers_raw = raw.get("providers") or {}
     kinds_raw = raw.get("kinds") or {}
     if not isinstance(providers_raw, Mapping) or not isinstance(kinds_raw, Mapping):
-        raise ValueError("rate limits: providers and kinds must be objects")
-    providers = {str(name): parse_rate_limit(value, f"providers.{name}")
+        raise ValueError(f"{document}: providers and kinds must be objects")
+    providers_path = _field(where, "providers")
+    providers = {str(name): parse_rate_limit(value, f"{providers_path}.{name}")
                  for name, value in providers_raw.items()}
     for kind, provider in kinds_raw.items():
+        kind_path = _field(where, f"kinds.{kind}")
         if not isinstance(provider, str):
-            raise ValueError(f"kinds.{kind}: expected a provider name, got {_shown(provider)}")
+            raise ValueError(f"{kind_path}: expected a provider name, got {_shown(provider)}")
         if provider not in providers:
-            raise ValueError(f"kinds.{kind}: provider {provider!r} is not declared in providers "
-                             f"(declared: {', '.join(sorted(providers)) or 'none'})")
+            declared = ", ".join(sorted(providers)) or "none"
+            raise ValueError(f"{kind_path}: provider {provider!r} is not declared in "
+                             f"{providers_path} (declared: {declared})")
     return ProviderCaps(providers, {str(kind): str(name) for kind, name in kinds_raw.items()})
+
+
+def provider_caps_from_text(text: str) -> ProviderCaps:
+    """parse_provider_caps of a `JOBPOOL_RATE_LIMITS` text: JSON (as `to_json` writes it) or
+    YAML (as a platform may write a file); blank means no caps.
+
+    JSON is read first, because YAML 1.1 reads JSON's `1e-05` (how `to_json` writes the
+    smallest rps) as a string. Raises ValueError for text longer than a configuration file
+    may be, JSON nested too deeply, bad YAML, more than one document, or a bad field.
+    """
+    if len(text) > MAX_CHARS:
+        raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        raw = _yaml_document(text)
+    except RecursionError:
+        raise ValueError("not usable JSON: nested too deeply") from None
+    return parse_provider_caps(raw)
+
+
+def _yaml_document(text: str) -> Any:
+    """The one YAML document of `text` (None when it holds none)."""
+    documents = load_documents(text)
+    if len(documents) > 1:
+        raise ValueError(f"expected one document, found {len(documents)}")
+    return documents[0] if documents else None
+
+
+def _field(where: str, name: str) -> str:
+    """The path of field `name` inside the document at `where` (may be empty)."""
+    return f"{where}.{name}" if where else name

@@ -1,14 +1,23 @@
-"""Forward-only migrations, applied in order under an advisory lock."""
+"""Forward-only migrations, applied in order under an advisory lock, then the built-in kinds.
+
+The built-in kinds are registered with the defaults their declarations carry (their
+`jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
+Their modules need the worker extra; without it, `migrate` leaves them to the first worker.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.rows import tuple_row
 
+from jobpool.db.store import kind_rows, register_kinds
 from jobpool.errors import SchemaNotMigratedError
+from jobpool.registry import builtin_kinds
 from jobpool.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
@@ -28,10 +37,13 @@ async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
 
 
 async def migrate(conn: AsyncConnection[Any]) -> list[str]:
-    """Apply the migrations `conn`'s database lacks; return their names.
+    """Apply the migrations `conn`'s database lacks, register the built-in kinds; return the
+    names of the migrations applied.
 
     Safe when several processes run it at once: they queue on an advisory lock, and each
-    migration commits with its row in `mdm.jobpool_migration`.
+    migration commits with its row in `mdm.jobpool_migration`. The built-in kinds' rows of
+    `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
+    change them); rows that already hold them are left untouched.
     """
     applied: list[str] = []
     await conn.set_autocommit(True)
@@ -48,6 +60,7 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
                                    {"version": version, "name": name})
             applied.append(f"{version:04d}_{name}")
             log.info("applied migration %04d_%s", version, name)
+        await register_kinds(conn, builtin_kinds())
     finally:
         await conn.execute(QUERIES["migration_unlock"].text, {"key": _LOCK_KEY})
     return applied
@@ -63,7 +76,8 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
 
 
 def migration_script() -> str:
-    """All migrations as one SQL script, for platforms that run their own migration tool."""
+    """All migrations, then the registration of the built-in kinds, as one SQL script (what
+    `migrate` does), for platforms that run their own migration tool."""
     parts = [QUERIES["create_migration_table"].text]
     for version, name, text in migrations():
         parts.append(
@@ -71,4 +85,15 @@ def migration_script() -> str:
             f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, '{name}')"
             " ON CONFLICT DO NOTHING;\nCOMMIT;"
         )
+    parts.append("-- the built-in kinds and their declared defaults\n"
+                 + _inline(QUERIES["register_kinds"].text, kind_rows(builtin_kinds())))
     return "\n\n".join(parts) + "\n"
+
+
+def _inline(query: str, params: Mapping[str, Any]) -> str:
+    """`query` with each `%(name)s` placeholder replaced by the SQL literal of params[name]."""
+    pieces = re.split(r"%\((\w+)\)s", query)
+    return sql.Composed([
+        sql.SQL(piece) if index % 2 == 0 else sql.Literal(params[piece])
+        for index, piece in enumerate(pieces)
+    ]).as_string(None)

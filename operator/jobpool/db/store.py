@@ -174,10 +174,15 @@ class QueueStore:
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:
     """Upsert kinds on `conn` (for processes without a QueueStore)."""
+    await conn.execute(QUERIES["register_kinds"].text, kind_rows(specs))
+
+
+def kind_rows(specs: Iterable[KindSpec]) -> dict[str, list[Any]]:
+    """The parameters of `register_kinds`: one array per column of `mdm.aa_job_kind`."""
     specs = list(specs)
-    await conn.execute(QUERIES["register_kinds"].text, {
+    return {
         "names": [s.name for s in specs],
         "priorities": [s.defaults.priority for s in specs],
         "max_attempts": [s.defaults.max_attempts for s in specs],
         "stale_ttls": [s.defaults.stale_ttl for s in specs],
-    })
+    }

@@ -51,7 +51,8 @@ def parse_payload(payload: Any) -> ImportRequest:
                                       maximum=MAX_BATCH))
 
 
-@jobpool.kind("bulk_import")
+@jobpool.kind("bulk_import", priority=100, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
+              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def bulk_import(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Import one staged file batch by batch, then mark it done with the job."""
     request = parse_payload(job.payload)

@@ -137,7 +137,8 @@ def send(target: SmtpTarget, delivery: Delivery) -> None:
         raise
 
 
-@jobpool.kind("email_send")
+@jobpool.kind("email_send", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=60,
+              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""
     config = settings.current()

@@ -63,7 +63,8 @@ def index_work(index: GinIndex) -> IndexWork:
     )
 
 
-@jobpool.kind("gin_backfill")
+@jobpool.kind("gin_backfill", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
+              backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
 async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Build the type's GIN index if it is an external-source target (see module docstring)."""
     request = parse_payload(job.payload)

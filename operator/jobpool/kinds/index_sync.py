@@ -146,7 +146,8 @@ async def _record(tx: AsyncConnection[Any], job: Job, attribute: Row | None,
             "job_id": job.id, "action": action, "payload": Jsonb(result)})
 
 
-@jobpool.kind("index_sync")
+@jobpool.kind("index_sync", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
+              backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
 async def index_sync(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Bring one attribute's expression index in line with its flags (see module docstring)."""
     request = parse_payload(job.payload)

@@ -345,7 +345,8 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
             assert_never(outcome)
 
 
-@jobpool.kind("outbox_dispatch")
+@jobpool.kind("outbox_dispatch", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=120,
+              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def outbox_dispatch(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Fan out one event, or deliver one (event, subscription) pair."""
     match parse_payload(job.payload):

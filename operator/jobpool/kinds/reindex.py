@@ -72,7 +72,8 @@ async def rebuild_vectors(side: AsyncConnection[Any], entity_type_id: int,
         totals["batches"] += 1
 
 
-@jobpool.kind("reindex")
+@jobpool.kind("reindex", priority=150, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
+              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Rebuild one type's search vectors in short batches (see module docstring)."""
     request = parse_payload(job.payload)

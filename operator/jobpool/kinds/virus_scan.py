@@ -318,7 +318,8 @@ async def _record(
     return bool(changed and changed["changed"])
 
 
-@jobpool.kind("virus_scan")
+@jobpool.kind("virus_scan", priority=100, max_attempts=20, stale_ttl=15 * 60, timeout=10 * 60,
+              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def virus_scan(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Scan one attachment and patch its status; retry (still pending) when clamd cannot say."""
     request = parse_payload(job.payload)

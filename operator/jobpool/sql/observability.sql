@@ -1,10 +1,4 @@
--- Named queries of rate limits and metrics.
-
--- name: tenant_rate_limits :many
--- Every tenant's key and its rate_limit metadata as JSON text (NULL when it sets none).
-SELECT id, key, (metadata -> 'rate_limit')::text AS rate_limit
-  FROM mdm.aa_tenant
- ORDER BY key;
+-- Named queries of metrics.
 
 -- name: queue_gauges :many
 -- Pending, ready, running and DLQ jobs per tenant key and kind, and the oldest ready job's age.

@@ -9,7 +9,6 @@ processes give a tenant up to N x its rate.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -27,12 +26,11 @@ from jobpool.core.ratelimit import (
     ProviderCaps,
     TenantLimits,
     TokenBucket,
-    parse_provider_caps,
     parse_tenant_limits_json,
+    provider_caps_from_text,
     take_token,
     wait_time,
 )
-from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
@@ -49,9 +47,10 @@ WAKE_SLACK = 0.05
 
 
 def load_provider_caps(value: str | None) -> ProviderCaps:
-    """Provider caps from a `JOBPOOL_RATE_LIMITS` value: JSON text or `@path` to YAML/JSON.
+    """Provider caps from a `JOBPOOL_RATE_LIMITS` value: JSON or YAML text, or `@path` to a
+    YAML or JSON file (read by `jobpool.core.ratelimit.provider_caps_from_text`).
 
-    None or empty: no caps. Raises ValueError naming the variable, the file and the problem
+    None or blank: no caps. Raises ValueError naming the variable, the file and the problem
     (bad YAML, a document too large or too deep to be configuration, a bad field).
     """
     if not value or not value.strip():
@@ -66,26 +65,9 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
         except OSError as exc:
             raise ValueError(f"{source}: cannot read it: {exc.strerror or exc}") from None
     try:
-        return parse_provider_caps(_document(text))
+        return provider_caps_from_text(text)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
-
-
-def _document(text: str) -> Any:
-    """The one JSON or YAML document of `text`; JSON first, because YAML 1.1 reads JSON's
-    `1e-05` (how the operator writes a small rps) as a string."""
-    if len(text) > MAX_CHARS:
-        raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except RecursionError:
-        raise ValueError("not usable JSON: nested too deeply") from None
-    documents = load_documents(text)
-    if len(documents) > 1:
-        raise ValueError(f"expected one document, found {len(documents)}")
-    return documents[0] if documents else None
 
 
 def pair_key(tenant_id: uuid.UUID | str, kind: str) -> str:

@@ -4,8 +4,10 @@
 ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'webhook_disabled';
 ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'attachment_scanned';
 
--- Known before any worker starts, so services can write events and commit uploads at once
--- (defaults of jobpool.core.kinds.BUILTIN_DEFAULTS; a worker's registration updates them).
+-- Known before any worker starts, so services can write events and commit uploads at once.
+-- Superseded by registration: `jobpool migrate` registers every built-in kind with the
+-- defaults its declaration carries (jobpool.kinds), right after the migrations, and so does
+-- each worker for its kinds. These rows only seed the kinds until then.
 INSERT INTO mdm.aa_job_kind (name, priority, max_attempts, stale_ttl) VALUES
     ('outbox_dispatch', 100, 20, '5 minutes'),
     ('virus_scan', 100, 20, '15 minutes')

@@ -8,7 +8,9 @@ ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'index_built';
 ALTER TYPE mdm.audit_action ADD VALUE IF NOT EXISTS 'index_dropped';
 
 -- The four kinds exist before any worker registers them, so triggers can enqueue at once.
--- Values are jobpool.core.kinds.BUILTIN_DEFAULTS; a worker's registration updates them.
+-- Superseded by registration: `jobpool migrate` registers every built-in kind with the
+-- defaults its declaration carries (jobpool.kinds), right after the migrations, and so does
+-- each worker for its kinds. These rows only seed the kinds until then.
 INSERT INTO mdm.aa_job_kind (name, priority, max_attempts, stale_ttl) VALUES
     ('bulk_import', 100, 20, interval '1 hour'),
     ('reindex', 150, 20, interval '1 hour'),
