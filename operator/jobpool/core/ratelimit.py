@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jobpool.core.yamlfile import MAX_CHARS, load_documents
-
 WILDCARD_KIND = "*"
 """Key in a tenant's `rate_limit` object that limits every kind without its own entry."""
 
@@ -307,33 +305,6 @@ def parse_provider_caps(raw: Any, where: str = "") -> ProviderCaps:
             raise ValueError(f"{kind_path}: provider {provider!r} is not declared in "
                              f"{providers_path} (declared: {declared})")
     return ProviderCaps(providers, {str(kind): str(name) for kind, name in kinds_raw.items()})
-
-
-def provider_caps_from_text(text: str) -> ProviderCaps:
-    """parse_provider_caps of a `JOBPOOL_RATE_LIMITS` text: JSON (as `to_json` writes it) or
-    YAML (as a platform may write a file); blank means no caps.
-
-    JSON is read first, because YAML 1.1 reads JSON's `1e-05` (how `to_json` writes the
-    smallest rps) as a string. Raises ValueError for text longer than a configuration file
-    may be, JSON nested too deeply, bad YAML, more than one document, or a bad field.
-    """
-    if len(text) > MAX_CHARS:
-        raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        raw = _yaml_document(text)
-    except RecursionError:
-        raise ValueError("not usable JSON: nested too deeply") from None
-    return parse_provider_caps(raw)
-
-
-def _yaml_document(text: str) -> Any:
-    """The one YAML document of `text` (None when it holds none)."""
-    documents = load_documents(text)
-    if len(documents) > 1:
-        raise ValueError(f"expected one document, found {len(documents)}")
-    return documents[0] if documents else None
 
 
 def _field(where: str, name: str) -> str:

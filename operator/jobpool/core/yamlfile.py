@@ -9,10 +9,12 @@ small, so anything beyond these bounds is refused before it is constructed.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 
+from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.errors import JobpoolError
 
 MAX_CHARS = 1024 * 1024
@@ -104,3 +106,30 @@ def _check_expanded_size(root: yaml.Node) -> None:
         return total
 
     size(root)
+
+
+def provider_caps_from_text(text: str) -> ProviderCaps:
+    """parse_provider_caps of a `JOBPOOL_RATE_LIMITS` text: JSON (as `to_json` writes it) or
+    YAML (as a platform may write a file); blank means no caps.
+
+    JSON is read first, because YAML 1.1 reads JSON's `1e-05` (how `to_json` writes the
+    smallest rps) as a string. Raises ValueError for text longer than a configuration file
+    may be, JSON nested too deeply, bad YAML, more than one document, or a bad field.
+    """
+    if len(text) > MAX_CHARS:
+        raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        raw = _yaml_document(text)
+    except RecursionError:
+        raise ValueError("not usable JSON: nested too deeply") from None
+    return parse_provider_caps(raw)
+
+
+def _yaml_document(text: str) -> Any:
+    """The one YAML document of `text` (None when it holds none)."""
+    documents = load_documents(text)
+    if len(documents) > 1:
+        raise ValueError(f"expected one document, found {len(documents)}")
+    return documents[0] if documents else None

@@ -27,10 +27,10 @@ from jobpool.core.ratelimit import (
     TenantLimits,
     TokenBucket,
     parse_tenant_limits_json,
-    provider_caps_from_text,
     take_token,
     wait_time,
 )
+from jobpool.core.yamlfile import provider_caps_from_text
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
@@ -48,7 +48,7 @@ WAKE_SLACK = 0.05
 
 def load_provider_caps(value: str | None) -> ProviderCaps:
     """Provider caps from a `JOBPOOL_RATE_LIMITS` value: JSON or YAML text, or `@path` to a
-    YAML or JSON file (read by `jobpool.core.ratelimit.provider_caps_from_text`).
+    YAML or JSON file (read by `jobpool.core.yamlfile.provider_caps_from_text`).
 
     None or blank: no caps. Raises ValueError naming the variable, the file and the problem
     (bad YAML, a document too large or too deep to be configuration, a bad field).
