@@ -67,6 +67,15 @@ def test_everything_else_is_transient(reply: bytes) -> None:
     assert isinstance(parse_reply(reply), Transient)
 
 
+def test_what_clamd_sends_is_made_storable_before_it_is_written() -> None:
+    """A NUL or control character inside a reply would make the signature or the error
+    unwritable to PostgreSQL text: they are escaped, nothing dropped."""
+    assert parse_reply(b"stream: Evil\x00Name\x1b FOUND\0") == Infected("Evil\\x00Name\\x1b")
+    verdict = parse_reply(b"odd\x00reply ERROR\0")
+    assert isinstance(verdict, Transient)
+    assert "\x00" not in verdict.reason and "odd\\x00reply" in verdict.reason
+
+
 def test_a_stream_cut_past_the_limit_is_unscannable_before_it_transient() -> None:
     assert isinstance(after_cut_stream(1_245_184, 1_048_576, "BrokenPipeError"), Unscannable)
     assert isinstance(after_cut_stream(65_536, 1_048_576, "ConnectionResetError"), Transient)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal, assert_never
 from urllib.parse import unquote, urlsplit
 
+from jobpool.core.jsondata import storable_text
+
 ScanStatus = Literal["pending", "clean", "infected", "unscannable"]
 """`ddm_attachment.virus_scan_status` (pending until a scan decided)."""
 
@@ -92,9 +94,11 @@ def parse_reply(raw: bytes) -> Verdict:
 
     `stream: OK` → Clean; `stream: <name> FOUND` → Infected (Unscannable for
     `Heuristics.Limits.Exceeded.*`); `INSTREAM size limit exceeded. ERROR` → Unscannable;
-    any other `... ERROR`, an empty or unknown reply → Transient.
+    any other `... ERROR`, an empty or unknown reply → Transient. The reply is made storable
+    first (`storable_text`: a NUL or control character inside a signature name is escaped),
+    because the signature and the messages are written to PostgreSQL text columns.
     """
-    text = raw.rstrip(b"\0\n").decode("utf-8", errors="replace").strip()
+    text = storable_text(raw.rstrip(b"\0\n").decode("utf-8", errors="replace").strip())
     if not text:
         return Transient("clamd closed the connection without a reply")
     if text == "stream: OK":
