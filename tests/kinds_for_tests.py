@@ -163,6 +163,8 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
 async def retry_after(job: Job, tx: AsyncConnection[Any]) -> None:
     """Ask for a retry after `payload.delay` seconds (a float's text: "inf", "nan", "-5")."""
     raise jobpool.RetryAfter(float(job.payload["delay"]), "not yet")
+
+
 @jobpool.kind("test_env")
 async def env(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Return the values of the environment variables `payload.names` in the worker process."""

@@ -70,6 +70,8 @@ def laughs(indent: str, levels: int = 30) -> str:
     lines = [f"{indent}l0: &l0 [x, x, x, x]"]
     lines += [f"{indent}l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 4)}]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+
+
 CAPPED_POOL = """
 apiVersion: jobs.mdm.io/v1alpha1
 kind: JobWorkerPool
