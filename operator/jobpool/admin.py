@@ -15,6 +15,9 @@ from jobpool.core.tenants import tenant_id_of, tenant_ref
 from jobpool.db.store import fetch_all, fetch_one
 from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
 
+STATUSES = ("pending", "running", "done", "dlq", "failed")
+"""The values of `mdm.job_status` (`failed` is the manual stop flag)."""
+
 Row = dict[str, Any]
 
 MAX_JOB_ID = 9_223_372_036_854_775_807

@@ -24,6 +24,7 @@ import psycopg
 
 from jobpool import admin
 from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
+from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
 from jobpool.db.connect import connect, resolve_dsn
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
@@ -31,6 +32,7 @@ from jobpool.errors import JobpoolError
 from jobpool.extras import require_extra
 from jobpool.settings import (
     LOG_LEVELS,
+    Names,
     Seconds,
     Settings,
     Whole,
@@ -43,11 +45,9 @@ from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
 
+_names = Names().parse
+
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _refuse_constant(name: str) -> Any:
@@ -133,7 +133,7 @@ def settings_with_flags(settings: Settings, args: argparse.Namespace) -> Setting
     })
 
 
-MAX_DELAY = 10 * 365 * 86_400.0
+MAX_DELAY = MAX_SECONDS
 """Ten years: a later start is a typo."""
 MAX_COUNT = 100_000
 """`jobpool enqueue --count` builds every job in memory and sends them in one statement."""
@@ -401,9 +401,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")
     add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
-    p.add_argument("--kinds", type=_csv, help="comma-separated kinds to serve (default: all)")
-    p.add_argument("--exclude-kinds", type=_csv, help="comma-separated kinds not to serve")
-    p.add_argument("--tenants", type=_csv, help="comma-separated tenant keys or ids (default: all)")
+    p.add_argument("--kinds", type=_names, help="comma-separated kinds to serve (default: all)")
+    p.add_argument("--exclude-kinds", type=_names, help="comma-separated kinds not to serve")
+    p.add_argument("--tenants", type=_names,
+                   help="comma-separated tenant keys or ids (default: all)")
     add_setting(p, settings, "slots")
     add_setting(p, settings, "grace")
     add_setting(p, settings, "poll_interval")
@@ -420,7 +421,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--payload", type=_json_arg("payload"), default={}, help="JSON payload")
-    p.add_argument("--priority", type=whole_number(-32768, 32767),
+    p.add_argument("--priority", type=whole_number(*PRIORITY_RANGE),
                    help="lower runs first (default: the kind's)")
     p.add_argument("--delay", type=seconds(0, MAX_DELAY),
                    help="seconds until the job becomes runnable")

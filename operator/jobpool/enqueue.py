@@ -18,7 +18,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
-from jobpool.core.kinds import check_kind_name
+from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.sql import QUERIES
 
@@ -77,19 +77,9 @@ def _check_fields(job: NewJob) -> None:
             isinstance(job.idempotency_key, str) and 1 <= len(job.idempotency_key) <= 512):
         raise ValueError("idempotency_key must be a string of 1 to 512 characters, got "
                          f"{job.idempotency_key!r:.80}")
-    _check_whole("max_attempts", job.max_attempts, 1, 2**31 - 1)
-    _check_whole("priority", job.priority, -32768, 32767)
+    check_whole("max_attempts", job.max_attempts, *MAX_ATTEMPTS_RANGE)
+    check_whole("priority", job.priority, *PRIORITY_RANGE)
     _check_aware("available_at", job.available_at)
-
-
-def _check_whole(name: str, value: int | None, low: int, high: int) -> None:
-    """Refuse a number its column (smallint, integer) cannot hold, naming `name`; bools and
-    floats too, which PostgreSQL would refuse with an error that aborts the caller's
-    transaction."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r:.80}")
 
 
 def _check_aware(name: str, moment: datetime | None) -> None:

@@ -59,11 +59,6 @@ class Registry:
 REGISTRY = Registry()
 
 
-def _same(value: Any) -> Any:
-    """Leave a whole-number option as given: KindDefaults refuses 1.5 rather than cut it."""
-    return value
-
-
 def kind(
     name: str,
     *,
@@ -91,14 +86,13 @@ def kind(
         max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
         jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
     )
-    overrides: dict[str, Any] = {
-        key: convert(value)
-        for key, convert, value in (
-            ("priority", _same, priority), ("max_attempts", _same, max_attempts),
-            ("stale_ttl", float, stale_ttl), ("timeout", float, timeout),
-        )
-        if value is not None
+    # whole numbers stay as given, so that KindDefaults refuses 1.5 rather than cut it
+    given: dict[str, Any] = {
+        "priority": priority, "max_attempts": max_attempts,
+        "stale_ttl": None if stale_ttl is None else float(stale_ttl),
+        "timeout": None if timeout is None else float(timeout),
     }
+    overrides = {key: value for key, value in given.items() if value is not None}
     try:
         defaults = replace(generic, backoff=backoff, **overrides)
     except ValueError as exc:

@@ -45,6 +45,7 @@ class Text:
     """Any text."""
 
     def parse(self, text: str) -> Any:
+        self.check(text)
         return text
 
     def check(self, value: Any) -> None:
@@ -112,10 +113,6 @@ class Choice(Text):
 
     options: tuple[str, ...]
 
-    def parse(self, text: str) -> str:
-        self.check(text)
-        return text
-
     def check(self, value: Any) -> None:
         if value not in self.options:
             raise ValueError(f"must be one of {', '.join(self.options)}, got {str(value)[:40]!r}")
@@ -128,10 +125,6 @@ class Url(Text):
     The message leaves the URL out: it may hold a password.
     """
 
-    def parse(self, text: str) -> str:
-        self.check(text)
-        return text
-
     def check(self, value: Any) -> None:
         super().check(value)
         try:
@@ -143,10 +136,6 @@ class Url(Text):
 @dataclass(frozen=True)
 class Networks(Text):
     """Comma-separated CIDR networks (`127.0.0.0/8, ::1/128`)."""
-
-    def parse(self, text: str) -> str:
-        self.check(text)
-        return text
 
     def check(self, value: Any) -> None:
         super().check(value)

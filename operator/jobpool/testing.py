@@ -19,7 +19,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobpool.admin import get_job, resolve_tenant
+from jobpool.admin import STATUSES, get_job, resolve_tenant
 from jobpool.db.connect import connect, open_live_pool
 from jobpool.db.store import Completion, QueueStore, Row, fetch_all, fetch_one
 from jobpool.db.store import register_kinds as register_specs
@@ -34,7 +34,6 @@ from jobpool.worker.runtime import PROBE_TIMEOUT, Worker
 ACTOR = "jobpool.testing"
 """The audit principal of the jobs these functions enqueue and run."""
 
-STATUSES = ("pending", "running", "done", "dlq", "failed")
 """The values of `mdm.job_status`."""
 
 

@@ -135,7 +135,7 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
           '{"rate_limit": {"k": {"rps": 1, "burst": 1e30}}}'],
          "--metadata: tenant initech: rate_limit.k.burst: must be a whole number from 1"),
         (["tenants", "add", "initech", "--metadata", '{"a": ' * 40 + "1" + "}" * 40],
-         "--metadata: metadata" + ".a" * 31 + ": nested deeper than 32 levels"),
+         "--metadata: metadata is nested more than 32 levels deep"),
         (["tenants", "add", "initech", "--metadata", "[" * 20_000 + "]" * 20_000],
          "--metadata: metadata is nested 20000 levels deep, more than the limit of 100"),
         (["run", "--kinds", "test_record", "--grace", "inf"],

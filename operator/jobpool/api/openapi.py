@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
+from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE, STATUSES
+from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.tenants import TENANT_REF_PATTERN
 
-KIND_NAME = r"^[a-z][a-z0-9_]{0,62}$"
+KIND_NAME = KIND_NAME_RE.pattern
 
-_STATUS = {"type": "string", "enum": ["pending", "running", "done", "dlq", "failed"]}
+_STATUS = {"type": "string", "enum": list(STATUSES)}
 _TIME = {"type": "string", "format": "date-time"}
 _NULLABLE_TIME = {**_TIME, "nullable": True}
 _NULLABLE_TEXT = {"type": "string", "nullable": True}

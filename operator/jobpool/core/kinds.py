@@ -37,6 +37,21 @@ MAX_SECONDS = 10 * 365 * 86400.0
 rounds away below it) nor infinity, and beyond ten years a bound bounds nothing."""
 
 
+PRIORITY_RANGE = (-32768, 32767)
+"""A job's priority: the column is a smallint."""
+MAX_ATTEMPTS_RANGE = (1, 2**31 - 1)
+"""A job's max_attempts: the column is an integer."""
+
+
+def check_whole(name: str, value: int | None, low: int, high: int) -> None:
+    """Refuse a number its column cannot hold, naming `name` (None passes); bools and floats
+    too, which PostgreSQL would refuse with an error that aborts the caller's transaction."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r:.80}")
+
+
 @dataclass(frozen=True)
 class KindDefaults:
     """Defaults a kind's jobs get unless the enqueue says otherwise.
@@ -54,11 +69,8 @@ class KindDefaults:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
 
     def __post_init__(self) -> None:
-        for name, value, low, high in (("priority", self.priority, -32768, 32767),
-                                       ("max_attempts", self.max_attempts, 1, 2**31 - 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be a whole number from {low} to {high}, "
-                                 f"got {value!r}")
+        check_whole("priority", self.priority, *PRIORITY_RANGE)
+        check_whole("max_attempts", self.max_attempts, *MAX_ATTEMPTS_RANGE)
         for name, seconds in (("stale_ttl", self.stale_ttl), ("timeout", self.timeout)):
             if not MIN_SECONDS <= seconds <= MAX_SECONDS:
                 raise ValueError(f"{name} must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
+from jobpool.core.jsondata import to_json_text
 from jobpool.core.ratelimit import parse_tenant_limits
 
 TENANT_KEY_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,62}"
@@ -60,32 +59,15 @@ def tenant_id_of(ref: str) -> uuid.UUID | None:
 def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
     """Return `metadata` if a tenant may store it, else raise ValueError naming the field.
 
-    It must be a JSON object, nested at most MAX_METADATA_DEPTH levels, hold only finite
-    numbers, and its `rate_limit` (if any) must be valid in every entry: refused here,
-    where it is written, so that workers never have to ignore it where it is read.
+    It must be a JSON object that jsonb stores (`jobpool.core.jsondata.to_json_text`), nested
+    at most MAX_METADATA_DEPTH levels, and its `rate_limit` (if any) must be valid in every
+    entry: refused here, where it is written, so that workers never have to ignore it where
+    it is read.
     """
     if not isinstance(metadata, dict):
         raise ValueError(f"metadata must be a JSON object, got {type(metadata).__name__}")
-    _check_json_values(metadata)
+    to_json_text(metadata, name="metadata", limit=MAX_METADATA_DEPTH)
     _, problems = parse_tenant_limits(metadata.get("rate_limit"), tenant)
     if problems:
         raise ValueError("; ".join(problems))
     return metadata
-
-
-def _check_json_values(root: Mapping[str, Any]) -> None:
-    """Refuse nesting deeper than MAX_METADATA_DEPTH and nan or infinity (counted without
-    recursion)."""
-    stack: list[tuple[Any, str, int]] = [(root, "metadata", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{path}: {value} is not a JSON number")
-        children: list[tuple[str, Any]] = []
-        if isinstance(value, Mapping):
-            children = [(f"{path}.{key}", item) for key, item in value.items()]
-        elif isinstance(value, list):
-            children = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
-        if children and depth >= MAX_METADATA_DEPTH:
-            raise ValueError(f"{path}: nested deeper than {MAX_METADATA_DEPTH} levels")
-        stack.extend((item, child, depth + 1) for child, item in children)

@@ -87,6 +87,15 @@ class JobConnection(AsyncConnection[Any]):
     """
 
     job_scope: bool = False
+    sent_statements: bool = False
+    """Whether anything was sent since the worker last cleared it: a handler that sent nothing
+    cannot have changed the session, so its connection needs no reset (`reset_session`)."""
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        """`AsyncConnection.cursor`, noting that a statement is about to be sent (every query,
+        `execute` and COPY goes through a cursor)."""
+        self.sent_statements = True
+        return super().cursor(*args, **kwargs)
 
     @asynccontextmanager
     async def transaction(
@@ -119,6 +128,8 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     if conn.closed:
         return
     changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
+    if not changed and isinstance(conn, JobConnection) and not conn.sent_statements:
+        return  # nothing reached the server: the hot path of handlers that write nothing
     try:
         if not changed:
             if conn.info.transaction_status != TransactionStatus.IDLE:

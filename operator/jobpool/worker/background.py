@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from jobpool.core.retry import retry_pause
+from jobpool.core.retry import error_text, retry_pause
 
 log = logging.getLogger("jobpool.worker")
 
@@ -58,10 +58,10 @@ class BackgroundTasks:
         """Record a failure of task `name` (log and readiness); return the pause before retrying."""
         failures = self._failures.get(name, 0) + 1
         self._failures[name] = failures
-        self.failing[name] = f"{type(exc).__name__}: {exc}"
+        self.failing[name] = error_text(exc)  # also when the exception's str() raises
         pause = retry_pause(failures, first=RESTART_FIRST, cap=RESTART_MAX, rng=self.rng)
-        log.error("background task %s failed (%s: %s); restarting it in %.1fs",
-                  name, type(exc).__name__, exc, pause, exc_info=exc)
+        log.error("background task %s failed (%s); restarting it in %.1fs",
+                  name, self.failing[name], pause, exc_info=exc)
         return pause
 
     def problems(self) -> list[str]:

@@ -78,10 +78,6 @@ class ClaimLost(JobpoolError):
     """
 
 
-class CompletionFailed(JobpoolError):
-    """The batched `done` of a job could not be written (its lease will expire)."""
-
-
 class ResultRefused(PermanentError):
     """The database refused to record the job done with its result."""
 
@@ -345,8 +341,7 @@ class Worker:
         while True:
             self.wake.clear()
             batch, self.completions = self.completions, []
-            with contextlib.suppress(psycopg.Error):
-                await self._complete_and_claim(batch, 0)
+            await self._complete_and_claim(batch, 0)
             await self.wake.wait()
 
     def throttled(self) -> list[str]:
@@ -403,10 +398,6 @@ class Worker:
             log.warning("job %d (%s): claim lost, its changes were rolled back",
                         job.id, job.job_kind)
             self.observe(job, "lost_claim", started)
-        except CompletionFailed as exc:
-            log.error("job %d (%s): could not record it done (%s); its lease will expire",
-                      job.id, job.job_kind, exc)
-            self.observe(job, "error", started)
         except asyncio.CancelledError:
             await self._hand_back(job)
             self.observe(job, "released", started)
@@ -435,7 +426,7 @@ class Worker:
                         result = await self._call_handler(job, spec, conn)
                         await self._complete(conn, job, stored_result(result))
                         return result
-                conn.job_scope = True
+                conn.job_scope, conn.sent_statements = True, False
                 try:
                     result = await self._call_handler(job, spec, conn)
                     stored = stored_result(result)
@@ -747,7 +738,7 @@ class Worker:
                                 self.wake.set()
                         await conn.execute(QUERIES["ping"].text)
             except psycopg.OperationalError as exc:
-                self.listening = False
+                self.listening = False  # readiness says so during the pause below
                 failures += 1
                 log.warning("listener lost its connection (%s); listening again once the "
                             "database answers", exc)
