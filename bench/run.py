@@ -28,11 +28,14 @@ def bootstrap() -> None:
     interpreter = VENV / "bin" / "python"
     if not interpreter.exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    probe = subprocess.run([str(interpreter), "-c", "import pgqueuer, procrastinate, jobpool"],
+    probe = subprocess.run([str(interpreter), "-c", "import pgqueuer, procrastinate; "
+                            "from jobpool.extras import missing_modules; "
+                            "assert not missing_modules('worker')"],
                            capture_output=True, check=False)
-    if probe.returncode != 0:
+    if probe.returncode != 0:  # jobpool's workers need its worker extra
         subprocess.run([str(interpreter), "-m", "pip", "install", "-q", "-r",
-                        str(BENCH / "requirements.txt"), "-e", str(BENCH.parent)], check=True)
+                        str(BENCH / "requirements.txt"), "-e", f"{BENCH.parent}[worker]"],
+                       check=True)
     os.execv(str(interpreter), [str(interpreter), sys.argv[0], *sys.argv[1:]])
 
 
