@@ -25,6 +25,8 @@ class Completion(NamedTuple):
     job_id: int
     attempts: int
     result: str | None
+    resent: bool = False
+    """Sent before on a connection that failed, so that try may have committed unseen."""
 
 
 async def fetch_one(
@@ -90,6 +92,10 @@ class QueueStore:
             # one round trip: BEGIN, the batched done, the claim and COMMIT go out together
             done = await conn.execute(QUERIES["complete_jobs"].text,
                                       self._completions(completions)) if completions else None
+            resent = [c for c in completions if c.resent]
+            before = await conn.execute(QUERIES["completed_before"].text, {
+                "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
+                "worker_id": self.worker_id}) if resent else None
             claim = None
             if limit > 0:
                 await conn.execute(QUERIES["plan_claim"].text)
@@ -99,6 +105,8 @@ class QueueStore:
                 })
             await conn.commit()
         held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
+        if before:
+            held |= {row["id"] for row in await before.fetchall()}
         claimed: list[Row] = await claim.fetchall() if claim else []
         return held, claimed
 

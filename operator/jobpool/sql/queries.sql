@@ -97,7 +97,6 @@ SELECT count(*)::int AS changed FROM done;
 
 -- name: complete_jobs :many
 -- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
--- Returns the ids done by this worker's claim, also those a first try already marked.
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
@@ -119,15 +118,16 @@ WITH input AS (
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
     SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
-), done_before AS (
-    -- sent again after a connection failure that hid the commit of the first try
-    SELECT j.id
-      FROM mdm.aa_job j JOIN input i ON i.id = j.id
-     WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
 )
-SELECT id FROM done
-UNION ALL
-SELECT id FROM done_before;
+SELECT id FROM done;
+
+-- name: completed_before :many
+-- Of `done`s sent again after a connection failure hid the commit of the first try, those
+-- that first try did commit (run only then: every batch would pay for the look-up).
+SELECT j.id
+  FROM mdm.aa_job j
+  JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id
+ WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: plan_claim :one
 -- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.

@@ -286,7 +286,8 @@ class Worker:
             )
         except psycopg.Error as exc:
             if lost_connection(exc):
-                self.completions[:0] = batch  # written with the next claim, on a fresh connection
+                # written with the next claim, on a fresh connection
+                self.completions[:0] = [(c._replace(resent=True), done) for c, done in batch]
                 self._database_error(exc)
                 return []
             if batch:
@@ -313,7 +314,8 @@ class Worker:
                 done.set_result(await self.store.complete_alone(completion))
             except psycopg.Error as exc:
                 if lost_connection(exc):  # the rest go with the next claim, on a fresh connection
-                    self.completions[:0] = batch[index:]
+                    self.completions[:0] = [(c._replace(resent=True), d)
+                                            for c, d in batch[index:]]
                     self._database_error(exc)
                     return
                 done.set_exception(ResultRefused(exc))
