@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
+from jobpool.db.connect import with_tcp_liveness
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool.metrics")
@@ -140,8 +141,9 @@ class QueueGauges(Collector):
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         if self.conn is None or self.conn.closed:
             self.conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5,
-                application_name="jobpool-metrics", options="-c statement_timeout=10000")
+                with_tcp_liveness(self.dsn), autocommit=True, row_factory=dict_row,
+                connect_timeout=5, application_name="jobpool-metrics",
+                options="-c statement_timeout=10000")
         return self.conn
 
     async def close(self) -> None:

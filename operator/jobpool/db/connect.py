@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, AsyncTransaction
 from psycopg.adapt import AdaptersMap
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
@@ -71,10 +71,29 @@ def resolve_dsn(dsn: str | None, data_dir: str) -> str:
     return dsn or embedded_dsn(data_dir)
 
 
+TCP_LIVENESS = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+                "keepalives_count": "3", "tcp_user_timeout": "60000"}
+"""libpq settings every jobpool connection gets unless its DSN sets them: a server that
+vanished without closing the connection (a node lost, a failover behind a load balancer) is
+noticed within about a minute, by a keepalive probe on an idle connection (a LISTEN waiting
+for wake-ups) or by unacknowledged data on a busy one (tcp_user_timeout, milliseconds),
+instead of after the kernel's retransmission timeout of about 15 minutes."""
+
+
+def with_tcp_liveness(dsn: str) -> str:
+    """`dsn` with `TCP_LIVENESS`'s settings added where it does not set them itself.
+
+    Raises psycopg.ProgrammingError when `dsn` cannot be parsed."""
+    given = conninfo_to_dict(dsn)
+    missing = {name: value for name, value in TCP_LIVENESS.items() if name not in given}
+    return make_conninfo(dsn, **missing) if missing else dsn
+
+
 async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:
-    """One async connection returning rows as dicts, json read with `load_json`."""
-    return await AsyncConnection.connect(dsn, autocommit=autocommit, row_factory=dict_row,
-                                         context=ADAPTERS)
+    """One async connection returning rows as dicts, json read with `load_json`, with TCP
+    keepalives (`TCP_LIVENESS`)."""
+    return await AsyncConnection.connect(with_tcp_liveness(dsn), autocommit=autocommit,
+                                         row_factory=dict_row, context=ADAPTERS)
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -149,10 +168,10 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:
-    """A pool of `size` JobConnections (dict rows, json read with `load_json`); call
-    `await pool.open()` before use."""
+    """A pool of `size` JobConnections (dict rows, json read with `load_json`, TCP keepalives
+    as `TCP_LIVENESS`); call `await pool.open()` before use."""
     return AsyncConnectionPool(
-        dsn,
+        with_tcp_liveness(dsn),
         min_size=size,
         max_size=size,
         name=name,
@@ -189,7 +208,8 @@ async def probe(dsn: str, *, timeout: float) -> None:
     """
     try:
         async with asyncio.timeout(timeout):
-            async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async with await AsyncConnection.connect(with_tcp_liveness(dsn),
+                                                     autocommit=True) as conn:
                 await check_schema(conn)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None

@@ -27,8 +27,14 @@ WITH stale AS (
            jsonb_build_object('kind', job_kind, 'last_error', last_error, 'attempts', attempts)
       FROM recovered
      WHERE status = 'dlq'
+), notified AS (
+    -- wake idle workers at commit, as an enqueue does: the jobs are runnable now
+    SELECT pg_notify('jobpool', job_kind)
+      FROM (SELECT DISTINCT job_kind FROM recovered WHERE status = 'pending') AS d
 )
-SELECT id, job_kind, status, attempts FROM recovered ORDER BY id;
+SELECT id, job_kind, status, attempts
+  FROM recovered, (SELECT count(*) FROM notified) AS n
+ ORDER BY id;
 
 -- name: delete_expired_done_jobs :one
 -- Delete one batch of done jobs completed before the retention period.

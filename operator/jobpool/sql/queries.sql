@@ -178,11 +178,18 @@ RETURNING id;
 -- Hand back this worker's running jobs other than %(running)s: claims that committed while
 -- the worker saw its connection fail, so it never ran them. Pending again at their place in
 -- the queue, the attempt not counted.
-UPDATE mdm.aa_job
-   SET status = 'pending', attempts = attempts - 1,
-       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
- WHERE status = 'running' AND claimed_by = %(worker_id)s AND id <> ALL(%(running)s::bigint[])
-RETURNING id, job_kind;
+-- Idle workers are woken at commit, as an enqueue wakes them.
+WITH released AS (
+    UPDATE mdm.aa_job
+       SET status = 'pending', attempts = attempts - 1,
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+     WHERE status = 'running' AND claimed_by = %(worker_id)s
+       AND id <> ALL(%(running)s::bigint[])
+    RETURNING id, job_kind
+), notified AS (
+    SELECT pg_notify('jobpool', job_kind) FROM (SELECT DISTINCT job_kind FROM released) AS d
+)
+SELECT id, job_kind FROM released, (SELECT count(*) FROM notified) AS n;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs; returns the ids it still holds.
@@ -230,8 +237,11 @@ WITH replayed AS (
     SELECT %(actor)s, tenant_id, id, 'job_replay',
            jsonb_build_object('kind', job_kind, 'last_error', last_error)
       FROM replayed
+), notified AS (
+    -- wake idle workers at commit, as an enqueue does
+    SELECT pg_notify('jobpool', job_kind) FROM replayed
 )
-SELECT id FROM replayed;
+SELECT id FROM replayed, (SELECT count(*) FROM notified) AS n;
 
 -- name: discard_job :one
 -- Delete a DLQ or stopped job, and audit it with a snapshot of the row.

@@ -27,7 +27,14 @@ from psycopg_pool import PoolClosed
 from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.ratelimit import Denied
 from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, retry_pause
-from jobpool.db.connect import JobConnection, lost_connection, open_live_pool, probe, reset_session
+from jobpool.db.connect import (
+    JobConnection,
+    lost_connection,
+    open_live_pool,
+    probe,
+    reset_session,
+    with_tcp_liveness,
+)
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
     JobpoolError,
@@ -729,7 +736,8 @@ class Worker:
         while True:
             await self.online.wait()
             try:
-                async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                async with await AsyncConnection.connect(with_tcp_liveness(self.dsn),
+                                                         autocommit=True) as conn:
                     await conn.execute(QUERIES["listen_for_jobs"].text)
                     self.listening, failures = True, 0
                     self.background.healthy("listen")
