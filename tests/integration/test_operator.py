@@ -27,10 +27,18 @@ import psycopg
 import pytest
 import yaml
 from helm_binary import render_chart, require_helm
-from k8s_emulator import KubernetesApi, User, declare, service_account, write_kubeconfig
+from k8s_emulator import (
+    KubernetesApi,
+    RawClient,
+    User,
+    declare,
+    service_account,
+    write_kubeconfig,
+)
+from operator_rbac import with_operator_access
 
-from jobpool.k8s.client import KubeApi, load_configuration
 from jobpool.k8s.handlers import OperatorConfig, run_operator
+from jobpool.k8s.lease import LeaseTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "mdm"
@@ -41,6 +49,9 @@ ADMIN_TOKEN, OPERATOR_TOKEN = "admin-token", "operator-token"
 MERGE = "application/merge-patch+json"
 WAIT = 30.0
 """Seconds a scenario may take before it counts as failed (generous; not a timing check)."""
+OPERATOR_NAMESPACE = "jobpool-system"
+QUICK_LEASE = LeaseTiming(duration=3.0, renew_every=1.0, renew_deadline=2.0, retry_every=0.2)
+"""A short Lease, so that a test's operator leads at once (the first one creates it)."""
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -51,13 +62,15 @@ class Cluster:
     """The fake API server and an admin client for it (the operator runs as its own user)."""
 
     server: KubernetesApi
-    api: KubeApi
+    api: RawClient
+    url: str
 
 
 @functools.cache
 def chart_objects(helm: str, *values: str) -> tuple[dict[str, Any], ...]:
     """The chart rendered with `values` (e.g. "--set", "rbac.keda=true")."""
-    return tuple(render_chart(helm, *values))
+    keda = "rbac.keda=true" in values
+    return tuple(with_operator_access(render_chart(helm, *values), keda))
 
 
 def operator_account(objects: Sequence[dict[str, Any]]) -> User:
@@ -82,9 +95,8 @@ async def running_operator(
     async with server, kmock.Server(server) as http:
         declare(server, keda=keda)
         url = f"http://{http.host}:{http.port}"
-        admin = write_kubeconfig(tmp_path / "admin.kubeconfig", url, ADMIN_TOKEN)
         kubeconfig = write_kubeconfig(tmp_path / "operator.kubeconfig", url, OPERATOR_TOKEN)
-        api = KubeApi(load_configuration(str(admin)))
+        api = RawClient(url, ADMIN_TOKEN)
         await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body={
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "jobpool-db", "namespace": NAMESPACE},
@@ -93,7 +105,8 @@ async def running_operator(
         # kopf gets a thread and event loop of its own, as in a real process: on stopping it
         # cancels every task its loop started after it, which must not be the test's.
         stop, ready = threading.Event(), threading.Event()
-        config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig))
+        config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig),
+                                lease_namespace=OPERATOR_NAMESPACE, lease=QUICK_LEASE)
         thread = threading.Thread(
             target=asyncio.run, args=(run_operator(config, stop_flag=stop, ready_flag=ready),),
             name="operator", daemon=True,
@@ -101,11 +114,11 @@ async def running_operator(
         thread.start()
         try:
             assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
-            yield Cluster(server, api)
+            yield Cluster(server, api, url)
         finally:
             stop.set()
             await asyncio.to_thread(thread.join, WAIT)
-            api.close()
+            await api.close()
         assert not thread.is_alive(), "the operator did not stop"
 
 
@@ -267,7 +280,7 @@ async def test_new_image_keeps_the_scaled_replicas(
     await eventually(bulk_scaled, "bulk at 4 replicas (8 jobs / 2 slots)")
     await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
                               body={"spec": {"image": "jobpool:0.2.0"}},
-                              content_type="application/merge-patch+json")
+                              content_type=MERGE)
 
     async def rolled() -> dict[str, dict[str, Any]] | None:
         found = await deployments(cluster)
@@ -290,7 +303,7 @@ async def test_removed_lane_loses_its_deployment(cluster: Cluster) -> None:
     document = example_pool()
     lanes = [lane for lane in document["spec"]["lanes"] if lane["name"] != "bulk"]
     await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs", body={"spec": {"lanes": lanes}},
-                              content_type="application/merge-patch+json")
+                              content_type=MERGE)
 
     async def removed() -> dict[str, dict[str, Any]] | None:
         found = await deployments(cluster)
