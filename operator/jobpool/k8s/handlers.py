@@ -282,6 +282,7 @@ class PoolController:
                         replicas = first_replicas[action.name]
                         await self.api.scale_deployment(namespace, action.name, replicas)
                         applied["spec"]["replicas"] = replicas
+                        applied.pop("status", None)  # of the 1 replica, not known yet
                     own[action.name] = applied
             except ApiError as exc:  # report it, carry on with the others
                 outcome.problems.append(Problem(
