@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar, cast
 
 import httpx2
@@ -222,13 +221,3 @@ class KubeApi:
         """Replace a Lease at the resourceVersion in `body`; ApiError 409 if it moved on."""
         lease = codecs.from_dict(dict(body))
         return _as_dict(await _call(lambda: self._client.replace(lease), retry=False))
-
-
-@asynccontextmanager
-async def kube_api(config: SingleConfig) -> AsyncIterator[KubeApi]:
-    """A KubeApi closed on exit."""
-    api = KubeApi(config)
-    try:
-        yield api
-    finally:
-        await api.close()
