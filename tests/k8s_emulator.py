@@ -32,6 +32,7 @@ itself:
   instantly ready pods would);
 - delete: with finalizers, only `deletionTimestamp` is set until they are removed; children
   whose ownerReferences name the deleted uid go too (the garbage collector's job);
+- `throttle`: the next writes get 429 TooManyRequests, as from API priority and fairness;
 - list: `labelSelector` (equality terms) and kind/apiVersion on the list.
 """
 
@@ -574,6 +575,8 @@ class KubernetesApi(k8s.KubernetesEmulator):
     tokens: dict[str, User] = attrs.field(factory=dict)
     refusals: list[str] = attrs.field(factory=list)
     crds: dict[str, CustomResource] = attrs.field(factory=dict)
+    throttle: int = 0
+    """How many of the next writes to answer 429 TooManyRequests (Retry-After: 0)."""
 
     def install_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CRD's resource with its schema's defaults, pruning and validation."""
@@ -598,6 +601,12 @@ class KubernetesApi(k8s.KubernetesEmulator):
         request = request_attributes(raw_request.method, raw_request.path, raw_request.query)
         if not user.may(request):
             return self._forbid(user, request)
+        if self.throttle > 0 and raw_request.method not in ("GET", "HEAD"):
+            self.throttle -= 1
+            response = _status(429, "TooManyRequests", "the server has received too many "
+                               "requests and has asked us to try again later")
+            response.headers["Retry-After"] = "0"
+            return response
         _CALLER.set(user)
         return await super().__call__(raw_request)
 

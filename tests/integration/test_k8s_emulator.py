@@ -7,6 +7,7 @@ and serves a Deployment's scale subresource."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -22,7 +23,10 @@ from k8s_emulator import (
     User,
     declare,
     service_account,
+    write_kubeconfig,
 )
+
+from jobpool.k8s.client import ApiError, KubeApi, load_config
 
 OPERATOR = 'User "system:serviceaccount:jobpool-system:jp-jobpool"'
 Connect = Callable[[str], RawClient]
@@ -275,3 +279,21 @@ async def test_an_apply_that_creates_needs_create(connect: Connect) -> None:
                                     content_type=APPLY,
                                     query={"fieldManager": "op", "force": "true"})
     assert applied["spec"]["template"]["spec"]["containers"][0]["image"] == "jobpool:2"
+
+
+async def test_the_operators_client_retries_throttled_writes(tmp_path: Path) -> None:
+    server = KubernetesApi(tokens={"admin": User("admin")})
+    async with server, kmock.Server(server) as http:
+        declare(server)
+        url = f"http://{http.host}:{http.port}"
+        api = KubeApi(load_config(str(write_kubeconfig(tmp_path / "k", url, "admin"))))
+        try:
+            server.throttle = 3
+            applied = await api.apply_child("Deployment", "mdm", a_deployment())
+            assert applied["metadata"]["name"] == "d" and server.throttle == 0
+            server.throttle = 10  # more than a few quick retries: the caller hears of it
+            with pytest.raises(ApiError) as caught:
+                await api.scale_deployment("mdm", "d", 2)
+            assert caught.value.status == 429
+        finally:
+            await api.close()

@@ -47,6 +47,7 @@ NAMESPACE = "mdm"
 POOLS = f"/apis/jobs.mdm.io/v1alpha1/namespaces/{NAMESPACE}/jobworkerpools"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 SCALED_OBJECTS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/scaledobjects"
+TRIGGER_AUTHS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/triggerauthentications"
 ADMIN_TOKEN, OPERATOR_TOKEN = "admin-token", "operator-token"
 MERGE = "application/merge-patch+json"
 WAIT = 30.0
@@ -459,6 +460,11 @@ async def test_keda_lane_gets_a_scaled_object_and_loses_it_when_it_leaves_keda_m
 
         found = await eventually(scaled_objects, "a ScaledObject")
         assert set(found) == {"mdm-jobs-acme"}
+        (trigger,) = found["mdm-jobs-acme"]["spec"]["triggers"]
+        assert trigger["authenticationRef"] == {"name": "mdm-jobs-dsn"}
+        auth = await cluster.api.request("GET", f"{TRIGGER_AUTHS}/mdm-jobs-dsn")
+        assert auth["spec"]["secretTargetRef"] == [
+            {"parameter": "connection", "name": "jobpool-db", "key": "dsn"}]
         conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         assert conditions["Degraded"]["status"] == "False"
         lanes = example_pool()["spec"]["lanes"]
@@ -469,6 +475,12 @@ async def test_keda_lane_gets_a_scaled_object_and_loses_it_when_it_leaves_keda_m
             return not await scaled_objects()
 
         await eventually(gone, "the ScaledObject of the lane that left keda mode deleted")
+
+        async def auth_gone() -> bool:
+            answer = await cluster.api.request("GET", TRIGGER_AUTHS)
+            return not answer["items"]
+
+        await eventually(auth_gone, "the TriggerAuthentication of a pool without keda lanes")
         assert cluster.server.refusals == []
 
 
