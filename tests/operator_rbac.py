@@ -71,3 +71,36 @@ def with_operator_access(
          "subjects": [{"kind": "ServiceAccount", "name": meta["name"],
                        "namespace": meta["namespace"]}]},
     ]
+
+
+def rbac_objects(
+    needs: Iterable[Need], release: str, account: str
+) -> list[dict[str, Any]]:
+    """A ServiceAccount `release/account` granted exactly `needs`: a Role in `release` for
+    the "release" scope, a ClusterRole for the rest."""
+    def rule(group: str, resource: str, verbs: Sequence[str]) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+
+    def binding(kind: str, namespace: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "operator"}
+        if namespace:
+            meta["namespace"] = namespace
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+                "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
+                            "name": "operator"},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": release}]}
+
+    needs = list(needs)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": account, "namespace": release}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "operator", "namespace": release},
+         "rules": [rule(g, r, v) for g, r, v, scope in needs if scope == "release"]},
+        binding("Role", release),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "operator"},
+         "rules": [rule(g, r, v) for g, r, v, scope in needs if scope == "pools"]},
+        binding("ClusterRole", None),
+    ]

@@ -36,7 +36,7 @@ from k8s_emulator import (
     service_account,
     write_kubeconfig,
 )
-from operator_rbac import with_operator_access
+from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects, with_operator_access
 
 from jobpool.db.scaling import count_lane_jobs_at
 from jobpool.k8s.handlers import CountJobs, OperatorConfig, run_operator
@@ -817,3 +817,35 @@ async def test_a_leader_that_stops_hands_over_at_once(
             return await lease_holder(cluster) == "replica-b"
 
         await eventually(b_leads, "replica-b holding the Lease")
+
+
+@pytest.mark.parametrize("keda", [False, True], ids=["without-keda", "with-keda"])
+async def test_the_operator_needs_no_access_beyond_its_list(
+    tmp_path: Path, dsn: str, keda: bool
+) -> None:
+    # RBAC of exactly tests/operator_rbac.py's list: a full life of a pool sees no 403
+    needs = OPERATOR_NEEDS + (KEDA_NEEDS if keda else ())
+    operator = operator_account(rbac_objects(needs, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator, keda=keda) as cluster:
+        document = with_lane_mode(example_pool(), "acme", "keda" if keda else "operator")
+        document["metadata"]["finalizers"] = ["jobs.mdm.io/finalizer"]  # of older versions
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        lanes = [lane for lane in document["spec"]["lanes"] if lane["name"] != "bulk"]
+        await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs", content_type=MERGE,
+                                  body={"spec": {"lanes": lanes, "image": "jobpool:0.2.0"}})
+
+        async def rolled() -> bool:
+            found = await deployments(cluster)
+            return "mdm-jobs-bulk" not in found and {
+                image_of(d) for d in found.values()} == {"jobpool:0.2.0"}
+
+        await eventually(rolled, "the new image rolled out and the bulk lane gone")
+        await cluster.api.request("DELETE", f"{DEPLOYMENTS}/mdm-jobs-heavy")
+        await eventually(lambda: _has(cluster, "mdm-jobs-heavy"), "mdm-jobs-heavy back")
+        assert not (await pool_object(cluster))["metadata"].get("finalizers")
+        assert cluster.server.refusals == []
+
+
+async def _has(cluster: Cluster, name: str) -> bool:
+    return name in await deployments(cluster)

@@ -188,9 +188,11 @@ class PoolController:
         loop = asyncio.get_running_loop()
         next_round = loop.time()
         while True:
-            if not leader.leading():
+            if not leader.leading():  # a standby: a full round as soon as it leads
                 next_round = loop.time()
-            elif loop.time() >= next_round:
+                await pools.wait(leader.timing.retry_every)
+                continue
+            if loop.time() >= next_round:
                 pools.take_changed()
                 next_round = loop.time() + interval
                 await self._sync_all(pools, pools.keys())
