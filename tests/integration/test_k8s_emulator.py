@@ -45,8 +45,10 @@ async def connect(helm: str) -> AsyncIterator[Connect]:
     operator = service_account(objects, "jobpool-system", "jp-jobpool")
     patcher = User("patcher", (DISCOVERY, Grant(Rule(
         verbs=("get", "patch"), api_groups=("apps",), resources=("deployments",)))))
+    creator = User("creator", (DISCOVERY, Grant(Rule(
+        verbs=("create",), api_groups=("apps",), resources=("deployments",)))))
     server = KubernetesApi(tokens={"admin": User("admin"), "operator": operator,
-                                   "patcher": patcher})
+                                   "patcher": patcher, "creator": creator})
     clients: list[RawClient] = []
     async with server, kmock.Server(server) as http:
         declare(server)
@@ -297,3 +299,18 @@ async def test_the_operators_client_retries_throttled_writes(tmp_path: Path) -> 
             assert caught.value.status == 429
         finally:
             await api.close()
+
+
+async def test_an_owner_reference_that_blocks_deletion_needs_the_owners_finalizers(
+    connect: Connect,
+) -> None:
+    owned = a_deployment()
+    owned["metadata"]["ownerReferences"] = [{
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "name": "p",
+        "uid": "u", "controller": True, "blockOwnerDeletion": True}]
+    error = await refusal_of(connect("creator").request("POST", DEPLOYMENTS, body=owned))
+    assert error.status == 403
+    assert 'cannot update resource "jobworkerpools/finalizers"' in error.message
+    del owned["metadata"]["ownerReferences"][0]["blockOwnerDeletion"]
+    created = await connect("creator").request("POST", DEPLOYMENTS, body=owned)
+    assert created["metadata"]["ownerReferences"][0]["name"] == "p"
