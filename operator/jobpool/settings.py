@@ -255,9 +255,10 @@ class Settings:
     kubeconfig: str | None = _setting(
         None, Text(), "the operator's kubeconfig file; unset: in-cluster, then KUBECONFIG or "
         "~/.kube/config", "--kubeconfig")
-    peering: str | None = _setting(
-        None, Text(), "kopf peering name for several operator replicas; unset: standalone",
-        "--peering")
+    lease_namespace: str | None = _setting(
+        None, Text(), "namespace of the Lease 'jobpool-operator' that elects the one active "
+        "operator replica; unset: the operator's own (its ServiceAccount's) namespace",
+        "--lease-namespace")
     operator_liveness: str = _setting(
         DEFAULT_LIVENESS, Text(), "where the operator serves its health check (the flag "
         "takes '' for nowhere)", "--liveness")

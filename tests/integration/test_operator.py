@@ -17,7 +17,7 @@ import functools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,20 +27,34 @@ import psycopg
 import pytest
 import yaml
 from helm_binary import render_chart, require_helm
-from k8s_emulator import KubernetesApi, User, declare, service_account, write_kubeconfig
+from k8s_emulator import (
+    Failure,
+    KubernetesApi,
+    RawClient,
+    User,
+    declare,
+    service_account,
+    write_kubeconfig,
+)
+from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects, with_operator_access
 
-from jobpool.k8s.client import KubeApi, load_configuration
-from jobpool.k8s.handlers import OperatorConfig, run_operator
+from jobpool.db.scaling import count_lane_jobs_at
+from jobpool.k8s.handlers import CountJobs, OperatorConfig, run_operator
+from jobpool.k8s.lease import LeaseTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "mdm"
 POOLS = f"/apis/jobs.mdm.io/v1alpha1/namespaces/{NAMESPACE}/jobworkerpools"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 SCALED_OBJECTS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/scaledobjects"
+TRIGGER_AUTHS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/triggerauthentications"
 ADMIN_TOKEN, OPERATOR_TOKEN = "admin-token", "operator-token"
 MERGE = "application/merge-patch+json"
 WAIT = 30.0
 """Seconds a scenario may take before it counts as failed (generous; not a timing check)."""
+OPERATOR_NAMESPACE = "jobpool-system"
+QUICK_LEASE = LeaseTiming(duration=3.0, renew_every=1.0, renew_deadline=2.0, retry_every=0.2)
+"""A short Lease, so that a test's operator leads at once (the first one creates it)."""
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -51,13 +65,15 @@ class Cluster:
     """The fake API server and an admin client for it (the operator runs as its own user)."""
 
     server: KubernetesApi
-    api: KubeApi
+    api: RawClient
+    url: str
 
 
 @functools.cache
 def chart_objects(helm: str, *values: str) -> tuple[dict[str, Any], ...]:
     """The chart rendered with `values` (e.g. "--set", "rbac.keda=true")."""
-    return tuple(render_chart(helm, *values))
+    keda = "rbac.keda=true" in values
+    return tuple(with_operator_access(render_chart(helm, *values), keda))
 
 
 def operator_account(objects: Sequence[dict[str, Any]]) -> User:
@@ -73,40 +89,62 @@ def helm() -> str:
 
 
 @asynccontextmanager
-async def running_operator(
-    tmp_path: Path, dsn: str, operator: User, *, keda: bool = False
-) -> AsyncIterator[Cluster]:
-    """A fake API server (with KEDA's API if `keda`), the DSN Secret in namespace mdm, and
-    the operator running as `operator`."""
+async def fake_cluster(dsn: str, operator: User, *, keda: bool = False) -> AsyncIterator[Cluster]:
+    """A fake API server (with KEDA's API if `keda`) whose OPERATOR_TOKEN is `operator`, and
+    the DSN Secret in namespace mdm."""
     server = KubernetesApi(tokens={ADMIN_TOKEN: User("admin"), OPERATOR_TOKEN: operator})
     async with server, kmock.Server(server) as http:
         declare(server, keda=keda)
-        url = f"http://{http.host}:{http.port}"
-        admin = write_kubeconfig(tmp_path / "admin.kubeconfig", url, ADMIN_TOKEN)
-        kubeconfig = write_kubeconfig(tmp_path / "operator.kubeconfig", url, OPERATOR_TOKEN)
-        api = KubeApi(load_configuration(str(admin)))
-        await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body={
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "jobpool-db", "namespace": NAMESPACE},
-            "data": {"dsn": base64.b64encode(dsn.encode()).decode()},
-        })
-        # kopf gets a thread and event loop of its own, as in a real process: on stopping it
-        # cancels every task its loop started after it, which must not be the test's.
-        stop, ready = threading.Event(), threading.Event()
-        config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig))
-        thread = threading.Thread(
-            target=asyncio.run, args=(run_operator(config, stop_flag=stop, ready_flag=ready),),
-            name="operator", daemon=True,
-        )
-        thread.start()
+        api = RawClient(f"http://{http.host}:{http.port}", ADMIN_TOKEN)
         try:
-            assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
-            yield Cluster(server, api)
+            await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body={
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "jobpool-db", "namespace": NAMESPACE},
+                "data": {"dsn": base64.b64encode(dsn.encode()).decode()},
+            })
+            yield Cluster(server, api, f"http://{http.host}:{http.port}")
         finally:
-            stop.set()
-            await asyncio.to_thread(thread.join, WAIT)
-            api.close()
-        assert not thread.is_alive(), "the operator did not stop"
+            await api.close()
+
+
+@asynccontextmanager
+async def operator_process(
+    cluster: Cluster, kubeconfig: Path, *, token: str = OPERATOR_TOKEN,
+    identity: str | None = None, lease: LeaseTiming = QUICK_LEASE,
+    count_jobs: CountJobs | None = None,
+) -> AsyncIterator[None]:
+    """The operator running against `cluster` with `token`, as in a process of its own."""
+    write_kubeconfig(kubeconfig, cluster.url, token)
+    # kopf gets a thread and event loop of its own, as in a real process: on stopping it
+    # cancels every task its loop started after it, which must not be the test's.
+    stop, ready = threading.Event(), threading.Event()
+    config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig),
+                            lease_namespace=OPERATOR_NAMESPACE, lease=lease, identity=identity)
+    extra = {} if count_jobs is None else {"count_jobs": count_jobs}
+    thread = threading.Thread(
+        target=asyncio.run,
+        args=(run_operator(config, stop_flag=stop, ready_flag=ready, **extra),),
+        name=f"operator {identity or ''}", daemon=True,
+    )
+    thread.start()
+    try:
+        assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, WAIT)
+    assert not thread.is_alive(), "the operator did not stop"
+
+
+@asynccontextmanager
+async def running_operator(
+    tmp_path: Path, dsn: str, operator: User, *, keda: bool = False
+) -> AsyncIterator[Cluster]:
+    """A fake cluster (see fake_cluster) with the operator running as `operator`."""
+    async with fake_cluster(dsn, operator, keda=keda) as cluster, operator_process(
+        cluster, tmp_path / "operator.kubeconfig"
+    ):
+        yield cluster
 
 
 @pytest.fixture
@@ -267,7 +305,7 @@ async def test_new_image_keeps_the_scaled_replicas(
     await eventually(bulk_scaled, "bulk at 4 replicas (8 jobs / 2 slots)")
     await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
                               body={"spec": {"image": "jobpool:0.2.0"}},
-                              content_type="application/merge-patch+json")
+                              content_type=MERGE)
 
     async def rolled() -> dict[str, dict[str, Any]] | None:
         found = await deployments(cluster)
@@ -290,7 +328,7 @@ async def test_removed_lane_loses_its_deployment(cluster: Cluster) -> None:
     document = example_pool()
     lanes = [lane for lane in document["spec"]["lanes"] if lane["name"] != "bulk"]
     await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs", body={"spec": {"lanes": lanes}},
-                              content_type="application/merge-patch+json")
+                              content_type=MERGE)
 
     async def removed() -> dict[str, dict[str, Any]] | None:
         found = await deployments(cluster)
@@ -382,8 +420,8 @@ async def condition_reason(
 
 
 @pytest.mark.parametrize(("values", "keda", "expected"), [
-    ((), True, 'grant its ServiceAccount get, list, create, update and delete on scaledobjects '
-               'in API group keda.sh (chart value rbac.keda=true)'),
+    ((), True, "grant its ServiceAccount get, list, create, patch and delete on scaledobjects "
+               "and triggerauthentications in API group keda.sh (chart value rbac.keda=true)"),
     (("--set", "rbac.keda=true"), False, "KEDA is not installed"),
 ], ids=["keda-not-granted", "keda-not-installed"])
 async def test_keda_lane_without_keda_still_gets_every_deployment_and_says_why(
@@ -422,6 +460,11 @@ async def test_keda_lane_gets_a_scaled_object_and_loses_it_when_it_leaves_keda_m
 
         found = await eventually(scaled_objects, "a ScaledObject")
         assert set(found) == {"mdm-jobs-acme"}
+        (trigger,) = found["mdm-jobs-acme"]["spec"]["triggers"]
+        assert trigger["authenticationRef"] == {"name": "mdm-jobs-dsn"}
+        auth = await cluster.api.request("GET", f"{TRIGGER_AUTHS}/mdm-jobs-dsn")
+        assert auth["spec"]["secretTargetRef"] == [
+            {"parameter": "connection", "name": "jobpool-db", "key": "dsn"}]
         conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         assert conditions["Degraded"]["status"] == "False"
         lanes = example_pool()["spec"]["lanes"]
@@ -432,6 +475,12 @@ async def test_keda_lane_gets_a_scaled_object_and_loses_it_when_it_leaves_keda_m
             return not await scaled_objects()
 
         await eventually(gone, "the ScaledObject of the lane that left keda mode deleted")
+
+        async def auth_gone() -> bool:
+            answer = await cluster.api.request("GET", TRIGGER_AUTHS)
+            return not answer["items"]
+
+        await eventually(auth_gone, "the TriggerAuthentication of a pool without keda lanes")
         assert cluster.server.refusals == []
 
 
@@ -478,12 +527,9 @@ async def test_child_name_of_another_pool_is_left_alone_and_reported(
             assert after["spec"] == before["spec"], f"{before['kind']} was changed"
         assert (await conditions_of(cluster, "mdm"))["Reconciled"]["status"] == "True"
 
-        # once the other pool is gone, the retried reconcile makes the lane's own children; the
-        # retry delay doubles with each failure, so on a slow machine the next one may be due
-        # only after as long again as the failures so far took
+        # once the other pool is gone, the next sync makes the lane's own children
         await cluster.api.request("DELETE", f"{POOLS}/mdm")
-        conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec",
-                                            wait=4 * WAIT)
+        conditions = await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         assert conditions["Degraded"]["status"] == "False"
         acme = (await deployments(cluster))["mdm-jobs-acme"]
         assert acme["metadata"]["ownerReferences"][0]["name"] == "mdm-jobs"
@@ -531,32 +577,275 @@ async def test_failed_reconcile_is_reported_and_never_healthy_until_it_succeeds(
         await condition_reason(cluster, "Ready", "AllLanesReady")
 
         cluster.server.tokens[OPERATOR_TOKEN] = operator_account(
-            without_verb(objects, "deployments", "update"))
+            without_verb(objects, "deployments", "patch"))
         await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
                                   body={"spec": {"image": "jobpool:0.2.0"}}, content_type=MERGE)
         conditions = await condition_reason(cluster, "Ready", "ReconcileFailed")
         message = conditions["Reconciled"]["message"]
-        assert "replace Deployment 'mdm-jobs-default' failed: 403 Forbidden" in message
-        assert 'cannot update resource "deployments" in API group "apps"' in message
+        assert "apply Deployment 'mdm-jobs-default' failed: 403 Forbidden" in message
+        assert 'cannot patch resource "deployments" in API group "apps"' in message
         assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == (
             "True", "ReconcileFailed")
 
-        # the scale timer rewrites the status every interval: it must keep saying so
-        counted = ((await pool_object(cluster)).get("status") or {}).get("lastCountTime")
+        # every sync tries again, and the status keeps saying so between the attempts
+        refused = len(cluster.server.refusals)
 
-        async def counted_again() -> dict[str, Any] | None:
-            status = (await pool_object(cluster)).get("status") or {}
-            return status if status.get("lastCountTime") != counted else None
+        async def tried_twice_more() -> bool:
+            return len(cluster.server.refusals) >= refused + 2 * 4  # four lanes each time
 
-        status = await eventually(counted_again, "another job count")
-        after = {c["type"]: c for c in status["conditions"]}
+        await eventually(tried_twice_more, "two more attempts")
+        after = await conditions_of(cluster)
         assert (after["Ready"]["status"], after["Degraded"]["status"]) == ("False", "True")
         assert after["Reconciled"]["reason"] == "ReconcileFailed"
 
-        # the next retry may be due only after as long again as the failures so far took
         cluster.server.tokens[OPERATOR_TOKEN] = operator_account(objects)
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec", wait=4 * WAIT)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         images = {d["spec"]["template"]["spec"]["containers"][0]["image"]
                   for d in (await deployments(cluster)).values()}
         assert images == {"jobpool:0.2.0"}
         await condition_reason(cluster, "Ready", "AllLanesReady")
+
+
+# -- what a real API server and other controllers do to the children --------------------------
+
+
+def image_of(deployment: dict[str, Any]) -> str:
+    return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def owned_fields(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
+    return [entry for entry in obj["metadata"].get("managedFields") or ()
+            if entry["manager"] == manager]
+
+
+async def test_children_are_applied_without_replicas_which_the_scaler_owns(
+    cluster: Cluster, conn: Conn, tenant: uuid.UUID
+) -> None:
+    await apply_example(cluster)
+    await add_jobs(conn, tenant, "bulk_import", 8, "pending")
+
+    async def bulk_scaled() -> dict[str, Any] | None:
+        found = (await deployments(cluster))["mdm-jobs-bulk"]
+        return found if found["spec"]["replicas"] == 4 else None
+
+    bulk = await eventually(bulk_scaled, "bulk at 4 replicas")
+    (applied,) = owned_fields(bulk, "jobpool-operator")
+    assert applied["operation"] == "Apply"
+    assert "f:replicas" not in applied["fieldsV1"]["f:spec"]
+    assert "f:template" in applied["fieldsV1"]["f:spec"]
+    (scaled,) = owned_fields(bulk, "jobpool-scaler")
+    assert (scaled["subresource"], scaled["fieldsV1"]) == ("scale", {"f:spec": {"f:replicas": {}}})
+
+
+async def test_fields_of_other_managers_survive_a_new_template(cluster: Cluster) -> None:
+    # a PUT of the whole Deployment would wipe what other controllers (or people) add
+    await apply_example(cluster)
+    await cluster.api.request(
+        "PATCH", f"{DEPLOYMENTS}/mdm-jobs-heavy", query={"fieldManager": "mesh-injector"},
+        body={"metadata": {"annotations": {"mesh.example/inject": "true"}}},
+        content_type=MERGE)
+    await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
+                              body={"spec": {"image": "jobpool:0.2.0"}}, content_type=MERGE)
+
+    async def rolled() -> dict[str, Any] | None:
+        heavy = (await deployments(cluster))["mdm-jobs-heavy"]
+        return heavy if image_of(heavy) == "jobpool:0.2.0" else None
+
+    heavy = await eventually(rolled, "the heavy lane on the new image")
+    assert heavy["metadata"]["annotations"]["mesh.example/inject"] == "true"
+
+
+async def test_a_deployment_deleted_by_hand_comes_back(cluster: Cluster) -> None:
+    found = await apply_example(cluster)
+    uid = found["mdm-jobs-bulk"]["metadata"]["uid"]
+    await cluster.api.request("DELETE", f"{DEPLOYMENTS}/mdm-jobs-bulk")
+
+    async def recreated() -> dict[str, Any] | None:
+        bulk = (await deployments(cluster)).get("mdm-jobs-bulk")
+        return bulk if bulk is not None and bulk["metadata"]["uid"] != uid else None
+
+    bulk = await eventually(recreated, "mdm-jobs-bulk made again")
+    assert bulk["spec"]["replicas"] == 0  # the lane's minReplicas, not the server's default 1
+
+
+async def test_an_image_changed_by_hand_is_restored(cluster: Cluster) -> None:
+    await apply_example(cluster)
+    containers = (await deployments(cluster))["mdm-jobs-acme"]["spec"]["template"]["spec"][
+        "containers"]
+    containers[0]["image"] = "evil/miner:latest"
+    await cluster.api.request(
+        "PATCH", f"{DEPLOYMENTS}/mdm-jobs-acme", query={"fieldManager": "kubectl-edit"},
+        body={"spec": {"template": {"spec": {"containers": containers}}}}, content_type=MERGE)
+    assert image_of((await deployments(cluster))["mdm-jobs-acme"]) == "evil/miner:latest"
+
+    async def restored() -> bool:
+        return image_of((await deployments(cluster))["mdm-jobs-acme"]) == "jobpool:0.1.0"
+
+    await eventually(restored, "the pool's image back on mdm-jobs-acme")
+
+
+async def test_an_idle_pool_gets_no_status_writes(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    counts = 0
+
+    async def counting(dsn: str, lanes: Sequence[Any]) -> dict[str, Any]:
+        nonlocal counts
+        counts += 1
+        return await count_lane_jobs_at(dsn, lanes)
+
+    async with fake_cluster(dsn, operator_account(chart_objects(helm))) as cluster, \
+            operator_process(cluster, tmp_path / "kubeconfig", count_jobs=counting):
+        await apply_example(cluster)
+        await condition_reason(cluster, "Ready", "AllLanesReady")
+
+        async def settled() -> dict[str, Any] | None:
+            pool = await pool_object(cluster)
+            return pool if pool["status"]["readyReplicas"] == 1 else None  # default's one
+
+        before = (await eventually(settled, "one ready replica"))["metadata"][
+            "resourceVersion"]
+        seen = counts
+
+        async def counted_thrice() -> bool:
+            return counts >= seen + 3
+
+        await eventually(counted_thrice, "three more job counts")
+        after = await pool_object(cluster)
+        assert after["metadata"]["resourceVersion"] == before
+
+
+async def test_a_pool_is_deleted_while_the_operator_is_down(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    async with fake_cluster(dsn, operator_account(chart_objects(helm))) as cluster:
+        async with operator_process(cluster, tmp_path / "kubeconfig"):
+            await apply_example(cluster)
+            await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        assert "finalizers" not in (await pool_object(cluster))["metadata"]
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        with pytest.raises(Failure) as caught:
+            await pool_object(cluster)
+        assert caught.value.status == 404
+        assert await deployments(cluster) == {}  # the owner references took them
+
+
+async def test_the_finalizer_of_older_versions_is_removed(cluster: Cluster) -> None:
+    document = example_pool()
+    document["metadata"]["finalizers"] = ["jobs.mdm.io/finalizer"]
+    await cluster.api.request("POST", POOLS, body=document)
+
+    async def released() -> bool:
+        return not (await pool_object(cluster))["metadata"].get("finalizers")
+
+    await eventually(released, "the old finalizer removed")
+    await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+    with pytest.raises(Failure):
+        await pool_object(cluster)
+
+
+# -- two replicas -------------------------------------------------------------------------------
+
+
+async def lease_holder(cluster: Cluster) -> str | None:
+    try:
+        lease = await cluster.api.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/"
+                   "jobpool-operator")
+    except Failure:
+        return None
+    holder = lease["spec"].get("holderIdentity")
+    return str(holder) if holder else None
+
+
+async def test_a_standby_replica_takes_over_within_30_seconds(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    # the Lease's real timing: 15 s, renewed every 5 s; the leader loses its API access
+    # (as a crashed or cut-off pod would) and never gives the Lease up
+    operator = operator_account(chart_objects(helm))
+    async with fake_cluster(dsn, operator) as cluster:
+        cluster.server.tokens["second-token"] = operator
+        timing = LeaseTiming()
+        async with operator_process(cluster, tmp_path / "a", identity="replica-a",
+                                    lease=timing):
+            await apply_example(cluster)
+            assert await lease_holder(cluster) == "replica-a"
+            async with operator_process(cluster, tmp_path / "b", token="second-token",
+                                        identity="replica-b", lease=timing):
+                await asyncio.sleep(1.0)  # b is up and sees a's Lease
+                assert await lease_holder(cluster) == "replica-a"
+                cluster.server.tokens[OPERATOR_TOKEN] = User("cut-off", grants=())
+
+                async def b_leads() -> bool:
+                    return await lease_holder(cluster) == "replica-b"
+
+                await eventually(b_leads, "replica-b holding the Lease", wait=30.0)
+                await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs",
+                                          body={"spec": {"image": "jobpool:0.2.0"}},
+                                          content_type=MERGE)
+
+                async def rolled() -> bool:
+                    images = {image_of(d) for d in (await deployments(cluster)).values()}
+                    return images == {"jobpool:0.2.0"}
+
+                await eventually(rolled, "the new leader rolling out the new image")
+
+
+async def test_a_leader_that_stops_hands_over_at_once(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    operator = operator_account(chart_objects(helm))
+    async with fake_cluster(dsn, operator) as cluster, AsyncExitStack() as b:
+        cluster.server.tokens["second-token"] = operator
+        timing = LeaseTiming(duration=600.0, renew_every=5.0, renew_deadline=10.0,
+                             retry_every=0.5)
+        async with operator_process(cluster, tmp_path / "a", identity="replica-a",
+                                    lease=timing):
+            async def a_leads() -> bool:
+                return await lease_holder(cluster) == "replica-a"
+
+            await eventually(a_leads, "replica-a holding the Lease")
+            await b.enter_async_context(operator_process(
+                cluster, tmp_path / "b", token="second-token", identity="replica-b",
+                lease=timing))
+            assert await lease_holder(cluster) == "replica-a"
+
+        # a released the Lease on its way out: b need not wait out the 600 s
+
+        async def b_leads() -> bool:
+            return await lease_holder(cluster) == "replica-b"
+
+        await eventually(b_leads, "replica-b holding the Lease")
+
+
+@pytest.mark.parametrize("keda", [False, True], ids=["without-keda", "with-keda"])
+async def test_the_operator_needs_no_access_beyond_its_list(
+    tmp_path: Path, dsn: str, keda: bool
+) -> None:
+    # RBAC of exactly tests/operator_rbac.py's list: a full life of a pool sees no 403
+    needs = OPERATOR_NEEDS + (KEDA_NEEDS if keda else ())
+    operator = operator_account(rbac_objects(needs, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator, keda=keda) as cluster:
+        document = with_lane_mode(example_pool(), "acme", "keda" if keda else "operator")
+        document["metadata"]["finalizers"] = ["jobs.mdm.io/finalizer"]  # of older versions
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        lanes = [lane for lane in document["spec"]["lanes"] if lane["name"] != "bulk"]
+        await cluster.api.request("PATCH", f"{POOLS}/mdm-jobs", content_type=MERGE,
+                                  body={"spec": {"lanes": lanes, "image": "jobpool:0.2.0"}})
+
+        async def rolled() -> bool:
+            found = await deployments(cluster)
+            return "mdm-jobs-bulk" not in found and {
+                image_of(d) for d in found.values()} == {"jobpool:0.2.0"}
+
+        await eventually(rolled, "the new image rolled out and the bulk lane gone")
+        await cluster.api.request("DELETE", f"{DEPLOYMENTS}/mdm-jobs-heavy")
+        await eventually(lambda: _has(cluster, "mdm-jobs-heavy"), "mdm-jobs-heavy back")
+        assert not (await pool_object(cluster))["metadata"].get("finalizers")
+        assert cluster.server.refusals == []
+
+
+async def _has(cluster: Cluster, name: str) -> bool:
+    return name in await deployments(cluster)

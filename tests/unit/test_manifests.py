@@ -44,8 +44,8 @@ def _example_spec() -> dict[str, Any]:
     return dict(document["spec"])
 
 
-def deployment(pool: PoolSpec, lane: str, replicas: int = 1) -> dict[str, Any]:
-    return manifests.build_worker_deployment(pool, pool.lane(lane), OWNER, replicas)
+def deployment(pool: PoolSpec, lane: str) -> dict[str, Any]:
+    return manifests.build_worker_deployment(pool, pool.lane(lane), OWNER)
 
 
 def env_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def test_one_deployment_per_lane_named_pool_dash_lane_owned_by_the_pool() -> Non
     assert labels["app.kubernetes.io/version"] == "0.1.0"
     selector = body["spec"]["selector"]["matchLabels"]
     assert selector.items() <= body["spec"]["template"]["metadata"]["labels"].items()
-    assert body["spec"]["replicas"] == 1  # min, for a first creation
+    assert "replicas" not in body["spec"]  # the scaler's: an apply would take them back
 
 
 def test_owner_without_uid_is_refused() -> None:
@@ -150,9 +150,9 @@ def test_deployments_are_valid_kubernetes(lane: str) -> None:
 
 def test_template_hash_ignores_replicas_and_follows_the_image() -> None:
     pool = example()
-    one, five = deployment(pool, "default", 1), deployment(pool, "default", 5)
+    one = deployment(pool, "default")
     key = manifests.TEMPLATE_HASH
-    assert one["metadata"]["annotations"][key] == five["metadata"]["annotations"][key]
+    assert manifests.template_hash(live_copy(one, 5)) == one["metadata"]["annotations"][key]
     other = deployment(example(image="jobpool:0.2.0"), "default")
     assert other["metadata"]["annotations"][key] != one["metadata"]["annotations"][key]
 
@@ -170,9 +170,10 @@ def live_copy(body: dict[str, Any], replicas: int, version: str = "7") -> dict[s
 
 def test_plan_creates_missing_lanes() -> None:
     plan = reconcile.plan_reconcile(example(), OWNER, [], None, COUNT)
-    assert plan.of("create", "Deployment") == ["mdm-jobs-acme", "mdm-jobs-bulk",
-                                              "mdm-jobs-default", "mdm-jobs-heavy"]
-    assert plan.of("replace", "Deployment") == plan.of("delete", "Deployment") == []
+    assert plan.of("apply", "Deployment") == ["mdm-jobs-acme", "mdm-jobs-bulk",
+                                             "mdm-jobs-default", "mdm-jobs-heavy"]
+    assert all(action.creates for action in plan.actions)
+    assert plan.of("delete", "Deployment") == []
 
 
 def test_plan_leaves_matching_deployments_alone() -> None:
@@ -183,16 +184,36 @@ def test_plan_leaves_matching_deployments_alone() -> None:
     assert len(plan.unchanged) == 4
 
 
-def test_new_image_replaces_the_template_but_keeps_live_replicas() -> None:
+def test_new_image_is_applied_without_replicas_or_resource_version() -> None:
     live = [live_copy(b, 6, "41") for b in reconcile.desired_deployments(example(), OWNER).values()]
     plan = reconcile.plan_reconcile(example(image="jobpool:0.2.0"), OWNER, live, None, COUNT)
-    replaced = [a for a in plan.actions if a.verb == "replace"]
-    assert len(replaced) == 4 and len(plan.actions) == 4
-    for action in replaced:
-        assert action.body is not None
-        assert action.body["spec"]["replicas"] == 6
-        assert action.body["metadata"]["resourceVersion"] == "41"
+    applied = [a for a in plan.actions if a.verb == "apply"]
+    assert len(applied) == 4 and len(plan.actions) == 4
+    for action in applied:
+        assert action.body is not None and not action.creates
+        assert "replicas" not in action.body["spec"]  # the live 6 stay the scaler's
+        assert "resourceVersion" not in action.body["metadata"]  # an apply needs none
         assert action.body["spec"]["template"]["spec"]["containers"][0]["image"] == "jobpool:0.2.0"
+
+
+def test_a_field_changed_by_hand_is_applied_again() -> None:
+    # the template hash annotation still matches: only the live fields tell
+    pool = example()
+    live = [live_copy(b, 2) for b in reconcile.desired_deployments(pool, OWNER).values()]
+    live[0]["spec"]["template"]["spec"]["containers"][0]["image"] = "evil/miner:latest"
+    plan = reconcile.plan_reconcile(pool, OWNER, live, None, COUNT)
+    assert [(a.verb, a.name) for a in plan.actions] == [("apply", live[0]["metadata"]["name"])]
+
+
+def test_what_the_server_adds_is_no_drift() -> None:
+    pool = example()
+    live = [live_copy(b, 2) for b in reconcile.desired_deployments(pool, OWNER).values()]
+    for obj in live:
+        container = obj["spec"]["template"]["spec"]["containers"][0]
+        container["terminationMessagePath"] = "/dev/termination-log"
+        obj["spec"]["progressDeadlineSeconds"] = 600
+        obj["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "3"
+    assert reconcile.plan_reconcile(pool, OWNER, live, None, COUNT).actions == ()
 
 
 def test_removed_lane_is_deleted_and_foreign_deployments_are_ignored() -> None:
@@ -207,7 +228,7 @@ def test_removed_lane_is_deleted_and_foreign_deployments_are_ignored() -> None:
     plan = reconcile.plan_reconcile(smaller, OWNER, [*live, foreign], None, COUNT)
     # the catch-all lane now serves bulk_import and reindex too, so its template changes
     assert [(a.verb, a.name) for a in plan.actions] == [
-        ("replace", "mdm-jobs-default"), ("delete", "mdm-jobs-bulk"),
+        ("apply", "mdm-jobs-default"), ("delete", "mdm-jobs-bulk"),
     ]
     assert sorted(plan.unchanged) == ["mdm-jobs-acme", "mdm-jobs-heavy"]
 
@@ -233,8 +254,8 @@ def test_child_name_of_another_pool_is_a_conflict_never_an_action() -> None:
     theirs["metadata"]["labels"]["jobs.mdm.io/pool"] = "mdm"
     plan = reconcile.plan_reconcile(pool, OWNER, [theirs], None, COUNT)
     assert "mdm-jobs-acme" not in [a.name for a in plan.actions]
-    assert plan.of("create", "Deployment") == ["mdm-jobs-bulk", "mdm-jobs-default",
-                                              "mdm-jobs-heavy"]
+    assert plan.of("apply", "Deployment") == ["mdm-jobs-bulk", "mdm-jobs-default",
+                                             "mdm-jobs-heavy"]
     (conflict,) = plan.conflicts
     assert (conflict.kind, conflict.name, conflict.lane) == ("Deployment", "mdm-jobs-acme", "acme")
     assert conflict.message == (
@@ -254,7 +275,7 @@ def test_whoever_holds_a_child_name_is_named(holder: dict[str, Any] | None,
     plan = reconcile.plan_reconcile(pool, OWNER, [held_by(deployment(pool, "bulk"), holder)],
                                     None, COUNT)
     if named is None:
-        assert plan.conflicts == () and "mdm-jobs-bulk" in plan.of("replace", "Deployment")
+        assert plan.conflicts == () and "mdm-jobs-bulk" in plan.of("apply", "Deployment")
     else:
         assert [c.name for c in plan.conflicts] == ["mdm-jobs-bulk"]
         assert named in plan.conflicts[0].message
@@ -266,10 +287,9 @@ def test_orphan_with_the_pools_labels_is_adopted() -> None:
     orphan = live_copy(deployment(pool, "bulk"), 3)
     del orphan["metadata"]["ownerReferences"]  # e.g. the pool was deleted with --cascade=orphan
     plan = reconcile.plan_reconcile(pool, OWNER, [orphan], None, COUNT)
-    (replace,) = [a for a in plan.actions if a.verb == "replace"]
-    assert replace.body is not None
-    assert replace.body["metadata"]["ownerReferences"] == [OWNER]
-    assert replace.body["spec"]["replicas"] == 3
+    (adopt,) = [a for a in plan.actions if a.name == "mdm-jobs-bulk"]
+    assert adopt.verb == "apply" and not adopt.creates and adopt.body is not None
+    assert adopt.body["metadata"]["ownerReferences"] == [OWNER]
 
 
 def test_extra_object_of_another_owner_is_never_deleted() -> None:
@@ -291,8 +311,9 @@ def keda_pool() -> PoolSpec:
 
 def test_keda_lane_gets_a_scaled_object_with_a_postgresql_trigger() -> None:
     pool = keda_pool()
-    plan = reconcile.plan_reconcile(pool, OWNER, [], [], COUNT)
-    assert plan.of("create", "ScaledObject") == ["mdm-jobs-default"]
+    plan = reconcile.plan_reconcile(pool, OWNER, [], reconcile.KedaChildren(), COUNT)
+    assert plan.of("apply", "ScaledObject") == ["mdm-jobs-default"]
+    assert plan.of("apply", "TriggerAuthentication") == ["mdm-jobs-dsn"]
     body = next(a.body for a in plan.actions if a.kind == "ScaledObject")
     assert body is not None
     spec = body["spec"]
@@ -300,7 +321,8 @@ def test_keda_lane_gets_a_scaled_object_with_a_postgresql_trigger() -> None:
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 8)
     trigger = spec["triggers"][0]
     assert trigger["type"] == "postgresql"
-    assert trigger["metadata"]["connectionFromEnv"] == "JOBPOOL_DSN"
+    assert trigger["authenticationRef"] == {"name": "mdm-jobs-dsn"}
+    assert "connectionFromEnv" not in trigger["metadata"]
     assert trigger["metadata"]["targetQueryValue"] == "2"
     assert '"exclude_kinds":["bulk_import","gin_backfill","index_sync","reindex"]' in (
         trigger["metadata"]["query"]
@@ -312,8 +334,8 @@ def test_keda_lane_gets_a_scaled_object_with_a_postgresql_trigger() -> None:
 def test_lane_taken_by_another_owner_gets_no_scaled_object() -> None:
     pool = keda_pool()
     theirs = held_by(deployment(pool, "default"), other_pool("mdm"))
-    plan = reconcile.plan_reconcile(pool, OWNER, [theirs], [], COUNT)
-    assert plan.of("create", "ScaledObject") == []  # it would scale the other pool's lane
+    plan = reconcile.plan_reconcile(pool, OWNER, [theirs], reconcile.KedaChildren(), COUNT)
+    assert plan.of("apply", "ScaledObject") == []  # it would scale the other pool's lane
     assert [c.kind for c in plan.conflicts] == ["Deployment"]
 
 
@@ -321,8 +343,8 @@ def test_scaled_object_name_taken_is_a_conflict() -> None:
     pool = keda_pool()
     theirs = held_by(reconcile.desired_scaled_objects(pool, OWNER, COUNT)["mdm-jobs-default"],
                      None)
-    plan = reconcile.plan_reconcile(pool, OWNER, [], [theirs], COUNT)
-    assert plan.of("create", "ScaledObject") == [] and plan.of("replace", "ScaledObject") == []
+    plan = reconcile.plan_reconcile(pool, OWNER, [], reconcile.KedaChildren([theirs]), COUNT)
+    assert plan.of("apply", "ScaledObject") == []
     assert [(c.kind, c.name) for c in plan.conflicts] == [("ScaledObject", "mdm-jobs-default")]
 
 
@@ -341,27 +363,47 @@ def test_scaled_objects_go_before_the_deployments_change() -> None:
     keda = keda_pool()
     live = [live_copy(b, 1) for b in reconcile.desired_deployments(keda, OWNER).values()]
     scaled = list(reconcile.desired_scaled_objects(keda, OWNER, COUNT).values())
-    plan = reconcile.plan_reconcile(example(), OWNER, live, scaled, COUNT)
+    auth = list(reconcile.desired_trigger_authentications(keda, OWNER).values())
+    plan = reconcile.plan_reconcile(example(), OWNER, live,
+                                    reconcile.KedaChildren(scaled, auth), COUNT)
     assert [(a.verb, a.kind, a.name) for a in plan.actions] == [
         ("delete", "ScaledObject", "mdm-jobs-default"),
-        ("replace", "Deployment", "mdm-jobs-default"),
+        ("apply", "Deployment", "mdm-jobs-default"),
+        ("delete", "TriggerAuthentication", "mdm-jobs-dsn"),
     ]
 
 
-def test_retry_delay_doubles_from_the_base_up_to_five_minutes() -> None:
-    assert [reconcile.retry_delay(n, 15) for n in range(6)] == [15, 30, 60, 120, 240, 300]
-    assert reconcile.retry_delay(10_000, 15) == 300
+def test_trigger_authentication_gives_keda_the_dsn_from_the_secret() -> None:
+    (body,) = reconcile.desired_trigger_authentications(keda_pool(), OWNER).values()
+    assert body["metadata"]["name"] == "mdm-jobs-dsn"
+    assert body["metadata"]["ownerReferences"] == [OWNER]
+    assert body["spec"] == {"secretTargetRef": [
+        {"parameter": "connection", "name": "jobpool-db", "key": "dsn"}]}
+    assert reconcile.desired_trigger_authentications(example(), OWNER) == {}
+
+
+def test_trigger_authentication_name_taken_means_no_scaled_object() -> None:
+    pool = keda_pool()
+    (auth,) = reconcile.desired_trigger_authentications(pool, OWNER).values()
+    theirs = held_by(auth, None)
+    plan = reconcile.plan_reconcile(pool, OWNER, [], reconcile.KedaChildren((), [theirs]), COUNT)
+    assert plan.of("apply", "ScaledObject") == []
+    assert plan.of("apply", "TriggerAuthentication") == []
+    (conflict,) = plan.conflicts
+    assert conflict.lane is None
+    assert conflict.message.startswith(
+        "TriggerAuthentication 'mdm-jobs-dsn' of the pool exists and was not made by")
 
 
 def test_no_keda_in_the_cluster_means_no_scaled_objects_planned() -> None:
     plan = reconcile.plan_reconcile(keda_pool(), OWNER, [], None, COUNT)
-    assert plan.of("create", "ScaledObject") == []
+    assert plan.of("apply", "ScaledObject") == []
 
 
 def test_lane_leaving_keda_mode_loses_its_scaled_object() -> None:
     pool = keda_pool()
     scaled = list(reconcile.desired_scaled_objects(pool, OWNER, COUNT).values())
-    plan = reconcile.plan_reconcile(example(), OWNER, [], scaled, COUNT)
+    plan = reconcile.plan_reconcile(example(), OWNER, [], reconcile.KedaChildren(scaled), COUNT)
     assert plan.of("delete", "ScaledObject") == ["mdm-jobs-default"]
 
 
@@ -469,37 +511,21 @@ def test_reconcile_problems_make_the_pool_unready_and_degraded() -> None:
     assert failed["ScalingActive"].reason == "CountFailed"
 
 
-def test_the_scale_timer_carries_the_last_reconcile_and_count_over() -> None:
+def test_the_count_error_is_read_back_from_scaling_active() -> None:
     pool = example()
     problem = status.Problem("KedaUnavailable", "KEDA is not installed")
     written = {"conditions": status.merge_conditions(None, status.pool_conditions(
         pool, [], count_error="db down", problems=[problem]), 1, NOW)}
-    assert status.previous_problems(written) == [problem]
     assert status.previous_count_error(written) == "db down"  # though Degraded names KEDA
-    invalid = {"conditions": status.merge_conditions(
-        None, status.invalid_spec_conditions("spec.lanes: bad"), 1, NOW)}
-    assert status.previous_problems(invalid) == []  # a valid spec makes it obsolete
     assert status.previous_count_error({}) is None
 
 
-def test_the_scale_timer_never_says_reconciled_before_a_reconcile_did() -> None:
-    """The timer may run before the first reconcile wrote its outcome (a new pool): children
-    may not exist yet, so Reconciled is Unknown and Ready False, and nothing is Degraded."""
-    pool = example()
-    ready_lane = [{"name": "default", "currentReplicas": 1, "readyReplicas": 1,
-                   "desiredReplicas": 1}]
-    for before in ({}, {"conditions": []}):
-        problems = status.previous_problems(before)
-        assert [p.reason for p in problems] == [status.RECONCILING]
-        found = {c.type: c for c in status.pool_conditions(
-            pool, ready_lane, count_error=None, problems=problems)}
-        assert (found["Reconciled"].status, found["Reconciled"].reason) == (
-            "Unknown", "Reconciling")
-        assert (found["Ready"].status, found["Ready"].reason) == ("False", "Reconciling")
-        assert found["Degraded"].status == "False"
-    reconciled = {"conditions": status.merge_conditions(None, status.pool_conditions(
-        pool, ready_lane, count_error=None), 1, NOW)}
-    assert status.previous_problems(reconciled) == []
+def test_a_new_count_time_alone_is_no_change() -> None:
+    before = {"lanes": [{"name": "a", "readyJobs": 1}], "lastCountTime": "2026-11-01T12:00:00Z"}
+    assert not status.status_changed(before, {**before, "lastCountTime": "2026-11-01T12:05:00Z"})
+    assert status.status_changed(before, {"lanes": [{"name": "a", "readyJobs": 2}],
+                                          "lastCountTime": "2026-11-01T12:05:00Z"})
+    assert status.status_changed({}, {"conditions": []})
 
 
 @pytest.mark.parametrize(("keda", "http_status", "expected"), [
@@ -507,8 +533,8 @@ def test_the_scale_timer_never_says_reconciled_before_a_reconcile_did() -> None:
                 "mode (default) keep their current replicas"),
     (True, 403, "the operator may not list KEDA ScaledObjects in namespace 'mdm' (forbidden): "
                 "lanes in keda mode (default) keep their current replicas; grant its "
-                "ServiceAccount get, list, create, update and delete on scaledobjects in API "
-                "group keda.sh (chart value rbac.keda=true)"),
+                "ServiceAccount get, list, create, patch and delete on scaledobjects and "
+                "triggerauthentications in API group keda.sh (chart value rbac.keda=true)"),
     (False, 403, "the operator may not list KEDA ScaledObjects in namespace 'mdm' (forbidden): "
                  "ScaledObjects of lanes that left keda mode cannot be removed; grant"),
     (False, 404, None),

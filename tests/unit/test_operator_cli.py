@@ -30,7 +30,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults() -> None:
     settings = operator_settings()
-    assert (settings.scale_interval, settings.operator_namespaces, settings.peering) == (
+    assert (settings.scale_interval, settings.operator_namespaces, settings.lease_namespace) == (
         15.0, (), None)
     assert settings.operator_liveness == "http://0.0.0.0:8080/healthz"
 

@@ -112,13 +112,13 @@ def test_values_are_parsed_into_their_types() -> None:
     settings = Settings.from_env({
         "JOBPOOL_SLOTS": " 12 ", "JOBPOOL_GRACE": "1.5", "JOBPOOL_SCALE_INTERVAL": "60",
         "JOBPOOL_OPERATOR_NAMESPACES": "mdm, billing,,", "JOBPOOL_LOG_LEVEL": "debug",
-        "JOBPOOL_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8, ::1/128", "JOBPOOL_PEERING": "",
+        "JOBPOOL_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8, ::1/128", "JOBPOOL_LEASE_NAMESPACE": "",
         "UNRELATED": "x",
     })
     assert (settings.slots, settings.grace, settings.scale_interval) == (12, 1.5, 60.0)
     assert settings.operator_namespaces == ("mdm", "billing")
     assert settings.log_level == "debug"
-    assert settings.peering is None  # empty is unset
+    assert settings.lease_namespace is None  # empty is unset
 
 
 @pytest.mark.parametrize(("variable_name", "value", "message"), [

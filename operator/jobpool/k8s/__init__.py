@@ -1,1 +1,2 @@
-"""Kubernetes: pure manifest builders and reconcile plan, the API client, kopf wiring."""
+"""Kubernetes: pure manifest builders, reconcile plan, status and Lease rules; the API client
+(lightkube), leader election and the kopf wiring."""

@@ -31,7 +31,7 @@ def add_operator_command(subparsers: Any, settings: Settings) -> None:
     add_setting(p, settings, "operator_namespaces", action=_Namespaces, metavar="NS")
     add_setting(p, settings, "scale_interval", metavar="SECONDS")
     add_setting(p, settings, "kubeconfig", metavar="PATH")
-    add_setting(p, settings, "peering", metavar="NAME")
+    add_setting(p, settings, "lease_namespace", metavar="NS")
     add_setting(p, settings, "operator_liveness", metavar="URL")
     add_setting(p, settings, "log_level", metavar="{debug,info,warning,error}")
     p.set_defaults(func=cmd_operator, extra="operator")
@@ -41,20 +41,19 @@ async def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:
     """Run the operator until it is stopped (SIGTERM / SIGINT)."""
     import sys
 
-    import kubernetes
-
+    from jobpool.k8s.client import NoCredentials
     from jobpool.k8s.handlers import OperatorConfig, run_operator
 
     config = OperatorConfig(
         scale_interval=settings.scale_interval,
         namespaces=settings.operator_namespaces,
         kubeconfig=settings.kubeconfig or None,
-        peering=settings.peering or None,
+        lease_namespace=settings.lease_namespace or None,
         liveness_endpoint=settings.operator_liveness or None,
     )
     try:
         await run_operator(config)
-    except kubernetes.config.ConfigException as exc:
+    except NoCredentials as exc:
         print(f"jobpool operator: error: no Kubernetes credentials: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,32 +1,59 @@
-"""The few Kubernetes API calls the operator makes, on the official client's auth and TLS.
+"""The Kubernetes API calls of the operator, on lightkube (an async, typed client).
 
-Calls go out as plain JSON over the client's REST layer (no model classes), run in a thread
-so the operator's event loop never blocks.
+Children are written with server-side apply under the operator's field manager and never
+carry `spec.replicas`; replicas go through the Deployment's scale subresource under the
+scaler's own field manager, so neither overwrites the other (nor an HPA's, nor KEDA's).
+A 409 Conflict or 429 TooManyRequests is retried after a short, growing pause, a few times.
+Answers are plain dicts, as the pure planners take them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import os
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import quote, urlencode
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, TypeVar, cast
 
-import kubernetes
+import httpx2
+import lightkube
+from lightkube import codecs
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.exceptions import ConfigError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Secret
+from lightkube.types import CascadeType, PatchType
 
+from jobpool.core.poolspec import API_VERSION, KIND
 from jobpool.errors import JobpoolError
 
-_kube_config: Any = kubernetes.config  # its loaders are untyped
-
-MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "jobpool-operator"
+"""Field manager of everything the operator applies (children, pool status, Lease)."""
+SCALER = "jobpool-scaler"
+"""Field manager of the replicas written through the scale subresource."""
 REQUEST_TIMEOUT = 30.0
-KEDA_PATH = "/apis/keda.sh/v1alpha1"
+RETRIES = 4
+RETRY_PAUSE = 0.1
+"""Seconds before the first retry of a 409 or 429; doubles per retry (0.1, 0.2, 0.4, 0.8)."""
+MAX_RETRY_AFTER = 2.0
+
+ScaledObject = create_namespaced_resource(
+    "keda.sh", "v1alpha1", "ScaledObject", "scaledobjects")
+TriggerAuthentication = create_namespaced_resource(
+    "keda.sh", "v1alpha1", "TriggerAuthentication", "triggerauthentications")
+JobWorkerPool = create_namespaced_resource(
+    "jobs.mdm.io", "v1alpha1", KIND, "jobworkerpools")
+ChildKind = Literal["Deployment", "ScaledObject", "TriggerAuthentication"]
+_CHILDREN: dict[str, Any] = {
+    "Deployment": Deployment, "ScaledObject": ScaledObject,
+    "TriggerAuthentication": TriggerAuthentication,
+}
+T = TypeVar("T")
 
 
 class ApiError(JobpoolError):
-    """A Kubernetes API call answered with an error status."""
+    """A Kubernetes API call answered with an error status (e.g. 403 Forbidden, 404)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
@@ -35,187 +62,162 @@ class ApiError(JobpoolError):
         self.message = message
 
 
-def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
-    """Client configuration: `kubeconfig` if given, else in-cluster, else KUBECONFIG / ~/.kube.
+class NoCredentials(JobpoolError):
+    """Neither a kubeconfig nor an in-cluster ServiceAccount gives access to a cluster."""
 
-    Raises kubernetes.config.ConfigException when none works.
-    """
-    configuration = kubernetes.client.Configuration()
-    if kubeconfig:
-        _kube_config.load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration
-        )
-        return configuration
+
+def load_config(kubeconfig: str | None = None) -> SingleConfig:
+    """The cluster and credentials to use: `kubeconfig` if given, else in-cluster, else
+    KUBECONFIG or ~/.kube/config. Raises NoCredentials when none works."""
     try:
-        _kube_config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        _kube_config.load_kube_config(config_file=path, client_configuration=configuration)
-    return configuration
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    except ConfigError as exc:
+        raise NoCredentials(str(exc)) from exc
+    single = config.get()
+    if single is None:
+        raise NoCredentials("the kubeconfig has no current context")
+    return single
 
 
-def bearer_token(configuration: kubernetes.client.Configuration) -> str | None:
-    """The bearer token the configuration authenticates with, if any (without "Bearer ")."""
-    header = configuration.get_api_key_with_prefix(
-        "BearerToken"
-    ) or configuration.get_api_key_with_prefix("authorization")
-    if not header:
-        return None
-    value = str(header)
-    return value.split(" ", 1)[1] if " " in value else value
+def _api_error(exc: lightkube.ApiError) -> ApiError:
+    status = exc.status
+    return ApiError(int(status.code or exc.response.status_code), str(status.reason or "Error"),
+                    str(status.message or exc.response.text[:300]))
+
+
+def _retry_after(exc: lightkube.ApiError, attempt: int) -> float:
+    pause = RETRY_PAUSE * 2.0 ** attempt
+    header = exc.response.headers.get("Retry-After")
+    if header and header.isdigit():
+        pause = max(pause, min(float(header), MAX_RETRY_AFTER))
+    return pause
+
+
+async def _call(call: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+    """`call()`, with 409 and 429 retried (if `retry`); other errors become ApiError."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return await call()
+        except lightkube.ApiError as exc:
+            code = exc.response.status_code
+            if not retry or code not in (409, 429) or attempt == RETRIES:
+                raise _api_error(exc) from exc
+            await asyncio.sleep(_retry_after(exc, attempt))
+        except httpx2.HTTPStatusError as exc:  # an answer that is no Status (a proxy's page)
+            response = exc.response
+            raise ApiError(response.status_code, response.reason_phrase or "Error",
+                           response.text[:300]) from exc
+    raise AssertionError("unreachable")
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return dict(obj.to_dict())
 
 
 class KubeApi:
-    """Async access to Deployments, ScaledObjects and Secrets of a namespace."""
+    """Async access to the pools' children, their Secrets, status, events and the Lease."""
 
-    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
-        self.configuration = configuration
-        self._client: Any = kubernetes.client.ApiClient(configuration)
+    def __init__(self, config: SingleConfig) -> None:
+        self.config = config
+        self._client = lightkube.AsyncClient(
+            config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(REQUEST_TIMEOUT),
+            trust_env=False,
+        )
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Release the connection pool."""
-        self._client.close()
+        await self._client.close()
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        url = self.configuration.host + path
-        if query:
-            url += "?" + urlencode(query)
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        self._client.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
-        response = self._client.rest_client.request(
-            method, url, headers=headers, body=body, _request_timeout=REQUEST_TIMEOUT
-        )
-        data = response.read()
-        if not 200 <= response.status < 300:
-            raise _error(response.status, data)
-        return json.loads(data) if data else None
+    async def list_children(
+        self, kind: ChildKind, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The objects of `kind` in `namespace` whose labels include `labels`."""
+        async def listing() -> list[dict[str, Any]]:
+            return [_as_dict(obj) async for obj in self._client.list(
+                _CHILDREN[kind], namespace=namespace, labels=dict(labels))]
+        return await _call(listing)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        """One API call; returns the decoded JSON answer. Raises ApiError for an error status."""
-        return await asyncio.to_thread(self._call, method, path, body, query, content_type)
-
-    async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
-        """The decoded value of `key` in Secret `name`; ApiError 404 or KeyError if missing."""
-        secret = await self.request("GET", f"/api/v1/namespaces/{_q(namespace)}/secrets/{_q(name)}")
-        data = (secret or {}).get("data") or {}
-        if key in data:
-            return base64.b64decode(data[key]).decode("utf-8")
-        string_data = (secret or {}).get("stringData") or {}
-        if key in string_data:
-            return str(string_data[key])
-        raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
-
-    # Deployments
-
-    def _deployments(self, namespace: str) -> str:
-        return f"/apis/apps/v1/namespaces/{_q(namespace)}/deployments"
-
-    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        """Deployments of `namespace` matching the label `selector`."""
-        answer = await self.request(
-            "GET", self._deployments(namespace), query={"labelSelector": selector}
-        )
-        return list((answer or {}).get("items") or [])
-
-    async def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Deployment `name`, or None if there is none."""
-        return await self._read(f"{self._deployments(namespace)}/{_q(name)}")
-
-    async def create_deployment(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create a Deployment; ApiError 409 AlreadyExists if the name is taken."""
-        await self.request("POST", self._deployments(namespace), body=dict(body))
-
-    async def replace_deployment(
-        self, namespace: str, name: str, body: Mapping[str, Any]
-    ) -> None:
-        """Replace a Deployment (PUT); ApiError 409 if its resourceVersion moved on."""
-        await self.request("PUT", f"{self._deployments(namespace)}/{_q(name)}", body=dict(body))
-
-    async def delete_deployment(self, namespace: str, name: str) -> None:
-        """Delete a Deployment and, in the background, its pods; gone already is fine."""
-        await self._delete(f"{self._deployments(namespace)}/{_q(name)}")
-
-    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
-        """Write a Deployment's replicas and nothing else."""
-        await self.request(
-            "PATCH", f"{self._deployments(namespace)}/{_q(name)}",
-            body={"spec": {"replicas": replicas}}, content_type=MERGE_PATCH,
-        )
-
-    # KEDA ScaledObjects
-
-    def _scaled_objects(self, namespace: str) -> str:
-        return f"{KEDA_PATH}/namespaces/{_q(namespace)}/scaledobjects"
-
-    async def list_scaled_objects(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        """ScaledObjects matching `selector`; ApiError 404 without KEDA, 403 if not granted."""
-        answer = await self.request(
-            "GET", self._scaled_objects(namespace), query={"labelSelector": selector}
-        )
-        return list((answer or {}).get("items") or [])
-
-    async def read_scaled_object(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The ScaledObject `name`, or None if there is none."""
-        return await self._read(f"{self._scaled_objects(namespace)}/{_q(name)}")
-
-    async def create_scaled_object(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create a ScaledObject."""
-        await self.request("POST", self._scaled_objects(namespace), body=dict(body))
-
-    async def replace_scaled_object(
-        self, namespace: str, name: str, body: Mapping[str, Any]
-    ) -> None:
-        """Replace a ScaledObject (PUT)."""
-        await self.request(
-            "PUT", f"{self._scaled_objects(namespace)}/{_q(name)}", body=dict(body)
-        )
-
-    async def delete_scaled_object(self, namespace: str, name: str) -> None:
-        """Delete a ScaledObject; gone already is fine."""
-        await self._delete(f"{self._scaled_objects(namespace)}/{_q(name)}")
-
-    async def _read(self, path: str) -> dict[str, Any] | None:
+    async def read_child(self, kind: ChildKind, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object `name` of `kind`, or None if there is none."""
         try:
-            answer: dict[str, Any] = await self.request("GET", path)
+            return _as_dict(await _call(
+                lambda: self._client.get(_CHILDREN[kind], name, namespace=namespace)))
         except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return answer
 
-    async def _delete(self, path: str) -> None:
+    async def apply_child(self, kind: ChildKind, namespace: str,
+                          body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply `body` as the operator's field manager, taking over fields that
+        another manager changed (a hand-edited image): the operator's fields are its own."""
+        name = str(body["metadata"]["name"])
+        return _as_dict(await _call(lambda: self._client.patch(
+            _CHILDREN[kind], name, dict(body), namespace=namespace,
+            patch_type=PatchType.APPLY, force=True)))
+
+    async def delete_child(self, kind: ChildKind, namespace: str, name: str) -> None:
+        """Delete a child and, in the background, what it owns; gone already is fine."""
         try:
-            await self.request("DELETE", path, body={"propagationPolicy": "Background"})
+            await _call(lambda: self._client.delete(
+                _CHILDREN[kind], name, namespace=namespace, cascade=CascadeType.BACKGROUND))
         except ApiError as exc:
             if exc.status != 404:
                 raise
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Write a Deployment's replicas through its scale subresource, as the scaler."""
+        await _call(lambda: self._client.patch(
+            Deployment.Scale, name, {"spec": {"replicas": replicas}}, namespace=namespace,
+            patch_type=PatchType.MERGE, field_manager=SCALER))
 
-def _q(part: str) -> str:
-    return quote(part, safe="")
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
+        """The decoded value of `key` in Secret `name`; ApiError 404 or KeyError if missing."""
+        secret = await _call(lambda: self._client.get(Secret, name, namespace=namespace))
+        data = secret.data or {}
+        if key in data:
+            return base64.b64decode(data[key]).decode("utf-8")
+        raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
 
+    async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge `status` into the pool's status (through its status subresource)."""
+        await _call(lambda: self._client.patch(
+            JobWorkerPool.Status, name, {"status": dict(status)}, namespace=namespace,
+            patch_type=PatchType.MERGE))
 
-def _error(status: int, data: bytes | None) -> ApiError:
-    try:
-        answer = json.loads(data or b"{}")
-    except ValueError:
-        answer = {}
-    if not isinstance(answer, dict):
-        answer = {}
-    text = (data or b"").decode("utf-8", "replace")[:300]
-    reason = str(answer.get("reason") or "Error")
-    return ApiError(status, reason, str(answer.get("message") or text))
+    async def post_event(self, pool: Mapping[str, Any], type_: Literal["Normal", "Warning"],
+                         reason: str, message: str, now: str) -> None:
+        """An Event about `pool` (the object as the API returned it); `now` in RFC 3339."""
+        meta = pool.get("metadata") or {}
+        event = cast(Event, Event.from_dict({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }))
+        await _call(lambda: self._client.create(event))
+
+    # the leader Lease: conflicts are answers here (another replica won), never retried
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease `name`, or None if there is none."""
+        try:
+            return _as_dict(await _call(lambda: self._client.get(Lease, name,
+                                                                 namespace=namespace)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create_lease(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a Lease; ApiError 409 if another replica created it first."""
+        lease = codecs.from_dict(dict(body))
+        return _as_dict(await _call(lambda: self._client.create(lease), retry=False))
+
+    async def replace_lease(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace a Lease at the resourceVersion in `body`; ApiError 409 if it moved on."""
+        lease = codecs.from_dict(dict(body))
+        return _as_dict(await _call(lambda: self._client.replace(lease), retry=False))

@@ -1,21 +1,33 @@
-"""kopf wiring of the operator: thin handlers that gather, plan, apply and report.
+"""The operator: kopf keeps an index of JobWorkerPools; one loop makes and scales them.
 
-On create, update and resume of a JobWorkerPool: reconcile one Deployment per lane (and a
-KEDA ScaledObject per keda lane). A reconcile that leaves something undone writes why in the
-status and is retried by kopf with a growing delay. A timer per pool counts each lane's jobs
-and scales the lane's Deployment. Decisions live in core.scaling, k8s.reconcile and k8s.status.
+kopf only watches the pools (an in-memory index, no handler that needs a finalizer or
+writes bookkeeping onto a pool), so a pool (or its namespace) can be deleted while the
+operator is down: the children go with it through their ownerReferences.
+
+One loop, in the replica that holds the Lease `jobpool-operator` (k8s.leader), syncs every
+pool each scale interval, and a changed pool at once: it applies the lanes' children
+(server-side apply; missing or hand-changed children are restored), deletes the children
+of removed lanes, counts each lane's jobs and scales its Deployment (scale subresource),
+and patches the status only when it changed. Decisions live in core.scaling, k8s.reconcile,
+k8s.status and k8s.lease.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
+import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import kopf
-import kubernetes
+from lightkube.config.kubeconfig import SingleConfig
 
 from jobpool.core.poolspec import Lane, PoolSpec, PoolSpecError, load_pool
 from jobpool.core.scaling import (
@@ -26,18 +38,25 @@ from jobpool.core.scaling import (
     fixed_replicas,
 )
 from jobpool.db.scaling import count_lane_jobs_at
-from jobpool.k8s.client import ApiError, KubeApi, bearer_token, load_configuration
-from jobpool.k8s.manifests import GROUP, build_owner_reference, deployment_name, pool_selector
+from jobpool.k8s.client import ApiError, ChildKind, KubeApi, load_config
+from jobpool.k8s.leader import Leader
+from jobpool.k8s.lease import LeaseTiming
+from jobpool.k8s.manifests import (
+    GROUP,
+    build_owner_reference,
+    deployment_name,
+    pool_selector,
+    trigger_authentication_name,
+)
 from jobpool.k8s.reconcile import (
     Action,
+    KedaChildren,
     ReconcilePlan,
     belongs_to,
     plan_reconcile,
-    retry_delay,
     touches_keda,
 )
 from jobpool.k8s.status import (
-    Condition,
     Problem,
     condition_of,
     invalid_spec_conditions,
@@ -49,23 +68,24 @@ from jobpool.k8s.status import (
     pool_status,
     previous_count_error,
     previous_lanes,
-    previous_problems,
+    status_changed,
+    timestamp,
 )
 from jobpool.sql import QUERIES
 
 VERSION = "v1alpha1"
 PLURAL = "jobworkerpools"
 DEFAULT_SCALE_INTERVAL = 15.0
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 log = logging.getLogger(__name__)
 
 CountJobs = Callable[[str, Sequence[Any]], Awaitable[dict[str, LaneJobs]]]
-ListChildren = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
-ReadChild = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+PoolKey = tuple[str, str]
 
 
 def utcnow() -> datetime:
-    """The operator's clock (only for scaling windows and status times)."""
+    """The operator's clock (only for scaling windows, status times and the Lease)."""
     return datetime.now(UTC)
 
 
@@ -73,23 +93,83 @@ def utcnow() -> datetime:
 class OperatorConfig:
     """How the operator runs.
 
-    scale_interval: seconds between job counts per pool. namespaces: () watches every
-    namespace. peering: a kopf peering name, None to run standalone (one replica).
-    liveness_endpoint: e.g. http://0.0.0.0:8080/healthz, None for none.
+    scale_interval: seconds between two syncs of every pool. namespaces: () watches every
+    namespace. lease_namespace: where the Lease lives (None: the ServiceAccount's
+    namespace, else "default"). identity: this replica's name in the Lease (None: host,
+    process and a random part). liveness_endpoint: e.g. http://0.0.0.0:8080/healthz.
     """
 
     scale_interval: float = DEFAULT_SCALE_INTERVAL
     namespaces: tuple[str, ...] = ()
     kubeconfig: str | None = None
-    peering: str | None = None
+    lease_namespace: str | None = None
+    identity: str | None = None
     liveness_endpoint: str | None = None
+    lease: LeaseTiming = field(default_factory=LeaseTiming)
+
+
+class PoolIndex:
+    """The pools as kopf last saw them, by (namespace, name); marks new and changed specs."""
+
+    def __init__(self) -> None:
+        self._pools: dict[PoolKey, dict[str, Any]] = {}
+        self._changed: set[PoolKey] = set()
+        self._wake = asyncio.Event()
+
+    def seen(self, event: str | None, body: Mapping[str, Any]) -> None:
+        """Record a watch event (`DELETED` forgets the pool)."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if event == "DELETED":
+            self._pools.pop(key, None)
+            self._changed.discard(key)
+            return
+        old = self._pools.get(key)
+        self._pools[key] = copy.deepcopy(dict(body))
+        if old is None or old.get("spec") != body.get("spec") or (
+            old.get("metadata") or {}).get("uid") != meta.get("uid"):
+            self._changed.add(key)
+            self._wake.set()
+
+    def wrote_status(self, key: PoolKey, status: Mapping[str, Any]) -> None:
+        """Remember a status just written (the watch event may come after the next sync)."""
+        if key in self._pools:
+            self._pools[key]["status"] = {**(self._pools[key].get("status") or {}), **status}
+
+    def get(self, key: PoolKey) -> dict[str, Any] | None:
+        """The pool's last seen object."""
+        found = self._pools.get(key)
+        return copy.deepcopy(found) if found is not None else None
+
+    def keys(self) -> list[PoolKey]:
+        """Every pool, in a stable order."""
+        return sorted(self._pools)
+
+    def take_changed(self) -> list[PoolKey]:
+        """The pools new or changed since the last call."""
+        changed, self._changed = sorted(self._changed), set()
+        return changed
+
+    async def wait(self, timeout: float) -> None:
+        """Until a pool is new or changed, or `timeout` seconds passed."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
+        except TimeoutError:
+            return
+        finally:
+            self._wake.clear()
+
+
+@dataclass
+class Outcome:
+    """What one sync of a pool did and met."""
+
+    done: list[Action] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
 
 
 class PoolController:
-    """What the handlers do for one pool, with the API, clock and job counter injected.
-
-    retry_base: seconds before the first retry of a reconcile that left something undone.
-    """
+    """What the operator does for one pool, with the API, clock and job counter injected."""
 
     def __init__(
         self,
@@ -97,105 +177,139 @@ class PoolController:
         *,
         clock: Callable[[], datetime] = utcnow,
         count_jobs: CountJobs = count_lane_jobs_at,
-        retry_base: float = DEFAULT_SCALE_INTERVAL,
     ) -> None:
         self.api = api
         self.clock = clock
         self.count_jobs = count_jobs
-        self.retry_base = retry_base
 
-    async def reconcile(
-        self, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | Any, retry: int = 0
-    ) -> None:
-        """Bring the pool's Deployments (and ScaledObjects) to its spec; write the status.
+    async def run(self, pools: PoolIndex, leader: Leader, interval: float) -> None:
+        """Until cancelled: while leading, sync every pool each `interval` seconds and a new
+        or changed pool at once."""
+        loop = asyncio.get_running_loop()
+        next_round = loop.time()
+        while True:
+            if not leader.leading():  # a standby: a full round as soon as it leads
+                next_round = loop.time()
+                await pools.wait(leader.timing.retry_every)
+                continue
+            if loop.time() >= next_round:
+                pools.take_changed()
+                next_round = loop.time() + interval
+                await self._sync_all(pools, pools.keys())
+            else:
+                await self._sync_all(pools, pools.take_changed())
+            await pools.wait(min(next_round - loop.time(), leader.timing.retry_every))
 
-        retry: how many attempts failed before (kopf's count). Raises kopf.TemporaryError,
-        after writing the status, when a child could not be made as the spec says (a failed
-        call, a name held by another owner, KEDA unavailable), so kopf tries again later.
+    async def _sync_all(self, pools: PoolIndex, keys: Sequence[PoolKey]) -> None:
+        for key in keys:
+            body = pools.get(key)
+            if body is None:
+                continue
+            try:
+                written = await self.sync(body)
+            except Exception:  # one pool's failure must not stop the others
+                log.exception("syncing JobWorkerPool %s/%s failed", *key)
+            else:
+                if written is not None:
+                    pools.wrote_status(key, written)
+
+    async def sync(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Bring one pool's children to its spec, scale its lanes, report in its status.
+
+        body: the pool as the API returned it. Returns the status written, None if it was
+        unchanged (or the pool is being deleted).
         """
-        now = self.clock()
         meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return None
+        now = self.clock()
         namespace, generation = str(meta["namespace"]), meta.get("generation")
         previous = body.get("status") or {}
         try:
             pool = load_pool(body)
         except PoolSpecError as exc:
-            self._report_invalid(body, patch, exc, now, generation)
-            return
-        done, problems = await self._reconcile_children(
-            pool, build_owner_reference(body), namespace, logger
-        )
-        try:
-            after = await self._own_deployments(namespace, pool.name)
-        except Exception as exc:  # report it like any failed call; the retry reads again
-            after = {}
-            problems.append(Problem("ReconcileFailed", f"reading the pool's Deployments "
-                                    f"failed: {_describe(exc)}"))
-        for warning in pool.warnings:
-            kopf.event(body, type="Warning", reason="UnservedKinds", message=warning)
-        if done:
-            kopf.event(body, type="Normal", reason="Reconciled", message=_summary(done))
-        known = condition_of(previous, "Reconciled").get("message") or ""
-        for problem in problems:
-            if problem.message not in known:  # once per problem, not on every retry
-                kopf.event(body, type="Warning", reason=problem.reason, message=problem.message)
-        lanes = [
-            lane_status(pool, lane, live=after.get(deployment_name(pool.name, lane.name)),
-                        previous=previous_lanes(previous).get(lane.name))
-            for lane in pool.lanes
-        ]
+            return await self._report_invalid(body, exc, now, generation)
+        outcome, live = await self._reconcile(pool, body, namespace)
+        await self._announce(body, pool, outcome, previous, now)
+        lanes, count_error, counted = await self._scale(pool, body, namespace, live, previous, now)
         conditions = merge_conditions(
             previous.get("conditions"),
-            pool_conditions(pool, lanes, count_error=previous_count_error(previous),
-                            problems=problems),
+            pool_conditions(pool, lanes, count_error=count_error, problems=outcome.problems),
             generation, now,
         )
-        patch.status.update(pool_status(lanes, conditions, generation, None, previous))
-        if problems:
-            raise kopf.TemporaryError(
-                "; ".join(problem.message for problem in problems),
-                delay=retry_delay(retry, self.retry_base),
-            )
+        status = pool_status(lanes, conditions, generation, now if counted else None, previous)
+        return await self._write_status(body, previous, status)
 
-    async def _reconcile_children(
-        self, pool: PoolSpec, owner: Mapping[str, Any], namespace: str, logger: Any
-    ) -> tuple[list[Action], list[Problem]]:
-        """Read, plan and apply the pool's children: the calls done and the problems met."""
+    async def _reconcile(
+        self, pool: PoolSpec, body: Mapping[str, Any], namespace: str
+    ) -> tuple[Outcome, dict[str, dict[str, Any]]]:
+        """Read, plan and apply the pool's children; the Deployments live afterwards."""
+        outcome = Outcome()
         try:
-            live = await _children(self.api.list_deployments, self.api.read_deployment,
-                                   namespace, pool.name, _lane_children(pool, keda_only=False))
-            scaled, keda_problem = await self._live_scaled_objects(pool, namespace, live)
-        except Exception as exc:  # any failed call (API error, server unreachable): report
-            return [], [Problem("ReconcileFailed", f"reading the pool's children failed: "
-                                f"{_describe(exc)}")]
-        plan = plan_reconcile(pool, owner, live, scaled, QUERIES["count_lane_jobs"].text)
-        done, failed = await self._apply(namespace, plan, logger)
-        conflicts = [Problem("NameConflict", conflict.message) for conflict in plan.conflicts]
-        return done, [*conflicts, *failed, *([keda_problem] if keda_problem else [])]
+            owner = build_owner_reference(body)
+            live = await self._children("Deployment", namespace, pool.name,
+                                        [deployment_name(pool.name, lane.name)
+                                         for lane in pool.lanes])
+            keda, problem = await self._live_keda(pool, namespace, live)
+        except (ApiError, ValueError) as exc:
+            outcome.problems.append(Problem("ReconcileFailed", f"reading the pool's children "
+                                            f"failed: {exc}"))
+            return outcome, {}
+        plan = plan_reconcile(pool, owner, live, keda, QUERIES["count_lane_jobs"].text)
+        outcome.problems += [Problem("NameConflict", c.message) for c in plan.conflicts]
+        if problem is not None:
+            outcome.problems.append(problem)
+        own = {d["metadata"]["name"]: d for d in live if belongs_to(d, pool.name)}
+        await self._carry_out(pool, plan, namespace, own, outcome)
+        return outcome, own
 
-    async def _apply(
-        self, namespace: str, plan: ReconcilePlan, logger: Any
-    ) -> tuple[list[Action], list[Problem]]:
-        """Every call of the plan, each on its own: the calls done and those that failed."""
-        done: list[Action] = []
-        failed: list[Problem] = []
+    async def _carry_out(
+        self, pool: PoolSpec, plan: ReconcilePlan, namespace: str,
+        own: dict[str, dict[str, Any]], outcome: Outcome,
+    ) -> None:
+        first_replicas = {deployment_name(pool.name, lane.name): lane.min_replicas
+                          for lane in pool.lanes}
         for action in plan.actions:
-            logger.info("%s %s %s", action.verb, action.kind, action.name)
+            log.info("%s %s %s/%s", action.verb, action.kind, namespace, action.name)
             try:
-                await _call(self.api, namespace, action)
-            except Exception as exc:  # any failed call: report it, carry on with the others
-                failed.append(Problem(
-                    "ReconcileFailed",
-                    f"{action.verb} {action.kind} {action.name!r} failed: {_describe(exc)}",
-                ))
+                if action.verb == "delete":
+                    await self.api.delete_child(action.kind, namespace, action.name)
+                    if action.kind == "Deployment":
+                        own.pop(action.name, None)
+                    outcome.done.append(action)
+                    continue
+                applied = await self.api.apply_child(action.kind, namespace, action.body or {})
+                if action.kind == "Deployment":
+                    if action.creates:  # the server gave it 1 replica: the lane's first count
+                        replicas = first_replicas[action.name]
+                        await self.api.scale_deployment(namespace, action.name, replicas)
+                        applied["spec"]["replicas"] = replicas
+                        applied.pop("status", None)  # of the 1 replica, not known yet
+                    own[action.name] = applied
+            except ApiError as exc:  # report it, carry on with the others
+                outcome.problems.append(Problem(
+                    "ReconcileFailed", f"{action.verb} {action.kind} {action.name!r} "
+                                       f"failed: {exc}"))
             else:
-                done.append(action)
-        return done, failed
+                outcome.done.append(action)
 
-    async def _live_scaled_objects(
+    async def _children(
+        self, kind: ChildKind, namespace: str, pool: str, names: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """The pool's children of `kind` (by its labels) and whatever holds one of `names`."""
+        found = await self.api.list_children(kind, namespace, pool_selector(pool))
+        listed = {obj["metadata"]["name"] for obj in found}
+        for name in names:
+            if name not in listed:
+                holder = await self.api.read_child(kind, namespace, name)
+                if holder is not None:
+                    found.append(holder)
+        return found
+
+    async def _live_keda(
         self, pool: PoolSpec, namespace: str, live_deployments: Sequence[Mapping[str, Any]]
-    ) -> tuple[list[dict[str, Any]] | None, Problem | None]:
-        """The ScaledObjects to plan with (None: leave KEDA alone) and why KEDA is unusable.
+    ) -> tuple[KedaChildren | None, Problem | None]:
+        """The KEDA objects to plan with (None: leave KEDA alone) and why KEDA is unusable.
 
         KEDA's API is called only for a pool that has (or had) lanes in keda mode; a 404
         (no KEDA) or 403 (not granted, which a real API server answers before it looks for
@@ -203,49 +317,55 @@ class PoolController:
         """
         if not touches_keda(pool, live_deployments):
             return None, None
+        keda_lanes = [deployment_name(pool.name, lane.name) for lane in pool.lanes
+                      if lane.autoscaling.mode == "keda"]
         try:
-            scaled = await _children(self.api.list_scaled_objects, self.api.read_scaled_object,
-                                     namespace, pool.name, _lane_children(pool, keda_only=True))
+            scaled = await self._children("ScaledObject", namespace, pool.name, keda_lanes)
+            auth = await self._children(
+                "TriggerAuthentication", namespace, pool.name,
+                [trigger_authentication_name(pool.name)] if keda_lanes else [])
         except ApiError as exc:
             if exc.status not in (403, 404):
                 raise
             return None, keda_unavailable(pool, namespace, exc.status, exc.message)
-        return scaled, None
+        return KedaChildren(scaled, auth), None
 
-    async def _own_deployments(self, namespace: str, pool: str) -> dict[str, dict[str, Any]]:
-        """The Deployments that belong to the pool, by name (never another owner's)."""
-        found = await self.api.list_deployments(namespace, pool_selector(pool))
-        return {d["metadata"]["name"]: d for d in found if belongs_to(d, pool)}
-
-    async def scale(
-        self, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | Any
+    async def _announce(
+        self, body: Mapping[str, Any], pool: PoolSpec, outcome: Outcome,
+        previous: Mapping[str, Any], now: datetime,
     ) -> None:
-        """Count each lane's jobs, scale the lanes' Deployments, and write the status."""
-        now = self.clock()
-        meta = body.get("metadata") or {}
-        namespace = str(meta["namespace"])
-        previous = body.get("status") or {}
-        try:
-            pool = load_pool(body)
-        except PoolSpecError as exc:
-            self._report_invalid(body, patch, exc, now, None)
-            return
-        live = await self._own_deployments(namespace, pool.name)
+        """Events: what was done, and each warning or problem once (not on every sync)."""
+        if outcome.done:
+            await self._event(body, "Normal", "Reconciled", _summary(outcome.done), now)
+        degraded = str(condition_of(previous, "Degraded").get("message") or "")
+        for warning in pool.warnings:
+            if warning not in degraded:
+                await self._event(body, "Warning", "UnservedKinds", warning, now)
+        known = str(condition_of(previous, "Reconciled").get("message") or "")
+        for problem in outcome.problems:
+            if problem.message not in known:
+                await self._event(body, "Warning", problem.reason, problem.message, now)
+
+    async def _scale(
+        self, pool: PoolSpec, body: Mapping[str, Any], namespace: str,
+        live: Mapping[str, Mapping[str, Any]], previous: Mapping[str, Any], now: datetime,
+    ) -> tuple[list[dict[str, Any]], str | None, bool]:
+        """Count each lane's jobs and scale its Deployment: the lane statuses, the count's
+        error (None if it worked) and whether it worked."""
         counts: dict[str, LaneJobs] | None = None
         count_error: str | None = None
         try:
             dsn = await self.api.read_secret_value(
-                namespace, pool.dsn_secret.name, pool.dsn_secret.key
-            )
+                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
             counts = await self.count_jobs(dsn, pool.lanes)
         except (ApiError, KeyError, OSError, ValueError) as exc:
             count_error = _count_error_message(pool, exc)
-        except Exception as exc:  # psycopg errors and the like: report, retry next period
+        except Exception as exc:  # psycopg errors and the like: report, retry next interval
             count_error = f"counting jobs failed: {type(exc).__name__}: {exc}"
         if count_error is not None:
-            logger.warning(count_error)
+            log.warning("JobWorkerPool %s/%s: %s", namespace, pool.name, count_error)
             if previous_count_error(previous) != count_error:
-                kopf.event(body, type="Warning", reason="CountFailed", message=count_error)
+                await self._event(body, "Warning", "CountFailed", count_error, now)
         old = previous_lanes(previous)
         lanes: list[dict[str, Any]] = []
         for lane in pool.lanes:
@@ -258,39 +378,49 @@ class PoolController:
             if decision is not None and deployment is not None:
                 current = int((deployment.get("spec") or {}).get("replicas") or 0)
                 if decision.changes(current):
-                    await self.api.scale_deployment(namespace, name, decision.replicas)
-                    kopf.event(body, type="Normal", reason=decision.reason,
-                               message=f"lane {lane.name}: {decision.message}")
+                    try:
+                        await self.api.scale_deployment(namespace, name, decision.replicas)
+                    except ApiError as exc:
+                        log.warning("scaling %s/%s failed: %s", namespace, name, exc)
+                        decision = None
+                    else:
+                        await self._event(body, "Normal", decision.reason,
+                                          f"lane {lane.name}: {decision.message}", now)
             lanes.append(lane_status(pool, lane, live=deployment, previous=old.get(lane.name),
                                      jobs=jobs, decision=decision, now=now))
-        conditions = merge_conditions(
-            previous.get("conditions"),
-            pool_conditions(pool, lanes, count_error=count_error,
-                            problems=previous_problems(previous)),
-            previous.get("observedGeneration"), now,
-        )
-        patch.status.update(
-            pool_status(lanes, conditions, None, now if counts is not None else None, previous)
-        )
+        return lanes, count_error, counts is not None
 
-    def _report_invalid(
-        self,
-        body: kopf.Body,
-        patch: kopf.Patch,
-        error: PoolSpecError,
-        now: datetime,
+    async def _report_invalid(
+        self, body: Mapping[str, Any], error: PoolSpecError, now: datetime,
         generation: int | None,
-    ) -> None:
+    ) -> dict[str, Any] | None:
         previous = body.get("status") or {}
         conditions = merge_conditions(
-            previous.get("conditions"), invalid_spec_conditions(str(error)),
-            generation if generation is not None else previous.get("observedGeneration"), now,
-        )
+            previous.get("conditions"), invalid_spec_conditions(str(error)), generation, now)
         if condition_of(previous, "Degraded").get("message") != str(error):
-            kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
-        patch.status["conditions"] = conditions
+            await self._event(body, "Warning", "InvalidSpec", str(error), now)
+        status: dict[str, Any] = {**previous, "conditions": conditions}
         if generation is not None:
-            patch.status["observedGeneration"] = generation
+            status["observedGeneration"] = generation
+        return await self._write_status(body, previous, status)
+
+    async def _write_status(
+        self, body: Mapping[str, Any], previous: Mapping[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        if not status_changed(previous, status):
+            return None
+        meta = body["metadata"]
+        await self.api.patch_pool_status(meta["namespace"], meta["name"], status)
+        return status
+
+    async def _event(
+        self, body: Mapping[str, Any], kind: Literal["Normal", "Warning"], reason: str,
+        message: str, now: datetime,
+    ) -> None:
+        try:
+            await self.api.post_event(body, kind, reason, message, timestamp(now))
+        except ApiError as exc:  # an event is a courtesy: never fail a sync for it
+            log.warning("posting event %s failed: %s", reason, exc)
 
 
 def _decide(
@@ -316,50 +446,10 @@ def _decide(
     )
 
 
-async def _call(api: KubeApi, namespace: str, action: Action) -> None:
-    body = action.body or {}
-    if action.kind == "Deployment":
-        if action.verb == "create":
-            await api.create_deployment(namespace, body)
-        elif action.verb == "replace":
-            await api.replace_deployment(namespace, action.name, body)
-        else:
-            await api.delete_deployment(namespace, action.name)
-    elif action.verb == "create":
-        await api.create_scaled_object(namespace, body)
-    elif action.verb == "replace":
-        await api.replace_scaled_object(namespace, action.name, body)
-    else:
-        await api.delete_scaled_object(namespace, action.name)
-
-
 def _summary(done: Sequence[Action]) -> str:
-    return "; ".join(f"{a.verb}d {a.kind} {a.name}" for a in done)
-
-
-def _lane_children(pool: PoolSpec, *, keda_only: bool) -> list[str]:
-    """Names of the lanes' children (of keda lanes only if `keda_only`)."""
-    return [deployment_name(pool.name, lane.name) for lane in pool.lanes
-            if not keda_only or lane.autoscaling.mode == "keda"]
-
-
-async def _children(
-    list_call: ListChildren, read_call: ReadChild, namespace: str, pool: str,
-    names: Sequence[str],
-) -> list[dict[str, Any]]:
-    """The pool's children (a list by its labels) and whatever else holds one of `names`."""
-    found = await list_call(namespace, pool_selector(pool))
-    listed = {obj["metadata"]["name"] for obj in found}
-    for name in names:
-        if name not in listed:
-            holder = await read_call(namespace, name)
-            if holder is not None:
-                found.append(holder)
-    return found
-
-
-def _describe(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
+    return "; ".join(
+        f"{'created' if a.creates else 'applied' if a.verb == 'apply' else 'deleted'} "
+        f"{a.kind} {a.name}" for a in done)
 
 
 def _count_error_message(pool: PoolSpec, exc: Exception) -> str:
@@ -373,26 +463,40 @@ def _count_error_message(pool: PoolSpec, exc: Exception) -> str:
     return f"counting jobs failed: {type(exc).__name__}: {exc}"
 
 
-def connection_info(configuration: kubernetes.client.Configuration) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same client configuration the API calls use."""
+def connection_info(config: SingleConfig) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the API calls use."""
+    cluster, user = config.cluster, config.user
+    token = user.token if user is not None else None
+    if user is not None and user.token_file and not token:
+        token = Path(user.token_file).read_text().strip()
     return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        username=configuration.username or None,
-        password=configuration.password or None,
-        scheme="Bearer" if bearer_token(configuration) else None,
-        token=bearer_token(configuration),
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
+        server=cluster.server,
+        ca_path=str(config.abs_file(cluster.certificate_auth)) if cluster.certificate_auth
+        else None,
+        ca_data=cluster.certificate_auth_data.encode() if cluster.certificate_auth_data
+        else None,
+        insecure=cluster.insecure,
+        username=user.username if user is not None else None,
+        password=user.password if user is not None else None,
+        scheme="Bearer" if token else None,
+        token=token,
+        certificate_path=str(config.abs_file(user.client_cert))
+        if user is not None and user.client_cert else None,
+        certificate_data=user.client_cert_data.encode()
+        if user is not None and user.client_cert_data else None,
+        private_key_path=str(config.abs_file(user.client_key))
+        if user is not None and user.client_key else None,
+        private_key_data=user.client_key_data.encode()
+        if user is not None and user.client_key_data else None,
+        default_namespace=config.namespace,
     )
 
 
 def operator_settings(settings: kopf.OperatorSettings) -> None:
-    """Keep kopf's bookkeeping in the pool's annotations; post only warnings as events.
-
-    (The operator's own events, e.g. scale decisions, are posted explicitly.)
-    """
+    """kopf watches the pools and nothing else: no CRD or namespace scanning, no events of
+    its own below warnings, and the finalizer name of older versions (so that kopf removes
+    it from pools that still carry it: nothing needs it any more)."""
+    settings.scanning.disabled = True
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
@@ -404,54 +508,40 @@ def operator_settings(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
 
 
-def build_registry(
-    config: OperatorConfig,
-    controller: PoolController,
-    configuration: kubernetes.client.Configuration,
-) -> kopf.OperatorRegistry:
-    """A kopf registry with the operator's handlers, bound to `controller`."""
+def build_registry(pools: PoolIndex, config: SingleConfig) -> kopf.OperatorRegistry:
+    """A kopf registry that logs in like the API client and feeds `pools`."""
     registry = kopf.OperatorRegistry()
-    resource = (GROUP, VERSION, PLURAL)
 
     @kopf.on.login(registry=registry)
     def operator_login(**_: Any) -> kopf.ConnectionInfo:
         """Authenticate kopf like the API client."""
-        return connection_info(configuration)
+        return connection_info(config)
 
     @kopf.on.startup(registry=registry)
     def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         """Apply the operator's kopf settings."""
         operator_settings(settings)
 
-    @kopf.on.create(*resource, registry=registry)
-    async def jobworkerpool_create(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
-    ) -> None:
-        """A new pool: create its lanes' Deployments."""
-        await controller.reconcile(body, patch, logger, retry)
-
-    @kopf.on.update(*resource, registry=registry)
-    async def jobworkerpool_update(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
-    ) -> None:
-        """A changed pool: replace changed lanes, delete removed ones, keep replicas."""
-        await controller.reconcile(body, patch, logger, retry)
-
-    @kopf.on.resume(*resource, registry=registry)
-    async def jobworkerpool_resume(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, retry: int, **_: Any
-    ) -> None:
-        """The operator restarted: make sure the children still match."""
-        await controller.reconcile(body, patch, logger, retry)
-
-    @kopf.timer(*resource, interval=config.scale_interval, registry=registry)
-    async def jobworkerpool_timer(
-        body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any
-    ) -> None:
-        """Every scale interval: count jobs per lane and scale."""
-        await controller.scale(body, patch, logger)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def jobworkerpool_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        """Every watch event of a pool: keep the index current."""
+        pools.seen(type, body)
 
     return registry
+
+
+def lease_namespace(config: OperatorConfig) -> str:
+    """Where the Lease lives: the configured namespace, else the ServiceAccount's."""
+    if config.lease_namespace:
+        return config.lease_namespace
+    if SERVICE_ACCOUNT_NAMESPACE.is_file():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    return "default"
+
+
+def replica_identity() -> str:
+    """`<host>/<pid>/<random>`: unique per process, readable in the Lease."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 async def run_operator(
@@ -461,27 +551,36 @@ async def run_operator(
     ready_flag: Any = None,
     count_jobs: CountJobs = count_lane_jobs_at,
 ) -> None:
-    """Run the operator until `stop_flag` is set (or forever)."""
-    configuration = load_configuration(config.kubeconfig)
-    api = KubeApi(configuration)
-    controller = PoolController(api, count_jobs=count_jobs, retry_base=config.scale_interval)
-    registry = build_registry(config, controller, configuration)
+    """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
+    on the way out. Raises NoCredentials when there is no cluster to talk to."""
+    kube = load_config(config.kubeconfig)
+    api = KubeApi(kube)
+    pools = PoolIndex()
+    leader = Leader(api, lease_namespace(config), config.identity or replica_identity(),
+                    clock=utcnow, timing=config.lease)
+    controller = PoolController(api, count_jobs=count_jobs)
     settings = kopf.OperatorSettings()
     operator_settings(settings)
+    loops = [asyncio.create_task(leader.run(), name="leader election"),
+             asyncio.create_task(controller.run(pools, leader, config.scale_interval),
+                                 name="pool sync")]
     try:
         await kopf.operator(
-            registry=registry,
+            registry=build_registry(pools, kube),
             settings=settings,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
-            standalone=config.peering is None,
-            peering_name=config.peering,
+            standalone=True,
             liveness_endpoint=config.liveness_endpoint,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
     finally:
-        api.close()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await leader.release()
+        await api.close()
 
 
-__all__ = ["Condition", "OperatorConfig", "PoolController", "build_registry", "run_operator"]
+__all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator"]

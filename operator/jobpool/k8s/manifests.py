@@ -1,5 +1,7 @@
-"""Pure builders of the objects the operator owns: one worker Deployment per lane, KEDA
-ScaledObjects, owner references and status. Dicts in, dicts out."""
+"""Pure builders of the objects the operator owns: one worker Deployment per lane, a KEDA
+ScaledObject per keda lane and a TriggerAuthentication per pool with keda lanes, owner
+references. Dicts in, dicts out: each is the whole configuration the operator applies
+(server-side apply), and never holds a Deployment's replicas, which the scaler writes."""
 
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ def deployment_name(pool: str, lane: str) -> str:
     return f"{pool}-{lane}"
 
 
+def trigger_authentication_name(pool: str) -> str:
+    """`<pool>-dsn`: the TriggerAuthentication that gives the pool's ScaledObjects the DSN."""
+    return f"{pool}-dsn"
+
+
 def selector_labels(pool: str, lane: str) -> dict[str, str]:
     """The labels that select a lane's pods (immutable in a Deployment)."""
     return {"app.kubernetes.io/name": "jobpool", POOL_LABEL: pool, LANE_LABEL: lane}
@@ -52,9 +59,21 @@ def build_labels(pool: str, lane: str, version: str | None = None) -> dict[str, 
     return labels
 
 
-def pool_selector(pool: str) -> str:
-    """A label selector for every object the operator made for `pool`."""
-    return f"{POOL_LABEL}={pool},app.kubernetes.io/managed-by={MANAGED_BY}"
+def pool_selector(pool: str) -> dict[str, str]:
+    """The labels of every object the operator made for `pool` (a label selector)."""
+    return {POOL_LABEL: pool, "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def build_pool_labels(pool: str) -> dict[str, str]:
+    """The labels of what the operator creates for a whole pool (no lane)."""
+    return {
+        "app.kubernetes.io/name": "jobpool",
+        POOL_LABEL: pool,
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/part-of": "jobpool",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
 
 
 def build_owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,12 +211,13 @@ def _with_hash(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_worker_deployment(
-    pool: PoolSpec, lane: Lane, owner: Mapping[str, Any], replicas: int
+    pool: PoolSpec, lane: Lane, owner: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The Deployment `<pool>-<lane>` running the lane's workers.
+    """The Deployment `<pool>-<lane>` running the lane's workers, without `spec.replicas`.
 
-    owner: the ownerReference (see build_owner_reference). replicas: only used when the
-    Deployment is created; afterwards the scaler alone writes replicas.
+    owner: the ownerReference (see build_owner_reference). Replicas are not part of it: the
+    scaler (or KEDA) writes them through the scale subresource, and a configuration that
+    held them would take them back on every apply.
     """
     labels = build_labels(pool.name, lane.name, _image_version(pool.image))
     metadata: dict[str, Any] = {
@@ -213,7 +233,6 @@ def build_worker_deployment(
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector_labels(pool.name, lane.name)},
             "strategy": {
@@ -247,8 +266,9 @@ def build_scaled_object(
 ) -> dict[str, Any]:
     """A KEDA ScaledObject scaling the lane's Deployment with a postgresql trigger.
 
-    The trigger reads the DSN from the worker container's JOBPOOL_DSN (a secretKeyRef), so
-    the DSN stays in its Secret. Target per pod: workers_per_pod x target utilisation.
+    The trigger authenticates through the pool's TriggerAuthentication (see
+    build_trigger_authentication), so the DSN stays in its Secret. Target per pod:
+    workers_per_pod x target utilisation.
     """
     policy = lane.autoscaling
     name = deployment_name(pool.name, lane.name)
@@ -289,12 +309,36 @@ def build_scaled_object(
             },
             "triggers": [{
                 "type": "postgresql",
+                "authenticationRef": {"name": trigger_authentication_name(pool.name)},
                 "metadata": {
-                    "connectionFromEnv": "JOBPOOL_DSN",
                     "query": keda_query(count_query, lane),
                     "targetQueryValue": f"{target:g}",
                     "activationTargetQueryValue": "0",
                 },
+            }],
+        },
+    })
+
+
+def build_trigger_authentication(pool: PoolSpec, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The KEDA TriggerAuthentication `<pool>-dsn`: the postgresql scaler's `connection`
+    parameter from the pool's DSN Secret (KEDA reads it; the DSN never enters a manifest)."""
+    metadata: dict[str, Any] = {
+        "name": trigger_authentication_name(pool.name),
+        "labels": build_pool_labels(pool.name),
+        "annotations": {},
+        "ownerReferences": [dict(owner)],
+    }
+    if pool.namespace:
+        metadata["namespace"] = pool.namespace
+    return _with_hash({
+        "apiVersion": KEDA_API_VERSION,
+        "kind": "TriggerAuthentication",
+        "metadata": metadata,
+        "spec": {
+            "secretTargetRef": [{
+                "parameter": "connection", "name": pool.dsn_secret.name,
+                "key": pool.dsn_secret.key,
             }],
         },
     })

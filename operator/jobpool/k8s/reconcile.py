@@ -1,6 +1,8 @@
-"""The reconcile plan: which children of a pool to create, replace or delete (pure).
+"""The reconcile plan: which children of a pool to apply or delete (pure).
 
-Replicas belong to the scaler: a replaced Deployment keeps the live replica count, so a
+A child is applied (server-side apply) when it is missing, when the operator's template
+hash on it differs from the spec's, or when a field the operator sets has another value
+live (changed by hand: drift). Replicas belong to the scaler and are never in a plan, so a
 new image or any other template change never resets a lane's scale.
 
 A child name can be taken by an object the pool does not own (pool `mdm` with lane
@@ -11,7 +13,6 @@ overwriting it, and reports a Conflict that names its owner.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,24 +26,27 @@ from jobpool.k8s.manifests import (
     SCALED_BY,
     TEMPLATE_HASH,
     build_scaled_object,
+    build_trigger_authentication,
     build_worker_deployment,
     deployment_name,
 )
 
-Verb = Literal["create", "replace", "delete"]
-ChildKind = Literal["Deployment", "ScaledObject"]
-MAX_RETRY_DELAY = 300.0
-"""Seconds: the longest wait between two attempts of a failing reconcile."""
+Verb = Literal["apply", "delete"]
+ChildKind = Literal["Deployment", "ScaledObject", "TriggerAuthentication"]
 
 
 @dataclass(frozen=True)
 class Action:
-    """One API call: `verb` the child `kind` called `name`; `body` for create and replace."""
+    """One API call: `verb` the child `kind` called `name`; `body` to apply.
+
+    creates: the child is missing (a new Deployment then gets its lane's first replicas).
+    """
 
     verb: Verb
     kind: ChildKind
     name: str
     body: Mapping[str, Any] | None = None
+    creates: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,14 +59,17 @@ class Conflict:
 
     kind: ChildKind
     name: str
-    lane: str
+    lane: str | None
     holder: str | None
 
     @property
     def message(self) -> str:
-        """What happened and what to do, for the pool's status."""
+        """What happened and what to do, for the pool's status (lane None: the pool's)."""
         owner = (f"belongs to {self.holder}" if self.holder
                  else "exists and was not made by the jobpool operator")
+        if self.lane is None:
+            return (f"{self.kind} {self.name!r} of the pool {owner}; it is left alone and the "
+                    "pool's keda lanes have none here: rename this pool")
         return (f"{self.kind} {self.name!r} of lane {self.lane!r} {owner}; it is left alone "
                 "and the lane has no such child here: rename this pool or the lane")
 
@@ -85,13 +92,34 @@ class ReconcilePlan:
 
 
 def desired_deployments(pool: PoolSpec, owner: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The Deployment of every lane, by name, with replicas for a first creation."""
+    """The Deployment of every lane, by name (without replicas)."""
     return {
-        deployment_name(pool.name, lane.name): build_worker_deployment(
-            pool, lane, owner, replicas=lane.min_replicas
-        )
+        deployment_name(pool.name, lane.name): build_worker_deployment(pool, lane, owner)
         for lane in pool.lanes
     }
+
+
+def desired_trigger_authentications(
+    pool: PoolSpec, owner: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The pool's TriggerAuthentication by name, if a lane is in keda mode."""
+    if not any(lane.autoscaling.mode == "keda" for lane in pool.lanes):
+        return {}
+    body = build_trigger_authentication(pool, owner)
+    return {body["metadata"]["name"]: body}
+
+
+def in_sync(live: Any, desired: Any) -> bool:
+    """Whether `live` holds every field of `desired` with the same value (what the server
+    added, defaults and other managers' fields, does not count). Lists must match item by
+    item."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            key in live and in_sync(live[key], value) for key, value in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(
+            in_sync(one, other) for one, other in zip(live, desired, strict=True))
+    return bool(live == desired)
 
 
 def desired_scaled_objects(
@@ -137,13 +165,12 @@ def plan_children(
     desired: Mapping[str, Mapping[str, Any]],
     live: Sequence[Mapping[str, Any]],
 ) -> ReconcilePlan:
-    """Plan one kind of child: create the missing, replace the changed, delete the extra.
+    """Plan one kind of child: apply the missing and the changed, delete the extra.
 
     live: the objects found, the pool's own (a list call) and whatever holds a desired
     name; those that do not belong to the pool are never changed. A child whose template
-    hash or ownerReferences differ is replaced (so an orphan is adopted); the body carries
-    the live resourceVersion (optimistic concurrency) and, for a Deployment, the live
-    replicas.
+    hash or ownerReferences differ, or whose live fields differ from the desired ones (a
+    hand edit), is applied again (so an orphan is adopted and drift is repaired).
     """
     found = {obj["metadata"]["name"]: obj for obj in live}
     actions: list[Action] = []
@@ -152,14 +179,15 @@ def plan_children(
     for name, body in sorted(desired.items()):
         current = found.get(name)
         if current is None:
-            actions.append(Action("create", kind, name, body))
+            actions.append(Action("apply", kind, name, body, creates=True))
         elif not belongs_to(current, pool):
-            lane = str(body["metadata"]["labels"][LANE_LABEL])
+            lane = body["metadata"]["labels"].get(LANE_LABEL)
             conflicts.append(Conflict(kind, name, lane, holder_of(current)))
-        elif _hash_of(current) == _hash_of(body) and _owners(current) == _owners(body):
+        elif (_hash_of(current) == _hash_of(body) and _owners(current) == _owners(body)
+              and in_sync(current, body)):
             unchanged.append(name)
         else:
-            actions.append(Action("replace", kind, name, replacement(body, current)))
+            actions.append(Action("apply", kind, name, body))
     actions += [
         Action("delete", kind, name) for name, obj in sorted(found.items())
         if name not in desired and belongs_to(obj, pool)
@@ -178,58 +206,55 @@ def touches_keda(pool: PoolSpec, live_deployments: Sequence[Mapping[str, Any]]) 
     )
 
 
+@dataclass(frozen=True)
+class KedaChildren:
+    """The live KEDA objects a pool's plan works with."""
+
+    scaled_objects: Sequence[Mapping[str, Any]] = ()
+    trigger_authentications: Sequence[Mapping[str, Any]] = ()
+
+
 def plan_reconcile(
     pool: PoolSpec,
     owner: Mapping[str, Any],
     live_deployments: Sequence[Mapping[str, Any]],
-    live_scaled_objects: Sequence[Mapping[str, Any]] | None,
+    live_keda: KedaChildren | None,
     count_query: str,
 ) -> ReconcilePlan:
-    """The whole plan for a pool: ScaledObject deletions, Deployments, then ScaledObjects.
+    """The whole plan for a pool: ScaledObject deletions, Deployments, the
+    TriggerAuthentication, ScaledObjects, then a TriggerAuthentication deletion.
 
-    live_scaled_objects: None when KEDA is not touched or not available; then no
-    ScaledObject is planned (lanes in keda mode keep their Deployment at its replicas).
-    A lane whose Deployment name is taken gets no ScaledObject: it would scale the
-    other owner's Deployment.
+    live_keda: None when KEDA is not touched or not available; then nothing of KEDA is
+    planned (lanes in keda mode keep their Deployment at its replicas). A lane whose
+    Deployment name is taken gets no ScaledObject: it would scale the other owner's
+    Deployment.
     """
     deployments = plan_children("Deployment", pool.name, desired_deployments(pool, owner),
                                 live_deployments)
-    if live_scaled_objects is None:
+    if live_keda is None:
         return deployments
     taken = {conflict.name for conflict in deployments.conflicts}
     desired = {
         name: body for name, body in desired_scaled_objects(pool, owner, count_query).items()
         if name not in taken
     }
-    scaled = plan_children("ScaledObject", pool.name, desired, live_scaled_objects)
-    deletions = tuple(a for a in scaled.actions if a.verb == "delete")
+    scaled = plan_children("ScaledObject", pool.name, desired, live_keda.scaled_objects)
+    auth = plan_children("TriggerAuthentication", pool.name,
+                         desired_trigger_authentications(pool, owner),
+                         live_keda.trigger_authentications)
+    if auth.conflicts:  # without its TriggerAuthentication a ScaledObject cannot count
+        scaled = ReconcilePlan(tuple(a for a in scaled.actions if a.verb == "delete"),
+                               scaled.unchanged, scaled.conflicts)
+
+    def of(plan: ReconcilePlan, verb: Verb) -> tuple[Action, ...]:
+        return tuple(a for a in plan.actions if a.verb == verb)
+
     return ReconcilePlan(
-        deletions + deployments.actions + tuple(a for a in scaled.actions if a.verb != "delete"),
-        deployments.unchanged + scaled.unchanged,
-        deployments.conflicts + scaled.conflicts,
+        of(scaled, "delete") + deployments.actions + of(auth, "apply") + of(scaled, "apply")
+        + of(auth, "delete"),
+        deployments.unchanged + auth.unchanged + scaled.unchanged,
+        deployments.conflicts + auth.conflicts + scaled.conflicts,
     )
-
-
-def retry_delay(retries: int, base: float) -> float:
-    """Seconds before the next attempt of a reconcile that failed `retries` times before.
-
-    base: the first delay (the scale interval); it doubles per failure up to 5 minutes, so
-    a stuck pool (a taken name, KEDA missing) costs little and heals once the cause goes.
-    """
-    return min(base * 2.0 ** min(retries, 20), MAX_RETRY_DELAY)
-
-
-def replacement(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
-    """`desired` made ready to replace `live`: live resourceVersion and live replicas kept."""
-    body = copy.deepcopy(dict(desired))
-    live_meta = live.get("metadata") or {}
-    if live_meta.get("resourceVersion"):
-        body["metadata"]["resourceVersion"] = live_meta["resourceVersion"]
-    if body.get("kind") == "Deployment":
-        live_replicas = (live.get("spec") or {}).get("replicas")
-        if live_replicas is not None:
-            body["spec"]["replicas"] = live_replicas
-    return body
 
 
 def _owners(obj: Mapping[str, Any]) -> list[Any]:

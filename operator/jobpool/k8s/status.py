@@ -19,8 +19,8 @@ from jobpool.k8s.manifests import deployment_name
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 KEDA_RULE = (
-    "get, list, create, update and delete on scaledobjects in API group keda.sh "
-    "(chart value rbac.keda=true)"
+    "get, list, create, patch and delete on scaledobjects and triggerauthentications in API "
+    "group keda.sh (chart value rbac.keda=true)"
 )
 """What the operator's ServiceAccount needs for lanes in keda mode."""
 
@@ -115,11 +115,6 @@ def pool_conditions(
     and Degraded: the Deployments running are not the ones the spec asks for.
     """
     joined = "; ".join(problem.message for problem in problems)
-    if problems and problems[0].reason == RECONCILING:
-        reconciled = Condition("Reconciled", "Unknown", RECONCILING, joined)
-        return [Condition("Ready", "False", RECONCILING, joined),
-                _degraded(pool, count_error, problems[1:]), _scaling(pool, count_error),
-                reconciled]
     if problems:
         reconciled = Condition("Reconciled", "False", problems[0].reason, joined)
     else:
@@ -178,25 +173,6 @@ def previous_count_error(status: Mapping[str, Any] | None) -> str | None:
     """The error of the last job count, as written in ScalingActive; None if it worked."""
     scaling = condition_of(status, "ScalingActive")
     return str(scaling.get("message")) if scaling.get("reason") == "CountFailed" else None
-
-
-RECONCILING = "Reconciling"
-"""Reason of a pool whose first reconcile has not written its outcome yet."""
-
-
-def previous_problems(status: Mapping[str, Any] | None) -> list[Problem]:
-    """The problems of the last reconcile of a valid spec, as written in Reconciled.
-
-    The scale timer carries them over, so the status keeps saying what the last reconcile
-    could not do until a reconcile succeeds. Before any reconcile wrote its outcome, the
-    timer must not claim that the children match the spec: that is a `Reconciling` problem.
-    """
-    reconciled = condition_of(status, "Reconciled")
-    if not reconciled or reconciled.get("reason") == RECONCILING:
-        return [Problem(RECONCILING, "the pool's children are being created or updated")]
-    if reconciled.get("status") != "False" or reconciled.get("reason") == "InvalidSpec":
-        return []
-    return [Problem(str(reconciled.get("reason")), str(reconciled.get("message")))]
 
 
 def keda_unavailable(
@@ -297,6 +273,19 @@ def pool_status(
     if counted_at is not None:
         status["lastCountTime"] = timestamp(counted_at)
     return status
+
+
+def status_changed(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> bool:
+    """Whether writing `status` over `previous` changes anything but `lastCountTime`.
+
+    The time of the last count moves on every count; alone it is no reason to write (an idle
+    pool would cost a write, and a watch event for every client, each interval). So
+    `lastCountTime` is the time of the count behind the figures shown.
+    """
+    def without_time(value: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (value or {}).items() if k != "lastCountTime"}
+
+    return without_time(previous) != without_time({**(previous or {}), **status})
 
 
 def previous_lanes(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
