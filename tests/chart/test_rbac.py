@@ -15,44 +15,43 @@ CHART = ROOT / "charts" / "jobpool"
 RELEASE_NAMESPACE = "jobpool-system"
 ACCOUNT = {"kind": "ServiceAccount", "name": "jp-jobpool", "namespace": RELEASE_NAMESPACE}
 
-Grant = tuple[str, str, str, str]
-"""(apiGroup, resource, verb, resourceName or "")."""
+Grant = tuple[str, str, str]
+"""(apiGroup, resource, verb)."""
 
 LEADER_ELECTION: set[Grant] = {
-    ("coordination.k8s.io", "leases", "create", ""),
-    ("coordination.k8s.io", "leases", "get", "jobpool-operator"),
-    ("coordination.k8s.io", "leases", "update", "jobpool-operator"),
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
 }
 APPLICATION: set[Grant] = {
-    ("", "events", "create", ""),
-    ("jobs.mdm.io", "jobworkerpools", "list", ""),
-    ("jobs.mdm.io", "jobworkerpools", "watch", ""),
-    ("jobs.mdm.io", "jobworkerpools", "patch", ""),
-    ("jobs.mdm.io", "jobworkerpools/status", "patch", ""),
-    ("jobs.mdm.io", "jobworkerpools/finalizers", "update", ""),
-    ("apps", "deployments", "get", ""),
-    ("apps", "deployments", "list", ""),
-    ("apps", "deployments", "create", ""),
-    ("apps", "deployments", "patch", ""),
-    ("apps", "deployments", "delete", ""),
-    ("apps", "deployments/scale", "patch", ""),
+    ("", "events", "create"),
+    ("jobs.mdm.io", "jobworkerpools", "list"),
+    ("jobs.mdm.io", "jobworkerpools", "watch"),
+    ("jobs.mdm.io", "jobworkerpools", "patch"),
+    ("jobs.mdm.io", "jobworkerpools/status", "patch"),
+    ("jobs.mdm.io", "jobworkerpools/finalizers", "update"),
+    ("apps", "deployments", "get"),
+    ("apps", "deployments", "list"),
+    ("apps", "deployments", "create"),
+    ("apps", "deployments", "patch"),
+    ("apps", "deployments", "delete"),
+    ("apps", "deployments/scale", "patch"),
 }
 KEDA: set[Grant] = {
-    ("keda.sh", resource, verb, "")
+    ("keda.sh", resource, verb)
     for resource in ("scaledobjects", "triggerauthentications")
     for verb in ("get", "list", "create", "patch", "delete")
 }
-SECRETS: set[Grant] = {("", "secrets", "get", "")}
+SECRETS: set[Grant] = {("", "secrets", "get")}
 
 
 def grants(rules: Iterable[dict[str, Any]]) -> set[Grant]:
     return {
-        (group, resource, verb, name)
+        (group, resource, verb)
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
-        for name in rule.get("resourceNames") or [""]
     }
 
 
