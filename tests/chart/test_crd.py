@@ -138,8 +138,10 @@ AUTOSCALING = ("spec", "lanes", 0, "autoscaling")
      [{"disk": "SSD fast"}, {"disk": "x" * 64}]),
     # Secret names of imagePullSecrets are DNS subdomains
     (("spec", "imagePullSecrets"), [[{"name": "registry.example"}]], [[{"name": "Registry"}]]),
+    # a container image has no whitespace
+    (("spec", "image"), ["registry.example.com/jobpool:1.2.3"], ["jobpool:1 ", "job pool"]),
 ], ids=["stabilization", "target-utilization", "max-step", "metrics-port", "node-selector",
-        "pull-secret"])
+        "pull-secret", "image"])
 def test_crd_ranges_admit_only_values_that_make_valid_children(
     path: tuple[str | int, ...], accepted: list[Any], refused: list[Any]
 ) -> None:
