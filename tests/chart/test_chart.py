@@ -256,3 +256,20 @@ def test_pod_monitor_finds_workers_where_the_pools_run(
         assert endpoint["path"] == "/metrics"
     operator_pod = operator_deployment(objects)["spec"]["template"]["metadata"]["labels"]
     assert not selects(spec["selector"], operator_pod)
+
+
+def test_the_standby_example_of_the_chart_readme_renders(helm: str, tmp_path: Path) -> None:
+    readme = (CHART / "README.md").read_text()
+    section = readme.split("## High availability", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    values = tmp_path / "standby.yaml"
+    values.write_text(example)
+    objects = template(helm, "-f", str(values))
+    deployment = operator_deployment(objects)
+    assert deployment["spec"]["replicas"] == 2
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert selects(spread["labelSelector"], deployment["spec"]["template"]["metadata"]["labels"])
+    assert len(by_kind(objects, "PodDisruptionBudget")) == 1
+    for obj in objects:
+        if obj["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
