@@ -1,4 +1,4 @@
-"""The Helm chart renders valid Kubernetes objects; the CRD copies stay identical."""
+"""The Helm chart renders valid Kubernetes objects for its defaults and for each option."""
 
 from __future__ import annotations
 
@@ -10,55 +10,77 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 from helm_binary import render_chart
+
+from jobpool.core.poolspec import load_pool_file
+from jobpool.k8s.manifests import build_pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "jobpool"
-CRD_NAME = "jobworkerpools.jobs.mdm.io.yaml"
-CRD_COPIES = [
-    ROOT / "crds" / CRD_NAME,
-    CHART / "crds" / CRD_NAME,
-    ROOT / "operator" / "jobpool" / "crds" / CRD_NAME,
-]
+RELEASE_NAMESPACE = "jobpool-system"
 K8S_VERSION = "1.33.0"
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}  # not in kubernetes-validate's schemas
+CUSTOM_KINDS = {"PodMonitor", "PrometheusRule"}  # not in kubernetes-validate's schemas
 
-NON_DEFAULT = [
-    "--set", "operator.watchNamespaces={mdm,billing}",
-    "--set", "operator.peering=jobpool",
-    "--set", "operator.logLevel=debug",
-    "--set", "migrations.enabled=true",
-    "--set", "database.secretName=jobpool-db",
-    "--set", "metrics.serviceMonitor.enabled=true",
-    "--set", "alerts.enabled=true",
-    "--set", "rbac.keda=true",
-    "--set", "serviceAccount.name=jp-operator",
-    "--set", "image.repository=registry.example.com/jobpool",
-    "--set", "image.tag=9.9.9",
-    "--set", "operator.nodeSelector.disk=ssd",
-]
+OPTIONS: dict[str, list[str]] = {
+    "watch-namespaces": ["--set", "operator.watchNamespaces={mdm,billing}"],
+    "secret-namespaces": ["--set", "rbac.secretNamespaces={mdm}"],
+    "watched-secret-namespaces": ["--set", "operator.watchNamespaces={mdm,billing}",
+                                  "--set", "rbac.secretNamespaces={billing}"],
+    "replicas": ["--set", "operator.replicas=2"],
+    "keda": ["--set", "rbac.keda=true"],
+    "no-rbac": ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
+                "--set", "serviceAccount.name=existing"],
+    "migrations": ["--set", "migrations.enabled=true", "--set", "database.secretName=jobpool-db"],
+    "pod-monitor": ["--set", "metrics.podMonitor.enabled=true"],
+    "watched-pod-monitor": ["--set", "metrics.podMonitor.enabled=true",
+                            "--set", "operator.watchNamespaces={mdm,billing}"],
+    "pdb": ["--set", "operator.podDisruptionBudget.enabled=true", "--set", "operator.replicas=2"],
+    "network-policy": ["--set", "networkPolicy.enabled=true"],
+    "security-context": ["--set", "podSecurityContext.runAsUser=2000",
+                         "--set", "podSecurityContext.runAsGroup=2000",
+                         "--set", "podSecurityContext.fsGroup=null"],
+    "no-crds": ["--set", "crds.install=false"],
+    "crds-not-kept": ["--set", "crds.keep=false"],
+    "alerts": ["--set", "alerts.enabled=true"],
+    "no-dashboards": ["--set", "dashboards.enabled=false"],
+    "pod-settings": ["--set", "operator.nodeSelector.disk=ssd",
+                     "--set", "operator.priorityClassName=system-cluster-critical",
+                     "--set", "image.repository=registry.example.com/jobpool",
+                     "--set", "image.tag=9.9.9", "--set", "operator.logLevel=debug",
+                     "--set", "imagePullSecrets[0].name=registry"],
+}
+EVERY_OPTION = [arg for name, args in OPTIONS.items() if name not in (
+    "no-rbac", "watched-secret-namespaces", "watched-pod-monitor") for arg in args]
 
 
 def template(helm: str, *args: str, chart: Path = CHART) -> list[dict[str, Any]]:
-    return render_chart(helm, "--include-crds", *args, chart=chart)
+    return render_chart(helm, *args, chart=chart, namespace=RELEASE_NAMESPACE)
 
 
 def by_kind(objects: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [obj for obj in objects if obj["kind"] == kind]
 
 
+def operator_deployment(objects: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = by_kind(objects, "Deployment")
+    return deployment
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
 def test_helm_lint(helm: str) -> None:
-    for values in ([], NON_DEFAULT):
+    for values in ([], EVERY_OPTION):
         result = subprocess.run([helm, "lint", "--strict", str(CHART), *values],
                                 capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("values", [[], NON_DEFAULT], ids=["default", "non-default"])
+@pytest.mark.parametrize("values", [[], *OPTIONS.values(), EVERY_OPTION],
+                         ids=["default", *OPTIONS, "every-option"])
 def test_every_rendered_object_is_valid_kubernetes(helm: str, values: list[str]) -> None:
     objects = template(helm, *values)
     assert objects
@@ -73,68 +95,64 @@ def test_default_render(helm: str) -> None:
     objects = template(helm)
     kinds = sorted(obj["kind"] for obj in objects if obj["kind"] != "ConfigMap")
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-                     "CustomResourceDefinition", "Deployment", "ServiceAccount"]
+                     "CustomResourceDefinition", "Deployment", "Role", "RoleBinding",
+                     "ServiceAccount"]
     dashboards = sorted(CHART.glob("files/grafana/*.json"))
     assert len(by_kind(objects, "ConfigMap")) == len(dashboards)  # dashboards ship by default
-    assert by_kind(objects, "PrometheusRule") == []  # alerts are opt-in
-    (deployment,) = by_kind(objects, "Deployment")
+    deployment = operator_deployment(objects)
     assert deployment["spec"]["replicas"] == 1
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "jobpool:0.1.0"
     assert container["args"][0] == "operator"
     assert "--scale-interval=15" in container["args"]
+    assert f"--lease-namespace={RELEASE_NAMESPACE}" in container["args"]
+    assert not any(arg.startswith(("--peering", "--namespace")) for arg in container["args"])
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
     labels = deployment["metadata"]["labels"]
     for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
                 "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
         assert key in labels
-    roles = {role["metadata"]["name"]: role for role in by_kind(objects, "ClusterRole")}
-    assert set(roles) == {"jp-jobpool-framework", "jp-jobpool-application"}
-    app_rules = roles["jp-jobpool-application"]["rules"]
-    assert {"apiGroups": ["jobs.mdm.io"], "resources": ["jobworkerpools/status"],
-            "verbs": ["get", "patch", "update"]} in app_rules
-    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in app_rules
-    assert not any("keda.sh" in rule["apiGroups"] for rule in app_rules)
-    framework = roles["jp-jobpool-framework"]["rules"]
-    assert not any("kopf.dev" in rule["apiGroups"] for rule in framework)
 
 
-def test_non_default_render(helm: str) -> None:
-    objects = template(helm, *NON_DEFAULT)
-    roles = by_kind(objects, "Role")
-    assert sorted(role["metadata"]["namespace"] for role in roles) == ["billing", "mdm"]
-    assert any("keda.sh" in rule["apiGroups"] for rule in roles[0]["rules"])
-    bindings = by_kind(objects, "RoleBinding")
-    assert all(b["subjects"][0]["name"] == "jp-operator" for b in bindings)
-    (framework,) = by_kind(objects, "ClusterRole")
-    assert any("kopf.dev" in rule["apiGroups"] for rule in framework["rules"])
-    deployment = next(d for d in by_kind(objects, "Deployment"))
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example.com/jobpool:9.9.9"
-    assert {"--namespace=mdm", "--namespace=billing", "--peering=jobpool"} <= set(
-        container["args"])
-    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"disk": "ssd"}
+def test_replicas_value_runs_a_standby_and_rolls_without_a_gap(helm: str) -> None:
+    deployment = operator_deployment(template(helm, *OPTIONS["replicas"]))
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def test_pod_settings_reach_the_operator_pod(helm: str) -> None:
+    pod = operator_deployment(template(helm, *OPTIONS["pod-settings"]))["spec"]["template"]
+    spec = pod["spec"]
+    assert spec["containers"][0]["image"] == "registry.example.com/jobpool:9.9.9"
+    assert spec["nodeSelector"] == {"disk": "ssd"}
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert {"name": "JOBPOOL_LOG_LEVEL", "value": "debug"} in spec["containers"][0]["env"]
+
+
+def test_security_context_is_configurable_for_operator_and_migrations(helm: str) -> None:
+    objects = template(helm, *OPTIONS["security-context"], *OPTIONS["migrations"])
     (job,) = by_kind(objects, "Job")
-    annotations = job["metadata"]["annotations"]
-    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    for pod in (operator_deployment(objects)["spec"]["template"]["spec"],
+                job["spec"]["template"]["spec"]):
+        context = pod["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (2000, 2000)
+        assert "fsGroup" not in context  # null drops a default
+        assert context["runAsNonRoot"] is True
+        assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_migrations_run_as_a_hook_with_the_secret(helm: str) -> None:
+    (job,) = by_kind(template(helm, *OPTIONS["migrations"]), "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     migrate = job["spec"]["template"]["spec"]["containers"][0]
     assert migrate["args"] == ["migrate"]
     assert migrate["env"] == [{"name": "JOBPOOL_DSN", "valueFrom": {
         "secretKeyRef": {"name": "jobpool-db", "key": "dsn"}}}]
-    (monitor,) = by_kind(objects, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    (service,) = by_kind(objects, "Service")
-    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "worker"
-    (account,) = by_kind(objects, "ServiceAccount")  # create stays true: made under that name
-    assert account["metadata"]["name"] == "jp-operator"
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "jp-operator"
-
-
-def test_rbac_toggle_removes_every_role(helm: str) -> None:
-    objects = template(helm, "--set", "rbac.create=false")
-    assert not [o for o in objects if o["kind"].endswith(("Role", "RoleBinding"))]
 
 
 def test_migrations_need_a_secret(helm: str) -> None:
@@ -144,6 +162,46 @@ def test_migrations_need_a_secret(helm: str) -> None:
     )
     assert result.returncode != 0
     assert "database.secretName is required" in result.stderr
+
+
+def test_service_account_name(helm: str) -> None:
+    objects = template(helm, "--set", "serviceAccount.name=jp-operator")
+    (account,) = by_kind(objects, "ServiceAccount")  # create stays true: made under that name
+    assert account["metadata"]["name"] == "jp-operator"
+    spec = operator_deployment(objects)["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "jp-operator"
+    bindings = [o for o in objects if o["kind"].endswith("RoleBinding")]
+    assert bindings and all(b["subjects"] == [{"kind": "ServiceAccount", "name": "jp-operator",
+                                               "namespace": RELEASE_NAMESPACE}]
+                            for b in bindings)
+
+
+def test_pod_disruption_budget_selects_the_operator_pods(helm: str) -> None:
+    assert by_kind(template(helm), "PodDisruptionBudget") == []
+    objects = template(helm, *OPTIONS["pdb"])
+    (budget,) = by_kind(objects, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    pod_labels = operator_deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    assert selects(budget["spec"]["selector"], pod_labels)
+
+
+def test_network_policy_admits_health_checks_and_reaches_api_dns_and_database(
+    helm: str,
+) -> None:
+    assert by_kind(template(helm), "NetworkPolicy") == []
+    extra = ["--set", "networkPolicy.extraEgress[0].to[0].ipBlock.cidr=10.9.0.0/16"]
+    objects = template(helm, *OPTIONS["network-policy"], *extra)
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    spec = policy["spec"]
+    pod_labels = operator_deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    assert selects(spec["podSelector"], pod_labels)
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
+    egress_ports = {(p["port"], p["protocol"]) for rule in spec["egress"]
+                    for p in rule.get("ports", [])}
+    assert egress_ports == {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"),
+                            (5432, "TCP")}
+    assert spec["egress"][-1] == {"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}]}
 
 
 def test_dashboards_and_alert_files_ship_when_present(helm: str, tmp_path: Path) -> None:
@@ -162,6 +220,7 @@ def test_dashboards_and_alert_files_ship_when_present(helm: str, tmp_path: Path)
     rules = {r["metadata"]["name"]: r for r in by_kind(objects, "PrometheusRule")}
     assert rules["jp-jobpool-jobs"]["spec"]["groups"][0]["rules"][0]["alert"] == "JobsInDlq"
     assert not any("test" in name for name in rules)
+    assert by_kind(template(helm, *OPTIONS["no-dashboards"]), "ConfigMap") == []
 
 
 def test_monitoring_files_in_deploy_are_copied_into_the_chart() -> None:
@@ -175,46 +234,42 @@ def test_monitoring_files_in_deploy_are_copied_into_the_chart() -> None:
             )
 
 
-def test_crd_copies_are_byte_identical() -> None:
-    source = CRD_COPIES[0].read_bytes()
-    for copy in CRD_COPIES[1:]:
-        assert copy.read_bytes() == source, f"{copy} differs from crds/{CRD_NAME}"
+@pytest.mark.parametrize(("values", "namespace_selector"), [
+    (OPTIONS["pod-monitor"], {"any": True}),
+    (OPTIONS["watched-pod-monitor"], {"matchNames": ["mdm", "billing"]}),
+], ids=["every-namespace", "watched-namespaces"])
+def test_pod_monitor_finds_workers_where_the_pools_run(
+    helm: str, values: list[str], namespace_selector: dict[str, Any]
+) -> None:
+    assert by_kind(template(helm), "PodMonitor") == []
+    objects = template(helm, *values)
+    (monitor,) = by_kind(objects, "PodMonitor")
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == namespace_selector
+    pool = load_pool_file(ROOT / "examples" / "pool.yaml")
+    for lane in pool.lanes:  # every lane's worker pods, as the operator builds them
+        worker = build_pod_template(pool, lane)
+        assert selects(spec["selector"], worker["metadata"]["labels"])
+        (endpoint,) = spec["podMetricsEndpoints"]
+        ports = {port["name"] for port in worker["spec"]["containers"][0]["ports"]}
+        assert endpoint["port"] in ports
+        assert endpoint["path"] == "/metrics"
+    operator_pod = operator_deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    assert not selects(spec["selector"], operator_pod)
 
 
-def test_crd_is_structural_and_declares_status_and_columns() -> None:
-    crd = yaml.safe_load(CRD_COPIES[0].read_text())
-    kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
-    (version,) = crd["spec"]["versions"]
-    assert crd["spec"]["names"]["shortNames"] == ["jwp"]
-    assert crd["spec"]["scope"] == "Namespaced"
-    assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:5] == ["Ready", "Lanes", "Replicas", "Ready-Jobs", "Running"]
-    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    for field in ("observedGeneration", "lanes", "conditions"):
-        assert field in status
-    assert _every_node_typed(version["schema"]["openAPIV3Schema"])
-
-
-def _every_node_typed(schema: Any) -> bool:
-    """Structural: every schema node has a type (or is int-or-string / preserves unknowns)."""
-    if not isinstance(schema, dict):
-        return True
-    if "type" not in schema and not schema.get("x-kubernetes-int-or-string") and not schema.get(
-        "x-kubernetes-preserve-unknown-fields"
-    ):
-        return False
-    children = list((schema.get("properties") or {}).values())
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            children.append(schema[key])
-    return all(_every_node_typed(child) for child in children)
-
-
-def test_example_pool_is_valid_against_the_crd_schema() -> None:
-    crd = yaml.safe_load(CRD_COPIES[0].read_text())
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    example = yaml.safe_load((ROOT / "examples" / "pool.yaml").read_text())
-    jsonschema.Draft4Validator(schema).validate(example)
-    assert example["kind"] == crd["spec"]["names"]["kind"]
-    assert example["apiVersion"] == f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
+def test_the_standby_example_of_the_chart_readme_renders(helm: str, tmp_path: Path) -> None:
+    readme = (CHART / "README.md").read_text()
+    section = readme.split("## High availability", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    values = tmp_path / "standby.yaml"
+    values.write_text(example)
+    objects = template(helm, "-f", str(values))
+    deployment = operator_deployment(objects)
+    assert deployment["spec"]["replicas"] == 2
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert selects(spread["labelSelector"], deployment["spec"]["template"]["metadata"]["labels"])
+    assert len(by_kind(objects, "PodDisruptionBudget")) == 1
+    for obj in objects:
+        if obj["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

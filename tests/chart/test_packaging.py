@@ -30,17 +30,17 @@ def test_dockerignore_sends_only_the_package() -> None:
     assert "*" in lines and "!operator/" in lines and "!pyproject.toml" in lines
 
 
-def test_skaffold_builds_the_image_applies_crds_first_and_deploys_the_chart() -> None:
+def test_skaffold_builds_the_image_and_deploys_the_chart_with_its_crd() -> None:
     config = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
     assert config["apiVersion"].startswith("skaffold/v4")
     (artifact,) = config["build"]["artifacts"]
     assert artifact["image"] == "jobpool"
     assert (ROOT / artifact["docker"]["dockerfile"]).is_file()
     helm = config["deploy"]["helm"]
-    command = helm["hooks"]["before"][0]["host"]["command"]
-    assert command[:2] == ["kubectl", "apply"] and command[-1] == "crds/"
+    assert "hooks" not in helm  # the chart installs and upgrades the CRD itself
     (release,) = helm["releases"]
     assert (ROOT / release["chartPath"] / "Chart.yaml").is_file()
+    assert "crds.install" not in release.get("setValues", {})
     assert release["setValueTemplates"]["image.repository"] == "{{.IMAGE_REPO_jobpool}}"
     ports = {forward["port"] for forward in config["portForward"]}
     assert 9108 in ports

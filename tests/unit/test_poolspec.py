@@ -171,7 +171,7 @@ TWO_LANES = pool({"name": "default"}, {"name": "bulk", "kinds": ["bulk_import"]}
         ("spec.lanes.1.workersPerPod", 0, "spec.lanes[1].workersPerPod: 0 is less than"),
         ("spec.lanes.1.autoscaling", {"mode": "hpa"}, "spec.lanes[1].autoscaling.mode: 'hpa'"),
         ("spec.lanes.1.autoscaling", {"targetUtilization": 0},
-         "spec.lanes[1].autoscaling.targetUtilization: 0 is less than or equal to the minimum"),
+         "spec.lanes[1].autoscaling.targetUtilization: 0 is less than the minimum of 0.01"),
         ("spec.lanes.1.surprise", 1, "spec.lanes[1]: Additional properties are not allowed"),
         ("spec.image", _DELETE, "spec: 'image' is a required property"),
         ("spec.database", {}, "spec.database: 'secretName' is a required property"),

@@ -45,23 +45,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* Restricted container security context. */}}
-{{- define "jobpool.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
+{{/* Namespaces where the operator reads Secrets, as a JSON list; empty: every namespace. */}}
+{{- define "jobpool.secretNamespaces" -}}
+{{- $watched := .Values.operator.watchNamespaces -}}
+{{- $chosen := .Values.rbac.secretNamespaces -}}
+{{- if and $watched $chosen -}}
+{{- range $chosen -}}
+{{- if not (has . $watched) -}}
+{{- fail (printf "rbac.secretNamespaces: %s is not in operator.watchNamespaces" .) -}}
 {{- end -}}
-
-{{/* Restricted pod security context. */}}
-{{- define "jobpool.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-fsGroup: 10001
-seccompProfile:
-  type: RuntimeDefault
+{{- end -}}
+{{- end -}}
+{{- toJson (default $watched $chosen) -}}
 {{- end -}}

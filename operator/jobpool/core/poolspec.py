@@ -64,7 +64,7 @@ class Autoscaling:
 
     mode: `operator` (the operator scales), `keda` (a KEDA ScaledObject scales), `none`
     (fixed at min_replicas). target_utilization: share of slots ready+running jobs should
-    fill, in (0, 1]. scale_down_stabilization: seconds demand must stay lower before a
+    fill, in [0.01, 1]. scale_down_stabilization: seconds demand must stay lower before a
     scale-down. scale_down_max_step: replicas removed at most per scaling period.
     """
 
