@@ -6,7 +6,7 @@ namespace (the Lease), "pools" every namespace it watches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from k8s_emulator import Attributes, User
@@ -26,16 +26,6 @@ KEDA_NEEDS: tuple[Need, ...] = tuple(
     ("keda.sh", resource, ("get", "list", "create", "patch", "delete"), "pools")
     for resource in ("scaledobjects", "triggerauthentications")
 )
-GRANTED_ELSEWHERE: tuple[Need, ...] = (
-    ("coordination.k8s.io", "leases", ("get", "create", "update"), "release"),
-    ("apps", "deployments/scale", ("patch",), "pools"),
-    ("jobs.mdm.io", "jobworkerpools/finalizers", ("update",), "pools"),
-    *KEDA_NEEDS[1:],
-)
-"""Access the rendered chart of this tree does not grant yet; `with_operator_access` adds
-it for the operator tests. Empty once the chart grants everything in OPERATOR_NEEDS."""
-
-
 def refused(user: User, needs: Iterable[Need], release: str, pools: str) -> list[str]:
     """Every (verb resource in namespace) of `needs` that `user` may not do."""
     missing = []
@@ -47,30 +37,6 @@ def refused(user: User, needs: Iterable[Need], release: str, pools: str) -> list
             if not user.may(request):
                 missing.append(f"{verb} {resource}.{group or 'core'} in {namespace}")
     return missing
-
-
-def with_operator_access(
-    objects: Sequence[Mapping[str, Any]], keda: bool
-) -> list[dict[str, Any]]:
-    """`objects` plus a ClusterRole and binding for GRANTED_ELSEWHERE (for the chart's
-    ServiceAccount), only what `keda` asks for."""
-    (account,) = [obj for obj in objects if obj["kind"] == "ServiceAccount"]
-    meta = account["metadata"]
-    rules = [{"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
-             for group, resource, verbs, _ in GRANTED_ELSEWHERE
-             if keda or group != "keda.sh"]
-    if not rules:
-        return [dict(obj) for obj in objects]
-    return [dict(obj) for obj in objects] + [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "operator-extra"}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "operator-extra"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "operator-extra"},
-         "subjects": [{"kind": "ServiceAccount", "name": meta["name"],
-                       "namespace": meta["namespace"]}]},
-    ]
 
 
 def rbac_objects(

@@ -105,9 +105,11 @@ async def test_subresources_are_granted_by_name(connect: Connect) -> None:
     operator = connect("operator")
     pool = "/apis/jobs.mdm.io/v1alpha1/namespaces/mdm/jobworkerpools/p"
     assert (await refusal(operator, "PATCH", f"{pool}/status")).status == 404  # granted
-    error = await refusal(operator, "PATCH", "/apis/apps/v1/namespaces/mdm/deployments/d/scale")
+    assert (await refusal(operator, "PATCH",
+                          "/apis/apps/v1/namespaces/mdm/deployments/d/scale")).status == 404
+    error = await refusal(operator, "PATCH", "/apis/apps/v1/namespaces/mdm/deployments/d/status")
     assert error.status == 403
-    assert 'cannot patch resource "deployments/scale"' in error.message
+    assert 'cannot patch resource "deployments/status"' in error.message
 
 
 async def test_create_of_a_taken_name_is_already_exists(connect: Connect) -> None:

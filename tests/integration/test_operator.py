@@ -36,7 +36,7 @@ from k8s_emulator import (
     service_account,
     write_kubeconfig,
 )
-from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects, with_operator_access
+from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects
 
 from jobpool.db.scaling import count_lane_jobs_at
 from jobpool.k8s.handlers import CountJobs, OperatorConfig, run_operator
@@ -72,8 +72,7 @@ class Cluster:
 @functools.cache
 def chart_objects(helm: str, *values: str) -> tuple[dict[str, Any], ...]:
     """The chart rendered with `values` (e.g. "--set", "rbac.keda=true")."""
-    keda = "rbac.keda=true" in values
-    return tuple(with_operator_access(render_chart(helm, *values), keda))
+    return tuple(render_chart(helm, *values))
 
 
 def operator_account(objects: Sequence[dict[str, Any]]) -> User:
