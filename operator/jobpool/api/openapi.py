@@ -268,7 +268,8 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _ok("the principal", _PRINCIPAL), **_COMMON_ERRORS}}},
             "/v1/overview": {"get": {
                 "operationId": "overview",
-                "summary": "unfinished jobs per tenant, kind and status with the ready "
+                "summary": "pending, running and DLQ jobs per tenant, kind and status with "
+                           "the ready "
                            "backlog's age, the pool's lanes, rate-limited (tenant, kind) pairs",
                 "responses": {"200": _ok("the overview", _OVERVIEW), **_COMMON_ERRORS}}},
             "/v1/stats": {"get": {

@@ -24,8 +24,8 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
                           lanes: Sequence[Mapping[str, Any]]) -> Row:
     """The overview document of /v1/overview for a token scoped to `tenants` (None: all).
 
-    Reads unfinished jobs only (`pending`, `running`, `dlq`, `failed`), never the `done`
-    ones, so its cost follows the live queue, not the retained history.
+    Reads live jobs only (`pending`, `running`, `dlq`, each through its partial index), never
+    the `done` or stopped ones, so its cost follows the live queue, not the retained history.
     """
     keys = None if tenants is None else list(tenants)
     now = (await fetch_one(conn, "database_now") or {})["now"]

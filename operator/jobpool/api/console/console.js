@@ -212,7 +212,7 @@
       const key = `${c.tenant}\u0000${c.kind}`;
       if (!pairs.has(key)) {
         pairs.set(key, {tenant: c.tenant, kind: c.kind, pending: 0, ready: 0, age: 0,
-                        running: 0, dlq: 0, failed: 0});
+                        running: 0, dlq: 0});
       }
       const p = pairs.get(key);
       p[c.status] = c.jobs;
@@ -226,14 +226,13 @@
            String(p.dlq))
       : "0";
     fill("overview-counts", table(
-      ["Tenant", "Kind", "Pending", "Ready", "Oldest ready", "Running", "DLQ", "Stopped"],
+      ["Tenant", "Kind", "Pending", "Ready", "Oldest ready", "Running", "DLQ"],
       [...pairs.values()].map((p) => el("tr", {},
         el("td", {}, p.tenant), el("td", {}, p.kind), el("td", {className: "num"}, p.pending),
         el("td", {className: "num"}, p.ready),
         el("td", {className: p.age > 300 ? "num warn" : "num"}, p.ready ? duration(p.age) : ""),
-        el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)),
-        el("td", {className: "num"}, p.failed))),
-      "No unfinished jobs."));
+        el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)))),
+      "No pending, running or DLQ jobs."));
     fill("overview-lanes", table(
       ["Lane", "Kinds", "Tenants", "Workers per pod", "Replicas", "Scaling"],
       data.lanes.map((lane) => el("tr", {},
