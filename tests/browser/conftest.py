@@ -150,10 +150,12 @@ def console(dsn: str, seeded: Seeded) -> Iterator[str]:
         process.wait(30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(template_db: str) -> Iterator[Any]:
-    """The browser, once per session; after the template database, which asyncio.run makes
-    (Playwright's event loop would be running in this thread by then)."""
+    """The browser, once per module: Playwright's synchronous API runs an event loop in this
+    thread while it is open, which would stop later tests from starting theirs (so it is
+    closed with the module, and opened after the template database, which asyncio.run
+    makes)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (or set "
                     "JOBPOOL_CHROMIUM)")
