@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from integration.test_api import KIND, Client, Conn, api, audit, job_row, seed, token
+from integration.test_api import (
+    AUDIENCE,
+    KIND,
+    SECRET,
+    Client,
+    Conn,
+    api,
+    audit,
+    job_row,
+    seed,
+    token,
+)
 from jobpool.api.app import SECURITY_HEADERS
+from jobpool.api.cli import lane_summaries
+from jobpool.cli import main
+from jobpool.core.poolspec import load_pool_file
 
 __all__ = ["api"]  # the fixture, used by name below
 
 ACME = token(sub="admin@acme", tenants=["acme"])
 GLOBEX = token(sub="admin@globex", tenants=["globex"])
 PLATFORM = token(sub="oncall@platform", tenants="*")
+EXAMPLE_POOL = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
 
 
 @pytest.fixture
@@ -169,3 +185,23 @@ async def test_the_console_is_served_without_a_token_under_a_strict_policy(api: 
         status, _, response = await api.call("GET", path)
         assert status in (401, 403, 404), path
         assert response.headers["Content-Security-Policy"]
+
+
+def test_jobpool_api_with_an_unreadable_pool_file_exits_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("JOBPOOL_API_JWT_SECRET", SECRET)
+    monkeypatch.setenv("JOBPOOL_API_JWT_AUDIENCE", AUDIENCE)
+    bad = tmp_path / "pool.yaml"
+    bad.write_text("kind: JobWorkerPool\nspec: {lanes: 3}\n")
+    for path in (tmp_path / "missing.yaml", bad):
+        assert main(["api", "--pool", str(path), "--dsn", "postgresql://unused@127.0.0.1:1/x"]) == 2
+        assert f"jobpool: error: {path}: " in capsys.readouterr().err
+
+
+def test_the_lanes_of_a_pool_file_are_what_the_overview_shows() -> None:
+    lanes = {lane["name"]: lane for lane in lane_summaries(load_pool_file(EXAMPLE_POOL))}
+    assert lanes["bulk"]["kinds"] == ["bulk_import", "reindex"]
+    assert lanes["acme"]["tenants"] == ["acme"]
+    assert lanes["default"]["kinds"] is None and "reindex" in lanes["default"]["exclude_kinds"]
+    assert lanes["heavy"]["kinds"] == ["gin_backfill", "index_sync"]

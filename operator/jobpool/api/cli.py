@@ -67,13 +67,20 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _load_pool(path: str) -> PoolSpec:
-    """The pool file's plan; reading it needs PyYAML and jsonschema (the worker extra)."""
+    """The pool file's plan; reading it needs PyYAML and jsonschema (the worker extra).
+
+    Raises ValueError naming the file and the problem.
+    """
     try:
         from jobpool.core.poolspec import load_pool_file
     except ImportError as exc:
         raise ValueError(f"--pool needs PyYAML and jsonschema: pip install 'jobpool[worker]' "
                          f"(missing: {exc.name})") from None
-    return load_pool_file(path)
+    try:
+        return load_pool_file(path)
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith(path) else f"{path}: {message}") from None
 
 
 def lane_summaries(spec: PoolSpec) -> list[dict[str, Any]]:
