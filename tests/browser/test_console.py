@@ -65,7 +65,7 @@ def test_sign_in_replay_a_dlq_job_and_see_its_audit_row(
     dialog = page.locator("#confirm")
     expect(dialog).to_be_visible()
     expect(page.locator("#confirm-text")).to_contain_text(
-        f"Replay job #{bounced}? Each goes back to pending with attempts 0")
+        f"Replay job #{bounced}? It goes back to pending with attempts 0")
     screenshot(page, "confirm")
     page.click("#confirm-ok")
     expect(page.locator("#flash")).to_have_text(f"Replayed job #{bounced}.")

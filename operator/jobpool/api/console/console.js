@@ -41,7 +41,8 @@
       body = null;
     }
     if (!response.ok) {
-      const detail = body && body.detail ? body.detail : `${response.status} ${response.statusText}`;
+      const detail = body && body.detail
+        ? body.detail : `${response.status} ${response.statusText}`;
       if (response.status === 401 && principal) signedOut(`Signed out: ${detail}`);
       throw new ApiError(response.status, detail);
     }
@@ -238,7 +239,8 @@
       data.lanes.map((lane) => el("tr", {},
         el("td", {}, lane.name),
         el("td", {}, lane.kinds === null
-          ? `every other kind${lane.exclude_kinds.length ? ` (not ${lane.exclude_kinds.join(", ")})` : ""}`
+          ? `every other kind${lane.exclude_kinds.length
+            ? ` (not ${lane.exclude_kinds.join(", ")})` : ""}`
           : lane.kinds.join(", ")),
         el("td", {}, lane.tenants.length ? lane.tenants.join(", ") : "all"),
         el("td", {className: "num"}, lane.workers_per_pod ?? ""),
@@ -330,26 +332,34 @@
   }
 
   function jobList(ids) {
-    return ids.length === 1 ? `job #${ids[0]}` : `${ids.length} jobs (${ids.map((id) => `#${id}`).join(", ")})`;
+    if (ids.length === 1) return `job #${ids[0]}`;
+    return `${ids.length} jobs (${ids.map((id) => `#${id}`).join(", ")})`;
+  }
+
+  function each(ids) {
+    return ids.length === 1 ? "It" : "Each";
   }
 
   function askReplay(ids, after) {
-    confirm(`Replay ${jobList(ids)}? Each goes back to pending with attempts 0 and runs again ` +
-            `when a worker is free. The audit log records the replay as ${principal.sub}.`,
-            "Replay", () => runAll(ids, "POST", (id) => `/v1/jobs/${id}/replay`, "Replayed", after));
+    askConfirmation(
+      `Replay ${jobList(ids)}? ${each(ids)} goes back to pending with attempts 0 and runs ` +
+      `again when a worker is free. The audit log records the replay as ${principal.sub}.`,
+      "Replay", () => runAll(ids, "POST", (id) => `/v1/jobs/${id}/replay`, "Replayed", after));
   }
 
   function askDiscard(ids, after) {
-    confirm(`Discard ${jobList(ids)}? Each is deleted for good; the audit log keeps a ` +
-            `snapshot of it and records the discard as ${principal.sub}.`,
-            "Discard", () => runAll(ids, "DELETE", (id) => `/v1/jobs/${id}`, "Discarded", after));
+    askConfirmation(
+      `Discard ${jobList(ids)}? ${each(ids)} is deleted for good; the audit log keeps a ` +
+      `snapshot of it and records the discard as ${principal.sub}.`,
+      "Discard", () => runAll(ids, "DELETE", (id) => `/v1/jobs/${id}`, "Discarded", after));
   }
 
   function askStop(id) {
-    confirm(`Stop job #${id}? It is flagged failed and no worker runs it again; a worker ` +
-            `running it now loses its claim and its writes are rolled back. The audit log ` +
-            `records the stop as ${principal.sub}.`,
-            "Stop", () => runAll([id], "POST", (j) => `/v1/jobs/${j}/stop`, "Stopped"));
+    askConfirmation(
+      `Stop job #${id}? It is flagged failed and no worker runs it again; a worker running ` +
+      `it now loses its claim and its writes are rolled back. The audit log records the ` +
+      `stop as ${principal.sub}.`,
+      "Stop", () => runAll([id], "POST", (j) => `/v1/jobs/${j}/stop`, "Stopped"));
   }
 
   async function runAll(ids, method, path, done, after) {
@@ -373,7 +383,7 @@
 
   // -- confirmation -------------------------------------------------------------------------
 
-  function confirm(text, verb, action) {
+  function askConfirmation(text, verb, action) {
     $("confirm-text").textContent = text;
     $("confirm-ok").textContent = verb;
     $("confirm-ok").className = verb === "Replay" ? "" : "danger";
