@@ -202,8 +202,9 @@ async def list_dlq(request: web.Request) -> web.Response:
     tenant = _query_tenant(request)
     scope = _tenants(request)
     async with request.app[POOL].connection() as conn:
-        tenant_id = (await admin.resolve_tenant(conn, tenant, tenants=scope))["id"] \
-            if tenant else None
+        tenant_id = None
+        if tenant:
+            tenant_id = (await admin.resolve_tenant(conn, tenant, tenants=scope))["id"]
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=kind, after=after,
                                     limit=limit, tenants=scope)
     return ok({"items": rows, "next_after": rows[-1]["id"] if len(rows) == limit else None})
