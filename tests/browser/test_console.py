@@ -206,3 +206,25 @@ def test_the_overview_refreshes_by_itself(page: Any, console: str, dsn: str,
     page.click("#sign-out")
     expect(page.locator("#login")).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('jobpool.token')") is None
+
+
+def test_the_dlq_pages_by_keyset(page: Any, console: str, dsn: str, seeded: Seeded) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, status, attempts, "
+            "max_attempts, completed_at, last_error) SELECT %s, 'email_send', "
+            "jsonb_build_object('n', g), 'dlq', 3, 3, now(), 'bounce ' || g "
+            "FROM generate_series(1, 50) g", (seeded.tenants["acme"],))
+    sign_in(page, console, token())
+    page.goto(f"{console}#/dlq")
+    rows = page.locator("#dlq-table tbody tr")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#dlq-first")).to_be_hidden()
+    first_page = rows.locator("td:nth-child(2)").all_text_contents()
+    page.click("#dlq-next")
+    expect(rows).to_have_count(3)  # 53 DLQ jobs in all
+    expect(page.locator("#dlq-next")).to_be_hidden()
+    second_page = rows.locator("td:nth-child(2)").all_text_contents()
+    assert not set(first_page) & set(second_page)
+    page.click("#dlq-first")
+    expect(rows).to_have_count(50)
