@@ -2,14 +2,21 @@
 
 Each takes a connection with dict rows and runs in the caller's transaction; each change
 writes its audit row with `actor` as `actor_principal_id`.
+
+`tenants` restricts a call to the jobs of those tenant keys (an admin token scoped to some
+tenants); None means every tenant (the CLI, a platform-wide token). A job of another tenant
+is reported as not found, so that ids of other tenants' jobs do not leak. Audit rows record
+the scope as `tenant_scope` in their payload: `"*"` or the list of keys.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 
 from jobpool.core.tenants import tenant_id_of, tenant_ref
 from jobpool.db.store import fetch_all, fetch_one
@@ -28,74 +35,98 @@ DEFAULT_PAGE = 100
 """DLQ rows listed when no limit is given."""
 
 
-async def get_job(conn: AsyncConnection[Any], job_id: int) -> Row:
-    """Every column of job `job_id` plus `tenant_key`; raises JobNotFoundError."""
-    row = await fetch_one(conn, "get_job", {"id": job_id})
+Tenants = Sequence[str] | None
+"""Tenant keys a call may touch; None: every tenant."""
+
+
+def _scope(tenants: Tenants) -> Jsonb:
+    return Jsonb("*" if tenants is None else sorted(tenants))
+
+
+def _keys(tenants: Tenants) -> list[str] | None:
+    return None if tenants is None else list(tenants)
+
+
+async def get_job(conn: AsyncConnection[Any], job_id: int, *, tenants: Tenants = None) -> Row:
+    """Every column of job `job_id` plus `tenant_key`; raises JobNotFoundError (also for a
+    job of a tenant outside `tenants`)."""
+    row = await fetch_one(conn, "get_job", {"id": job_id, "tenants": _keys(tenants)})
     if row is None:
         raise JobNotFoundError(job_id)
     return row
 
 
-async def _refuse(conn: AsyncConnection[Any], job_id: int, action: str, allowed: str) -> None:
-    status = (await get_job(conn, job_id))["status"]
+async def _refuse(conn: AsyncConnection[Any], job_id: int, action: str, allowed: str,
+                  tenants: Tenants) -> None:
+    status = (await get_job(conn, job_id, tenants=tenants))["status"]
     raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}")
 
 
-async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,
+                 tenants: Tenants = None) -> None:
     """DLQ → pending with attempts 0 and the claim cleared; audit `job_replay`.
 
     Raises JobNotFoundError, or JobStateError (changing nothing) unless the job is in the DLQ.
     """
-    if await fetch_one(conn, "replay_job", {"id": job_id, "actor": actor}) is None:
-        await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed")
+    params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
+    if await fetch_one(conn, "replay_job", params) is None:
+        await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed", tenants)
 
 
-async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str,
+                  tenants: Tenants = None) -> None:
     """Delete a DLQ or stopped (`failed`) job; audit `job_discard` with a snapshot of the row.
 
     Raises JobNotFoundError, or JobStateError (changing nothing) for any other status: stop a
     pending or running job first.
     """
-    if await fetch_one(conn, "discard_job", {"id": job_id, "actor": actor}) is None:
+    params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
+    if await fetch_one(conn, "discard_job", params) is None:
         await _refuse(conn, job_id, "discard",
-                      "only dlq or stopped (failed) jobs can be discarded; stop it first")
+                      "only dlq or stopped (failed) jobs can be discarded; stop it first",
+                      tenants)
 
 
-async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str) -> None:
+async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
+               tenants: Tenants = None) -> None:
     """Set the manual stop flag `failed` (pending, running or dlq jobs); audit `job_stop`.
 
     A worker still running the job then loses its claim and changes nothing.
     Raises JobNotFoundError, or JobStateError for a done or already stopped job.
     """
-    if await fetch_one(conn, "stop_job", {"id": job_id, "actor": actor}) is None:
-        await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped")
+    params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
+    if await fetch_one(conn, "stop_job", params) is None:
+        await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped",
+                      tenants)
 
 
 async def list_dlq(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | None = None, kind: str | None = None,
-    after: int = 0, limit: int = DEFAULT_PAGE,
+    after: int = 0, limit: int = DEFAULT_PAGE, tenants: Tenants = None,
 ) -> list[Row]:
     """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`."""
     return await fetch_all(conn, "list_dlq", {
         "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
+        "tenants": _keys(tenants),
     })
 
 
-async def job_counts(conn: AsyncConnection[Any]) -> list[Row]:
+async def job_counts(conn: AsyncConnection[Any], *, tenants: Tenants = None) -> list[Row]:
     """Counts per (tenant_key, tenant_id, job_kind, status)."""
-    return await fetch_all(conn, "job_counts")
+    return await fetch_all(conn, "job_counts", {"tenants": _keys(tenants)})
 
 
-async def resolve_tenant(conn: AsyncConnection[Any], ref: str) -> Row:
+async def resolve_tenant(conn: AsyncConnection[Any], ref: str, *,
+                         tenants: Tenants = None) -> Row:
     """`{"id", "key"}` of the tenant whose key or id (a uuid, in any case) is `ref`.
 
     Raises ValueError for a `ref` that is neither a key nor a uuid, UnknownTenantError for
-    one that names no tenant.
+    one that names no tenant or one outside `tenants`.
     """
     canonical = tenant_ref(ref)
     tenant_id = tenant_id_of(canonical)
     row = await fetch_one(conn, "resolve_tenant", {
         "key": canonical if tenant_id is None else None, "id": tenant_id})
-    if row is None:
+    if row is None or (tenants is not None and row["key"] not in tenants):
         raise UnknownTenantError(ref)
     return row

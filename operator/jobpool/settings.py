@@ -245,6 +245,9 @@ class Settings:
         "JWKS file, or inline PEM", "--jwt-public-key")
     api_jwt_audience: str | None = _setting(
         None, Text(), "the aud every admin API token must carry (required)", "--jwt-audience")
+    api_pool: str | None = _setting(
+        None, Text(), "a JobWorkerPool file whose lanes the console's overview shows (unset: "
+        "no lanes shown)", "--pool")
     # `jobpool operator`
     operator_namespaces: tuple[str, ...] = _setting(
         (), Names(), "namespaces the operator watches, comma-separated (the flag is "

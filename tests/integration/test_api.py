@@ -51,9 +51,11 @@ async def never_runs(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
 def token(*, sub: str = "alice", permissions: Any = ("manage_metadata",),
           expires_in: float = 86_400,  # tokens are made at collection: outlive a slow suite
           key: Any = SECRET, algorithm: str = "HS256", audience: str = AUDIENCE,
-          headers: dict[str, Any] | None = None) -> str:
+          headers: dict[str, Any] | None = None, tenants: Any = "*") -> str:
     claims = {"sub": sub, "aud": audience, "exp": int(time.time() + expires_in),
               "permissions": list(permissions)}
+    if tenants is not None:
+        claims["tenants"] = tenants
     return jwt.encode(claims, key, algorithm=algorithm, headers=headers)
 
 
@@ -426,7 +428,7 @@ def test_es256_tokens_verify_with_a_jwks_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig"}]}))
     checker = load_verifier(secret=None, public_key=str(path), audience=AUDIENCE)
     good = token(key=key, algorithm="ES256", headers={"kid": "k1"}, sub="dave")
-    assert checker.principal(f"Bearer {good}") == "dave"
+    assert checker.principal(f"Bearer {good}").subject == "dave"
     other_kid = token(key=key, algorithm="ES256", headers={"kid": "k2"})
     with pytest.raises(Exception, match="with kid 'k2'"):
         checker.principal(f"Bearer {other_kid}")
@@ -534,4 +536,4 @@ def test_schemathesis_finds_no_error_against_the_live_server(dsn: str, tmp_path:
              "-H", f"Authorization: Bearer {token(expires_in=3600)}"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert "6 selected / 6 total" in run.stdout
+    assert "9 selected / 9 total" in run.stdout

@@ -1,7 +1,14 @@
-"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin`.
+"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin`, and the console.
 
-Every /v1 route needs a Bearer token with `manage_metadata` (`jobpool.api.auth`). Errors are
-`application/problem+json` (RFC 9457) naming the problem; bad input is a 4xx, never a 500.
+Every /v1 route needs a Bearer token with `manage_metadata` (`jobpool.api.auth`) and acts
+only on the tenants of the token's `tenants` claim: another tenant's job is a 404, as if it
+did not exist, so that ids do not leak. Errors are `application/problem+json` (RFC 9457)
+naming the problem; bad input is a 4xx, never a 500.
+
+The operations console (`/console/`, static files from `api/console/`) is a page that calls
+this same API with the same token; its files hold no data, so they need no token. Every
+response carries a Content-Security-Policy that allows scripts, styles and requests from
+this server only, and no inline script or style.
 """
 
 from __future__ import annotations
@@ -10,10 +17,11 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,8 +30,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpool import admin
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
-from jobpool.api.auth import AuthError, TokenVerifier
+from jobpool.api.auth import AuthError, Principal, TokenVerifier
 from jobpool.api.openapi import KIND_NAME, document
+from jobpool.api.overview import gather_overview, job_history
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
@@ -31,13 +40,29 @@ log = logging.getLogger("jobpool.api")
 
 MAX_BODY = 64 * 1024
 """Bytes; no endpoint takes a body, so anything larger is refused with 413."""
-PUBLIC_PATHS = frozenset({"/openapi.json", "/healthz"})
+PUBLIC_PATHS = frozenset({"/", "/console", "/openapi.json", "/healthz"})
+CONSOLE_PATH = "/console/"
+"""Where the console is served; its static files need no token (the API calls do)."""
+CONSOLE_FILES = Path(__file__).with_name("console")
 PROBLEM_TYPE = "application/problem+json"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+"""On every response: the console runs only this server's files (no inline script or style,
+nothing from elsewhere), so injected markup cannot run, and no page may frame it."""
 
 POOL = web.AppKey("pool", AsyncConnectionPool)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
-ACTOR = web.RequestKey("actor", str)
-"""The token's subject: the audit actor of the request's changes."""
+LANES: web.AppKey[tuple[Mapping[str, Any], ...]] = web.AppKey("lanes")
+"""The lanes of the pool file given to `jobpool api --pool` (plain dicts), or ()."""
+PRINCIPAL = web.RequestKey("principal", Principal)
+"""The token's subject (the audit actor of the request's changes) and tenant scope."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,14 +128,19 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Require a valid token with manage_metadata on every non-public path; refuse big bodies
     and bodies that cannot be decoded (a bad Content-Encoding)."""
-    if request.path not in PUBLIC_PATHS:
-        request[ACTOR] = request.app[VERIFIER].principal(request.headers.get("Authorization"))
+    if request.path not in PUBLIC_PATHS and not request.path.startswith(CONSOLE_PATH):
+        request[PRINCIPAL] = request.app[VERIFIER].principal(
+            request.headers.get("Authorization"))
     if request.body_exists:
         try:
             await request.read()  # raises 413 beyond client_max_size
         except web.RequestPayloadError as exc:
             raise BadRequest(f"the request body cannot be read: {_first_line(exc)}") from None
     return await handler(request)
+
+
+async def _security_headers(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
 
 
 def _first_line(exc: Exception) -> str:
@@ -159,16 +189,24 @@ def _query_tenant(request: web.Request) -> str | None:
 # -- handlers ------------------------------------------------------------------------------
 
 
+def _tenants(request: web.Request) -> tuple[str, ...] | None:
+    """The tenant keys the request's token may act for; None: every tenant."""
+    return request[PRINCIPAL].tenants
+
+
 async def list_dlq(request: web.Request) -> web.Response:
-    """GET /v1/dlq?tenant&kind&after&limit."""
+    """GET /v1/dlq?tenant&kind&after&limit (a tenant outside the token's scope is a 404)."""
     after = _query_int(request, "after", 0, 0, MAX_JOB_ID)
     limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
     kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
     tenant = _query_tenant(request)
+    scope = _tenants(request)
     async with request.app[POOL].connection() as conn:
-        tenant_id = (await admin.resolve_tenant(conn, tenant))["id"] if tenant else None
+        tenant_id = None
+        if tenant:
+            tenant_id = (await admin.resolve_tenant(conn, tenant, tenants=scope))["id"]
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=kind, after=after,
-                                    limit=limit)
+                                    limit=limit, tenants=scope)
     return ok({"items": rows, "next_after": rows[-1]["id"] if len(rows) == limit else None})
 
 
@@ -176,17 +214,30 @@ async def get_job(request: web.Request) -> web.Response:
     """GET /v1/jobs/{id}."""
     ident = job_id(request)
     async with request.app[POOL].connection() as conn:
-        return ok(await admin.get_job(conn, ident))
+        return ok(await admin.get_job(conn, ident, tenants=_tenants(request)))
+
+
+async def get_job_history(request: web.Request) -> web.Response:
+    """GET /v1/jobs/{id}/history: the job's audit rows, also after a discard; 404 when the
+    token may see none."""
+    ident = job_id(request)
+    async with request.app[POOL].connection() as conn:
+        rows = await job_history(conn, ident, tenants=_tenants(request))
+    if not rows:
+        raise JobNotFoundError(ident)
+    return ok({"items": rows})
 
 
 def _action(action: Callable[..., Awaitable[None]]) -> Handler:
-    """A POST handler: run `action` as the token's subject, answer with the job after it."""
+    """A POST handler: run `action` as the token's subject within its tenant scope, answer
+    with the job after it."""
 
     async def handle(request: web.Request) -> web.Response:
         ident = job_id(request)
+        principal = request[PRINCIPAL]
         async with request.app[POOL].connection() as conn:
-            await action(conn, ident, actor=request[ACTOR])
-            return ok(await admin.get_job(conn, ident))
+            await action(conn, ident, actor=principal.subject, tenants=principal.tenants)
+            return ok(await admin.get_job(conn, ident, tenants=principal.tenants))
 
     return handle
 
@@ -194,15 +245,29 @@ def _action(action: Callable[..., Awaitable[None]]) -> Handler:
 async def discard_job(request: web.Request) -> web.Response:
     """DELETE /v1/jobs/{id}: 204, or 409 for a running job."""
     ident = job_id(request)
+    principal = request[PRINCIPAL]
     async with request.app[POOL].connection() as conn:
-        await admin.discard(conn, ident, actor=request[ACTOR])
+        await admin.discard(conn, ident, actor=principal.subject, tenants=principal.tenants)
     return web.Response(status=204)
+
+
+async def overview(request: web.Request) -> web.Response:
+    """GET /v1/overview: live counts with the ready backlog's age, lanes, rate-limited pairs."""
+    lanes = request.app[LANES]
+    async with request.app[POOL].connection() as conn:
+        return ok(await gather_overview(conn, tenants=_tenants(request), lanes=lanes))
+
+
+async def whoami(request: web.Request) -> web.Response:
+    """GET /v1/me: the token's subject and tenant scope (the console's sign-in check)."""
+    principal = request[PRINCIPAL]
+    return ok({"sub": principal.subject, "tenants": principal.scope})
 
 
 async def stats(request: web.Request) -> web.Response:
     """GET /v1/stats: counts per (tenant, kind, status) and totals per status."""
     async with request.app[POOL].connection() as conn:
-        rows = await admin.job_counts(conn)
+        rows = await admin.job_counts(conn, tenants=_tenants(request))
     counts = [{"tenant": r["tenant_key"], "tenant_id": r["tenant_id"], "kind": r["job_kind"],
                "status": r["status"], "jobs": int(r["jobs"])} for r in rows]
     totals: dict[str, int] = {}
@@ -221,18 +286,41 @@ async def healthz(_: web.Request) -> web.Response:
     return ok({"status": "ok"})
 
 
-def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier) -> web.Application:
-    """The admin API on `pool` (opened by the caller; dict rows), verifying with `verifier`."""
+async def console_page(_: web.Request) -> web.FileResponse:
+    """GET /console/: the console's page (its scripts then call the API with a token)."""
+    return web.FileResponse(CONSOLE_FILES / "index.html",
+                            headers={"Cache-Control": "no-cache"})
+
+
+async def to_console(_: web.Request) -> web.Response:
+    """GET / and /console: to the console."""
+    raise web.HTTPFound(CONSOLE_PATH)
+
+
+def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier,
+              lanes: Sequence[Mapping[str, Any]] = ()) -> web.Application:
+    """The admin API and console on `pool` (opened by the caller; dict rows), verifying with
+    `verifier`; `lanes` describe the pool's lanes for the overview (plain dicts with name,
+    kinds, exclude_kinds, tenants, workers_per_pod, min_replicas, max_replicas)."""
     app = web.Application(middlewares=[problems, authenticate], client_max_size=MAX_BODY)
     app[POOL] = pool
     app[VERIFIER] = verifier
+    app[LANES] = tuple(lanes)
+    app.on_response_prepare.append(_security_headers)
     routes = app.router
+    routes.add_get("/v1/me", whoami, allow_head=False)
+    routes.add_get("/v1/overview", overview, allow_head=False)
     routes.add_get("/v1/dlq", list_dlq, allow_head=False)
     routes.add_get("/v1/jobs/{id}", get_job, allow_head=False)
+    routes.add_get("/v1/jobs/{id}/history", get_job_history, allow_head=False)
     routes.add_delete("/v1/jobs/{id}", discard_job)
     routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
     routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))
     routes.add_get("/v1/stats", stats, allow_head=False)
     routes.add_get("/openapi.json", openapi, allow_head=False)
     routes.add_get("/healthz", healthz, allow_head=False)
+    routes.add_get("/", to_console, allow_head=False)
+    routes.add_get("/console", to_console, allow_head=False)
+    routes.add_get(CONSOLE_PATH, console_page, allow_head=False)
+    routes.add_static(CONSOLE_PATH, CONSOLE_FILES, append_version=False)
     return app

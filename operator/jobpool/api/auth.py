@@ -5,6 +5,10 @@ PEM file, inline PEM, or a JWKS file). It must carry `exp`, `sub` and the config
 its `permissions` claim (a list) must contain `manage_metadata`. `sub` becomes the audit
 actor. Each key only verifies its own algorithm, so a public key is never used as an HMAC
 secret and `alg: none` is never accepted.
+
+Its `tenants` claim names the tenants the token may act for: a list of tenant keys, or `"*"`
+for every tenant (a platform administrator). A token without the claim is refused (403):
+an issuer that does not know about tenant scopes must not hand out every tenant by omission.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+from jobpool.core.tenants import TENANT_KEY
 from jobpool.errors import JobpoolError
 
 PERMISSION = "manage_metadata"
@@ -28,6 +33,10 @@ MIN_SECRET_BYTES = 32
 LEEWAY = 5.0
 """Seconds of clock skew tolerated on `exp`, `nbf` and `iat`."""
 MAX_SUBJECT = 256
+TENANTS_CLAIM = "tenants"
+EVERY_TENANT = "*"
+MAX_SCOPE_TENANTS = 1000
+"""Tenant keys one token may list; more is a platform-wide token in disguise."""
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 """RFC 6750 credentials of a Bearer header; a JWT (base64url segments and dots) is one."""
 
@@ -39,6 +48,44 @@ class AuthError(JobpoolError):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as: the token's `sub` and the tenant keys it may act for.
+
+    tenants: the tenant keys, sorted, or None for a platform-wide token (`"tenants": "*"`).
+    """
+
+    subject: str
+    tenants: tuple[str, ...] | None
+
+    @property
+    def scope(self) -> str | list[str]:
+        """The scope as the audit rows record it: `"*"` or the list of tenant keys."""
+        return EVERY_TENANT if self.tenants is None else list(self.tenants)
+
+
+def token_tenants(claims: Mapping[str, Any], subject: str) -> tuple[str, ...] | None:
+    """The tenant keys of the `tenants` claim (sorted, unique), or None for `"*"`.
+
+    Raises AuthError(403) when the claim is missing (a scope is never implied), AuthError(401)
+    when it is neither `"*"` nor a list of 1 to MAX_SCOPE_TENANTS tenant keys.
+    """
+    if TENANTS_CLAIM not in claims:
+        raise AuthError(403, f"token of {subject!r} lacks the {TENANTS_CLAIM!r} claim: a list "
+                             f"of tenant keys, or {EVERY_TENANT!r} for every tenant")
+    value = claims[TENANTS_CLAIM]
+    if value == EVERY_TENANT:
+        return None
+    shape = (f"token claim {TENANTS_CLAIM!r} must be {EVERY_TENANT!r} or a list of 1 to "
+             f"{MAX_SCOPE_TENANTS} tenant keys")
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_SCOPE_TENANTS:
+        raise AuthError(401, shape)
+    for key in value:
+        if not isinstance(key, str) or not TENANT_KEY.fullmatch(key):
+            raise AuthError(401, f"{shape}; {str(key)[:80]!r} is not a tenant key")
+    return tuple(sorted(set(value)))
 
 
 @dataclass(frozen=True)
@@ -57,11 +104,12 @@ class TokenVerifier:
     keys: tuple[VerifyKey, ...]
     audience: str
 
-    def principal(self, authorization: str | None) -> str:
-        """The token's subject, from an `Authorization` header value.
+    def principal(self, authorization: str | None) -> Principal:
+        """The token's subject and tenant scope, from an `Authorization` header value.
 
         Raises AuthError(401) for a missing, malformed, expired, wrongly signed or
-        wrongly addressed token, AuthError(403) for a token without `manage_metadata`.
+        wrongly addressed token or a malformed `tenants` claim, AuthError(403) for a token
+        without `manage_metadata` or without a `tenants` claim.
         """
         token = _bearer(authorization)
         claims = self._decode(token)
@@ -71,7 +119,7 @@ class TokenVerifier:
         permissions = claims.get("permissions")
         if not isinstance(permissions, list) or PERMISSION not in permissions:
             raise AuthError(403, f"token of {subject!r} lacks the permission {PERMISSION!r}")
-        return subject
+        return Principal(subject, token_tenants(claims, subject))
 
     def _decode(self, token: str) -> Mapping[str, Any]:
         try:

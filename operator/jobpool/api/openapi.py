@@ -59,6 +59,81 @@ _DLQ_ITEM = {
     },
 }
 
+_OVERVIEW = {
+    "type": "object",
+    "required": ["now", "counts", "lanes", "rate_limits"],
+    "properties": {
+        "now": _TIME,
+        "counts": {"type": "array", "items": {
+            "type": "object",
+            "required": ["tenant", "tenant_id", "kind", "status", "jobs", "ready",
+                         "ready_age_seconds"],
+            "properties": {
+                "tenant": {"type": "string"},
+                "tenant_id": {"type": "string", "format": "uuid"},
+                "kind": {"type": "string"},
+                "status": _STATUS,
+                "jobs": {"type": "integer", "minimum": 0},
+                "ready": {"type": "integer", "minimum": 0,
+                          "description": "pending jobs whose available_at has come"},
+                "ready_age_seconds": {"type": "number", "minimum": 0,
+                                      "description": "age of the oldest ready job; 0 if none"},
+            }}},
+        "lanes": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "kinds", "exclude_kinds", "tenants"],
+            "properties": {
+                "name": {"type": "string"},
+                "kinds": {"type": "array", "items": {"type": "string"}, "nullable": True,
+                          "description": "null: every kind exclude_kinds does not name"},
+                "exclude_kinds": {"type": "array", "items": {"type": "string"}},
+                "tenants": {"type": "array", "items": {"type": "string"},
+                            "description": "empty: every tenant"},
+                "workers_per_pod": {"type": "integer"},
+                "min_replicas": {"type": "integer"},
+                "max_replicas": {"type": "integer"},
+                "autoscaling": {"type": "string"},
+            }}},
+        "rate_limits": {"type": "array", "items": {
+            "type": "object",
+            "required": ["tenant", "kind", "rps", "burst", "waiting", "next_due_at"],
+            "properties": {
+                "tenant": {"type": "string"},
+                "kind": {"type": "string", "description": "a kind, or * for the others"},
+                "rps": {"type": "number"},
+                "burst": {"type": "integer"},
+                "waiting": {"type": "integer", "minimum": 0,
+                            "description": "pending jobs not yet due (requeued or retrying)"},
+                "next_due_at": _NULLABLE_TIME,
+            }}},
+    },
+}
+
+_HISTORY = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {"items": {"type": "array", "items": {
+        "type": "object",
+        "required": ["id", "at", "actor", "action", "payload"],
+        "properties": {
+            "id": {"type": "integer"},
+            "at": _TIME,
+            "actor": {"type": "string"},
+            "action": {"type": "string"},
+            "payload": {},
+        }}}},
+}
+
+_PRINCIPAL = {
+    "type": "object",
+    "required": ["sub", "tenants"],
+    "properties": {
+        "sub": {"type": "string"},
+        "tenants": {"oneOf": [{"type": "string", "enum": ["*"]},
+                              {"type": "array", "items": {"type": "string"}}]},
+    },
+}
+
 _PROBLEM = {
     "type": "object",
     "required": ["type", "title", "status", "detail"],
@@ -86,7 +161,8 @@ def _ok(description: str, schema: dict[str, Any],
 def _job_links(source: str) -> dict[str, Any]:
     """Links from a response holding a job id (at JSON pointer `source`) to the job actions."""
     return {name: {"operationId": operation, "parameters": {"id": f"$response.body#{source}"}}
-            for name, operation in (("GetJob", "getJob"), ("ReplayJob", "replayJob"),
+            for name, operation in (("GetJob", "getJob"), ("GetJobHistory", "getJobHistory"),
+                                    ("ReplayJob", "replayJob"),
                                     ("StopJob", "stopJob"), ("DiscardJob", "discardJob"))}
 
 
@@ -99,14 +175,14 @@ _BODY = "a request body that cannot be read (e.g. a bad Content-Encoding)"
 _COMMON_ERRORS = {
     "400": _problem(_BODY),
     "401": _UNAUTHORIZED,
-    "403": _problem("the token lacks the manage_metadata permission"),
+    "403": _problem("the token lacks the manage_metadata permission or the tenants claim"),
     "413": _problem("request body too large (no endpoint takes one)"),
     "503": _problem("the database is unreachable"),
 }
 _JOB_ERRORS = {
     **_COMMON_ERRORS,
     "400": _problem(f"the job id is not an integer from 1 to 2^63-1, or {_BODY}"),
-    "404": _problem("no job with that id"),
+    "404": _problem("no job with that id among the token's tenants"),
 }
 
 _JOB_ID = {"name": "id", "in": "path", "required": True,
@@ -123,7 +199,9 @@ def document() -> dict[str, Any]:
             "version": "1",
             "description": "Inspect and repair the job queue: DLQ list, replay, discard, stop, "
                            "counts. Every /v1 call needs a Bearer JWT whose permissions "
-                           "contain manage_metadata; its sub is the audit actor.",
+                           "contain manage_metadata; its sub is the audit actor. Its tenants "
+                           "claim (a list of tenant keys, or \"*\" for every tenant) limits "
+                           "what it sees and changes: another tenant's job is a 404.",
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -144,7 +222,8 @@ def document() -> dict[str, Any]:
                                 "default": DEFAULT_PAGE}},
                 ],
                 "responses": {
-                    "200": _ok("a page of DLQ jobs; next_after is null on the last page", {
+                    "200": _ok("a page of the token's tenants' DLQ jobs; next_after is null "
+                               "on the last page", {
                         "type": "object", "required": ["items", "next_after"],
                         "properties": {
                             "items": {"type": "array",
@@ -153,7 +232,7 @@ def document() -> dict[str, Any]:
                         }}, _job_links("/items/0/id")),
                     **_COMMON_ERRORS,
                     "400": _problem(f"a bad filter (tenant, kind, after or limit), or {_BODY}"),
-                    "404": _problem("no tenant with that key or id"),
+                    "404": _problem("no tenant with that key or id among the token's tenants"),
                 },
             }},
             "/v1/jobs/{id}": {
@@ -168,6 +247,10 @@ def document() -> dict[str, Any]:
                                   "409": _problem("the job is not in the DLQ or stopped"),
                                   **_JOB_ERRORS}},
             },
+            "/v1/jobs/{id}/history": {"parameters": [_JOB_ID], "get": {
+                "operationId": "getJobHistory",
+                "summary": "the job's audit rows, oldest first (also after a discard)",
+                "responses": {"200": _ok("the audit rows", _HISTORY), **_JOB_ERRORS}}},
             "/v1/jobs/{id}/replay": {"parameters": [_JOB_ID], "post": {
                 "operationId": "replayJob",
                 "summary": "put a DLQ job back to pending with attempts 0; audited",
@@ -179,6 +262,16 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _ok("the stopped job", _JOB_REF, _job_links("/id")),
                               "409": _problem("the job is done or already stopped"),
                               **_JOB_ERRORS}}},
+            "/v1/me": {"get": {
+                "operationId": "whoami",
+                "summary": "the token's subject and tenant scope",
+                "responses": {"200": _ok("the principal", _PRINCIPAL), **_COMMON_ERRORS}}},
+            "/v1/overview": {"get": {
+                "operationId": "overview",
+                "summary": "pending, running and DLQ jobs per tenant, kind and status with "
+                           "the ready "
+                           "backlog's age, the pool's lanes, rate-limited (tenant, kind) pairs",
+                "responses": {"200": _ok("the overview", _OVERVIEW), **_COMMON_ERRORS}}},
             "/v1/stats": {"get": {
                 "operationId": "stats",
                 "summary": "job counts per tenant, kind and status, and totals per status",

@@ -1,0 +1,526 @@
+// jobpool operations console: plain JavaScript over the admin REST API, no build step.
+//
+// Every action is a call of the REST API with the same token as curl would send, so the
+// server's authorisation, tenant scope and audit apply unchanged. Data from the server is
+// only ever written as text (textContent, never innerHTML): a payload holding markup shows
+// as that markup, it is not parsed.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "jobpool.token";
+  const REFRESH_MS = 5000;
+  const PAGE = 50;
+  const OPEN_PAYLOAD_CHARS = 2000;   // larger payloads start collapsed
+  const ERROR_CHARS = 200;           // last errors in the DLQ table are cut to this
+
+  const $ = (id) => document.getElementById(id);
+  let principal = null;
+  let refreshTimer = null;
+  let confirmAction = null;
+
+  // -- the API -----------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, detail) {
+      super(detail);
+      this.status = status;
+    }
+  }
+
+  async function api(method, path) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const headers = {Accept: "application/json"};
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const response = await fetch(path, {method, headers, cache: "no-store",
+                                        credentials: "same-origin"});
+    if (response.status === 204) return null;
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_) {
+      body = null;
+    }
+    if (!response.ok) {
+      const detail = body && body.detail
+        ? body.detail : `${response.status} ${response.statusText}`;
+      if (response.status === 401 && principal) signedOut(`Signed out: ${detail}`);
+      throw new ApiError(response.status, detail);
+    }
+    return body;
+  }
+
+  // -- building the page (text only) --------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "className") node.className = value;
+      else if (name === "onclick") node.addEventListener("click", value);
+      else if (name === "onchange") node.addEventListener("change", value);
+      else if (value === true) node.setAttribute(name, "");
+      else node.setAttribute(name, String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function table(headings, rows, emptyText) {
+    if (!rows.length) return el("p", {className: "empty"}, emptyText);
+    return el("table", {},
+      el("thead", {}, el("tr", {}, headings.map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows));
+  }
+
+  function fill(id, ...children) {
+    $(id).replaceChildren(...children.flat());
+  }
+
+  function flash(text, kind) {
+    const node = $("flash");
+    node.textContent = text;
+    node.className = kind || "info";
+    node.hidden = !text;
+  }
+
+  function badge(status) {
+    return el("span", {className: `badge status-${status}`}, status);
+  }
+
+  function duration(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 60) return `${s} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+  }
+
+  function since(iso, now) {
+    return iso ? duration(((now || Date.now()) - Date.parse(iso)) / 1000) : "";
+  }
+
+  function time(iso) {
+    return iso ? new Date(iso).toLocaleString() : "—";
+  }
+
+  function jobLink(id) {
+    return el("a", {href: `#/jobs/${id}`}, `#${id}`);
+  }
+
+  function json(value) {
+    return JSON.stringify(value, null, 2);
+  }
+
+  // -- signing in ---------------------------------------------------------------------------
+
+  function scopeText(tenants) {
+    return tenants === "*" ? "all tenants" : `tenants: ${tenants.join(", ")}`;
+  }
+
+  async function signIn() {
+    try {
+      principal = await api("GET", "/v1/me");
+    } catch (error) {
+      principal = null;
+      const token = sessionStorage.getItem(TOKEN_KEY);
+      if (error.status === 403) {
+        showLogin(`Refused: ${error.message}`);
+      } else if (error.status === 401) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        showLogin(token ? `Refused: ${error.message}` : "");
+      } else {
+        showLogin(`The API did not answer: ${error.message}`);
+      }
+      return;
+    }
+    $("login").hidden = true;
+    $("nav").hidden = false;
+    $("who").hidden = false;
+    $("who-sub").textContent = principal.sub;
+    $("who-scope").textContent = scopeText(principal.tenants);
+    // behind an auth proxy that injects the header there is no token here to forget
+    $("sign-out").hidden = !sessionStorage.getItem(TOKEN_KEY);
+    route();
+  }
+
+  function showLogin(message) {
+    stopRefresh();
+    for (const id of ["nav", "who", "view-overview", "view-dlq", "view-job"]) $(id).hidden = true;
+    $("login").hidden = false;
+    $("login-error").textContent = message || "";
+    $("login-error").hidden = !message;
+  }
+
+  function signedOut(message) {
+    principal = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    flash("");
+    showLogin(message);
+  }
+
+  // -- routing ------------------------------------------------------------------------------
+
+  function parseHash() {
+    const [path, query] = (location.hash.replace(/^#/, "") || "/overview").split("?");
+    return {path, params: new URLSearchParams(query || "")};
+  }
+
+  function show(view) {
+    for (const id of ["view-overview", "view-dlq", "view-job"]) $(id).hidden = id !== view;
+    $("nav-overview").classList.toggle("current", view === "view-overview");
+    $("nav-dlq").classList.toggle("current", view === "view-dlq");
+  }
+
+  function route() {
+    if (!principal) return;
+    stopRefresh();
+    const {path, params} = parseHash();
+    const job = path.match(/^\/jobs\/([0-9]{1,19})$/);
+    if (path === "/dlq") {
+      show("view-dlq");
+      loadDlq(params);
+    } else if (job) {
+      show("view-job");
+      loadJob(job[1]);
+    } else {
+      show("view-overview");
+      loadOverview();
+      refreshTimer = setInterval(loadOverview, REFRESH_MS);
+    }
+  }
+
+  function stopRefresh() {
+    if (refreshTimer !== null) clearInterval(refreshTimer);
+    refreshTimer = null;
+  }
+
+  // -- overview -----------------------------------------------------------------------------
+
+  async function loadOverview() {
+    let data;
+    try {
+      data = await api("GET", "/v1/overview");
+    } catch (error) {
+      $("overview-updated").textContent = `Update failed: ${error.message}`;
+      return;
+    }
+    const now = Date.parse(data.now);
+    const pairs = new Map();
+    for (const c of data.counts) {
+      const key = `${c.tenant}\u0000${c.kind}`;
+      if (!pairs.has(key)) {
+        pairs.set(key, {tenant: c.tenant, kind: c.kind, pending: 0, ready: 0, age: 0,
+                        running: 0, dlq: 0});
+      }
+      const p = pairs.get(key);
+      p[c.status] = c.jobs;
+      if (c.status === "pending") {
+        p.ready = c.ready;
+        p.age = c.ready_age_seconds;
+      }
+    }
+    const dlqLink = (p) => p.dlq
+      ? el("a", {href: `#/dlq?${new URLSearchParams({tenant: p.tenant, kind: p.kind})}`},
+           String(p.dlq))
+      : "0";
+    fill("overview-counts", table(
+      ["Tenant", "Kind", "Pending", "Ready", "Oldest ready", "Running", "DLQ"],
+      [...pairs.values()].map((p) => el("tr", {},
+        el("td", {}, p.tenant), el("td", {}, p.kind), el("td", {className: "num"}, p.pending),
+        el("td", {className: "num"}, p.ready),
+        el("td", {className: p.age > 300 ? "num warn" : "num"}, p.ready ? duration(p.age) : ""),
+        el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)))),
+      "No pending, running or DLQ jobs."));
+    fill("overview-lanes", table(
+      ["Lane", "Kinds", "Tenants", "Workers per pod", "Replicas", "Scaling"],
+      data.lanes.map((lane) => el("tr", {},
+        el("td", {}, lane.name),
+        el("td", {}, lane.kinds === null
+          ? `every other kind${lane.exclude_kinds.length
+            ? ` (not ${lane.exclude_kinds.join(", ")})` : ""}`
+          : lane.kinds.join(", ")),
+        el("td", {}, lane.tenants.length ? lane.tenants.join(", ") : "all"),
+        el("td", {className: "num"}, lane.workers_per_pod ?? ""),
+        el("td", {}, `${lane.min_replicas ?? "?"}–${lane.max_replicas ?? "?"}`),
+        el("td", {}, lane.autoscaling ?? ""))),
+      "No pool file configured (jobpool api --pool FILE shows its lanes here)."));
+    fill("overview-limits", table(
+      ["Tenant", "Kind", "Limit", "Waiting", "Next due"],
+      data.rate_limits.map((r) => el("tr", {},
+        el("td", {}, r.tenant), el("td", {}, r.kind),
+        el("td", {}, `${r.rps}/s, burst ${r.burst}`),
+        el("td", {className: "num"}, r.waiting),
+        el("td", {}, r.next_due_at
+          ? `in ${duration((Date.parse(r.next_due_at) - now) / 1000)}` : "—"))),
+      "No tenant sets a rate limit."));
+    $("overview-updated").textContent = `Updated ${new Date().toLocaleTimeString()}.`;
+  }
+
+  // -- DLQ ----------------------------------------------------------------------------------
+
+  let dlqState = {params: new URLSearchParams(), items: [], nextAfter: null};
+
+  function selectedIds() {
+    return [...document.querySelectorAll("#dlq-table input.pick:checked")]
+      .map((box) => Number(box.value));
+  }
+
+  function updateSelection() {
+    const n = selectedIds().length;
+    for (const [id, verb] of [["dlq-replay-selected", "Replay"],
+                              ["dlq-discard-selected", "Discard"]]) {
+      $(id).disabled = n === 0;
+      $(id).textContent = n ? `${verb} selected (${n})` : `${verb} selected`;
+    }
+  }
+
+  async function loadDlq(params) {
+    $("dlq-tenant").value = params.get("tenant") || "";
+    $("dlq-kind").value = params.get("kind") || "";
+    const query = new URLSearchParams({limit: String(PAGE)});
+    for (const name of ["tenant", "kind", "after"]) {
+      if (params.get(name)) query.set(name, params.get(name));
+    }
+    let page;
+    try {
+      page = await api("GET", `/v1/dlq?${query}`);
+    } catch (error) {
+      fill("dlq-table", el("p", {className: "error"}, error.message));
+      $("dlq-next").hidden = $("dlq-first").hidden = true;
+      updateSelection();
+      return;
+    }
+    dlqState = {params, items: page.items, nextAfter: page.next_after};
+    const pickAll = el("input", {type: "checkbox", "aria-label": "select all",
+                                 onchange: (event) => {
+      for (const box of document.querySelectorAll("#dlq-table input.pick")) {
+        box.checked = event.target.checked;
+      }
+      updateSelection();
+    }});
+    const rows = page.items.map((job) => el("tr", {"data-job": job.id},
+      el("td", {}, el("input", {type: "checkbox", className: "pick", value: job.id,
+                                "aria-label": `select job ${job.id}`, onchange: updateSelection})),
+      el("td", {}, jobLink(job.id)),
+      el("td", {}, job.job_kind),
+      el("td", {}, job.tenant_key),
+      el("td", {className: "num"}, `${job.attempts}/${job.max_attempts}`),
+      el("td", {className: "error-text", title: job.last_error || ""},
+         (job.last_error || "").slice(0, ERROR_CHARS)),
+      el("td", {title: `created ${time(job.created_at)}, in the DLQ since ${time(job.dlq_at)}`},
+         since(job.created_at)),
+      el("td", {className: "row-actions"},
+         el("button", {type: "button", onclick: () => askReplay([job.id])}, "Replay"),
+         el("button", {type: "button", className: "danger",
+                       onclick: () => askDiscard([job.id])}, "Discard"))));
+    fill("dlq-table", table(
+      [pickAll, "Job", "Kind", "Tenant", "Attempts", "Last error", "Age", ""], rows,
+      "The DLQ is empty for this filter."));
+    $("dlq-next").hidden = page.next_after === null;
+    $("dlq-first").hidden = !params.get("after");
+    updateSelection();
+  }
+
+  function dlqHash(params) {
+    const query = new URLSearchParams();
+    for (const [name, value] of params) if (value) query.set(name, value);
+    const text = query.toString();
+    return text ? `#/dlq?${text}` : "#/dlq";
+  }
+
+  function jobList(ids) {
+    if (ids.length === 1) return `job #${ids[0]}`;
+    return `${ids.length} jobs (${ids.map((id) => `#${id}`).join(", ")})`;
+  }
+
+  function each(ids) {
+    return ids.length === 1 ? "It" : "Each";
+  }
+
+  function askReplay(ids, after) {
+    askConfirmation(
+      `Replay ${jobList(ids)}? ${each(ids)} goes back to pending with attempts 0 and runs ` +
+      `again when a worker is free. The audit log records the replay as ${principal.sub}.`,
+      "Replay", () => runAll(ids, "POST", (id) => `/v1/jobs/${id}/replay`, "Replayed", after));
+  }
+
+  function askDiscard(ids, after) {
+    askConfirmation(
+      `Discard ${jobList(ids)}? ${each(ids)} is deleted for good; the audit log keeps a ` +
+      `snapshot of it and records the discard as ${principal.sub}.`,
+      "Discard", () => runAll(ids, "DELETE", (id) => `/v1/jobs/${id}`, "Discarded", after));
+  }
+
+  function askStop(id) {
+    askConfirmation(
+      `Stop job #${id}? It is flagged failed and no worker runs it again; a worker running ` +
+      `it now loses its claim and its writes are rolled back. The audit log records the ` +
+      `stop as ${principal.sub}.`,
+      "Stop", () => runAll([id], "POST", (j) => `/v1/jobs/${j}/stop`, "Stopped"));
+  }
+
+  async function runAll(ids, method, path, done, after) {
+    const ok = [];
+    const failed = [];
+    for (const id of ids) {
+      try {
+        await api(method, path(id));
+        ok.push(id);
+      } catch (error) {
+        failed.push(`#${id}: ${error.message}`);
+      }
+    }
+    const parts = [];
+    if (ok.length) parts.push(`${done} ${jobList(ok)}.`);
+    if (failed.length) parts.push(`Not done: ${failed.join("; ")}`);
+    flash(parts.join(" "), failed.length ? "error" : "info");
+    if (after) after(ok);
+    else route();
+  }
+
+  // -- confirmation -------------------------------------------------------------------------
+
+  function askConfirmation(text, verb, action) {
+    $("confirm-text").textContent = text;
+    $("confirm-ok").textContent = verb;
+    $("confirm-ok").className = verb === "Replay" ? "" : "danger";
+    confirmAction = action;
+    $("confirm").showModal();
+  }
+
+  // -- job detail ---------------------------------------------------------------------------
+
+  function field(name, value) {
+    return [el("dt", {}, name), el("dd", {}, value === null || value === undefined ? "—" : value)];
+  }
+
+  function jsonBlock(title, value) {
+    const text = json(value);
+    return el("details", {className: "json", open: text.length <= OPEN_PAYLOAD_CHARS},
+      el("summary", {}, `${title} (${text.length.toLocaleString()} characters)`),
+      el("pre", {}, text));
+  }
+
+  async function loadJob(id) {
+    fill("job-actions");
+    $("job-title").textContent = `Job #${id}`;
+    let job = null;
+    let history = [];
+    let missing = "";
+    try {
+      job = await api("GET", `/v1/jobs/${id}`);
+    } catch (error) {
+      if (error.status !== 404) {
+        fill("job-body", el("p", {className: "error"}, error.message));
+        return;
+      }
+      missing = error.message;
+    }
+    try {
+      history = (await api("GET", `/v1/jobs/${id}/history`)).items;
+    } catch (error) {
+      if (!job) {
+        fill("job-body", el("p", {className: "error"}, missing));
+        return;
+      }
+    }
+    const body = [];
+    if (job) {
+      $("job-title").replaceChildren(`Job #${id} · ${job.job_kind} · `, badge(job.status));
+      const buttons = [];
+      if (job.status === "dlq") {
+        buttons.push(el("button", {type: "button", onclick: () => askReplay([job.id])}, "Replay"));
+      }
+      if (["pending", "running", "dlq"].includes(job.status)) {
+        buttons.push(el("button", {type: "button", className: "danger",
+                                   onclick: () => askStop(job.id)}, "Stop"));
+      }
+      if (["dlq", "failed"].includes(job.status)) {
+        buttons.push(el("button", {type: "button", className: "danger",
+                                   onclick: () => askDiscard([job.id], () => route())}, "Discard"));
+      }
+      fill("job-actions", buttons);
+      body.push(el("dl", {className: "fields"},
+        field("Tenant", `${job.tenant_key} (${job.tenant_id})`),
+        field("Kind", job.job_kind),
+        field("Status", badge(job.status)),
+        field("Attempts", `${job.attempts} of ${job.max_attempts}`),
+        field("Priority", job.priority),
+        field("Created", time(job.created_at)),
+        field("Available at", time(job.available_at)),
+        field("Completed", time(job.completed_at)),
+        field("Idempotency key", job.idempotency_key)));
+      if (job.status === "running") {
+        body.push(el("h2", {}, "Claim"), el("dl", {className: "fields"},
+          field("Worker", job.claimed_by),
+          field("Claimed", time(job.claimed_at)),
+          field("Lease renewed", time(job.heartbeat_at || job.claimed_at))));
+      }
+      body.push(el("h2", {}, "Last error"),
+                job.last_error ? el("pre", {className: "error-text"}, job.last_error)
+                               : el("p", {className: "empty"}, "None."));
+      body.push(el("h2", {}, "Payload"), jsonBlock("Payload", job.payload));
+      if (job.result !== null && job.result !== undefined) {
+        body.push(el("h2", {}, "Result"), jsonBlock("Result", job.result));
+      }
+    } else {
+      body.push(el("p", {className: "empty"}, `${missing}. Its audit history remains:`));
+    }
+    body.push(el("h2", {}, "History"), table(["When", "Action", "Actor", "Details"],
+      history.map((row) => el("tr", {"data-action": row.action},
+        el("td", {}, time(row.at)), el("td", {}, row.action), el("td", {}, row.actor),
+        el("td", {}, el("code", {}, JSON.stringify(row.payload).slice(0, 300))))),
+      "No audit rows."));
+    fill("job-body", body);
+  }
+
+  // -- wiring -------------------------------------------------------------------------------
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const token = $("token").value.trim().replace(/^Bearer\s+/i, "");
+      if (!token) return;
+      sessionStorage.setItem(TOKEN_KEY, token);
+      $("token").value = "";
+      signIn();
+    });
+    $("sign-out").addEventListener("click", () => signedOut(""));
+    $("dlq-filter").addEventListener("submit", (event) => {
+      event.preventDefault();
+      location.hash = dlqHash([["tenant", $("dlq-tenant").value.trim()],
+                               ["kind", $("dlq-kind").value.trim()]]);
+    });
+    $("dlq-clear").addEventListener("click", () => { location.hash = "#/dlq"; });
+    $("dlq-next").addEventListener("click", () => {
+      const params = new URLSearchParams(dlqState.params);
+      params.set("after", String(dlqState.nextAfter));
+      location.hash = dlqHash(params);
+    });
+    $("dlq-first").addEventListener("click", () => {
+      const params = new URLSearchParams(dlqState.params);
+      params.delete("after");
+      location.hash = dlqHash(params);
+    });
+    $("dlq-replay-selected").addEventListener("click", () => askReplay(selectedIds()));
+    $("dlq-discard-selected").addEventListener("click", () => askDiscard(selectedIds()));
+    $("confirm-cancel").addEventListener("click", () => {
+      confirmAction = null;
+      $("confirm").close();
+    });
+    $("confirm-ok").addEventListener("click", () => {
+      const action = confirmAction;
+      confirmAction = null;
+      $("confirm").close();
+      if (action) action();
+    });
+    window.addEventListener("hashchange", () => {
+      flash("");
+      route();
+    });
+    signIn();
+  });
+})();

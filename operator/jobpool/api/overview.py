@@ -1,0 +1,94 @@
+"""What the operations console's overview shows: live counts, lanes and rate-limited pairs.
+
+`gather_overview` reads the database; the functions below it are pure and take the rows
+(and the configured lanes) as arguments, so that the tenant scope is applied in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
+from jobpool.db.store import fetch_all, fetch_one
+
+Row = dict[str, Any]
+
+MAX_HISTORY = 500
+"""Audit rows of one job that its history lists (a job replayed this often is a bug)."""
+
+
+async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] | None,
+                          lanes: Sequence[Mapping[str, Any]]) -> Row:
+    """The overview document of /v1/overview for a token scoped to `tenants` (None: all).
+
+    Reads live jobs only (`pending`, `running`, `dlq`, each through its partial index), never
+    the `done` or stopped ones, so its cost follows the live queue, not the retained history.
+    """
+    keys = None if tenants is None else list(tenants)
+    now = (await fetch_one(conn, "database_now") or {})["now"]
+    counts = await fetch_all(conn, "overview_counts", {"tenants": keys})
+    limits = await fetch_all(conn, "scoped_rate_limits", {"tenants": keys})
+    waiting = await fetch_all(conn, "waiting_jobs", {"tenants": keys})
+    return {
+        "now": now,
+        "counts": [{**row, "jobs": int(row["jobs"]), "ready": int(row["ready"])}
+                   for row in counts],
+        "lanes": scoped_lanes(lanes, tenants),
+        "rate_limits": rate_limited_pairs(limits, waiting),
+    }
+
+
+async def job_history(conn: AsyncConnection[Any], job_id: int, *,
+                      tenants: Sequence[str] | None) -> list[Row]:
+    """The audit rows of job `job_id` (oldest first, at most MAX_HISTORY) that `tenants` may
+    see; empty for a job of another tenant or one that never existed."""
+    return await fetch_all(conn, "job_history", {
+        "id": job_id, "tenants": None if tenants is None else list(tenants),
+        "limit": MAX_HISTORY})
+
+
+def rate_limited_pairs(limits: Sequence[Mapping[str, Any]],
+                       waiting: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """One entry per (tenant, kind) with a rate limit: its `rps` and `burst`, the jobs that
+    wait for a later time (`waiting`) and when the first of them is due (`next_due_at`).
+
+    limits: rows with `key` and `rate_limit` (the tenant's metadata.rate_limit as JSON text);
+    waiting: rows with `tenant`, `kind`, `waiting`, `next_due_at`. A tenant's `*` limit is
+    listed as kind `*`, with the waiting jobs of the kinds it covers. Entries the workers
+    would drop as invalid are left out here too.
+    """
+    waits: dict[tuple[str, str], Mapping[str, Any]] = {
+        (str(w["tenant"]), str(w["kind"])): w for w in waiting}
+    pairs: list[Row] = []
+    for row in limits:
+        tenant = str(row["key"])
+        parsed, _ = parse_tenant_limits_json(row["rate_limit"], tenant)
+        for kind, limit in sorted(parsed.kinds.items()):
+            covered = [w for (t, k), w in waits.items() if t == tenant and (
+                k == kind or (kind == WILDCARD_KIND and k not in parsed.kinds))]
+            dues = [w["next_due_at"] for w in covered]
+            pairs.append({"tenant": tenant, "kind": kind, "rps": limit.rps,
+                          "burst": limit.burst,
+                          "waiting": sum(int(w["waiting"]) for w in covered),
+                          "next_due_at": min(dues) if dues else None})
+    return pairs
+
+
+def scoped_lanes(lanes: Sequence[Mapping[str, Any]],
+                 tenants: Sequence[str] | None) -> list[Row]:
+    """The lanes a token scoped to `tenants` (None: all) may see, each with only those of
+    its `tenants` in scope; a lane for every tenant (`tenants` empty) is always shown."""
+    if tenants is None:
+        return [dict(lane) for lane in lanes]
+    scope = set(tenants)
+    shown: list[Row] = []
+    for lane in lanes:
+        served = list(lane["tenants"])
+        if not served:
+            shown.append(dict(lane))
+        elif scope.intersection(served):
+            shown.append({**lane, "tenants": [t for t in served if t in scope]})
+    return shown
