@@ -84,7 +84,7 @@ class AttachmentNotFoundError(JobpoolError, LookupError):
 class FetchError(JobpoolError):
     """An attachment's bytes could not be read this time (not there yet, store unavailable).
 
-    Raised by a fetcher (`jobpool.attachments.register_fetcher`) for a failure worth
+    Raised by a fetcher (`jobpool.register_fetcher`) for a failure worth
     retrying: the virus_scan job retries with backoff; raise PermanentError for one that is
     not.
     """

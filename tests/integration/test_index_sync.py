@@ -10,9 +10,9 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from jobpool.core.indexes import attribute_index_name
-from jobpool.data.indexes import check_own_transaction
-from jobpool.kinds.index_sync import SyncRequest, index_work, parse_payload, wanted_index
+from jobpool.kinds.indexes.index_builds import check_own_transaction
+from jobpool.kinds.indexes.index_plans import attribute_index_name
+from jobpool.kinds.indexes.index_sync import SyncRequest, index_work, parse_payload, wanted_index
 
 from .entities_helpers import (
     Conn,

@@ -24,17 +24,18 @@ import pytest
 import trustme
 from aiohttp import web
 
-import jobpool.kinds.virus_scan as virus_scan
-from jobpool import attachments, settings
-from jobpool.attachments import (
+import jobpool.kinds.attachments.virus_scan as virus_scan
+from jobpool import settings
+from jobpool.errors import PermanentError, UnknownTenantError
+from jobpool.kinds.attachments import uploads as attachments
+from jobpool.kinds.attachments.uploads import (
     AttachmentNotFoundError,
     Upload,
     commit_upload,
     commit_upload_sync,
     register_fetcher,
 )
-from jobpool.errors import PermanentError, UnknownTenantError
-from jobpool.kinds.virus_scan import https_fetcher
+from jobpool.kinds.attachments.virus_scan import https_fetcher
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker

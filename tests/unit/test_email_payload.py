@@ -3,10 +3,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobpool.core.mail import PayloadError, build_delivery, parse_address, parse_payload
 from jobpool.errors import PermanentError
 from jobpool.job import Job
-from jobpool.kinds.email_send import parse_smtp_url, prepare
+from jobpool.kinds.email.email_send import parse_smtp_url, prepare
+from jobpool.kinds.email.mail import PayloadError, build_delivery, parse_address, parse_payload
 
 MAIL = {"to": "ada@example.com", "subject": "s", "text": "t"}
 

@@ -1,10 +1,10 @@
-"""Index names, drift plans and EXPLAIN reading (jobpool.core.indexes)."""
+"""Index names, drift plans and EXPLAIN reading (jobpool.kinds.indexes.index_plans)."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobpool.core.indexes import (
+from jobpool.kinds.indexes.index_plans import (
     BuildTimeouts,
     ExistingIndex,
     attribute_index_name,

@@ -20,12 +20,12 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-import jobpool
 from jobpool import settings
-from jobpool.data.entity_types import require_entity_type
-from jobpool.data.payloads import as_object, entity_key, positive_int
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
+from jobpool.kinds.entities.entity_types import require_entity_type
+from jobpool.kinds.entities.payloads import as_object, entity_key, positive_int
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 DEFAULT_BATCH = 1000
@@ -72,7 +72,7 @@ async def rebuild_vectors(side: AsyncConnection[Any], entity_type_id: int,
         totals["batches"] += 1
 
 
-@jobpool.kind("reindex", priority=150, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
+@kind("reindex", priority=150, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
               backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Rebuild one type's search vectors in short batches (see module docstring)."""

@@ -4,7 +4,7 @@ A staged record is JSON text (`raw`): a CSV row becomes an object keyed by the h
 Lines line is kept as it is (a NUL byte is escaped as \\u0000, which the import then rejects
 by field). Line numbers are the file's physical lines (a CSV header is line 1). A CSV row
 with the wrong number of fields is staged already rejected. A file that breaks a limit
-(`jobpool.core.imports`: columns, header names, characters per record) is refused whole.
+(`jobpool.kinds.imports.batch_plan`: columns, header names, characters per record) is refused whole.
 Staging, the import job row and the bulk_import job commit in one transaction: the job exists
 if and only if the rows do.
 """
@@ -21,10 +21,10 @@ from typing import Any, Literal, TextIO
 
 from psycopg import AsyncConnection
 
-from jobpool.core.attributes import UnknownKeys, check_key
-from jobpool.core.imports import MAX_RECORD_CHARS, check_header
-from jobpool.data.entity_types import find_entity_type
 from jobpool.enqueue import enqueue
+from jobpool.kinds.entities.attributes import UnknownKeys, check_key
+from jobpool.kinds.entities.entity_types import find_entity_type
+from jobpool.kinds.imports.batch_plan import MAX_RECORD_CHARS, check_header
 from jobpool.sql import QUERIES
 
 Format = Literal["csv", "jsonl"]

@@ -72,7 +72,7 @@ def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dic
     }
 
 
-def verify(
+def verify_webhook(
     secret: str, headers: Mapping[str, str], body: bytes, *, now: int,
     tolerance: int = TIMESTAMP_TOLERANCE,
 ) -> str:
@@ -129,7 +129,7 @@ class Transient:
     `delay` seconds (the receiver's Retry-After), or after the kind's backoff when None.
 
     status: the HTTP status, None when no answer came (timeout, connection or DNS error).
-    Named like clamd's verdict of the same meaning (`jobpool.core.clamd.Transient`).
+    Named like clamd's verdict of the same meaning (`jobpool.kinds.attachments.clamd.Transient`).
     """
 
     reason: str

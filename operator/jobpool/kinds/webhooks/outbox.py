@@ -1,8 +1,8 @@
 """Write outbox events and webhook subscriptions on the caller's connection.
 
-How a service writes an event: `await publish(conn, tenant_id=..., event_type="order.paid",
-payload={...})` inside the transaction of the business change. The event exists if and only
-if that transaction commits, and so does its `outbox_dispatch` job.
+How a service writes an event: `await jobpool.publish_event(conn, tenant_id=...,
+event_type="order.paid", payload={...})` inside the transaction of the business change. The
+event exists if and only if that transaction commits, and so does its `outbox_dispatch` job.
 
 Decision: the job comes from a trigger on `mdm.aa_outbox_event` (migration 0002), not from
 this module. The guarantee "every committed event is dispatched, without a polling period"
@@ -26,9 +26,9 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
 from jobpool.core.jsondata import to_json_text
-from jobpool.core.ssrf import webhook_target
-from jobpool.core.webhooks import encode_secret, signing_key
 from jobpool.errors import UnknownTenantError
+from jobpool.kinds.webhooks.signing import encode_secret, signing_key
+from jobpool.kinds.webhooks.ssrf import webhook_target
 from jobpool.sql import QUERIES
 
 EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -89,7 +89,7 @@ def _published(row: dict[str, Any]) -> PublishedEvent:
                           row["created_at"])
 
 
-async def publish(
+async def publish_event(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | str, event_type: str, payload: Any
 ) -> PublishedEvent:
     """Write one outbox event in the caller's transaction; its dispatch job comes with it.
@@ -109,10 +109,10 @@ async def publish(
     return _published(row)
 
 
-def publish_sync(
+def publish_event_sync(
     conn: Connection[Any], *, tenant_id: uuid.UUID | str, event_type: str, payload: Any
 ) -> PublishedEvent:
-    """`publish` for a synchronous psycopg connection."""
+    """`publish_event` for a synchronous psycopg connection."""
     params = _event_params(tenant_id, event_type, payload)
     with conn.cursor(row_factory=dict_row) as cur:
         try:
@@ -127,16 +127,15 @@ def publish_sync(
 def check_webhook_url(url: str) -> str:
     """Return `url` if a webhook can be delivered to it, else raise ValueError naming why.
 
-    The rules are `jobpool.core.ssrf.webhook_target`'s (http(s), host, port 1-65535, no user
-    information, no IPv6 zone id, ASCII host names, at most 2048 characters); deliveries
-    check them again. Where the host points is checked at delivery time, after DNS
-    resolution (the SSRF guard).
+    The rules are `ssrf.webhook_target`'s (http(s), host, port 1-65535, no user information,
+    no IPv6 zone id, ASCII host names, at most 2048 characters); deliveries check them again.
+    Where the host points is checked at delivery time, after DNS resolution (the SSRF guard).
     """
     webhook_target(url)
     return url
 
 
-async def subscribe(
+async def subscribe_webhook(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | str, url: str,
     event_types: Sequence[str], secret: str | None = None,
 ) -> Subscription:

@@ -1,7 +1,7 @@
 """email_send: suppression check, SMTP send, `aa_email_log` row, audit `email_sent`.
 
 Payload: {"to", "subject", "text", "html"?, "from"?, "from_name"?, "reply_to"?}, checked by
-`jobpool.core.mail`: one recipient, bare addresses, one-line headers. The envelope is passed
+`jobpool.kinds.email.mail`: one recipient, bare addresses, one-line headers. The envelope is passed
 to SMTP explicitly and is exactly the checked recipient and sender. The Message-ID is derived
 from the job, so a retry after a lost commit logs the mail once.
 """
@@ -17,9 +17,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from psycopg import AsyncConnection
 
-import jobpool
 from jobpool import settings
-from jobpool.core.mail import (
+from jobpool.errors import JobpoolError, PermanentError
+from jobpool.job import Job
+from jobpool.kinds.email.mail import (
     Address,
     Delivery,
     Email,
@@ -28,8 +29,7 @@ from jobpool.core.mail import (
     parse_address,
     parse_payload,
 )
-from jobpool.errors import JobpoolError, PermanentError
-from jobpool.job import Job
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 SMTP_TIMEOUT = 30.0
@@ -137,7 +137,7 @@ def send(target: SmtpTarget, delivery: Delivery) -> None:
         raise
 
 
-@jobpool.kind("email_send", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=60,
+@kind("email_send", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=60,
               backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""

@@ -1,13 +1,12 @@
-"""Payload checks shared by the data kinds: every bad field is a PermanentError naming it."""
+"""Payload checks shared by the entity kinds: every bad field is a PermanentError naming it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from jobpool.core.attributes import check_key
-from jobpool.core.indexes import BuildTimeouts, timeouts_from_payload
 from jobpool.errors import PermanentError
+from jobpool.kinds.entities.attributes import check_key
 
 
 def as_object(kind: str, payload: Any) -> Mapping[str, Any]:
@@ -34,14 +33,6 @@ def entity_key(payload: Mapping[str, Any], name: str) -> str:
         return check_key(name, payload.get(name))
     except ValueError as exc:
         raise PermanentError(f"payload.{exc}") from None
-
-
-def build_timeouts(payload: Mapping[str, Any], default: BuildTimeouts) -> BuildTimeouts:
-    """The kind's build timeouts, overridden by payload lock_timeout/statement_timeout."""
-    try:
-        return timeouts_from_payload(payload, default)
-    except (TypeError, ValueError) as exc:
-        raise PermanentError(f"payload: {exc}") from None
 
 
 def is_last_attempt(attempts: int, max_attempts: int, exc: BaseException) -> bool:

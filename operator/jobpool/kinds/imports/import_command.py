@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from jobpool.cli_arguments import add_actor, add_common_arguments
 from jobpool.settings import Settings
 
 IMPORT_ACTOR = "jobpool-cli"
@@ -14,8 +15,6 @@ IMPORT_ACTOR = "jobpool-cli"
 
 def add_import_command(subparsers: Any, settings: Settings) -> None:
     """Add the `import` subcommand to the `jobpool` parser; its flags default to `settings`."""
-    from jobpool.cli import add_actor, add_common_arguments
-
     p = subparsers.add_parser(
         "import", help="stage a CSV or JSON Lines file of entities and enqueue bulk_import")
     add_common_arguments(p, settings)
@@ -37,9 +36,9 @@ def add_import_command(subparsers: Any, settings: Settings) -> None:
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     """Stage the file and enqueue its job in one transaction; print the ids."""
     from jobpool import admin
-    from jobpool.cli import open_database
-    from jobpool.core.attributes import check_key
-    from jobpool.data.staging import detect_format, read_file, stage_import
+    from jobpool.db.connect import open_database
+    from jobpool.kinds.entities.attributes import check_key
+    from jobpool.kinds.imports.staging import detect_format, read_file, stage_import
 
     check_key("type_key", args.type_key)
     if args.batch_size is not None and not 1 <= args.batch_size <= 10_000:

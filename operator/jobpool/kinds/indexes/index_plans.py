@@ -23,7 +23,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from jobpool.core.attributes import DataType, check_key
+from jobpool.errors import PermanentError
+from jobpool.kinds.entities.attributes import DataType, check_key
 
 MAX_IDENTIFIER_BYTES = 63
 _HASH_CHARS = 10
@@ -176,6 +177,14 @@ def timeouts_from_payload(payload: Mapping[str, Any], default: BuildTimeouts) ->
     values = {name: payload[name] for name in ("lock_timeout", "statement_timeout")
               if payload.get(name) is not None}
     return replace(default, **values) if values else default
+
+
+def build_timeouts(payload: Mapping[str, Any], default: BuildTimeouts) -> BuildTimeouts:
+    """The kind's build timeouts, overridden by payload lock_timeout/statement_timeout."""
+    try:
+        return timeouts_from_payload(payload, default)
+    except (TypeError, ValueError) as exc:
+        raise PermanentError(f"payload: {exc}") from None
 
 
 def _index_names(node: Mapping[str, Any]) -> Iterator[str]:

@@ -13,7 +13,7 @@ Two payload shapes, one kind:
 
 A failed attempt is recorded on the delivery row through a second connection, because the
 job's transaction rolls back when the handler raises. Whatever the receiver, its HTTP client
-or DNS sent is escaped and bounded before it is stored (`jobpool.core.webhooks`).
+or DNS sent is escaped and bounded before it is stored (`jobpool.kinds.webhooks.signing`).
 """
 
 from __future__ import annotations
@@ -31,20 +31,14 @@ import psycopg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from psycopg import AsyncConnection
 
-import jobpool
 from jobpool import settings
 from jobpool.core.retry import truncate_error
-from jobpool.core.ssrf import (
-    Address,
-    InvalidWebhookURL,
-    Network,
-    Target,
-    TargetRefused,
-    check_target,
-    parse_networks,
-    webhook_target,
-)
-from jobpool.core.webhooks import (
+from jobpool.db.connect import open_side_connection
+from jobpool.db.store import fetch_all, fetch_one
+from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.errors import JobpoolError, PermanentError, RetryAfter
+from jobpool.job import Job
+from jobpool.kinds.webhooks.signing import (
     Delivered,
     Gone,
     Outcome,
@@ -56,11 +50,17 @@ from jobpool.core.webhooks import (
     failure_reason,
     signed_headers,
 )
-from jobpool.db.connect import open_side_connection
-from jobpool.db.store import fetch_all, fetch_one
-from jobpool.enqueue import NewJob, enqueue_many
-from jobpool.errors import JobpoolError, PermanentError, RetryAfter
-from jobpool.job import Job
+from jobpool.kinds.webhooks.ssrf import (
+    Address,
+    InvalidWebhookURL,
+    Network,
+    Target,
+    TargetRefused,
+    check_target,
+    parse_networks,
+    webhook_target,
+)
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 from jobpool.worker.maintenance import cleanup_step
 
@@ -343,7 +343,7 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
             assert_never(outcome)
 
 
-@jobpool.kind("outbox_dispatch", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=120,
+@kind("outbox_dispatch", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=120,
               backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def outbox_dispatch(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Fan out one event, or deliver one (event, subscription) pair."""

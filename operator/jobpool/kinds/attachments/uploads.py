@@ -174,7 +174,7 @@ def fetcher_for(uri: str) -> Fetcher:
     except KeyError:
         raise PermanentError(
             f"no fetcher for {scheme or 'scheme-less'}:// attachments (known: "
-            f"{', '.join(sorted(_FETCHERS))}); add one with jobpool.attachments.register_fetcher"
+            f"{', '.join(sorted(_FETCHERS))}); add one with jobpool.register_fetcher"
         ) from None
 
 

@@ -8,6 +8,7 @@ import logging
 import signal
 from typing import Any
 
+from jobpool.cli_arguments import add_common_arguments, add_setting
 from jobpool.settings import Settings
 
 log = logging.getLogger("jobpool.api")
@@ -17,8 +18,6 @@ POOL_SIZE = 4
 
 def add_api_command(subparsers: Any, settings: Settings) -> None:
     """Add `jobpool api` to the CLI's subcommands; its flags default to `settings`."""
-    from jobpool.cli import add_common_arguments, add_setting
-
     p = subparsers.add_parser("api", help="serve the admin REST API (DLQ, jobs, stats)")
     add_common_arguments(p, settings)
     for name in ("api_host", "api_port", "api_jwt_secret", "api_jwt_public_key",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from jobpool.cli_arguments import add_setting
 from jobpool.settings import Settings, parser_of
 
 
@@ -21,8 +22,6 @@ class _Namespaces(argparse.Action):
 def add_operator_command(subparsers: Any, settings: Settings) -> None:
     """Add the `operator` subcommand to the `jobpool` parser's subparsers; its flags default
     to `settings`."""
-    from jobpool.cli import add_setting
-
     p: argparse.ArgumentParser = subparsers.add_parser(
         "operator", help="run the Kubernetes operator for JobWorkerPools",
         description="Reconcile JobWorkerPools into one worker Deployment per lane and scale "

@@ -3,11 +3,11 @@
 Payload: {"import_job_id": int, "batch_size": int (default 1000, at
 most 10,000)}; `jobpool import FILE --tenant T --type K` stages a file and enqueues it.
 
-Each record is checked against the type's attributes (`jobpool.core.attributes`); valid ones
+Each record is checked against the type's attributes (`kinds/entities/attributes.py`); valid ones
 are upserted on (tenant, type, external key), so a rerun never duplicates; rejected ones keep
 their line number and a message naming the field in `mdm.aa_import_row`. One bad record never
 sinks its batch, and a file of only bad records completes with all of them rejected.
-Batches commit on a side connection with the progress marker (`jobpool.data.imports`), so a
+Batches commit on a side connection with the progress marker (`jobpool.kinds.imports.batches`), so a
 retry after a crash continues after the last committed batch. Result (also in
 `aa_import_job`): {"import_job_id", "rows", "inserted", "updated", "unchanged", "rejected"}.
 """
@@ -20,13 +20,13 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-import jobpool
 from jobpool import settings
-from jobpool.data.imports import load_import, run_batch
-from jobpool.data.payloads import as_object, positive_int
 from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
+from jobpool.kinds.entities.payloads import as_object, positive_int
+from jobpool.kinds.imports.batches import load_import, run_batch
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def parse_payload(payload: Any) -> ImportRequest:
                                       maximum=MAX_BATCH))
 
 
-@jobpool.kind("bulk_import", priority=100, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
+@kind("bulk_import", priority=100, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
               backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def bulk_import(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Import one staged file batch by batch, then mark it done with the job."""

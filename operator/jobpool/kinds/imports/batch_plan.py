@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jobpool.core.attributes import (
+from jobpool.kinds.entities.attributes import (
     MAX_FIELDS,
     AttributeSpec,
     RejectedRecord,

@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from jobpool.core.indexes import (
+from jobpool.errors import JobpoolError, PermanentError
+from jobpool.kinds.indexes.index_plans import (
     BuildTimeouts,
     ExistingIndex,
     IndexPlan,
@@ -25,7 +26,6 @@ from jobpool.core.indexes import (
     plan_outline,
     plan_uses_index,
 )
-from jobpool.errors import JobpoolError, PermanentError
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class BuildBlocked(JobpoolError):
 
 
 def template(name: str, **parts: sql.Composable) -> sql.Composed:
-    """A named query of entities.sql with its {placeholders} filled (identifiers, literals)."""
+    """A named query of indexes.sql with its {placeholders} filled (identifiers, literals)."""
     return sql.SQL(QUERIES[name].text).format(**parts)
 
 

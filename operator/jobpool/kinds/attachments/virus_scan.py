@@ -1,7 +1,7 @@
 """virus_scan: stream an attachment to clamd (INSTREAM) and patch `virus_scan_status`.
 
 Payload: `{"attachment_id": n,
-"sha256": hex}` (enqueued by `jobpool.attachments.commit_upload`).
+"sha256": hex}` (enqueued by `jobpool.commit_upload`).
 
 `clean` if and only if clamd answered `stream: OK` for exactly the committed bytes (size and
 sha256 checked on the way). A signature hit is `infected`; an object past clamd's stream
@@ -9,8 +9,8 @@ limit, or whose bytes are not the committed ones, is `unscannable` (terminal, no
 A daemon that is down, times out or answers an error is a transient failure: the job
 retries and the attachment stays `pending`. The object is streamed chunk by chunk, never
 held in memory whole; `https://` objects by the fetcher defined here (aiohttp, a worker's
-dependency, which `jobpool.attachments` leaves to this module so that services committing
-uploads need not install it).
+dependency, which the uploads module leaves to this one so that services committing uploads
+need not install it).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import aiohttp
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-import jobpool
 from jobpool import settings
-from jobpool.attachments import CHUNK_SIZE, Fetcher, fetcher_for, redact, register_fetcher
-from jobpool.core.clamd import (
+from jobpool.errors import FetchError, JobpoolError, PermanentError
+from jobpool.job import Job
+from jobpool.kinds.attachments.clamd import (
     END_OF_STREAM,
     INSTREAM,
     REPLY_LIMIT,
@@ -48,8 +48,14 @@ from jobpool.core.clamd import (
     status_of,
     with_integrity,
 )
-from jobpool.errors import FetchError, JobpoolError, PermanentError
-from jobpool.job import Job
+from jobpool.kinds.attachments.uploads import (
+    CHUNK_SIZE,
+    Fetcher,
+    fetcher_for,
+    redact,
+    register_fetcher,
+)
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 CONNECT_TIMEOUT = 10.0
@@ -102,11 +108,11 @@ async def connect_clamd(address: ClamdAddress) -> socket.socket:
             (socket.AF_UNIX, socket.SOCK_STREAM, 0, address.path)]
     else:
         infos = await loop.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
-        targets = [(family, kind, proto, sockaddr)
-                   for family, kind, proto, _, sockaddr in infos]
+        targets = [(family, socktype, proto, sockaddr)
+                   for family, socktype, proto, _, sockaddr in infos]
     error: OSError | TimeoutError = OSError(f"no address for {_where(address)}")
-    for family, kind, proto, sockaddr in targets:
-        sock = socket.socket(family, kind, proto)
+    for family, socktype, proto, sockaddr in targets:
+        sock = socket.socket(family, socktype, proto)
         sock.setblocking(False)
         try:
             await asyncio.wait_for(loop.sock_connect(sock, sockaddr), CONNECT_TIMEOUT)
@@ -318,7 +324,7 @@ async def _record(
     return bool(changed and changed["changed"])
 
 
-@jobpool.kind("virus_scan", priority=100, max_attempts=20, stale_ttl=15 * 60, timeout=10 * 60,
+@kind("virus_scan", priority=100, max_attempts=20, stale_ttl=15 * 60, timeout=10 * 60,
               backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def virus_scan(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Scan one attachment and patch its status; retry (still pending) when clamd cannot say."""

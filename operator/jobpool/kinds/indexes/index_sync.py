@@ -6,7 +6,7 @@ optional "lock_timeout" / "statement_timeout" in seconds (defaults `DEFAULT_TIME
 
 The attribute's current flags decide, not the payload: searchable or sortable wants a btree
 index on its typed expression, partial on its entity type (UNIQUE when `is_unique`); neither
-(or a deleted attribute) wants none. Drift check first (`jobpool.core.indexes.plan_index`),
+(or a deleted attribute) wants none. Drift check first (`index_plans.plan_index`),
 then CREATE/DROP INDEX CONCURRENTLY on a side autocommit connection; the job's own
 transaction runs nothing until the DDL is over, then records `index_status`
 (active/dropped) and an audit row. On the last attempt, or a permanent error, index_status
@@ -23,34 +23,34 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
-import jobpool
 from jobpool import settings
-from jobpool.core.attributes import DataType
-from jobpool.core.indexes import (
-    AttributeIndex,
-    BuildTimeouts,
-    attribute_index_name,
-    expression_function,
-    sample_value,
-)
 from jobpool.core.retry import truncate_error
-from jobpool.data.indexes import (
+from jobpool.db.connect import open_side_connection
+from jobpool.errors import PermanentError
+from jobpool.job import Job
+from jobpool.kinds.entities.attributes import DataType
+from jobpool.kinds.entities.payloads import (
+    as_object,
+    entity_key,
+    is_last_attempt,
+    positive_int,
+)
+from jobpool.kinds.indexes.index_builds import (
     IndexOutcome,
     IndexWork,
     record_failure,
     sync_index,
     template,
 )
-from jobpool.data.payloads import (
-    as_object,
+from jobpool.kinds.indexes.index_plans import (
+    AttributeIndex,
+    BuildTimeouts,
+    attribute_index_name,
     build_timeouts,
-    entity_key,
-    is_last_attempt,
-    positive_int,
+    expression_function,
+    sample_value,
 )
-from jobpool.db.connect import open_side_connection
-from jobpool.errors import PermanentError
-from jobpool.job import Job
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=3 * 3600.0)
@@ -146,7 +146,7 @@ async def _record(tx: AsyncConnection[Any], job: Job, attribute: Row | None,
             "job_id": job.id, "action": action, "payload": Jsonb(result)})
 
 
-@jobpool.kind("index_sync", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
+@kind("index_sync", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
               backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
 async def index_sync(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Bring one attribute's expression index in line with its flags (see module docstring)."""

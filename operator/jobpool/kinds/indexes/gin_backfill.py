@@ -4,8 +4,8 @@ Payload (the trigger on `mdm.ddm_entity_type` writes it when
 `is_external_source_target` becomes true): {"type_key": str}, optionally "entity_type_id"
 (informational) and "lock_timeout" / "statement_timeout" in seconds (`DEFAULT_TIMEOUTS`).
 
-`type_key` is checked against `jobpool.core.attributes.KEY_PATTERN` before any SQL runs.
-Index `ix_entity_attributes_gin_<type_key>_<hash>` (see `jobpool.core.indexes`), partial on
+`type_key` is checked against `attributes.KEY_PATTERN` (the entities base) before any SQL runs.
+Index `ix_entity_attributes_gin_<type_key>_<hash>` (see `index_plans`), partial on
 the type, with the same drift check and INVALID-index handling as index_sync. A type that is
 no longer an external-source target when the job runs is skipped (nothing is dropped).
 `gin_index_status` on the type becomes active, or failed on the last attempt.
@@ -20,15 +20,20 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
-import jobpool
 from jobpool import settings
-from jobpool.core.indexes import BuildTimeouts, GinIndex, gin_index_name
 from jobpool.core.retry import truncate_error
-from jobpool.data.entity_types import require_entity_type
-from jobpool.data.indexes import IndexWork, record_failure, sync_index, template
-from jobpool.data.payloads import as_object, build_timeouts, entity_key, is_last_attempt
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
+from jobpool.kinds.entities.entity_types import require_entity_type
+from jobpool.kinds.entities.payloads import as_object, entity_key, is_last_attempt
+from jobpool.kinds.indexes.index_builds import IndexWork, record_failure, sync_index, template
+from jobpool.kinds.indexes.index_plans import (
+    BuildTimeouts,
+    GinIndex,
+    build_timeouts,
+    gin_index_name,
+)
+from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
 DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=6 * 3600.0)
@@ -63,7 +68,7 @@ def index_work(index: GinIndex) -> IndexWork:
     )
 
 
-@jobpool.kind("gin_backfill", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
+@kind("gin_backfill", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
               backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
 async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Build the type's GIN index if it is an external-source target (see module docstring)."""

@@ -20,8 +20,10 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from jobpool.core.attributes import AttributeSpec, DataType, UnknownKeys
-from jobpool.core.imports import (
+from jobpool.errors import JobpoolError
+from jobpool.job import Job
+from jobpool.kinds.entities.attributes import AttributeSpec, DataType, UnknownKeys
+from jobpool.kinds.imports.batch_plan import (
     MAX_BATCH_CHARS,
     BatchPlan,
     Entity,
@@ -29,8 +31,6 @@ from jobpool.core.imports import (
     StagedRow,
     plan_batch,
 )
-from jobpool.errors import JobpoolError
-from jobpool.job import Job
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
