@@ -9,9 +9,9 @@ Public API, all on the base install (`pip install jobpool`, README "Install"):
 - attachments (README "Attachments and virus_scan"): `commit_upload` / `commit_upload_sync`,
   `Upload`, `CommittedUpload`, `register_fetcher`;
 - the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError` and
-  `RetryAfter`, raised by handlers; `UnknownKindError`, `UnknownTenantError`,
-  `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`, `FetchError`,
-  `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
+  `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
+  `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
+  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
@@ -19,6 +19,7 @@ from jobpool.errors import (
     AttachmentNotFoundError,
     DatabaseUnavailableError,
     FetchError,
+    InvalidPayloadError,
     JobNotFoundError,
     JobpoolError,
     JobStateError,
@@ -48,10 +49,10 @@ from jobpool.registry import kind
 
 __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "DatabaseUnavailableError", "Enqueued",
-    "FetchError", "Job", "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob",
-    "PermanentError", "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "Subscription",
-    "UnknownKindError", "UnknownTenantError", "Upload", "WebhookVerificationError",
-    "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many", "enqueue_many_sync",
-    "enqueue_sync", "kind", "publish_event", "publish_event_sync", "register_fetcher",
-    "subscribe_webhook", "verify_webhook",
+    "FetchError", "InvalidPayloadError", "Job", "JobNotFoundError", "JobStateError",
+    "JobpoolError", "NewJob", "PermanentError", "PublishedEvent", "RetryAfter",
+    "SchemaNotMigratedError", "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
+    "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",
+    "enqueue_many_sync", "enqueue_sync", "kind", "publish_event", "publish_event_sync",
+    "register_fetcher", "subscribe_webhook", "verify_webhook",
 ]

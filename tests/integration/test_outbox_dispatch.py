@@ -33,6 +33,7 @@ from jobpool.db.store import register_kinds
 from jobpool.errors import UnknownTenantError
 from jobpool.kinds.webhooks.signing import encode_secret
 from jobpool.kinds.webhooks.ssrf import Address
+from jobpool.payloads import decode_payload
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
@@ -704,7 +705,10 @@ async def test_cleanup_compacts_settled_events_past_retention(
 async def test_handler_refuses_a_malformed_payload(conn: Conn, tenant: uuid.UUID) -> None:
     from jobpool.errors import PermanentError
 
+    model = outbox_dispatch.DispatchPayload
+    with pytest.raises(PermanentError, match=r"unknown field `payload\.event`"):
+        decode_payload("outbox_dispatch", model, {"event": 1})
     with pytest.raises(PermanentError, match="event_id"):
-        outbox_dispatch.parse_payload({"event": 1})
-    assert outbox_dispatch.parse_payload({"delivery_id": 3}) == outbox_dispatch.Deliver(3)
+        decode_payload("outbox_dispatch", model, {"event_id": 1, "delivery_id": 2})
+    assert decode_payload("outbox_dispatch", model, {"delivery_id": 3}) == model(delivery_id=3)
     assert encode_secret(b"x" * 16).startswith("whsec_")

@@ -104,7 +104,7 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
 
 
 @kind("cleanup_jobs", priority=100, max_attempts=3, stale_ttl=10 * 60, timeout=5 * 60,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+      backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
     """Run every registered cleanup step in the job's transaction; return their counters."""
     result: dict[str, int] = {}

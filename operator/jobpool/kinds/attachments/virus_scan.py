@@ -1,7 +1,7 @@
 """virus_scan: stream an attachment to clamd (INSTREAM) and patch `virus_scan_status`.
 
-Payload: `{"attachment_id": n,
-"sha256": hex}` (enqueued by `jobpool.commit_upload`).
+Payload: `ScanPayload`, `{"attachment_id": n, "sha256": hex}` (enqueued by
+`jobpool.commit_upload`).
 
 `clean` if and only if clamd answered `stream: OK` for exactly the committed bytes (size and
 sha256 checked on the way). A signature hit is `infected`; an object past clamd's stream
@@ -22,9 +22,10 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Annotated, Any, assert_never
 
 import aiohttp
+import msgspec
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
@@ -75,22 +76,12 @@ class ScanFailed(JobpoolError):
     """No verdict this time (clamd down, timed out, errored): retry, stay pending."""
 
 
-@dataclass(frozen=True)
-class ScanRequest:
-    attachment_id: int
-    sha256: str | None
+class ScanPayload(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A virus_scan payload: the attachment, and the SHA-256 (hex) of the bytes committed with
+    the job (None: whatever the row holds); a row whose sha256 differs was re-uploaded since."""
 
-
-def parse_payload(payload: Any) -> ScanRequest:
-    """`{"attachment_id": n, "sha256": hex (optional)}`; raises PermanentError otherwise."""
-    if isinstance(payload, dict):
-        attachment_id = payload.get("attachment_id")
-        sha256 = payload.get("sha256")
-        if (isinstance(attachment_id, int) and not isinstance(attachment_id, bool)
-                and attachment_id > 0 and (sha256 is None or isinstance(sha256, str))):
-            return ScanRequest(attachment_id, sha256)
-    raise PermanentError(
-        f"virus_scan payload must be {{\"attachment_id\": n, \"sha256\": hex}}, got {payload!r}")
+    attachment_id: Annotated[int, msgspec.Meta(ge=1)]
+    sha256: str | None = None
 
 
 # -- clamd I/O -----------------------------------------------------------------------------
@@ -325,10 +316,10 @@ async def _record(
 
 
 @kind("virus_scan", priority=100, max_attempts=20, stale_ttl=15 * 60, timeout=10 * 60,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+      backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1, payload=ScanPayload)
 async def virus_scan(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Scan one attachment and patch its status; retry (still pending) when clamd cannot say."""
-    request = parse_payload(job.payload)
+    request: ScanPayload = job.payload
     row = await _attachment(tx, request.attachment_id)
     if row is None:
         raise PermanentError(f"attachment {request.attachment_id} does not exist")

@@ -1,9 +1,9 @@
 """email_send: suppression check, SMTP send, `aa_email_log` row, audit `email_sent`.
 
-Payload: {"to", "subject", "text", "html"?, "from"?, "from_name"?, "reply_to"?}, checked by
-`jobpool.kinds.email.mail`: one recipient, bare addresses, one-line headers. The envelope is passed
-to SMTP explicitly and is exactly the checked recipient and sender. The Message-ID is derived
-from the job, so a retry after a lost commit logs the mail once.
+Payload: `EmailPayload`, {"to", "subject", "text", "html"?, "from"?, "from_name"?,
+"reply_to"?}, checked by `mail.checked_email`: one recipient, bare addresses, one-line headers.
+The envelope is passed to SMTP explicitly and is exactly the checked recipient and sender. The
+Message-ID is derived from the job, so a retry after a lost commit logs the mail once.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from jobpool.kinds.email.mail import (
     Address,
     Delivery,
     Email,
+    EmailPayload,
     PayloadError,
     build_delivery,
+    checked_email,
     parse_address,
-    parse_payload,
 )
 from jobpool.registry import kind
 from jobpool.sql import QUERIES
@@ -53,11 +54,8 @@ def configured_sender(smtp_from: str) -> Address:
 
 
 def prepare(job: Job, smtp_from: str) -> tuple[Email, Delivery]:
-    """The checked payload and its delivery; a bad payload is a PermanentError naming the field."""
-    try:
-        mail = parse_payload(job.payload)
-    except PayloadError as exc:
-        raise PermanentError(str(exc)) from None
+    """The checked message of the job's decoded `EmailPayload`, and its delivery."""
+    mail = checked_email(job.payload)
     sender = mail.sender or configured_sender(smtp_from)
     return mail, build_delivery(mail, sender, message_id=message_id(job, sender.domain),
                                 job_id=job.id)
@@ -137,8 +135,8 @@ def send(target: SmtpTarget, delivery: Delivery) -> None:
         raise
 
 
-@kind("email_send", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=60,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+@kind("email_send", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=60, backoff_base=30,
+      backoff_max=24 * 3600, backoff_jitter=0.1, payload=EmailPayload)
 async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""
     config = settings.current()

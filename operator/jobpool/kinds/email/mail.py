@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import email.policy
 import unicodedata
-from collections.abc import Mapping
 from dataclasses import dataclass
 from email.headerregistry import Address as HeaderAddress
 from email.message import EmailMessage
-from typing import Any
 
+import msgspec
 from email_validator import EmailNotValidError, validate_email
 
 from jobpool.errors import JobpoolError
-
-FIELDS = ("to", "subject", "text", "html", "from", "from_name", "reply_to")
-"""The payload's fields; any other key is refused (a `cc` would otherwise be dropped)."""
 
 MAX_DISPLAY_NAME = 200
 """Characters of `from_name`."""
@@ -148,30 +144,29 @@ def _display_name(value: str) -> str:
     return value
 
 
-def _string(body: Mapping[str, Any], name: str, *, required: bool) -> str | None:
-    value = body.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        raise PayloadError(f"payload.{name} is required and must be a string" if required
-                           else f"payload.{name} must be a string, got {type(value).__name__}")
-    return value
+class EmailPayload(msgspec.Struct, frozen=True, omit_defaults=True,
+                   forbid_unknown_fields=True):
+    """An email_send payload. Any other field is refused (a `cc` would otherwise be dropped);
+    `checked_email` runs on decoding, so a bad address or header fails at enqueue too."""
+
+    to: str
+    subject: str
+    text: str
+    html: str | None = None
+    sender: str | None = msgspec.field(default=None, name="from")
+    from_name: str | None = None
+    reply_to: str | None = None
+
+    def __post_init__(self) -> None:
+        checked_email(self)
 
 
-def parse_payload(payload: Any) -> Email:
-    """Check an email_send payload (a JSON object, fields FIELDS); raises PayloadError naming
-    the first bad field. `from`, `reply_to` are bare addresses like `to`; `from_name` is the
-    sender's display name, kept apart so no address can hide in it."""
-    if not isinstance(payload, Mapping):
-        raise PayloadError(f"payload must be an object, got {type(payload).__name__}")
-    unknown = sorted(set(payload) - set(FIELDS))
-    if unknown:
-        raise PayloadError(f"payload.{unknown[0]} is not a field of email_send (fields: "
-                           f"{', '.join(FIELDS)})")
-    to, subject, text = (_string(payload, n, required=True) for n in ("to", "subject", "text"))
-    html, sender, name, reply_to = (_string(payload, n, required=False)
-                                    for n in ("html", "from", "from_name", "reply_to"))
-    assert to is not None and subject is not None and text is not None
+def checked_email(payload: EmailPayload) -> Email:
+    """The checked message of a decoded payload; raises PayloadError naming the first bad
+    field. `from`, `reply_to` are bare addresses like `to`; `from_name` is the sender's display
+    name, kept apart so no address can hide in it."""
+    to, subject, text, html = payload.to, payload.subject, payload.text, payload.html
+    sender, name, reply_to = payload.sender, payload.from_name, payload.reply_to
     _check_text("payload.text", text)
     if html is not None:
         _check_text("payload.html", html)

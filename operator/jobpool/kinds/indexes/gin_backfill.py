@@ -1,6 +1,6 @@
 """gin_backfill: build a type's partial GIN index on `attributes jsonb_path_ops` online.
 
-Payload (the trigger on `mdm.ddm_entity_type` writes it when
+Payload: `BackfillPayload` (the trigger on `mdm.ddm_entity_type` writes it when
 `is_external_source_target` becomes true): {"type_key": str}, optionally "entity_type_id"
 (informational) and "lock_timeout" / "statement_timeout" in seconds (`DEFAULT_TIMEOUTS`).
 
@@ -14,7 +14,6 @@ no longer an external-source target when the job runs is skipped (nothing is dro
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -25,12 +24,18 @@ from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
 from jobpool.kinds.entities.entity_types import require_entity_type
-from jobpool.kinds.entities.payloads import as_object, entity_key, is_last_attempt
-from jobpool.kinds.indexes.index_builds import IndexWork, record_failure, sync_index, template
+from jobpool.kinds.entities.payload_fields import check_entity_keys
+from jobpool.kinds.indexes.index_builds import (
+    IndexWork,
+    is_last_attempt,
+    record_failure,
+    sync_index,
+    template,
+)
 from jobpool.kinds.indexes.index_plans import (
+    BuildPayload,
     BuildTimeouts,
     GinIndex,
-    build_timeouts,
     gin_index_name,
 )
 from jobpool.registry import kind
@@ -43,18 +48,13 @@ PROBE = json.dumps({"__jobpool_probe__": 1})
 """A containment value for the EXPLAIN of the canonical `attributes @> ...` query."""
 
 
-@dataclass(frozen=True)
-class BackfillRequest:
-    """A checked gin_backfill payload."""
+class BackfillPayload(BuildPayload, frozen=True, kw_only=True):
+    """A gin_backfill payload: the entity type, and the build limits."""
 
     type_key: str
-    timeouts: BuildTimeouts
 
-
-def parse_payload(payload: Any) -> BackfillRequest:
-    """Check the payload; raises PermanentError naming the bad field (no SQL has run)."""
-    body = as_object("gin_backfill", payload)
-    return BackfillRequest(entity_key(body, "type_key"), build_timeouts(body, DEFAULT_TIMEOUTS))
+    def __post_init__(self) -> None:
+        check_entity_keys(self, "type_key")
 
 
 def index_work(index: GinIndex) -> IndexWork:
@@ -69,10 +69,10 @@ def index_work(index: GinIndex) -> IndexWork:
 
 
 @kind("gin_backfill", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
-              backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
+      backoff_base=60, backoff_max=3600, backoff_jitter=0.1, payload=BackfillPayload)
 async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Build the type's GIN index if it is an external-source target (see module docstring)."""
-    request = parse_payload(job.payload)
+    request: BackfillPayload = job.payload
     async with await open_side_connection(
         tx, application_name=f"jobpool gin_backfill job {job.id}"
     ) as side:
@@ -83,7 +83,8 @@ async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                     "reason": "the type is not an external-source target"}
         try:
             outcome = await sync_index(side, index_work(GinIndex(name, entity_type["id"])),
-                                       timeouts=request.timeouts, tx_pid=tx.info.backend_pid)
+                                       timeouts=request.timeouts(DEFAULT_TIMEOUTS),
+                                       tx_pid=tx.info.backend_pid)
         except Exception as exc:
             if is_last_attempt(job.attempts, job.max_attempts, exc):
                 await record_failure(side, "set_gin_index_status", {

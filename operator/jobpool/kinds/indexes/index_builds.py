@@ -254,6 +254,11 @@ async def sync_index(
             await side.execute(QUERIES["unlock_entity_index_builds"].text)
 
 
+def is_last_attempt(attempts: int, max_attempts: int, exc: BaseException) -> bool:
+    """Whether this failure ends the job (DLQ): permanent, or out of attempts."""
+    return isinstance(exc, PermanentError) or attempts >= max_attempts
+
+
 async def record_failure(side: Conn, query: str, params: Mapping[str, Any]) -> None:
     """Run a status query on the side connection; a broken connection only logs a warning."""
     try:

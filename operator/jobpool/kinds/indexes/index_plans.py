@@ -21,9 +21,10 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from jobpool.errors import PermanentError
+import msgspec
+
 from jobpool.kinds.entities.attributes import DataType, check_key
 
 MAX_IDENTIFIER_BYTES = 63
@@ -169,22 +170,21 @@ class BuildTimeouts:
                 "statement_timeout": f"{round(self.statement_timeout * 1000)}"}
 
 
-def timeouts_from_payload(payload: Mapping[str, Any], default: BuildTimeouts) -> BuildTimeouts:
-    """`default`, with `lock_timeout`/`statement_timeout` (seconds) from a job payload.
-
-    Raises ValueError naming a bad value.
-    """
-    values = {name: payload[name] for name in ("lock_timeout", "statement_timeout")
-              if payload.get(name) is not None}
-    return replace(default, **values) if values else default
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
 
-def build_timeouts(payload: Mapping[str, Any], default: BuildTimeouts) -> BuildTimeouts:
-    """The kind's build timeouts, overridden by payload lock_timeout/statement_timeout."""
-    try:
-        return timeouts_from_payload(payload, default)
-    except (TypeError, ValueError) as exc:
-        raise PermanentError(f"payload: {exc}") from None
+class BuildPayload(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """The fields every index build payload may carry: its build limits in seconds (None: the
+    kind's default)."""
+
+    lock_timeout: Seconds | None = None
+    statement_timeout: Seconds | None = None
+
+    def timeouts(self, default: BuildTimeouts) -> BuildTimeouts:
+        """`default`, with the limits this payload gives."""
+        given = {name: value for name in ("lock_timeout", "statement_timeout")
+                 if (value := getattr(self, name)) is not None}
+        return replace(default, **given) if given else default
 
 
 def _index_names(node: Mapping[str, Any]) -> Iterator[str]:

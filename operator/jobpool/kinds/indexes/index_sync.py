@@ -1,6 +1,6 @@
 """index_sync: build or drop an attribute's expression index online.
 
-Payload (the trigger on `mdm.ddm_entity_type_attribute` writes it when `searchable`,
+Payload: `SyncPayload` (the trigger on `mdm.ddm_entity_type_attribute` writes it when `searchable`,
 `sortable` or `is_unique` changes): {"attribute_id": int, "type_key": str, "attr_key": str},
 optional "lock_timeout" / "statement_timeout" in seconds (defaults `DEFAULT_TIMEOUTS`).
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -29,24 +28,20 @@ from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.kinds.entities.attributes import DataType
-from jobpool.kinds.entities.payloads import (
-    as_object,
-    entity_key,
-    is_last_attempt,
-    positive_int,
-)
+from jobpool.kinds.entities.payload_fields import PositiveId, check_entity_keys
 from jobpool.kinds.indexes.index_builds import (
     IndexOutcome,
     IndexWork,
+    is_last_attempt,
     record_failure,
     sync_index,
     template,
 )
 from jobpool.kinds.indexes.index_plans import (
     AttributeIndex,
+    BuildPayload,
     BuildTimeouts,
     attribute_index_name,
-    build_timeouts,
     expression_function,
     sample_value,
 )
@@ -59,28 +54,19 @@ DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=3 * 3600.0
 Row = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class SyncRequest:
-    """A checked index_sync payload."""
+class SyncPayload(BuildPayload, frozen=True, kw_only=True):
+    """An index_sync payload: the attribute (its id, and its keys for the index name when it
+    was deleted), and the build limits."""
 
-    attribute_id: int
+    attribute_id: PositiveId
     type_key: str
     attr_key: str
-    timeouts: BuildTimeouts
+
+    def __post_init__(self) -> None:
+        check_entity_keys(self, "type_key", "attr_key")
 
 
-def parse_payload(payload: Any) -> SyncRequest:
-    """Check the payload; raises PermanentError naming the bad field (no SQL has run)."""
-    body = as_object("index_sync", payload)
-    return SyncRequest(
-        attribute_id=positive_int(body, "attribute_id"),
-        type_key=entity_key(body, "type_key"),
-        attr_key=entity_key(body, "attr_key"),
-        timeouts=build_timeouts(body, DEFAULT_TIMEOUTS),
-    )
-
-
-def wanted_index(tenant_id: uuid.UUID, request: SyncRequest,
+def wanted_index(tenant_id: uuid.UUID, request: SyncPayload,
                  attribute: Row | None) -> tuple[str, AttributeIndex | None]:
     """The index name, and the index the attribute needs now (None: no index)."""
     if attribute is None:
@@ -147,17 +133,18 @@ async def _record(tx: AsyncConnection[Any], job: Job, attribute: Row | None,
 
 
 @kind("index_sync", priority=200, max_attempts=3, stale_ttl=2 * 3600, timeout=6 * 3600,
-              backoff_base=60, backoff_max=3600, backoff_jitter=0.1)
+      backoff_base=60, backoff_max=3600, backoff_jitter=0.1, payload=SyncPayload)
 async def index_sync(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Bring one attribute's expression index in line with its flags (see module docstring)."""
-    request = parse_payload(job.payload)
+    request: SyncPayload = job.payload
     async with await open_side_connection(
         tx, application_name=f"jobpool index_sync job {job.id}"
     ) as side:
         attribute = await _load_attribute(side, request.attribute_id, job.tenant_id)
         name, wanted = wanted_index(job.tenant_id, request, attribute)
         try:
-            outcome = await sync_index(side, index_work(name, wanted), timeouts=request.timeouts,
+            outcome = await sync_index(side, index_work(name, wanted),
+                                       timeouts=request.timeouts(DEFAULT_TIMEOUTS),
                                        tx_pid=tx.info.backend_pid)
         except Exception as exc:
             if attribute is not None and is_last_attempt(job.attempts, job.max_attempts, exc):

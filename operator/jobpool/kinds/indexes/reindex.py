@@ -1,8 +1,8 @@
 """reindex: rebuild `search_vector` of one tenant's entities of one type.
 
-Payload: {"type_key": str, "batch_size": int (default 1000, at most 10,000)}. The trigger on
-`mdm.ddm_entity_type_attribute` enqueues one when an attribute's `searchable` changes; a
-steward or maintenance task may enqueue one any time.
+Payload: `ReindexPayload`, {"type_key": str, "batch_size": int (default 1000, at most
+10,000)}. The trigger on `mdm.ddm_entity_type_attribute` enqueues one when an attribute's
+`searchable` changes; a steward or maintenance task may enqueue one any time.
 
 The vector is `to_tsvector('simple', <searchable attribute values in attr_key order>)`
 (`mdm.entity_search_vector`). Batches of ids in order, each one UPDATE in its own short
@@ -14,9 +14,9 @@ transaction records the audit row `search_reindexed` at the end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
@@ -24,28 +24,19 @@ from jobpool import settings
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
 from jobpool.kinds.entities.entity_types import require_entity_type
-from jobpool.kinds.entities.payloads import as_object, entity_key, positive_int
+from jobpool.kinds.entities.payload_fields import DEFAULT_BATCH, BatchSize, check_entity_keys
 from jobpool.registry import kind
 from jobpool.sql import QUERIES
 
-DEFAULT_BATCH = 1000
-MAX_BATCH = 10_000
 
-
-@dataclass(frozen=True)
-class ReindexRequest:
-    """A checked reindex payload."""
+class ReindexPayload(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A reindex payload: the entity type, and entities per committed batch."""
 
     type_key: str
-    batch_size: int
+    batch_size: BatchSize = DEFAULT_BATCH
 
-
-def parse_payload(payload: Any) -> ReindexRequest:
-    """Check the payload; raises PermanentError naming the bad field (no SQL has run)."""
-    body = as_object("reindex", payload)
-    return ReindexRequest(entity_key(body, "type_key"),
-                          positive_int(body, "batch_size", default=DEFAULT_BATCH,
-                                       maximum=MAX_BATCH))
+    def __post_init__(self) -> None:
+        check_entity_keys(self, "type_key")
 
 
 async def _search_keys(side: AsyncConnection[Any], entity_type_id: int) -> list[str]:
@@ -72,11 +63,11 @@ async def rebuild_vectors(side: AsyncConnection[Any], entity_type_id: int,
         totals["batches"] += 1
 
 
-@kind("reindex", priority=150, max_attempts=20, stale_ttl=3600, timeout=4 * 3600,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+@kind("reindex", priority=150, max_attempts=20, stale_ttl=3600, timeout=4 * 3600, backoff_base=30,
+      backoff_max=24 * 3600, backoff_jitter=0.1, payload=ReindexPayload)
 async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Rebuild one type's search vectors in short batches (see module docstring)."""
-    request = parse_payload(job.payload)
+    request: ReindexPayload = job.payload
     async with await open_side_connection(
         tx, application_name=f"jobpool reindex job {job.id}"
     ) as side:

@@ -1,6 +1,6 @@
 """outbox_dispatch: fan each outbox event out to its subscriptions, deliver each as a signed POST.
 
-Two payload shapes, one kind:
+Two payload shapes, one kind (`DispatchPayload`):
 
 - `{"event_id": n}` (from the trigger on `aa_outbox_event`): fix the event's body, create one
   `aa_webhook_delivery` row per active matching subscription and enqueue one job for each,
@@ -24,9 +24,10 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Annotated, Any, assert_never
 
 import aiohttp
+import msgspec
 import psycopg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from psycopg import AsyncConnection
@@ -93,28 +94,18 @@ class TransportError(JobpoolError):
 # -- payload -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FanOut:
-    event_id: int
+class DispatchPayload(msgspec.Struct, frozen=True, omit_defaults=True,
+                      forbid_unknown_fields=True):
+    """An outbox_dispatch payload: exactly one of `event_id` (fan the event out) and
+    `delivery_id` (send one delivery)."""
 
+    event_id: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    delivery_id: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
-@dataclass(frozen=True)
-class Deliver:
-    delivery_id: int
-
-
-def parse_payload(payload: Any) -> FanOut | Deliver:
-    """`{"event_id": n}` or `{"delivery_id": n}`; raises PermanentError for anything else."""
-    if isinstance(payload, dict) and len(payload) == 1:
-        (key, value), = payload.items()
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            if key == "event_id":
-                return FanOut(value)
-            if key == "delivery_id":
-                return Deliver(value)
-    raise PermanentError(
-        f"outbox_dispatch payload must be {{\"event_id\": n}} or {{\"delivery_id\": n}}, "
-        f"got {payload!r}")
+    def __post_init__(self) -> None:
+        if (self.event_id is None) == (self.delivery_id is None):
+            raise ValueError("outbox_dispatch payload must be {\"event_id\": n} or "
+                             "{\"delivery_id\": n}")
 
 
 # -- HTTP with the SSRF guard --------------------------------------------------------------
@@ -344,14 +335,14 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
 
 
 @kind("outbox_dispatch", priority=100, max_attempts=20, stale_ttl=5 * 60, timeout=120,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+      backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1, payload=DispatchPayload)
 async def outbox_dispatch(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Fan out one event, or deliver one (event, subscription) pair."""
-    match parse_payload(job.payload):
-        case FanOut(event_id=event_id):
-            return await fan_out(job, tx, event_id)
-        case Deliver(delivery_id=delivery_id):
-            return await deliver(job, tx, delivery_id)
+    request: DispatchPayload = job.payload
+    if request.event_id is not None:
+        return await fan_out(job, tx, request.event_id)
+    assert request.delivery_id is not None
+    return await deliver(job, tx, request.delivery_id)
 
 
 @cleanup_step("outbox")
