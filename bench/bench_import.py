@@ -26,8 +26,8 @@ from psycopg.rows import dict_row
 sys.path.insert(0, str(Path(__file__).parent))
 from _benchdb import bench_database
 
-from jobpool.data.staging import read_file, stage_import
 from jobpool.db.migrate import migrate
+from jobpool.kinds.imports.staging import read_file, stage_import
 from jobpool.registry import load_kind_modules
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker

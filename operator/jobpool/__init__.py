@@ -1,21 +1,25 @@
 """jobpool: a PostgreSQL-backed pool of background workers.
 
-Public API: `kind` (register a handler), `enqueue` / `enqueue_many` (async, on the
-caller's connection), `enqueue_sync` / `enqueue_many_sync`, `NewJob`, `Enqueued`, `Job`,
-and the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError`
-and `RetryAfter`, raised by handlers; `UnknownKindError`, `UnknownTenantError`,
-`JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`, `FetchError`,
-`WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
-They, `jobpool.outbox` and `jobpool.attachments` need no extra: `pip install jobpool` is enough
-(README "Install").
+Public API, all on the base install (`pip install jobpool`, README "Install"):
+- kinds and jobs: `kind` (register a handler), `enqueue` / `enqueue_many` (async, on the
+  caller's connection), `enqueue_sync` / `enqueue_many_sync`, `NewJob`, `Enqueued`, `Job`;
+- webhooks (README "Webhooks"): `publish_event` / `publish_event_sync` (an outbox event in
+  the caller's transaction), `subscribe_webhook`, `PublishedEvent`, `Subscription`, and for
+  a receiver `verify_webhook`;
+- attachments (README "Attachments and virus_scan"): `commit_upload` / `commit_upload_sync`,
+  `Upload`, `CommittedUpload`, `register_fetcher`;
+- the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError` and
+  `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
+  `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
+  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
 """
 
-from jobpool.core.webhooks import WebhookVerificationError
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
 from jobpool.errors import (
     AttachmentNotFoundError,
     DatabaseUnavailableError,
     FetchError,
+    InvalidPayloadError,
     JobNotFoundError,
     JobpoolError,
     JobStateError,
@@ -26,12 +30,29 @@ from jobpool.errors import (
     UnknownTenantError,
 )
 from jobpool.job import Job
+from jobpool.kinds.attachments.uploads import (
+    CommittedUpload,
+    Upload,
+    commit_upload,
+    commit_upload_sync,
+    register_fetcher,
+)
+from jobpool.kinds.webhooks.outbox import (
+    PublishedEvent,
+    Subscription,
+    publish_event,
+    publish_event_sync,
+    subscribe_webhook,
+)
+from jobpool.kinds.webhooks.signing import WebhookVerificationError, verify_webhook
 from jobpool.registry import kind
 
 __all__ = [
-    "AttachmentNotFoundError", "DatabaseUnavailableError", "Enqueued", "FetchError", "Job",
-    "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob", "PermanentError",
-    "RetryAfter", "SchemaNotMigratedError", "UnknownKindError", "UnknownTenantError",
-    "WebhookVerificationError", "enqueue", "enqueue_many", "enqueue_many_sync", "enqueue_sync",
-    "kind",
+    "AttachmentNotFoundError", "CommittedUpload", "DatabaseUnavailableError", "Enqueued",
+    "FetchError", "InvalidPayloadError", "Job", "JobNotFoundError", "JobStateError",
+    "JobpoolError", "NewJob", "PermanentError", "PublishedEvent", "RetryAfter",
+    "SchemaNotMigratedError", "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
+    "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",
+    "enqueue_many_sync", "enqueue_sync", "kind", "publish_event", "publish_event_sync",
+    "register_fetcher", "subscribe_webhook", "verify_webhook",
 ]

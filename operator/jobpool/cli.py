@@ -16,31 +16,32 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from jobpool import admin
+from jobpool.api.api_command import add_api_command
+from jobpool.cli_arguments import (
+    add_actor,
+    add_common_arguments,
+    add_setting,
+    seconds,
+    settings_with_flags,
+    whole_number,
+)
 from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
 from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
-from jobpool.db.connect import connect, resolve_dsn
-from jobpool.db.migrate import check_schema, migrate, migration_script
+from jobpool.db.connect import connect, open_database, resolve_dsn
+from jobpool.db.migrate import migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError
 from jobpool.extras import require_extra
-from jobpool.settings import (
-    LOG_LEVELS,
-    Names,
-    Seconds,
-    Settings,
-    Whole,
-    configure,
-    parser_of,
-    setting_of,
-    variable,
-)
+from jobpool.k8s.operator_command import add_operator_command
+from jobpool.kinds.imports.import_command import add_import_command
+from jobpool.settings import Names, Settings, configure
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
@@ -82,57 +83,6 @@ def _json_arg(name: str) -> Callable[[str], Any]:
     return parse
 
 
-def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """`parse` as an argparse type: its ValueError becomes the usage error's message."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = getattr(parse, "__name__", "value")
-    return convert
-
-
-def whole_number(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from `low` to `high`, else an error naming the range."""
-    return _argument_type(Whole(low, high).parse)
-
-
-def seconds(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: seconds from `low` to `high` (nan, infinity and words refused)."""
-    return _argument_type(Seconds(low, high).parse)
-
-
-def add_setting(parser: argparse.ArgumentParser, settings: Settings, name: str,
-                **kwargs: Any) -> None:
-    """Add the flag of the setting `name`: its default from `settings`, its values checked as
-    the variable's are, its help the setting's meaning and variable.
-
-    The flag's dest is the setting's name, so `settings_with_flags` folds it back in; `dest`
-    in `kwargs` keeps a flag that only takes its default from the setting (`--actor`) apart.
-    """
-    item = next(item for item in fields(Settings) if item.name == name)
-    declared = setting_of(item)
-    assert declared.flag is not None, f"setting {name} has no flag"
-    meaning = declared.doc.replace("`", "").replace("%", "%%")
-    kwargs.setdefault("dest", name)
-    kwargs.setdefault("default", getattr(settings, name))
-    if kwargs.get("action") is None:
-        kwargs.setdefault("type", _argument_type(parser_of(name)))
-    parser.add_argument(declared.flag, help=f"{meaning} [env {variable(name)}]", **kwargs)
-
-
-def settings_with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
-    """`settings` with the values of the setting flags `args` holds (given or defaulted)."""
-    given = vars(args)
-    return replace(settings, **{
-        item.name: given[item.name] for item in fields(Settings)
-        if setting_of(item).flag and item.name in given
-    })
-
-
 MAX_DELAY = MAX_SECONDS
 """Ten years: a later start is a typo."""
 MAX_COUNT = 100_000
@@ -142,20 +92,6 @@ MAX_ATTEMPTS = 1000
 MAX_DEMO_EMAILS = 1000
 
 _job_id = whole_number(1, admin.MAX_JOB_ID)
-
-
-# -- database -----------------------------------------------------------------------------
-
-
-async def open_database(settings: Settings) -> psycopg.AsyncConnection[Any]:
-    """A connection to a migrated database; the embedded one is migrated on first use."""
-    dsn = resolve_dsn(settings.dsn, settings.data_dir)
-    conn = await connect(dsn)
-    if not settings.dsn:
-        await migrate(conn)
-        await conn.set_autocommit(False)
-    await check_schema(conn)
-    return conn
 
 
 def _cell(value: Any) -> str:
@@ -371,20 +307,6 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 # -- parser -------------------------------------------------------------------------------
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, settings: Settings) -> None:
-    """--dsn, --data-dir and --log-level, for every subcommand that opens the database."""
-    add_setting(parser, settings, "dsn")
-    add_setting(parser, settings, "data_dir")
-    add_setting(parser, settings, "log_level", metavar="{" + ",".join(LOG_LEVELS) + "}")
-
-
-def add_actor(parser: argparse.ArgumentParser, settings: Settings,
-              default: str | None = None) -> None:
-    """--actor: the principal this command writes to the audit log."""
-    add_setting(parser, settings, "service_account", dest="actor",
-                default=default or settings.service_account)
-
-
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The `jobpool` parser; flags default to `settings` (else those of the environment)."""
     settings = Settings.from_env(os.environ) if settings is None else settings
@@ -504,23 +426,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                    help="demo emails to enqueue")
     p.set_defaults(func=cmd_demo, blocking=True, extra="local")
 
-    _add_extensions(sub, settings)
+    # subcommands defined next to what they run; their frameworks load only when they run
+    add_operator_command(sub, settings)
+    add_api_command(sub, settings)
+    add_import_command(sub, settings)
     return parser
-
-
-_EXTENSIONS = (
-    ("jobpool.k8s.cli", "add_operator_command"),
-    ("jobpool.api.cli", "add_api_command"),
-    ("jobpool.data.cli", "add_import_command"),
-)
-"""Subcommands defined next to what they run; their frameworks load only when used."""
-
-
-def _add_extensions(sub: Any, settings: Settings) -> None:
-    import importlib
-
-    for module, function in _EXTENSIONS:
-        getattr(importlib.import_module(module), function)(sub, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

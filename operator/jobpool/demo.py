@@ -18,12 +18,22 @@ from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
+UNKNOWN_MAILBOX = "nobody@example.com"
+"""The one recipient the demo's SMTP server refuses for good (550), so that a job shows the DLQ."""
+
 
 class PrintingInbox:
     """aiosmtpd handler that prints every message it receives."""
 
     def __init__(self) -> None:
         self.received = 0
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
+                          rcpt_options: list[str]) -> str:
+        if address == UNKNOWN_MAILBOX:
+            return "550 5.1.1 no such mailbox"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         msg = email.message_from_bytes(envelope.content)
@@ -40,8 +50,8 @@ def _free_port() -> int:
 
 
 def demo_jobs(tenants: dict[str, uuid.UUID], count: int) -> list[NewJob]:
-    """`count` welcome emails spread over the tenants, one to a suppressed address and one
-    with a malformed payload (which goes to the DLQ)."""
+    """`count` welcome emails spread over the tenants, one to a suppressed address and one to
+    the mailbox the server refuses (which goes to the DLQ)."""
     keys = sorted(tenants)
     jobs = [
         NewJob(tenants[keys[i % len(keys)]], "email_send",
@@ -51,7 +61,8 @@ def demo_jobs(tenants: dict[str, uuid.UUID], count: int) -> list[NewJob]:
     ]
     jobs.append(NewJob(tenants[keys[0]], "email_send",
                        {"to": "bounced@example.com", "subject": "Suppressed", "text": "-"}))
-    jobs.append(NewJob(tenants[keys[0]], "email_send", {"subject": "no recipient"}))
+    jobs.append(NewJob(tenants[keys[0]], "email_send",
+                       {"to": UNKNOWN_MAILBOX, "subject": "Unknown mailbox", "text": "-"}))
     return jobs
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -20,6 +20,8 @@ from psycopg.rows import dict_row
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.errors import UnknownKindError, UnknownTenantError
+from jobpool.payloads import decode_payload, payload_json
+from jobpool.registry import REGISTRY
 from jobpool.sql import QUERIES
 
 _ROUNDS = 5
@@ -32,7 +34,9 @@ class NewJob:
 
     tenant_id: the tenant's uuid. kind: a registered kind name. payload: a JSON object (dict;
     finite numbers, strings without NUL characters or lone surrogates, nested at most
-    `jobpool.core.jsondata.MAX_DEPTH` levels). priority, max_attempts: None takes the kind's
+    `jobpool.core.jsondata.MAX_DEPTH` levels), or an instance of the kind's payload model;
+    where this process registered the kind with a model, the payload must match it
+    (InvalidPayloadError otherwise). priority, max_attempts: None takes the kind's
     default. available_at: an aware datetime (a naive one is refused), None is now.
     idempotency_key: at most one job per (tenant, kind, key).
     """
@@ -111,6 +115,16 @@ def _check_data(job: NewJob, where: str) -> None:
         raise ValueError(f"idempotency_key of a job of kind {job.kind}{where} {problem}")
 
 
+def _typed(job: NewJob) -> NewJob:
+    """`job` with its payload checked against its kind's model, where this process registered
+    one, and a model instance turned into its JSON object; raises InvalidPayloadError."""
+    spec = REGISTRY.find(job.kind) if isinstance(job.kind, str) else None
+    if spec is not None and spec.payload is not None:
+        decode_payload(job.kind, spec.payload, job.payload)
+    payload = payload_json(job.payload)
+    return job if payload is job.payload else replace(job, payload=payload)
+
+
 def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:
     """The parameters of `enqueue_jobs`: the jobs as one JSON array text, checked first.
 
@@ -118,6 +132,7 @@ def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str
     only when that fails are the jobs checked one by one, to name the one at fault.
     """
     rows = []
+    jobs = [_typed(job) for job in jobs]
     for job in jobs:
         _check_fields(job)
         rows.append({

@@ -20,6 +20,14 @@ class PermanentError(JobpoolError):
     """Raised by a handler when retrying cannot help: the job goes to the DLQ at once."""
 
 
+class InvalidPayloadError(PermanentError, ValueError):
+    """A payload that does not match its kind's payload model; the message names the field.
+
+    Raised by `enqueue*` (nothing is written), and in the worker before the handler runs: the
+    job goes to the DLQ at once, since no retry can change its payload.
+    """
+
+
 MAX_RETRY_DELAY = 10 * 365 * 86_400.0
 """Seconds (10 years): the longest delay a retry is stored with; PostgreSQL's timestamps end."""
 
@@ -84,7 +92,7 @@ class AttachmentNotFoundError(JobpoolError, LookupError):
 class FetchError(JobpoolError):
     """An attachment's bytes could not be read this time (not there yet, store unavailable).
 
-    Raised by a fetcher (`jobpool.attachments.register_fetcher`) for a failure worth
+    Raised by a fetcher (`jobpool.register_fetcher`) for a failure worth
     retrying: the virus_scan job retries with backoff; raise PermanentError for one that is
     not.
     """

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any
 
+import msgspec
 from psycopg import AsyncConnection
 
 from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name
@@ -16,6 +17,7 @@ from jobpool.core.retry import BackoffPolicy
 from jobpool.errors import UnknownKindError
 from jobpool.extras import missing_modules
 from jobpool.job import Job
+from jobpool.payloads import decode_payload
 
 Handler = Callable[[Job, AsyncConnection[Any]], Awaitable[Mapping[str, Any] | None]]
 """`async def handler(job, tx)`; may return a JSON-able mapping stored as the job's result."""
@@ -25,11 +27,13 @@ ENTRY_POINT_GROUP = "jobpool.kinds"
 
 @dataclass(frozen=True)
 class KindSpec:
-    """A registered kind: its handler and defaults."""
+    """A registered kind: its handler (which decodes a typed payload first), its defaults and
+    its payload model (None: the payload reaches the handler as decoded JSON)."""
 
     name: str
     handler: Handler
     defaults: KindDefaults
+    payload: type[msgspec.Struct] | None = None
 
 
 class Registry:
@@ -48,6 +52,10 @@ class Registry:
             return self._kinds[name]
         except KeyError:
             raise UnknownKindError(name) from None
+
+    def find(self, name: str) -> KindSpec | None:
+        """The kind called `name`, or None when this process has not registered it."""
+        return self._kinds.get(name)
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._kinds))
@@ -69,15 +77,18 @@ def kind(
     backoff_base: float | None = None,
     backoff_max: float | None = None,
     backoff_jitter: float | None = None,
+    payload: type[msgspec.Struct] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register `async def handler(job, tx)` as the handler of job kind `name`.
 
     The options are the kind's defaults, declared here once: `jobpool migrate` and every
     worker write priority, max_attempts and stale_ttl to `mdm.aa_job_kind`. Unset options
     take the generic ones (`jobpool.core.kinds.KindDefaults`). Units: stale_ttl, timeout,
-    backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. Raises
-    ValueError for a bad name or value, and TypeError when the decorated handler is not an
-    `async def` function.
+    backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. `payload`, a
+    `msgspec.Struct` subclass, types the payload (`jobpool.payloads`): the handler receives
+    `job.payload` as its instance, and a payload that does not match goes to the DLQ before the
+    handler runs. Raises ValueError for a bad name or value, and TypeError when the decorated
+    handler is not an `async def` function or `payload` is not a Struct.
     """
     check_kind_name(name)
     generic = KindDefaults()
@@ -98,16 +109,32 @@ def kind(
     except ValueError as exc:
         raise ValueError(f"job kind {name!r}: {exc}") from None
 
+    if payload is not None and not (
+            isinstance(payload, type) and issubclass(payload, msgspec.Struct)):
+        raise TypeError(f"the payload of job kind {name!r} must be a msgspec.Struct subclass, "
+                        f"got {payload!r}")
+
     def register(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):
             raise TypeError(
                 f"the handler of job kind {name!r} must be an `async def` function, "
                 f"got {handler!r}"
             )
-        REGISTRY.add(KindSpec(name, handler, defaults))
+        runs = handler if payload is None else _decoding(name, payload, handler)
+        REGISTRY.add(KindSpec(name, runs, defaults, payload))
         return handler
 
     return register
+
+
+def _decoding(name: str, model: type[msgspec.Struct], handler: Handler) -> Handler:
+    """`handler`, given `job.payload` decoded as `model`; InvalidPayloadError (permanent)
+    before it runs when the payload does not match."""
+
+    async def decoded(job: Job, tx: AsyncConnection[Any]) -> Mapping[str, Any] | None:
+        return await handler(replace(job, payload=decode_payload(name, model, job.payload)), tx)
+
+    return decoded
 
 
 def load_kind_modules(modules: Iterable[str] = ()) -> Registry:

@@ -12,7 +12,7 @@ from integration.entities_helpers import create_type, run_worker
 from integration.helpers import scalar
 
 from acceptance.cli import jobpool as cli
-from jobpool.core.attributes import MAX_FIELDS
+from jobpool.kinds.entities.attributes import MAX_FIELDS
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 

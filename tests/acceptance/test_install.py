@@ -32,7 +32,7 @@ EXTRA_MODULES = tuple(sorted(set().union(*jobpool.extras.EXTRA_MODULES.values())
 SERVICE = """
 import importlib.metadata, json, sys
 import psycopg
-import jobpool, jobpool.enqueue, jobpool.outbox, jobpool.attachments
+import jobpool
 
 installed = []
 for name in json.loads(sys.argv[2]):

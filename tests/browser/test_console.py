@@ -88,10 +88,10 @@ def test_a_payload_with_markup_shows_as_text_and_never_runs(
     sign_in(page, console, token())
     hostile = seeded.ids["hostile"]
     page.goto(f"{console}#/dlq")
-    expect(dlq_row(page, hostile)).to_contain_text("webhook answered 500: <html><script>")
+    expect(dlq_row(page, hostile)).to_contain_text("rejected: <html><script>")
     page.goto(f"{console}#/jobs/{hostile}")
     payload = page.locator("#job-body details.json pre")
-    expect(payload).to_contain_text('"html": "<script>window.pwned = 1</script><img src=x')
+    expect(payload).to_contain_text('"subject": "<script>window.pwned = 1</script><img src=x')
     expect(page.locator("#job-body pre.error-text")).to_contain_text("<script>alert(1)</script>")
     assert page.locator("#injected").count() == 0
     assert page.locator("#job-body script, #job-body img, #job-body b").count() == 0

@@ -21,7 +21,7 @@ from integration.test_api import (
     token,
 )
 from jobpool.api.app import SECURITY_HEADERS
-from jobpool.api.cli import lane_summaries
+from jobpool.api.api_command import lane_summaries
 from jobpool.cli import main
 from jobpool.core.poolspec import load_pool_file
 
@@ -49,7 +49,7 @@ async def test_another_tenants_job_is_404_for_every_job_endpoint(
 ) -> None:
     theirs = jobs["globex"]
     calls = [("GET", f"/v1/jobs/{theirs['dlq'][0]}"),
-             ("GET", f"/v1/jobs/{theirs['dlq'][0]}/history"),
+             ("GET", f"/v1/audit/jobs/{theirs['dlq'][0]}"),
              ("POST", f"/v1/jobs/{theirs['dlq'][0]}/replay"),
              ("DELETE", f"/v1/jobs/{theirs['dlq'][1]}"),
              ("POST", f"/v1/jobs/{theirs['running'][0]}/stop")]
@@ -77,7 +77,7 @@ async def test_each_tenant_admin_acts_on_its_own_jobs_and_the_audit_records_the_
             (sub, [key])]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in discard] == [
             (sub, [key])]
-        status, body, _ = await api.call("GET", f"/v1/jobs/{mine[1]}/history", bearer=bearer)
+        status, body, _ = await api.call("GET", f"/v1/audit/jobs/{mine[1]}", bearer=bearer)
         assert status == 200
         assert [row["action"] for row in body["items"]] == ["job_enqueued", "job_discard"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from jobpool.data import imports
-from jobpool.data.staging import detect_format, read_file, stage_import
+from jobpool.kinds.imports import batches as imports
+from jobpool.kinds.imports.staging import detect_format, read_file, stage_import
 from jobpool.worker.maintenance import recover_stale_claims
 
 from .entities_helpers import Conn, create_type, jobs_of, run_worker

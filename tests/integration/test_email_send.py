@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
+from psycopg.types.json import Jsonb
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
@@ -163,14 +164,12 @@ async def test_a_retry_after_a_lost_commit_logs_the_mail_once(conn: Conn, dsn: s
 async def test_smtp_replies_map_to_retry_or_dlq(conn: Conn, dsn: str, tenant: uuid.UUID,
                                                 inbox: Inbox, to: str, status: str,
                                                 error: str) -> None:
-    await prepare(conn)
     payload = {**MAIL, "to": to}
     if to.startswith("x@"):
         del payload["subject"]
-    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="email_send",
-                                    payload=payload)).id
-    await run_until_empty(dsn, "email_send")
-    row = await job(conn, job_id)
+        row = await _send_unchecked(conn, dsn, tenant, payload)
+    else:
+        row = await _send(conn, dsn, tenant, to=to)
     assert row["status"] == status
     assert error in row["last_error"]
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_email_log") == 0
@@ -206,6 +205,21 @@ async def _send(conn: Conn, dsn: str, tenant: uuid.UUID, **fields: str) -> dict[
     return await job(conn, job_id)
 
 
+async def _send_unchecked(conn: Conn, dsn: str, tenant: uuid.UUID,
+                          payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload that `enqueue` refuses, written as plain SQL would (the worker checks it)."""
+    await prepare(conn)
+    with pytest.raises(jobpool.InvalidPayloadError):
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="email_send", payload=payload)
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, max_attempts)"
+        " VALUES (%s, 'email_send', %s, 20) RETURNING id", (tenant, Jsonb(payload)))
+    row = await cur.fetchone()
+    assert row is not None
+    await run_until_empty(dsn, "email_send")
+    return await job(conn, row["id"])
+
+
 async def test_the_envelope_is_exactly_the_checked_sender_and_recipient(
     conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox
 ) -> None:
@@ -220,7 +234,8 @@ async def test_a_list_of_recipients_is_refused_not_sent_past_the_suppression_che
 ) -> None:
     await conn.execute("INSERT INTO mdm.aa_email_suppression (tenant_id, address, reason)"
                        " VALUES (%s, 'blocked@example.com', 'complaint')", (tenant,))
-    row = await _send(conn, dsn, tenant, to="ok@example.com, blocked@example.com")
+    row = await _send_unchecked(conn, dsn, tenant,
+                                {**MAIL, "to": "ok@example.com, blocked@example.com"})
     assert (row["status"], row["attempts"]) == ("dlq", 1)
     assert "payload.to must be exactly one address" in row["last_error"]
     assert inbox.envelopes == []
@@ -239,7 +254,7 @@ async def test_a_list_of_recipients_is_refused_not_sent_past_the_suppression_che
 async def test_a_malformed_header_field_goes_to_the_dlq_at_once_naming_it(
     conn: Conn, dsn: str, tenant: uuid.UUID, inbox: Inbox, field: str, value: str
 ) -> None:
-    row = await _send(conn, dsn, tenant, **{field: value})
+    row = await _send_unchecked(conn, dsn, tenant, {**MAIL, field: value})
     assert (row["status"], row["attempts"]) == ("dlq", 1)
     assert f"payload.{field}" in row["last_error"]
     assert inbox.envelopes == []

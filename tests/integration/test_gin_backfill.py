@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobpool.core.indexes import gin_index_name
+from jobpool.kinds.indexes.index_plans import gin_index_name
 
 from .entities_helpers import Conn, create_type, index_state, jobs_of, run_worker
 

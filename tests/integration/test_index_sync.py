@@ -10,9 +10,9 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from jobpool.core.indexes import attribute_index_name
-from jobpool.data.indexes import check_own_transaction
-from jobpool.kinds.index_sync import SyncRequest, index_work, parse_payload, wanted_index
+from jobpool.kinds.indexes.index_builds import check_own_transaction
+from jobpool.kinds.indexes.index_plans import attribute_index_name
+from jobpool.kinds.indexes.index_sync import SyncPayload, index_work, wanted_index
 
 from .entities_helpers import (
     Conn,
@@ -153,8 +153,7 @@ async def test_an_invalid_index_left_by_a_failed_unique_build_is_replaced(
     attribute = await cur.fetchone()
     assert attribute is not None
     attribute.update(searchable=True, is_unique=True)
-    request = SyncRequest(attr_id, "customer", "email", parse_payload(
-        {"attribute_id": attr_id, "type_key": "customer", "attr_key": "email"}).timeouts)
+    request = SyncPayload(attribute_id=attr_id, type_key="customer", attr_key="email")
     name, wanted = wanted_index(tenant, request, attribute)
     work = index_work(name, wanted)
     assert work.create is not None

@@ -18,14 +18,22 @@ import pytest
 import standardwebhooks
 from aiohttp import web
 
-import jobpool.kinds.outbox_dispatch as outbox_dispatch
+import jobpool.kinds.webhooks.outbox_dispatch as outbox_dispatch
 import jobpool.worker.maintenance  # noqa: F401  (registers cleanup_jobs)
-from jobpool import settings
-from jobpool.core.ssrf import Address
-from jobpool.core.webhooks import encode_secret, verify
+from jobpool import (
+    PublishedEvent,
+    Subscription,
+    publish_event,
+    publish_event_sync,
+    settings,
+    subscribe_webhook,
+    verify_webhook,
+)
 from jobpool.db.store import register_kinds
 from jobpool.errors import UnknownTenantError
-from jobpool.outbox import PublishedEvent, Subscription, publish, publish_sync, subscribe
+from jobpool.kinds.webhooks.signing import encode_secret
+from jobpool.kinds.webhooks.ssrf import Address
+from jobpool.payloads import decode_payload
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
@@ -174,11 +182,11 @@ async def make_due(conn: Conn, job_id: int) -> None:
 
 async def add(conn: Conn, tenant: uuid.UUID, url: str, types: tuple[str, ...] = ("order.paid",)
               ) -> Subscription:
-    return await subscribe(conn, tenant_id=tenant, url=url, event_types=types)
+    return await subscribe_webhook(conn, tenant_id=tenant, url=url, event_types=types)
 
 
 async def paid(conn: Conn, tenant: uuid.UUID, order: int = 1) -> PublishedEvent:
-    return await publish(conn, tenant_id=tenant, event_type="order.paid",
+    return await publish_event(conn, tenant_id=tenant, event_type="order.paid",
                          payload={"order": order, "total": "12.50", "note": "Grüße"})
 
 
@@ -214,7 +222,7 @@ def test_publish_sync_writes_the_event_and_its_job(dsn: str) -> None:
         row = sync_conn.execute(
             "INSERT INTO mdm.aa_tenant (key) VALUES ('sync') RETURNING id").fetchone()
         assert row is not None
-        event = publish_sync(sync_conn, tenant_id=row[0], event_type="a.b", payload=[1])
+        event = publish_event_sync(sync_conn, tenant_id=row[0], event_type="a.b", payload=[1])
     with psycopg.connect(dsn) as check:
         job = check.execute("SELECT payload FROM mdm.aa_job").fetchone()
     assert job == ({"event_id": event.id},)
@@ -224,7 +232,7 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
     conn: Conn, tenant: uuid.UUID
 ) -> None:
     with pytest.raises(ValueError, match="invalid event type 'Order Paid'"):
-        await publish(conn, tenant_id=tenant, event_type="Order Paid", payload={})
+        await publish_event(conn, tenant_id=tenant, event_type="Order Paid", payload={})
     deep: dict[str, Any] = {}
     for _ in range(3000):
         deep = {"a": deep}
@@ -235,21 +243,22 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
         (deep, "payload is nested more than 100 levels deep"),
     ]:
         with pytest.raises(ValueError, match=f"payload of a 'a.b' event is refused: {problem}"):
-            await publish(conn, tenant_id=tenant, event_type="a.b", payload=payload)
+            await publish_event(conn, tenant_id=tenant, event_type="a.b", payload=payload)
     with pytest.raises(UnknownTenantError):
-        await publish(conn, tenant_id=uuid.uuid4(), event_type="a.b", payload={})
+        await publish_event(conn, tenant_id=uuid.uuid4(), event_type="a.b", payload={})
     with pytest.raises(ValueError, match="NUL character"):
-        await publish(conn, tenant_id=tenant, event_type="a.b", payload={"x\x00": 1})
+        await publish_event(conn, tenant_id=tenant, event_type="a.b", payload={"x\x00": 1})
     with pytest.raises(ValueError, match="http:// or https://"):
-        await subscribe(conn, tenant_id=tenant, url="ftp://x.example/", event_types=["a.b"])
+        await subscribe_webhook(conn, tenant_id=tenant, url="ftp://x.example/", event_types=["a.b"])
     with pytest.raises(ValueError, match="port '99999' is not a number from 1 to 65535"):
-        await subscribe(conn, tenant_id=tenant, url="https://x.example:99999/",
+        await subscribe_webhook(conn, tenant_id=tenant, url="https://x.example:99999/",
                         event_types=["a.b"])
     with pytest.raises(ValueError, match="contains '\\\\x00'"):
-        await subscribe(conn, tenant_id=tenant, url="https://x.example/\x00", event_types=["a.b"])
+        await subscribe_webhook(conn, tenant_id=tenant, url="https://x.example/\x00",
+                                event_types=["a.b"])
     with pytest.raises(ValueError, match="secret"):
-        await subscribe(conn, tenant_id=tenant, url="https://x.example/", event_types=["a.b"],
-                        secret="hunter2")
+        await subscribe_webhook(conn, tenant_id=tenant, url="https://x.example/",
+                                event_types=["a.b"], secret="hunter2")
     assert await rows(conn, "SELECT id FROM mdm.aa_outbox_event") == []
     assert await rows(conn, "SELECT id FROM mdm.aa_webhook_subscription") == []
 
@@ -257,7 +266,7 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
 async def test_an_escaped_backslash_before_u0000_is_text_not_nul(
     conn: Conn, tenant: uuid.UUID
 ) -> None:
-    await publish(conn, tenant_id=tenant, event_type="a.b", payload={"path": "C:\\u0000"})
+    await publish_event(conn, tenant_id=tenant, event_type="a.b", payload={"path": "C:\\u0000"})
     [row] = await rows(conn, "SELECT payload FROM mdm.aa_outbox_event")
     assert row["payload"] == {"path": "C:\\u0000"}
 
@@ -294,7 +303,7 @@ async def test_numbers_arrive_exactly_as_stored_and_signed_over_the_bytes_sent(
         stamp = event["created_at"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         assert hit.body == (f'{{"data":{event["stored"]},"timestamp":"{stamp}",'
                             '"type":"order.paid"}').encode()
-        verify(sub.secret, hit.headers, hit.body, now=int(hit.headers["webhook-timestamp"]))
+        verify_webhook(sub.secret, hit.headers, hit.body, now=int(hit.headers["webhook-timestamp"]))
     small, big = sorted(receiver.hits, key=lambda h: len(h.body))
     assert b'"total": 12345678901234567890.12' in small.body
     assert b'"big": 1' + b"0" * 400 + b"," in small.body
@@ -351,7 +360,7 @@ async def test_500_then_200_sends_the_same_signed_bytes_with_the_same_id(
         "data": {"order": 1, "total": "12.50", "note": "Grüße"}}
     assert one.headers["Content-Type"] == "application/json"
     for hit in (one, two):
-        verify(sub.secret, hit.headers, hit.body, now=int(hit.headers["webhook-timestamp"]))
+        verify_webhook(sub.secret, hit.headers, hit.body, now=int(hit.headers["webhook-timestamp"]))
         standardwebhooks.Webhook(sub.secret).verify(hit.body, hit.headers)
 
 
@@ -696,7 +705,10 @@ async def test_cleanup_compacts_settled_events_past_retention(
 async def test_handler_refuses_a_malformed_payload(conn: Conn, tenant: uuid.UUID) -> None:
     from jobpool.errors import PermanentError
 
+    model = outbox_dispatch.DispatchPayload
+    with pytest.raises(PermanentError, match=r"unknown field `payload\.event`"):
+        decode_payload("outbox_dispatch", model, {"event": 1})
     with pytest.raises(PermanentError, match="event_id"):
-        outbox_dispatch.parse_payload({"event": 1})
-    assert outbox_dispatch.parse_payload({"delivery_id": 3}) == outbox_dispatch.Deliver(3)
+        decode_payload("outbox_dispatch", model, {"event_id": 1, "delivery_id": 2})
+    assert decode_payload("outbox_dispatch", model, {"delivery_id": 3}) == model(delivery_id=3)
     assert encode_secret(b"x" * 16).startswith("whsec_")

@@ -24,17 +24,19 @@ import pytest
 import trustme
 from aiohttp import web
 
-import jobpool.kinds.virus_scan as virus_scan
-from jobpool import attachments, settings
-from jobpool.attachments import (
+import jobpool.kinds.attachments.virus_scan as virus_scan
+from jobpool import settings
+from jobpool.errors import PermanentError, UnknownTenantError
+from jobpool.kinds.attachments import uploads as attachments
+from jobpool.kinds.attachments.uploads import (
     AttachmentNotFoundError,
     Upload,
     commit_upload,
     commit_upload_sync,
     register_fetcher,
 )
-from jobpool.errors import PermanentError, UnknownTenantError
-from jobpool.kinds.virus_scan import https_fetcher
+from jobpool.kinds.attachments.virus_scan import https_fetcher
+from jobpool.payloads import decode_payload
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
@@ -423,7 +425,7 @@ async def test_unwell_clamd_replies_retry_and_never_mark_clean(
 
 
 def test_malformed_payloads_and_unknown_schemes_are_permanent() -> None:
-    with pytest.raises(PermanentError, match="attachment_id"):
-        virus_scan.parse_payload({"id": 1})
+    with pytest.raises(PermanentError, match=r"missing required field `payload\.attachment_id`"):
+        decode_payload("virus_scan", virus_scan.ScanPayload, {"id": 1})
     with pytest.raises(PermanentError, match="no fetcher for s3://"):
         attachments.fetcher_for("s3://bucket/key")

@@ -1,4 +1,4 @@
-"""Attribute values and keys (jobpool.core.attributes)."""
+"""Attribute values and keys (jobpool.kinds.entities.attributes)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jobpool.core.attributes import (
+from jobpool.kinds.entities.attributes import (
     AttributeSpec,
     FieldValueError,
     RejectedRecord,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobpool.core.clamd import (
+from jobpool.kinds.attachments.clamd import (
     END_OF_STREAM,
     ClamdAddress,
     Clean,

@@ -3,17 +3,30 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobpool.core.mail import PayloadError, build_delivery, parse_address, parse_payload
-from jobpool.errors import PermanentError
+from jobpool.errors import InvalidPayloadError, PermanentError
 from jobpool.job import Job
-from jobpool.kinds.email_send import parse_smtp_url, prepare
+from jobpool.kinds.email.email_send import parse_smtp_url, prepare
+from jobpool.kinds.email.mail import (
+    Email,
+    EmailPayload,
+    build_delivery,
+    checked_email,
+    parse_address,
+)
+from jobpool.payloads import decode_payload
 
 MAIL = {"to": "ada@example.com", "subject": "s", "text": "t"}
 
 
-def _job(job_id: int = 42, payload: object = None) -> Job:
+def parse_payload(payload: object) -> Email:
+    """What the worker does before email_send runs: decode, then check the message."""
+    return checked_email(decode_payload("email_send", EmailPayload, payload))
+
+
+def _job(job_id: int = 42) -> Job:
     now = datetime.now(UTC)
-    return Job(job_id, uuid.UUID(int=1), "email_send", payload or MAIL, "running", 100, now, now,
+    return Job(job_id, uuid.UUID(int=1), "email_send",
+               decode_payload("email_send", EmailPayload, MAIL), "running", 100, now, now,
                "w", now, 1, 3, None, None)
 
 
@@ -26,7 +39,7 @@ def _job(job_id: int = 42, payload: object = None) -> Job:
      ([1, 2], "object")],
 )
 def test_malformed_payloads_name_the_field(payload: object, field: str) -> None:
-    with pytest.raises(PayloadError, match=field):
+    with pytest.raises(InvalidPayloadError, match=field):
         parse_payload(payload)
 
 
@@ -61,12 +74,12 @@ def test_malformed_payloads_name_the_field(payload: object, field: str) -> None:
         ("from_name", "=?utf-8?q?Bank?=", "encoded word"),
         ("from_name", "x" * 201, "longer than 200"),
         ("text", "\ud800", "lone surrogate"),
-        ("cc", "spy@evil.example", "payload.cc is not a field"),
+        ("cc", "spy@evil.example", "unknown field `payload.cc`"),
     ],
 )
 def test_header_bound_fields_are_refused_naming_the_field(field: str, value: str,
                                                          problem: str) -> None:
-    with pytest.raises(PayloadError, match=f"payload.{field}") as caught:
+    with pytest.raises(InvalidPayloadError, match=f"payload.{field}") as caught:
         parse_payload({**MAIL, field: value})
     assert caught.match(problem)
 
@@ -110,9 +123,13 @@ def test_message_id_is_derived_from_the_job() -> None:
     assert first.message["Message-ID"].endswith("@example.com>")
 
 
-def test_a_bad_payload_is_permanent() -> None:
+def test_a_bad_payload_is_permanent_and_an_instance_is_checked_as_its_json() -> None:
     with pytest.raises(PermanentError, match=r"payload\.to"):
-        prepare(_job(payload={**MAIL, "to": "a@b.example, c@d.example"}), "s@example.com")
+        decode_payload("email_send", EmailPayload, {**MAIL, "to": "a@b.example, c@d.example"})
+    given = EmailPayload("ada@example.com", "s", "t", sender="shop@example.com")
+    assert decode_payload("email_send", EmailPayload, given) == given
+    with pytest.raises(ValueError, match=r"payload\.from "):  # at construction too
+        EmailPayload("ada@example.com", "s", "t", sender="Shop <shop@example.com>")
 
 
 def test_smtp_url() -> None:

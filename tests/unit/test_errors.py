@@ -23,12 +23,12 @@ SKIPPED_MODULES = {"jobpool.__main__"}
 """Importing it runs the command line."""
 
 VALUE_ERRORS = [
-    "jobpool.core.attributes.FieldValueError",
-    "jobpool.core.mail.PayloadError",
+    "jobpool.kinds.entities.attributes.FieldValueError",
+    "jobpool.kinds.email.mail.PayloadError",
     "jobpool.core.poolspec.PoolSpecError",
-    "jobpool.core.ssrf.InvalidWebhookURL",
-    "jobpool.core.ssrf.TargetRefused",
-    "jobpool.core.webhooks.WebhookVerificationError",
+    "jobpool.kinds.webhooks.ssrf.InvalidWebhookURL",
+    "jobpool.kinds.webhooks.ssrf.TargetRefused",
+    "jobpool.kinds.webhooks.signing.WebhookVerificationError",
     "jobpool.core.yamlfile.YamlLimitError",
 ]
 """Bad-value errors that callers also catch as ValueError (the command line, subscribe)."""
@@ -106,5 +106,5 @@ def test_try_again_later_has_one_name_per_idea() -> None:
     classes = defined_classes()
     retries = sorted(name for name in classes if "retry" in name.rpartition(".")[2].lower())
     assert retries == ["jobpool.core.retry.Retry", "jobpool.errors.RetryAfter"]
-    assert "jobpool.core.webhooks.Transient" in classes
-    assert "jobpool.core.clamd.Transient" in classes
+    assert "jobpool.kinds.webhooks.signing.Transient" in classes
+    assert "jobpool.kinds.attachments.clamd.Transient" in classes

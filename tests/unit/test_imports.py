@@ -1,4 +1,4 @@
-"""Import batch planning and file staging (jobpool.core.imports, jobpool.data.staging)."""
+"""Import batch planning and file staging (the batch_plan and staging modules of kinds/imports)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from jobpool.core.attributes import MAX_FIELDS, AttributeSpec, RejectedRecord, validate_record
-from jobpool.core.imports import FIELD_LIMIT, MAX_RECORD_CHARS, StagedRow, plan_batch
-from jobpool.data.staging import detect_format, read_csv, read_file, read_jsonl
+from jobpool.kinds.entities.attributes import (
+    MAX_FIELDS,
+    AttributeSpec,
+    RejectedRecord,
+    validate_record,
+)
+from jobpool.kinds.imports.batch_plan import FIELD_LIMIT, MAX_RECORD_CHARS, StagedRow, plan_batch
+from jobpool.kinds.imports.staging import detect_format, read_csv, read_file, read_jsonl
 
 ATTRS = {"name": AttributeSpec("name", "string", required=True)}
 

@@ -1,10 +1,12 @@
-"""Index names, drift plans and EXPLAIN reading (jobpool.core.indexes)."""
+"""Index names, drift plans and EXPLAIN reading (jobpool.kinds.indexes.index_plans)."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobpool.core.indexes import (
+from jobpool.errors import InvalidPayloadError
+from jobpool.kinds.indexes.index_plans import (
+    BuildPayload,
     BuildTimeouts,
     ExistingIndex,
     attribute_index_name,
@@ -12,8 +14,8 @@ from jobpool.core.indexes import (
     plan_index,
     plan_outline,
     plan_uses_index,
-    timeouts_from_payload,
 )
+from jobpool.payloads import decode_payload
 
 TENANT = "7d7b9a52-3a0e-4e0b-9d55-1f9a3c3a2f10"
 OTHER = "0c5e7c1e-62a2-4f53-8d4f-3f3fd1b1a111"
@@ -70,8 +72,10 @@ def test_reading_an_explain_result() -> None:
 
 def test_timeouts_come_from_the_payload_or_the_default() -> None:
     default = BuildTimeouts(lock_timeout=60, statement_timeout=3600)
-    assert timeouts_from_payload({}, default) is default
-    assert timeouts_from_payload({"lock_timeout": 1}, default).as_settings() == {
-        "lock_timeout": "1000", "statement_timeout": "3600000"}
-    with pytest.raises(ValueError, match="lock_timeout"):
-        timeouts_from_payload({"lock_timeout": "soon"}, default)
+    assert decode_payload("x", BuildPayload, {}).timeouts(default) is default
+    assert decode_payload("x", BuildPayload, {"lock_timeout": 1}).timeouts(
+        default).as_settings() == {"lock_timeout": "1000", "statement_timeout": "3600000"}
+    with pytest.raises(InvalidPayloadError, match=r"payload\.lock_timeout"):
+        decode_payload("x", BuildPayload, {"lock_timeout": "soon"})
+    with pytest.raises(InvalidPayloadError, match=r">= 0.0 - at `payload\.statement_timeout`"):
+        decode_payload("x", BuildPayload, {"statement_timeout": -1})

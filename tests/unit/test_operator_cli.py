@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from jobpool.cli import settings_with_flags
-from jobpool.k8s.cli import add_operator_command
+from jobpool.cli_arguments import settings_with_flags
+from jobpool.k8s.operator_command import add_operator_command
 from jobpool.settings import Settings
 
 

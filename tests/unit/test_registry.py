@@ -49,7 +49,7 @@ def test_every_built_in_kind_declares_each_of_its_defaults() -> None:
     for name in BUILTIN_KINDS:
         module = modules[name].removeprefix("jobpool.").replace(".", "/")
         text = (package / f"{module}.py").read_text()
-        declaration = re.search(rf'@jobpool\.kind\("{name}",(.*?)\)\n', text, re.S)
+        declaration = re.search(rf'@kind\("{name}",(.*?)\)\n', text, re.S)
         assert declaration is not None, name
         assert [o for o in options if f"{o}=" not in declaration[1]] == [], name
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from jobpool.cli import build_parser, main, settings_with_flags
+from jobpool.cli import build_parser, main
+from jobpool.cli_arguments import settings_with_flags
 from jobpool.core.poolspec import load_pool_file
 from jobpool.settings import Settings, setting_of, variable
 from jobpool.worker.supervisor import lane_processes

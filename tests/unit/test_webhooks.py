@@ -11,17 +11,7 @@ from decimal import Decimal
 import pytest
 import standardwebhooks
 
-from jobpool.core.ssrf import (
-    InvalidWebhookURL,
-    Target,
-    TargetRefused,
-    check_target,
-    embedded_ipv4,
-    parse_networks,
-    refusal,
-    webhook_target,
-)
-from jobpool.core.webhooks import (
+from jobpool.kinds.webhooks.signing import (
     EXCERPT_CHARS,
     MAX_RETRY_AFTER,
     Delivered,
@@ -38,7 +28,17 @@ from jobpool.core.webhooks import (
     sign,
     signed_headers,
     signing_key,
-    verify,
+    verify_webhook,
+)
+from jobpool.kinds.webhooks.ssrf import (
+    InvalidWebhookURL,
+    Target,
+    TargetRefused,
+    check_target,
+    embedded_ipv4,
+    parse_networks,
+    refusal,
+    webhook_target,
 )
 
 # The example of the Standard Webhooks reference implementations' test suites.
@@ -70,7 +70,7 @@ def test_reference_library_signatures_verify_with_ours() -> None:
     reference = standardwebhooks.Webhook(secret).sign("msg_1", stamp, '{"a":1}')
     headers = {"Webhook-Id": "msg_1", "Webhook-Timestamp": str(int(stamp.timestamp())),
                "Webhook-Signature": reference}
-    assert verify(secret, headers, b'{"a":1}', now=int(stamp.timestamp())) == "msg_1"
+    assert verify_webhook(secret, headers, b'{"a":1}', now=int(stamp.timestamp())) == "msg_1"
 
 
 @pytest.mark.parametrize("change", ["body", "id", "secret", "stale", "future"])
@@ -89,17 +89,17 @@ def test_verify_refuses_tampering_and_old_timestamps(change: str) -> None:
     else:
         now -= 301
     with pytest.raises(WebhookVerificationError):
-        verify(secret, headers, body, now=now)
+        verify_webhook(secret, headers, body, now=now)
 
 
 def test_verify_accepts_any_of_several_signatures_and_names_missing_headers() -> None:
     secret = encode_secret(b"s" * 32)
     headers = signed_headers(secret, "msg_1", 50, b"{}")
     headers["webhook-signature"] = "v1,bm9wZQ== v2,xyz " + headers["webhook-signature"]
-    assert verify(secret, headers, b"{}", now=50) == "msg_1"
+    assert verify_webhook(secret, headers, b"{}", now=50) == "msg_1"
     del headers["webhook-timestamp"]
     with pytest.raises(WebhookVerificationError, match="webhook-timestamp"):
-        verify(secret, headers, b"{}", now=50)
+        verify_webhook(secret, headers, b"{}", now=50)
 
 
 @pytest.mark.parametrize("secret", ["plain-secret", "whsec_not base64!", "whsec_" +

@@ -218,7 +218,8 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def get_job_history(request: web.Request) -> web.Response:
-    """GET /v1/jobs/{id}/history: the job's audit rows, also after a discard; 404 when the
+    """GET /v1/audit/jobs/{id}: the job's audit rows, also after a discard (a path of the
+    audit log, not of /v1/jobs/{id}: the rows outlive the job); 404 when the
     token may see none."""
     ident = job_id(request)
     async with request.app[POOL].connection() as conn:
@@ -312,7 +313,7 @@ def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier,
     routes.add_get("/v1/overview", overview, allow_head=False)
     routes.add_get("/v1/dlq", list_dlq, allow_head=False)
     routes.add_get("/v1/jobs/{id}", get_job, allow_head=False)
-    routes.add_get("/v1/jobs/{id}/history", get_job_history, allow_head=False)
+    routes.add_get("/v1/audit/jobs/{id}", get_job_history, allow_head=False)
     routes.add_delete("/v1/jobs/{id}", discard_job)
     routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
     routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))

@@ -247,7 +247,7 @@ def document() -> dict[str, Any]:
                                   "409": _problem("the job is not in the DLQ or stopped"),
                                   **_JOB_ERRORS}},
             },
-            "/v1/jobs/{id}/history": {"parameters": [_JOB_ID], "get": {
+            "/v1/audit/jobs/{id}": {"parameters": [_JOB_ID], "get": {
                 "operationId": "getJobHistory",
                 "summary": "the job's audit rows, oldest first (also after a discard)",
                 "responses": {"200": _ok("the audit rows", _HISTORY), **_JOB_ERRORS}}},

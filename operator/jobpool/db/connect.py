@@ -20,9 +20,10 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.jsondata import load_json
-from jobpool.db.migrate import check_schema
+from jobpool.db.migrate import check_schema, migrate
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
+from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -238,3 +239,14 @@ async def open_side_connection(
     if tx.info.password:
         params["password"] = tx.info.password  # conn.info.dsn leaves the password out
     return await connect(make_conninfo(tx.info.dsn, **params), autocommit=True)
+
+
+async def open_database(settings: Settings) -> AsyncConnection[Any]:
+    """A connection to a migrated database; the embedded one is migrated on first use."""
+    dsn = resolve_dsn(settings.dsn, settings.data_dir)
+    conn = await connect(dsn)
+    if not settings.dsn:
+        await migrate(conn)
+        await conn.set_autocommit(False)
+    await check_schema(conn)
+    return conn

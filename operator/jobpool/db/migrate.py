@@ -97,3 +97,4 @@ def _inline(query: str, params: Mapping[str, Any]) -> str:
         sql.SQL(piece) if index % 2 == 0 else sql.Literal(params[piece])
         for index, piece in enumerate(pieces)
     ]).as_string(None)
+

@@ -1,14 +1,18 @@
-"""Named SQL queries, loaded once from the `.sql` files in this folder.
+"""Named SQL queries, loaded once from the `.sql` files of a package folder.
 
 Each query starts with `-- name: <name> :<shape>` and a one-line description; the shape
-(`:one`, `:many`, `:exec`) tells the caller what comes back.
+(`:one`, `:many`, `:exec`) tells the caller what comes back. `QUERIES` holds the queue's
+files (this folder) and each feature slice's own file (`jobpool/kinds/<slice>/<noun>.sql`), in
+one namespace, so that a name defined twice anywhere fails at load.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import LiteralString
 
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*) :(?P<shape>one|many|exec)\s*$", re.M)
@@ -40,16 +44,28 @@ def parse_queries(source: str) -> dict[str, Query]:
     return queries
 
 
+def _sql_files(folder: Traversable) -> list[Traversable]:
+    return sorted((e for e in folder.iterdir() if e.name.endswith(".sql")), key=lambda e: e.name)
+
+
+def query_files() -> Iterator[Traversable]:
+    """The queue's `.sql` files (this folder), then each slice's under `jobpool/kinds/`."""
+    yield from _sql_files(resources.files(__package__))
+    slices = resources.files("jobpool.kinds")
+    for folder in sorted(slices.iterdir(), key=lambda e: e.name):
+        if folder.is_dir():
+            yield from _sql_files(folder)
+
+
 def load_queries() -> dict[str, Query]:
-    """Every named query of every `.sql` file in this package folder."""
+    """Every named query of every file of `query_files`; raise ValueError on a name defined
+    twice."""
     queries: dict[str, Query] = {}
-    folder = resources.files(__package__)
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".sql"):
-            for name, query in parse_queries(entry.read_text("utf-8")).items():
-                if name in queries:
-                    raise ValueError(f"query {name!r} is defined twice ({entry.name})")
-                queries[name] = query
+    for entry in query_files():
+        for name, query in parse_queries(entry.read_text("utf-8")).items():
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice ({entry.name})")
+            queries[name] = query
     return queries
 
 

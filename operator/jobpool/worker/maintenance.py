@@ -21,10 +21,10 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-import jobpool
 from jobpool import settings
 from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
 from jobpool.job import Job
+from jobpool.registry import kind
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
     return {"done_deleted": total}
 
 
-@jobpool.kind("cleanup_jobs", priority=100, max_attempts=3, stale_ttl=10 * 60, timeout=5 * 60,
-              backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
+@kind("cleanup_jobs", priority=100, max_attempts=3, stale_ttl=10 * 60, timeout=5 * 60,
+      backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
     """Run every registered cleanup step in the job's transaction; return their counters."""
     result: dict[str, int] = {}

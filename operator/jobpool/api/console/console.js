@@ -420,7 +420,7 @@
       missing = error.message;
     }
     try {
-      history = (await api("GET", `/v1/jobs/${id}/history`)).items;
+      history = (await api("GET", `/v1/audit/jobs/${id}`)).items;
     } catch (error) {
       if (!job) {
         fill("job-body", el("p", {className: "error"}, missing));

@@ -1,1 +1,0 @@
-"""The data kinds' shared code: entity types, attribute validation, index names."""

@@ -1,0 +1,1 @@
+"""Email: the email_send kind, its checked addresses and its SMTP delivery."""

@@ -1,0 +1,1 @@
+"""Entity types and their attributes, shared by the imports and indexes slices."""

@@ -1,0 +1,185 @@
+"""Import batches: each one commits its entities, row outcomes and progress marker together.
+
+The worker gives bulk_import one transaction, but an import must keep its
+progress across a crash. So batches commit on a side connection, each in its own transaction
+that also moves `aa_import_job.last_line`; a batch is either wholly committed with its marker
+or not at all, and a retry continues after the marker. The job's transaction only marks the
+import done (with the job's `done`). Upserts on the external key make even a repeated batch
+harmless. The marker row is locked per batch and the job's claim checked, so two workers that
+both believe they own the job cannot interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from jobpool.errors import JobpoolError
+from jobpool.job import Job
+from jobpool.kinds.entities.attributes import AttributeSpec, DataType, UnknownKeys
+from jobpool.kinds.imports.batch_plan import (
+    MAX_BATCH_CHARS,
+    BatchPlan,
+    Entity,
+    RowStatus,
+    StagedRow,
+    plan_batch,
+)
+from jobpool.sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+Conn = AsyncConnection[dict[str, Any]]
+
+
+class ImportClaimLost(JobpoolError):
+    """The job no longer holds its claim; another run owns the import now."""
+
+
+@dataclass(frozen=True)
+class ImportSpec:
+    """An import job and its entity type's attributes, read once at the start of a run."""
+
+    id: int
+    tenant_id: uuid.UUID
+    entity_type_id: int
+    type_key: str
+    key_field: str
+    unknown_keys: UnknownKeys
+    status: str
+    attributes: dict[str, AttributeSpec]
+    searchable: frozenset[str] = frozenset()
+
+    @property
+    def search_keys(self) -> list[str]:
+        """The searchable attributes, in key order (as reindex uses them)."""
+        return sorted(self.searchable)
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What one committed batch did."""
+
+    last_line: int
+    inserted: int
+    updated: int
+    unchanged: int
+    rejected: int
+
+
+def attribute_spec(row: dict[str, Any]) -> AttributeSpec:
+    """An AttributeSpec from an `entity_type_attributes` row."""
+    values = row["enum_values"]
+    return AttributeSpec(row["attr_key"], cast(DataType, row["data_type"]), row["required"],
+                         tuple(values) if values is not None else None)
+
+
+async def load_import(side: Conn, import_job_id: int, tenant_id: uuid.UUID) -> ImportSpec | None:
+    """The import job of this tenant with its type's attributes, or None."""
+    cur = await side.execute(QUERIES["import_job_for_run"].text,
+                             {"id": import_job_id, "tenant_id": tenant_id})
+    job = await cur.fetchone()
+    if job is None:
+        return None
+    cur = await side.execute(QUERIES["entity_type_attributes"].text,
+                             {"entity_type_id": job["entity_type_id"]})
+    rows = await cur.fetchall()
+    return ImportSpec(
+        id=job["id"], tenant_id=job["tenant_id"], entity_type_id=job["entity_type_id"],
+        type_key=job["type_key"], key_field=job["key_field"],
+        unknown_keys=cast(UnknownKeys, job["unknown_keys"]), status=job["status"],
+        attributes={row["attr_key"]: attribute_spec(row) for row in rows},
+        searchable=frozenset(row["attr_key"] for row in rows if row["searchable"]),
+    )
+
+
+async def _upsert(side: Conn, spec: ImportSpec, chunk: list[Entity]) -> tuple[int, int]:
+    cur = await side.execute(QUERIES["upsert_entities"].text, {
+        "tenant_id": spec.tenant_id, "entity_type_id": spec.entity_type_id,
+        "search_keys": spec.search_keys,
+        "external_keys": [e.external_key for e in chunk],
+        "attributes": [Jsonb(e.attributes) for e in chunk],
+    })
+    written = await cur.fetchall()
+    inserted = sum(1 for row in written if row["inserted"])
+    return inserted, len(written) - inserted
+
+
+async def _upsert_one_by_one(side: Conn, spec: ImportSpec, chunk: list[Entity],
+                             plan: BatchPlan) -> tuple[int, int]:
+    """Fallback when the database refuses a chunk: reject only the rows it refuses."""
+    inserted = updated = 0
+    for entity in chunk:
+        try:
+            async with side.transaction():
+                one_inserted, one_updated = await _upsert(side, spec, [entity])
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            plan.reject(entity.line_no, None,
+                        f"line {entity.line_no}: refused by the database: "
+                        f"{exc.diag.message_primary or exc}")
+            continue
+        inserted += one_inserted
+        updated += one_updated
+    return inserted, updated
+
+
+async def _write_entities(side: Conn, spec: ImportSpec, plan: BatchPlan) -> tuple[int, int, int]:
+    inserted = updated = unchanged = 0
+    for chunk in plan.chunks:
+        try:
+            async with side.transaction():
+                chunk_inserted, chunk_updated = await _upsert(side, spec, chunk)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            log.warning("import %d: a chunk was refused (%s); retrying row by row", spec.id, exc)
+            chunk_inserted, chunk_updated = await _upsert_one_by_one(side, spec, chunk, plan)
+        refused = sum(plan.outcomes[e.line_no].status == "rejected" for e in chunk)
+        inserted += chunk_inserted
+        updated += chunk_updated
+        unchanged += len(chunk) - refused - chunk_inserted - chunk_updated
+    return inserted, updated, unchanged
+
+
+def _staged(row: dict[str, Any]) -> StagedRow:
+    return StagedRow(row["line_no"], row["raw"], cast(RowStatus, row["status"]),
+                     row["error_field"], row["error"])
+
+
+async def run_batch(side: Conn, job: Job, spec: ImportSpec, batch_size: int) -> BatchCounts | None:
+    """Commit the next batch after the progress marker; None when no staged row is left.
+
+    Raises ImportClaimLost when the job lost its claim (nothing of the batch commits).
+    """
+    async with side.transaction():
+        cur = await side.execute(QUERIES["lock_import_progress"].text, {
+            "id": spec.id, "job_id": job.id, "claimed_by": job.claimed_by,
+            "attempts": job.attempts})
+        progress = await cur.fetchone()
+        if progress is None:
+            raise ImportClaimLost(f"job {job.id} no longer holds its claim on import {spec.id}")
+        cur = await side.execute(QUERIES["next_import_rows"].text, {
+            "id": spec.id, "after": progress["last_line"], "limit": batch_size,
+            "max_chars": MAX_BATCH_CHARS})
+        rows = [_staged(row) for row in await cur.fetchall()]
+        if not rows:
+            return None
+        plan = plan_batch(rows, spec.attributes, key_field=spec.key_field,
+                          unknown_keys=spec.unknown_keys, type_key=spec.type_key)
+        inserted, updated, unchanged = await _write_entities(side, spec, plan)
+        outcomes = sorted(plan.outcomes.values(), key=lambda o: o.line_no)
+        await side.execute(QUERIES["mark_import_rows"].text, {
+            "id": spec.id, "line_nos": [o.line_no for o in outcomes],
+            "statuses": [o.status for o in outcomes],
+            "error_fields": [o.error_field for o in outcomes],
+            "errors": [o.error for o in outcomes]})
+        counts = BatchCounts(plan.last_line, inserted, updated, unchanged, plan.rejected)
+        await side.execute(QUERIES["advance_import"].text, {
+            "id": spec.id, "last_line": counts.last_line, "inserted": counts.inserted,
+            "updated": counts.updated, "unchanged": counts.unchanged,
+            "rejected": counts.rejected})
+    return counts

@@ -1,0 +1,59 @@
+"""`jobpool import FILE --tenant T --type K`: stage a CSV or JSON Lines file, enqueue its job."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from jobpool.cli_arguments import add_actor, add_common_arguments
+from jobpool.settings import Settings
+
+IMPORT_ACTOR = "jobpool-cli"
+"""The audit log's principal of `jobpool import` while JOBPOOL_SERVICE_ACCOUNT is unset."""
+
+
+def add_import_command(subparsers: Any, settings: Settings) -> None:
+    """Add the `import` subcommand to the `jobpool` parser; its flags default to `settings`."""
+    p = subparsers.add_parser(
+        "import", help="stage a CSV or JSON Lines file of entities and enqueue bulk_import")
+    add_common_arguments(p, settings)
+    p.add_argument("file", type=Path, help="a .csv (header line first) or .jsonl file")
+    p.add_argument("--tenant", required=True, help="tenant key or id")
+    p.add_argument("--type", dest="type_key", required=True, help="entity type key")
+    p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the file suffix")
+    p.add_argument("--key-field", default="external_key",
+                   help="the field that holds each record's external key")
+    p.add_argument("--unknown-keys", choices=["reject", "ignore"], default="reject",
+                   help="fields that are not attributes of the type: reject the record "
+                        "(default) or ignore the field")
+    p.add_argument("--batch-size", type=int, help="records per committed batch (default 1000)")
+    unset = settings.service_account == Settings().service_account
+    add_actor(p, settings, default=IMPORT_ACTOR if unset else None)
+    p.set_defaults(func=cmd_import)
+
+
+async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
+    """Stage the file and enqueue its job in one transaction; print the ids."""
+    from jobpool import admin
+    from jobpool.db.connect import open_database
+    from jobpool.kinds.entities.attributes import check_key
+    from jobpool.kinds.imports.staging import detect_format, read_file, stage_import
+
+    check_key("type_key", args.type_key)
+    if args.batch_size is not None and not 1 <= args.batch_size <= 10_000:
+        raise ValueError(f"--batch-size must be 1 to 10000, got {args.batch_size}")
+    path: Path = args.file
+    if not path.is_file():
+        raise ValueError(f"no such file: {path}")
+    fmt = detect_format(path, args.format)
+    async with await open_database(settings) as conn:
+        tenant = await admin.resolve_tenant(conn, args.tenant)
+        staged = await stage_import(
+            conn, read_file(path, fmt), tenant_id=tenant["id"], type_key=args.type_key,
+            source_name=path.name, fmt=fmt, key_field=args.key_field,
+            unknown_keys=args.unknown_keys, batch_size=args.batch_size, actor=args.actor)
+        await conn.commit()
+    print(f"staged {staged.rows} record(s) from {path.name} as import {staged.import_job_id}; "
+          f"enqueued bulk_import job {staged.job_id}")
+    return 0
