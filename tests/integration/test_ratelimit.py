@@ -18,8 +18,8 @@ from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.ratelimit import RateLimiter, load_provider_caps
 from jobpool.worker.runtime import Worker
+from jobpool.worker.token_store import TokenStore, load_provider_caps
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 KIND = "test_rl_probe"
@@ -53,7 +53,7 @@ async def enqueue(conn: Conn, batches: list[tuple[uuid.UUID, int]]) -> None:
     await enqueue_many(conn, jobs, actor="test")
 
 
-def worker_for(dsn: str, limiter: RateLimiter | None = None) -> Worker:
+def worker_for(dsn: str, limiter: TokenStore | None = None) -> Worker:
     config = WorkerConfig(kinds=(KIND,), slots=4, poll_interval=0.5, grace=5.0)
     return Worker(dsn, REGISTRY, config, actor="test", limiter=limiter)
 
@@ -105,7 +105,7 @@ async def test_a_provider_cap_is_shared_by_every_tenant(dsn: str, conn: Conn) ->
     await enqueue(conn, [(first, 40), (second, 40)])
     caps = load_provider_caps(json.dumps(
         {"providers": {"ses": {"rps": 5, "burst": 5}}, "kinds": {KIND: "ses"}}))
-    worker = worker_for(dsn, RateLimiter(caps))
+    worker = worker_for(dsn, TokenStore(caps))
 
     await run_for(worker, 4.0)
 

@@ -43,7 +43,7 @@ from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
 from jobpool.worker.maintenance import keep_cleanup_scheduled
-from jobpool.worker.ratelimit import WAKE_SLACK, RateLimiter, describe, requeue_delay
+from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
 
@@ -119,7 +119,7 @@ class Worker:
 
     def __init__(
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
-        rng: random.Random | None = None, limiter: RateLimiter | None = None,
+        rng: random.Random | None = None, limiter: TokenStore | None = None,
     ) -> None:
         self.dsn = dsn
         self.registry = registry
@@ -143,7 +143,7 @@ class Worker:
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
         self.started = False
-        self.limiter = limiter or RateLimiter.from_settings(current_settings())
+        self.limiter = limiter or TokenStore.from_settings(current_settings())
         self.metrics = WorkerMetrics()
         self.background = BackgroundTasks(self.rng)
 
@@ -390,7 +390,7 @@ class Worker:
         if problem is not None:
             self.observe(job, await self._fail(job, spec, PermanentError(problem)), started)
             return
-        denied = self.limiter.acquire(job.tenant_id, job.job_kind)
+        denied = await self.limiter.acquire(self.store.pool, job.tenant_id, job.job_kind)
         if denied is not None:
             await self._requeue_rate_limited(job, denied, started)
             return
