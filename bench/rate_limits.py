@@ -24,8 +24,8 @@ one per lease here, as each job needs one bucket). Raw figures: bench/results/rl
 from __future__ import annotations
 
 import argparse
-import itertools
 import asyncio
+import itertools
 import json
 import signal
 import subprocess
