@@ -215,14 +215,16 @@ async def test_a_token_store_that_does_not_answer_holds_only_the_limited_jobs(
                     {"tenant": "limited", "kind": KIND, "limit": "tenant"}) or 0.0
 
             deadline = time.monotonic() + 30
-            while (len(SENT) < 40 or await hits() < 2) and time.monotonic() < deadline:
+            while ((await statuses(conn, free)).get("done") != [1] * 40 or await hits() < 2
+                   ) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert await statuses(conn, free) == {"done": [1] * 40}
             assert await statuses(conn, limited) == {"pending": [0] * 20}
             assert await hits() >= 2
             await holder.commit()
             deadline = time.monotonic() + 30
-            while len(SENT) < 60 and time.monotonic() < deadline:
+            while ((await statuses(conn, limited)).get("done") != [1] * 20
+                   and time.monotonic() < deadline):
                 await asyncio.sleep(0.1)
         finally:
             worker.stop()
