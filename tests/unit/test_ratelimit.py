@@ -345,3 +345,14 @@ def test_pool_spec_to_env_to_worker_is_the_identity(tmp_path: Path,
     written = spec.lane_env(lane)["JOBPOOL_RATE_LIMITS"]
     assert load_provider_caps(written) == lane.rate_limits
     assert load_provider_caps(written).to_json() == written
+
+
+def test_the_next_token_of_a_throttled_pair_is_known() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 10, "burst": 2}, "j": {"rps": 10, "burst": 2}})
+    assert limiter.next_token_in() is None
+    limiter.pairs = {(TENANT, "k"), (TENANT, "j")}
+    limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 0.3,))
+    limiter.leases[f"tenant/{TENANT}/j"] = Lease((clock.now + 0.1, clock.now + 0.2))
+    assert limiter.next_token_in() == pytest.approx(0.1)
+    clock.now += 0.1
+    assert limiter.next_token_in() == pytest.approx(0.2)  # j has a token due: not throttled

@@ -144,6 +144,7 @@ class Worker:
         self.store: QueueStore | None = None
         self.started = False
         self.limiter = limiter or TokenStore.from_settings(current_settings())
+        self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
         self.background = BackgroundTasks(self.rng)
 
@@ -347,7 +348,16 @@ class Worker:
             await self.wake.wait()
 
     def throttled(self) -> list[str]:
-        """`tenant/kind` pairs to leave out of the next claim: their next token is not due."""
+        """`tenant/kind` pairs to leave out of the next claim: their next token is not due.
+
+        Wakes the fetch loop when the first of those tokens is due: a lease's later tokens
+        fall due with no denial to schedule that (unused, they would expire)."""
+        wait = self.limiter.next_token_in()
+        if wait is not None:
+            if self.token_wake is not None:
+                self.token_wake.cancel()
+            self.token_wake = asyncio.get_running_loop().call_later(wait + WAKE_SLACK,
+                                                                    self.wake.set)
         return self.limiter.throttled()
 
     def _start(self, row: dict[str, Any]) -> None:

@@ -154,6 +154,13 @@ class TokenStore:
         return [pair_key(tenant, kind) for tenant, kind in sorted(self.pairs)
                 if wait_time(self._needs(tenant, kind), self.leases, now) > 0]
 
+    def next_token_in(self) -> float | None:
+        """Seconds until the first token of a throttled pair is due; None: none is throttled."""
+        now = self.clock()
+        waits = (wait_time(self._needs(tenant, kind), self.leases, now)
+                 for tenant, kind in self.pairs)
+        return min((wait for wait in waits if wait > 0), default=None)
+
     def tenant_label(self, tenant_id: uuid.UUID | str) -> str:
         """The tenant's key for metric labels (its id until the next refresh knows it)."""
         return self.tenant_keys.get(str(tenant_id), str(tenant_id))
