@@ -251,6 +251,7 @@ class TokenStore:
         self.pairs = {(t, k) for t, k in self.pairs if self._needs(t, k)}
         live = {need.key for t, k in self.pairs for need in self._needs(t, k)}
         self.leases = {key: lease for key, lease in self.leases.items() if key in live}
+        self._leasing = {key: lock for key, lock in self._leasing.items() if key in live}
 
     async def refresh(self, pool: AsyncConnectionPool[Any]) -> None:
         """Reload the tenants' limits; log (once per change) entries that are invalid."""
