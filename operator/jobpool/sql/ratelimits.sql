@@ -23,11 +23,3 @@ SELECT w.key, w.rps, w.burst, w.burst - w.want, w.want, clock_timestamp()
        burst = excluded.burst,
        updated_at = greatest(b.updated_at, excluded.updated_at)
 RETURNING key, tokens, taken;
-
--- name: rate_buckets :many
--- Every bucket with its balance refilled to now (for tests and the bench).
-SELECT key, rps, burst,
-       least(burst::float8, tokens + rps * extract(epoch FROM now() - updated_at)::float8)
-           AS tokens
-  FROM mdm.aa_rate_bucket
- ORDER BY key;
