@@ -33,3 +33,25 @@ def record_latency(payload: Any) -> None:
         return
     with open(os.environ[LATENCY_FILE], "a", encoding="utf-8") as out:
         out.write(f"{started - float(payload['t0']):.6f}\n")
+
+
+STARTS_DDL = "CREATE TABLE IF NOT EXISTS bench_starts (kind text NOT NULL, at timestamptz NOT NULL)"
+"""The table `bench_rl_*` jobs record their start in (rate_limits.py creates it)."""
+
+
+async def record_start(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record the job's start on the server's clock, in the job's transaction."""
+    await tx.execute("INSERT INTO bench_starts (kind, at) VALUES (%s, clock_timestamp())",
+                     (job.job_kind,))
+
+
+@jobpool.kind("bench_rl_a", max_attempts=3)
+async def rate_limited_a(job: Job, tx: AsyncConnection[Any]) -> None:
+    """A rate-limited job: record its start."""
+    await record_start(job, tx)
+
+
+@jobpool.kind("bench_rl_b", max_attempts=3)
+async def rate_limited_b(job: Job, tx: AsyncConnection[Any]) -> None:
+    """The same for a second lane sharing a provider cap with bench_rl_a."""
+    await record_start(job, tx)

@@ -30,8 +30,8 @@ from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.ratelimit import RateLimiter
 from jobpool.worker.runtime import Worker
+from jobpool.worker.token_store import TokenStore
 
 KIND = "bench_rl_job"
 DONE: dict[str, int] = {}
@@ -42,7 +42,7 @@ async def handler(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
     DONE[str(job.tenant_id)] = DONE.get(str(job.tenant_id), 0) + 1
 
 
-class NoExclusion(RateLimiter):
+class NoExclusion(TokenStore):
     def throttled(self) -> list[str]:
         return []
 

@@ -20,8 +20,8 @@ from integration.test_api import (
     seed,
     token,
 )
-from jobpool.api.app import SECURITY_HEADERS
 from jobpool.api.api_command import lane_summaries
+from jobpool.api.app import SECURITY_HEADERS
 from jobpool.cli import main
 from jobpool.core.poolspec import load_pool_file
 

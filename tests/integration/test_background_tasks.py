@@ -17,15 +17,15 @@ from integration.helpers import prepare, scalar
 from jobpool.registry import load_kind_modules
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.health import HealthServer
-from jobpool.worker.ratelimit import RateLimiter
 from jobpool.worker.runtime import Worker
+from jobpool.worker.token_store import TokenStore
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 DEADLINE = 60.0
 
 
-class BreakableLimiter(RateLimiter):
+class BreakableLimiter(TokenStore):
     """Rate limits whose reload raises an unexpected exception while `broken` is set."""
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ async def test_a_worker_starts_although_a_tenants_limits_cannot_be_read(
     await prepare(conn)
     await conn.execute("INSERT INTO mdm.aa_tenant (key, metadata) VALUES ('odd',"
                        " '{\"rate_limit\": {\"k\": {\"rps\": 1e400}}}')")
-    limiter = RateLimiter(refresh_every=0.2)
+    limiter = TokenStore(refresh_every=0.2)
     w = Worker(dsn, load_kind_modules(), WorkerConfig(kinds=("test_record",), poll_interval=0.5),
                actor="test", limiter=limiter)
     task = asyncio.create_task(w.run())

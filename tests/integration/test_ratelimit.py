@@ -18,8 +18,8 @@ from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.ratelimit import RateLimiter, load_provider_caps
 from jobpool.worker.runtime import Worker
+from jobpool.worker.token_store import TokenStore, load_provider_caps
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 KIND = "test_rl_probe"
@@ -53,7 +53,7 @@ async def enqueue(conn: Conn, batches: list[tuple[uuid.UUID, int]]) -> None:
     await enqueue_many(conn, jobs, actor="test")
 
 
-def worker_for(dsn: str, limiter: RateLimiter | None = None) -> Worker:
+def worker_for(dsn: str, limiter: TokenStore | None = None) -> Worker:
     config = WorkerConfig(kinds=(KIND,), slots=4, poll_interval=0.5, grace=5.0)
     return Worker(dsn, REGISTRY, config, actor="test", limiter=limiter)
 
@@ -105,7 +105,7 @@ async def test_a_provider_cap_is_shared_by_every_tenant(dsn: str, conn: Conn) ->
     await enqueue(conn, [(first, 40), (second, 40)])
     caps = load_provider_caps(json.dumps(
         {"providers": {"ses": {"rps": 5, "burst": 5}}, "kinds": {KIND: "ses"}}))
-    worker = worker_for(dsn, RateLimiter(caps))
+    worker = worker_for(dsn, TokenStore(caps))
 
     await run_for(worker, 4.0)
 
@@ -191,3 +191,47 @@ async def test_a_number_out_of_range_never_disables_the_other_limits(
     warnings = [r.getMessage() for r in caplog.records]
     assert any(f"tenant huge: rate_limit.{KIND}.rps: must be a number of tokens per second"
                in message for message in warnings), warnings
+
+
+async def test_a_token_store_that_does_not_answer_holds_only_the_limited_jobs(
+    dsn: str, conn: Conn
+) -> None:
+    """A transaction holding the bucket's row makes every lease wait: the worker gives up
+    after lease_timeout, requeues the limited tenant's jobs (attempt not used) and keeps
+    running the others; once the row is free the limited jobs run too."""
+    limited = await add_tenant(conn, "limited", {KIND: {"rps": 100, "burst": 100}})
+    free = await add_tenant(conn, "free")
+    await enqueue(conn, [(limited, 20), (free, 40)])
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        await holder.execute(  # uncommitted: a lease's INSERT ... ON CONFLICT waits on it
+            "INSERT INTO mdm.aa_rate_bucket (key, rps, burst, tokens, taken, updated_at)"
+            " VALUES (%s, 100, 100, 100, 1, now())", (f"tenant/{limited}/{KIND}",))
+        worker = worker_for(dsn, TokenStore(lease_timeout=0.3))
+        task = asyncio.create_task(worker.run())
+        try:
+            async def hits() -> float:
+                return worker.metrics.registry.get_sample_value(
+                    "mdm_jobs_rate_limit_hits_total",
+                    {"tenant": "limited", "kind": KIND, "limit": "tenant"}) or 0.0
+
+            deadline = time.monotonic() + 30
+            while ((await statuses(conn, free)).get("done") != [1] * 40 or await hits() < 2
+                   ) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert await statuses(conn, free) == {"done": [1] * 40}
+            assert await statuses(conn, limited) == {"pending": [0] * 20}
+            assert await hits() >= 2
+            await holder.commit()
+            deadline = time.monotonic() + 30
+            while ((await statuses(conn, limited)).get("done") != [1] * 20
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.1)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+    assert await statuses(conn, limited) == {"done": [1] * 20}
+    active = await conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active'"
+        " AND datname = current_database() AND query LIKE '%%aa_rate_bucket%%'"
+        " AND pid <> pg_backend_pid()")
+    assert (await active.fetchone() or {})["n"] == 0  # the abandoned leases were cancelled

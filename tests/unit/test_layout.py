@@ -9,7 +9,7 @@ import jobpool
 from jobpool.sql import parse_queries, query_files
 
 PACKAGE = Path(jobpool.__file__).parent
-PENDING_RENAMES = {"ratelimit", "scaling"}
+PENDING_RENAMES = {"scaling"}
 """Names still shared by a pure decision module and its I/O; the rate-limit and scaling
 reworks give each its own name (then this set is empty)."""
 

@@ -1,4 +1,4 @@
-"""Token buckets and limit parsing: pure, no database (jobpool.core.ratelimit)."""
+"""Token leases and limit parsing: pure, no database (jobpool.core.ratelimit)."""
 
 from __future__ import annotations
 
@@ -11,91 +11,87 @@ import yaml
 
 from jobpool.core.poolspec import load_pool_file
 from jobpool.core.ratelimit import (
+    STORE_RETRY,
+    TOKEN_LIFETIME,
     Denied,
     Granted,
+    Lease,
+    LeaseFirst,
     Need,
     ProviderCaps,
     RateLimit,
     TenantLimits,
-    TokenBucket,
-    full_bucket,
+    lease_size,
+    leased,
     parse_provider_caps,
     parse_rate_limit,
     parse_tenant_limits,
     parse_tenant_limits_json,
-    refill,
+    store_failed,
     take_token,
-    wait_for_token,
     wait_time,
 )
-from jobpool.worker.ratelimit import RateLimiter, load_provider_caps, requeue_delay
+from jobpool.worker.token_store import TokenStore, load_provider_caps, requeue_delay
 
 HALF = RateLimit(rps=0.5, burst=1)
+T = Need("t", "tenant", HALF)
+P = Need("p", "provider", RateLimit(rps=10, burst=1))
 
 
-def run(limit: RateLimit, times: list[float]) -> list[bool]:
-    """Try one job at each time; return which started."""
-    bucket: TokenBucket | None = None
-    started = []
-    for now in times:
-        decision = take_token([Need("k", "tenant", limit, bucket)], now)
-        if isinstance(decision, Granted):
-            bucket = decision.buckets["k"]
-        started.append(isinstance(decision, Granted))
-    return started
+def test_a_lease_holds_a_fifth_of_a_second_of_the_rate() -> None:
+    assert lease_size(RateLimit(rps=5, burst=5)) == 1
+    assert lease_size(RateLimit(rps=14, burst=14)) == 2
+    assert lease_size(RateLimit(rps=50, burst=50)) == 10  # 1 statement per 10 tokens
+    assert lease_size(RateLimit(rps=1000, burst=20)) == 20  # never more than a burst
+    assert lease_size(RateLimit(rps=0.01, burst=1)) == 1
 
 
-def test_a_new_bucket_is_full_and_allows_a_burst() -> None:
-    assert run(RateLimit(rps=1, burst=3), [0, 0, 0, 0]) == [True, True, True, False]
+def test_tokens_the_bucket_holds_are_due_at_once() -> None:
+    assert leased(balance_after=3.0, taken=2, rps=5, now=10.0) == Lease((10.0, 10.0))
 
 
-def test_tokens_come_back_at_rps() -> None:
-    assert run(HALF, [0, 1.0, 1.99, 2.0, 3.0, 4.0]) == [True, False, False, True, False, True]
+def test_tokens_owed_are_due_when_the_refill_covers_them() -> None:
+    # the bucket held 0.5 before the lease of 3: the 1st is due in 0.1 s, then every 0.2 s
+    lease = leased(balance_after=-2.5, taken=3, rps=5, now=10.0)
+    assert lease.due == pytest.approx((10.1, 10.3, 10.5))
 
 
-def test_the_bucket_never_holds_more_than_burst() -> None:
-    bucket = refill(TokenBucket(0.0, 0.0), RateLimit(rps=10, burst=2), now=1000.0)
-    assert bucket.tokens == 2.0
+def test_a_job_takes_one_due_token_from_each_bucket() -> None:
+    leases = {"t": Lease((0.0, 2.0)), "p": Lease((0.0,))}
+    decision = take_token([T, P], leases, now=0.5)
+    assert decision == Granted({"t": Lease((2.0,)), "p": Lease(())})
 
 
-def test_a_clock_going_backwards_adds_no_tokens() -> None:
-    bucket = refill(TokenBucket(0.5, 10.0), HALF, now=5.0)
-    assert bucket.tokens == 0.5
-
-
-def test_denied_says_when_the_next_token_is_due() -> None:
-    spent = TokenBucket(0.25, 0.0)
-    decision = take_token([Need("k", "tenant", HALF, spent)], 0.0)
-    assert decision == Denied(retry_after=pytest.approx(1.5), scope="tenant")
-
-
-def test_over_any_window_at_most_burst_plus_rps_times_window_start() -> None:
-    limit = RateLimit(rps=5, burst=5)
-    times = [i * 0.01 for i in range(400)]  # 4 s of attempts every 10 ms
-    assert sum(run(limit, times)) <= 5 + 5 * 4
-
-
-def test_an_empty_provider_bucket_takes_nothing_from_the_tenant_bucket() -> None:
-    tenant = Need("t", "tenant", RateLimit(rps=1, burst=1), None)
-    provider = Need("p", "provider", RateLimit(rps=2, burst=1), TokenBucket(0.0, 0.0))
-    decision = take_token([tenant, provider], 0.0)
-    assert decision == Denied(retry_after=0.5, scope="provider")
-    # the tenant's token is still there once the provider has one
-    later = take_token([tenant, Need("p", "provider", provider.limit, provider.bucket)], 0.5)
-    assert isinstance(later, Granted)
-    assert later.buckets["t"].tokens == 0.0
+def test_a_token_not_yet_due_denies_and_takes_nothing() -> None:
+    leases = {"t": Lease((0.0,)), "p": Lease((0.25,))}
+    assert take_token([T, P], leases, now=0.0) == Denied(retry_after=0.25, scope="provider")
+    assert take_token([T, P], leases, now=0.25) == Granted({"t": Lease(()), "p": Lease(())})
 
 
 def test_the_longest_wait_wins() -> None:
-    needs = [Need("t", "tenant", HALF, TokenBucket(0.0, 0.0)),
-             Need("p", "provider", RateLimit(rps=10, burst=1), TokenBucket(0.0, 0.0))]
-    assert take_token(needs, 0.0) == Denied(retry_after=2.0, scope="tenant")
-    assert wait_time(needs, 0.0) == 2.0
-    assert wait_time([], 0.0) == 0.0
+    leases = {"t": Lease((2.0,)), "p": Lease((0.5,))}
+    assert take_token([T, P], leases, 0.0) == Denied(retry_after=2.0, scope="tenant")
+    assert wait_time([T, P], leases, 0.0) == 2.0
+    assert wait_time([], leases, 0.0) == 0.0
 
 
-def test_wait_for_token_is_zero_with_a_token() -> None:
-    assert wait_for_token(full_bucket(HALF, 0.0), HALF, 0.0) == 0.0
+def test_a_bucket_without_a_lease_is_leased_first() -> None:
+    assert take_token([T, P], {"t": Lease((0.0,))}, 0.0) == LeaseFirst((P,))
+    assert wait_time([T, P], {"t": Lease((5.0,))}, 0.0) == 0.0  # claim it, then lease
+
+
+def test_an_unused_token_expires() -> None:
+    lease = Lease((0.0, 0.0))
+    assert lease.wait(TOKEN_LIFETIME) == 0.0
+    assert lease.live(TOKEN_LIFETIME + 0.01) == Lease(())
+    assert take_token([T], {"t": lease}, TOKEN_LIFETIME + 0.01) == LeaseFirst((T,))
+
+
+def test_a_store_that_failed_holds_its_jobs_for_a_while_then_is_asked_again() -> None:
+    leases = {"t": store_failed(now=0.0)}
+    assert take_token([T], leases, 0.0) == Denied(retry_after=STORE_RETRY, scope="tenant")
+    assert take_token([T], leases, STORE_RETRY) == LeaseFirst((T,))
+
 
 
 RPS_RANGE = "rps: must be a number of tokens per second from 0.00001 to 100000, got"
@@ -209,47 +205,40 @@ def row(tenant: str, key: str, rate_limit: object) -> dict[str, object]:
             "rate_limit": None if rate_limit is None else json.dumps(rate_limit)}
 
 
-def limiter_with(rate_limit: object, caps: str | None = None) -> tuple[RateLimiter, Clock]:
+def limiter_with(rate_limit: object, caps: str | None = None) -> tuple[TokenStore, Clock]:
     clock = Clock()
-    limiter = RateLimiter(load_provider_caps(caps), clock=clock)
+    limiter = TokenStore(load_provider_caps(caps), clock=clock)
     limiter.set_tenant_limits([row(TENANT, "acme", rate_limit), row(OTHER, "beta", None)])
     return limiter, clock
 
 
-def test_a_throttled_pair_is_left_out_until_its_token_is_due() -> None:
+def test_a_pair_is_left_out_of_claims_until_its_token_is_due() -> None:
     limiter, clock = limiter_with({"k": {"rps": 0.5, "burst": 1}})
-    assert limiter.acquire(TENANT, "k") is None
-    assert limiter.acquire(OTHER, "k") is None  # unlimited tenant
-    denied = limiter.acquire(TENANT, "k")
-    assert isinstance(denied, Denied)
-    assert limiter.throttled() == [f"{TENANT}/k"]
-    clock.now += denied.retry_after
+    limiter.pairs = {(TENANT, "k"), (OTHER, "k")}
+    limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 2.0,))
+    assert limiter.throttled() == [f"{TENANT}/k"]  # the unlimited tenant never is
+    clock.now += 2.0
     assert limiter.throttled() == []
-    assert limiter.acquire(TENANT, "k") is None
 
 
-def test_a_raised_limit_applies_at_the_next_refresh() -> None:
-    limiter, clock = limiter_with({"k": {"rps": 0.01, "burst": 1}})
-    assert limiter.acquire(TENANT, "k") is None
-    clock.now += 0.01
-    assert limiter.throttled() == [f"{TENANT}/k"]  # next token in ~100 s
-    limiter.set_tenant_limits([row(TENANT, "acme", {"k": {"rps": 1000}})])
-    assert limiter.throttled() == []  # at 1000 rps it is due already
-    limiter.set_tenant_limits([row(TENANT, "acme", None)])
-    assert [limiter.acquire(TENANT, "k") for _ in range(50)] == [None] * 50
-    assert limiter.buckets == {}
-
-
-def test_an_empty_provider_throttles_every_known_tenant_of_its_kinds() -> None:
+def test_an_owed_provider_token_throttles_every_known_tenant_of_its_kinds() -> None:
     caps = '{"providers": {"ses": {"rps": 1, "burst": 1}}, "kinds": {"k": "ses"}}'
     limiter, clock = limiter_with(None, caps)
-    assert limiter.acquire(TENANT, "k") is None
-    denied = limiter.acquire(OTHER, "k")
-    assert denied == Denied(retry_after=1.0, scope="provider")
+    limiter.pairs = {(TENANT, "k"), (OTHER, "k")}
+    limiter.leases["provider/ses"] = Lease((clock.now + 1.0,))
     assert limiter.throttled() == sorted([f"{TENANT}/k", f"{OTHER}/k"])
-    assert limiter.acquire(TENANT, "other_kind") is None
     clock.now += 1.0
     assert limiter.throttled() == []
+
+
+def test_a_removed_limit_forgets_its_leases() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 0.01, "burst": 1}})
+    limiter.pairs = {(TENANT, "k")}
+    limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 100.0,))
+    assert limiter.throttled() == [f"{TENANT}/k"]
+    limiter.set_tenant_limits([row(TENANT, "acme", None)])
+    assert limiter.throttled() == []
+    assert limiter.leases == {}
 
 
 def test_labels_use_the_tenant_key() -> None:
@@ -287,8 +276,6 @@ def test_a_number_out_of_range_in_the_database_drops_only_its_entry(text: str,
     assert problems == [f"tenant acme: {problem}"]
     assert limiter.tenants[TENANT].for_kind("j") == RateLimit(2, 2)  # the tenant's other entry
     assert limiter.tenants[OTHER].for_kind("k") == RateLimit(1, 1)  # and other tenants
-    assert limiter.acquire(OTHER, "k") is None
-    assert isinstance(limiter.acquire(OTHER, "k"), Denied)
 
 
 def test_limits_json_that_python_cannot_decode_are_reported_not_raised() -> None:
@@ -358,3 +345,14 @@ def test_pool_spec_to_env_to_worker_is_the_identity(tmp_path: Path,
     written = spec.lane_env(lane)["JOBPOOL_RATE_LIMITS"]
     assert load_provider_caps(written) == lane.rate_limits
     assert load_provider_caps(written).to_json() == written
+
+
+def test_the_next_token_of_a_throttled_pair_is_known() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 10, "burst": 2}, "j": {"rps": 10, "burst": 2}})
+    assert limiter.next_token_in() is None
+    limiter.pairs = {(TENANT, "k"), (TENANT, "j")}
+    limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 0.3,))
+    limiter.leases[f"tenant/{TENANT}/j"] = Lease((clock.now + 0.1, clock.now + 0.2))
+    assert limiter.next_token_in() == pytest.approx(0.1)
+    clock.now += 0.1
+    assert limiter.next_token_in() == pytest.approx(0.2)  # j has a token due: not throttled

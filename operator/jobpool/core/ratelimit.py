@@ -1,11 +1,18 @@
-"""Token buckets per (tenant, kind) and per provider.
+"""Cluster-wide token buckets per (tenant, kind) and per provider, leased in small batches.
 
-A bucket holds up to `burst` tokens and gains `rps` tokens per second. A job may start when
-every bucket it needs (its tenant's limit for its kind, and its kind's provider cap) holds a
-whole token; then one token is taken from each. Otherwise nothing is taken and the job waits
-`retry_after` seconds, the time until every needed bucket holds a token again.
+A bucket holds up to `burst` tokens and gains `rps` tokens per second. There is one bucket
+per limit for the whole pool: a row in PostgreSQL whose balance is refilled from the time
+elapsed when a process leases from it (no ticker). A process leases `lease_size(limit)`
+tokens at once; the lease is always granted, and the bucket's balance may go below zero: each
+leased token is then due when the refill covers it (`leased`), so processes line up for the
+tokens instead of asking again and again. A leased token may be used from its due time for
+TOKEN_LIFETIME seconds; an unused one expires (it is never handed out twice).
 
-Pure: callers pass `now` (seconds on a monotonic clock) and store the buckets returned.
+A job may start when every bucket it needs (its tenant's limit for its kind, and its kind's
+provider cap) has a leased token due; then one is taken from each. Otherwise nothing is taken
+and the job waits `retry_after` seconds, until every needed bucket has a token due.
+
+Pure: callers pass `now` (seconds on a monotonic clock) and store the leases returned.
 """
 
 from __future__ import annotations
@@ -99,86 +106,141 @@ def parse_rate_limit(raw: Any, where: str) -> RateLimit:
     return RateLimit(float(rps), burst)
 
 
+LEASE_SECONDS = 0.2
+"""A lease holds about this many seconds of a bucket's rate: the store sees one statement
+per lease, so its cost grows with the rate (1 per 10 tokens from 50 tokens/s on), not with
+the number of jobs or processes."""
+
+TOKEN_LIFETIME = 1.0
+"""Seconds a leased token stays usable after it is due. A token used late was counted by
+the bucket when due: in a window of t seconds at most burst + rps * (t + TOKEN_LIFETIME)
+jobs start, and more than burst + rps * t only when tokens are used late."""
+
+STORE_RETRY = 1.0
+"""Seconds a bucket is not asked again after the token store failed to answer."""
+
+
+def lease_size(limit: RateLimit) -> int:
+    """Tokens to lease at once: LEASE_SECONDS of the rate, at least 1, at most burst."""
+    return max(1, min(limit.burst, math.floor(limit.rps * LEASE_SECONDS)))
+
+
 @dataclass(frozen=True)
-class TokenBucket:
-    """Tokens saved up at monotonic time `updated` (seconds)."""
+class Lease:
+    """The tokens a process holds from one bucket.
 
-    tokens: float
-    updated: float
+    due: monotonic seconds from which each token may be used, ascending. retry_at: when the
+    store failed, the time before which the bucket is not asked again (0: it answered).
+    """
+
+    due: tuple[float, ...] = ()
+    retry_at: float = 0.0
+
+    def live(self, now: float) -> Lease:
+        """The lease without its expired tokens."""
+        return Lease(tuple(d for d in self.due if d + TOKEN_LIFETIME >= now), self.retry_at)
+
+    def wait(self, now: float) -> float | None:
+        """Seconds until a token is due (0: one is), or None: lease again first."""
+        live = self.live(now)
+        if live.due:
+            return max(0.0, live.due[0] - now)
+        if self.retry_at > now:
+            return self.retry_at - now
+        return None
 
 
-def full_bucket(limit: RateLimit, now: float) -> TokenBucket:
-    """A new bucket starts full: a quiet tenant may burst at once."""
-    return TokenBucket(float(limit.burst), now)
+NO_LEASE = Lease()
 
 
-def refill(bucket: TokenBucket, limit: RateLimit, now: float) -> TokenBucket:
-    """The bucket at `now`: gained rps * elapsed tokens, capped at burst."""
-    elapsed = max(0.0, now - bucket.updated)
-    return TokenBucket(min(float(limit.burst), bucket.tokens + elapsed * limit.rps),
-                       max(now, bucket.updated))
+def leased(balance_after: float, taken: int, rps: float, now: float) -> Lease:
+    """The lease of `taken` tokens from a bucket whose balance is `balance_after` once they
+    are taken (negative: some are owed). Token i (1..taken) is due when the bucket's refill
+    covers it: (i - balance before) / rps seconds from `now`, or now."""
+    before = balance_after + taken
+    return Lease(tuple(now + max(0.0, i - before) / rps for i in range(1, taken + 1)))
 
 
-def wait_for_token(bucket: TokenBucket, limit: RateLimit, now: float) -> float:
-    """Seconds from `now` until the bucket holds a whole token (0 when it does)."""
-    tokens = refill(bucket, limit, now).tokens
-    return 0.0 if tokens >= 1.0 else (1.0 - tokens) / limit.rps
+def store_failed(now: float) -> Lease:
+    """The lease of a bucket whose store did not answer: no token for STORE_RETRY seconds.
+
+    The jobs that need it wait (their attempt not used) while every other job runs: running
+    them unlimited could break a provider's cap, and stopping every kind would let one slow
+    row stop the pool.
+    """
+    return Lease((), now + STORE_RETRY)
 
 
 @dataclass(frozen=True)
 class Need:
-    """One bucket a job draws from: its key, limit, current state (None: not yet used)."""
+    """One bucket a job draws from: its key, scope and limit."""
 
     key: str
     scope: LimitScope
     limit: RateLimit
-    bucket: TokenBucket | None
 
 
 @dataclass(frozen=True)
 class Granted:
-    """The job may start; store `buckets` (one token taken from each)."""
+    """The job may start; store `leases` (one token taken from each needed bucket)."""
 
-    buckets: Mapping[str, TokenBucket]
+    leases: Mapping[str, Lease]
 
 
 @dataclass(frozen=True)
 class Denied:
-    """No token: requeue the job for `retry_after` seconds; `scope` names the empty bucket.
+    """No token: requeue the job for `retry_after` seconds; `scope` names the bucket waited for.
 
-    Nothing was taken from any bucket.
+    Nothing was taken from any lease.
     """
 
     retry_after: float
     scope: LimitScope
 
 
-Decision = Granted | Denied
+@dataclass(frozen=True)
+class LeaseFirst:
+    """Some needed buckets have no lease: lease from them, then decide again."""
+
+    needs: tuple[Need, ...]
 
 
-def take_token(needs: Sequence[Need], now: float) -> Decision:
-    """Take one token from every needed bucket, or none if any of them is empty.
+Decision = Granted | Denied | LeaseFirst
 
-    retry_after is the longest wait among the empty buckets; scope is the bucket that
-    waits longest (tenant first on a tie).
+
+def take_token(needs: Sequence[Need], leases: Mapping[str, Lease], now: float) -> Decision:
+    """Take one due token from the lease of every needed bucket, or none if any has none due.
+
+    retry_after is the longest wait among the buckets; scope is the bucket that waits longest
+    (tenant first on a tie).
     """
-    current = {need.key: _current(need, now) for need in needs}
-    waits = [(wait_for_token(current[n.key], n.limit, now), n.scope) for n in needs]
+    waits: list[tuple[float, LimitScope]] = []
+    missing: list[Need] = []
+    for need in needs:
+        wait = leases.get(need.key, NO_LEASE).wait(now)
+        if wait is None:
+            missing.append(need)
+        else:
+            waits.append((wait, need.scope))
+    if missing:
+        return LeaseFirst(tuple(missing))
     longest = max(waits, key=lambda item: item[0], default=(0.0, "tenant"))
     if longest[0] > 0:
         return Denied(retry_after=longest[0], scope=longest[1])
-    return Granted({key: TokenBucket(b.tokens - 1.0, b.updated) for key, b in current.items()})
+    taken = {}
+    for need in needs:
+        live = leases[need.key].live(now)
+        taken[need.key] = Lease(live.due[1:])
+    return Granted(taken)
 
 
-def wait_time(needs: Sequence[Need], now: float) -> float:
-    """Seconds until a job with these needs could start (0: now)."""
-    return max((wait_for_token(_current(n, now), n.limit, now) for n in needs), default=0.0)
-
-
-def _current(need: Need, now: float) -> TokenBucket:
-    if need.bucket is None:
-        return full_bucket(need.limit, now)
-    return refill(need.bucket, need.limit, now)
+def wait_time(needs: Sequence[Need], leases: Mapping[str, Lease], now: float) -> float:
+    """Seconds until a job with these needs could start by the leases held (0: now, or a
+    lease is needed first)."""
+    waits = [leases.get(need.key, NO_LEASE).wait(now) for need in needs]
+    if any(wait is None for wait in waits):
+        return 0.0
+    return max((wait for wait in waits if wait is not None), default=0.0)
 
 
 # -- configuration ------------------------------------------------------------------------

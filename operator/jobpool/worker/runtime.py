@@ -50,7 +50,7 @@ from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
 from jobpool.worker.maintenance import keep_cleanup_scheduled
-from jobpool.worker.ratelimit import WAKE_SLACK, RateLimiter, describe, requeue_delay
+from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
 
@@ -126,7 +126,7 @@ class Worker:
 
     def __init__(
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
-        rng: random.Random | None = None, limiter: RateLimiter | None = None,
+        rng: random.Random | None = None, limiter: TokenStore | None = None,
     ) -> None:
         self.dsn = dsn
         self.registry = registry
@@ -150,7 +150,8 @@ class Worker:
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
         self.started = False
-        self.limiter = limiter or RateLimiter.from_settings(current_settings())
+        self.limiter = limiter or TokenStore.from_settings(current_settings())
+        self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
         self.background = BackgroundTasks(self.rng)
 
@@ -354,7 +355,16 @@ class Worker:
             await self.wake.wait()
 
     def throttled(self) -> list[str]:
-        """`tenant/kind` pairs to leave out of the next claim: their next token is not due."""
+        """`tenant/kind` pairs to leave out of the next claim: their next token is not due.
+
+        Wakes the fetch loop when the first of those tokens is due: a lease's later tokens
+        fall due with no denial to schedule that (unused, they would expire)."""
+        wait = self.limiter.next_token_in()
+        if wait is not None:
+            if self.token_wake is not None:
+                self.token_wake.cancel()
+            self.token_wake = asyncio.get_running_loop().call_later(wait + WAKE_SLACK,
+                                                                    self.wake.set)
         return self.limiter.throttled()
 
     def _start(self, row: dict[str, Any]) -> None:
@@ -397,7 +407,7 @@ class Worker:
         if problem is not None:
             self.observe(job, await self._fail(job, spec, PermanentError(problem)), started)
             return
-        denied = self.limiter.acquire(job.tenant_id, job.job_kind)
+        denied = await self.limiter.acquire(self.store.pool, job.tenant_id, job.job_kind)
         if denied is not None:
             await self._requeue_rate_limited(job, denied, started)
             return
