@@ -57,18 +57,81 @@ SELECT j.id, j.tenant_id, j.job_kind, j.idempotency_key
     ON (j.tenant_id, j.job_kind, j.idempotency_key) = (k.tenant_id, k.job_kind, k.idempotency_key);
 
 -- name: claim_jobs :many
--- The spec's single-statement claim, for up to %(limit)s jobs (the worker's free slots).
-WITH next AS (
-    SELECT id
-      FROM mdm.aa_job
-     WHERE status = 'pending'
-       AND available_at <= now()
-       AND job_kind = ANY(%(kinds)s::text[])
-       AND (%(tenants)s::uuid[] IS NULL OR tenant_id = ANY(%(tenants)s::uuid[]))
-       AND (tenant_id::text || '/' || job_kind) <> ALL(%(throttled)s::text[])
-     ORDER BY priority, available_at
+-- The single-statement claim of up to %(limit)s jobs (free slots), by lane, tenants taking turns.
+-- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
+-- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
+-- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
+-- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later). Rows of
+-- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, head time) are
+-- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
+-- by priority, then by turn (the row's rank among its tenant's rows of that priority), then by
+-- available_at: within a priority level tenants take turns, across levels priority rules.
+WITH RECURSIVE
+kinds AS (
+    SELECT DISTINCT unnest(%(kinds)s::text[]) AS job_kind
+),
+scanned AS (
+    -- every tenant (%(tenants)s null): the head of each pair, walking the tenants of a kind
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+     WHERE %(tenants)s::uuid[] IS NULL
+    UNION ALL
+    SELECT h.*
+      FROM scanned s
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = s.job_kind AND j.tenant_id > s.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+heads AS (
+    SELECT * FROM scanned
+    UNION ALL
+    -- the worker's own tenants: the head of each of their pairs
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN (SELECT DISTINCT unnest(%(tenants)s::uuid[]) AS tenant_id) t
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.tenant_id = t.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+chosen AS (
+    SELECT job_kind, tenant_id
+      FROM (SELECT h.*, row_number() OVER (PARTITION BY h.tenant_id
+                                           ORDER BY h.priority, h.available_at, h.id) AS turn
+              FROM heads h
+             WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
+                                WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)) AS open
+     ORDER BY priority, turn, available_at, id
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+),
+locked AS (
+    SELECT r.id, r.tenant_id, r.priority, r.available_at
+      FROM chosen c
+      CROSS JOIN LATERAL (
+           SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = c.job_kind
+              AND j.tenant_id = c.tenant_id AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT %(limit)s - (SELECT count(*) FROM chosen) + 1
+              FOR UPDATE SKIP LOCKED) r
+),
+next AS (
+    SELECT id
+      FROM locked
+     ORDER BY priority,
+              row_number() OVER (PARTITION BY tenant_id, priority ORDER BY available_at, id),
+              available_at, id
+     LIMIT %(limit)s
 )
 UPDATE mdm.aa_job j
    SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
@@ -130,9 +193,11 @@ SELECT j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: plan_claim :one
--- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.
-SELECT set_config('enable_sort', 'off', true) AS sort,
-       set_config('enable_bitmapscan', 'off', true) AS bitmapscan;
+-- Make this transaction's claim walk ix_aa_job_lane even before the table has statistics (a
+-- freshly filled queue), and never pay JIT compilation for a statement of milliseconds.
+SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       set_config('jit', 'off', true) AS jit;
 
 -- name: retry_job :one
 -- Back to pending after a transient failure; the delay counts from now, not the transaction start.

@@ -1,0 +1,18 @@
+-- jobpool: no-transaction
+-- Claims and lane counts walk the queue by lane, (kind, tenant) first, so a worker reads only
+-- rows it could take, whatever the backlog of other kinds, tenants or throttled pairs; the
+-- queue gauges are computed by one process per interval and served from a snapshot row.
+-- Built CONCURRENTLY so that a big queue keeps working during the upgrade: this file runs
+-- statement by statement outside a transaction, and a build interrupted half way (an
+-- invalid index) is dropped and redone when the migration runs again.
+DROP INDEX CONCURRENTLY IF EXISTS mdm.ix_aa_job_lane;
+CREATE INDEX CONCURRENTLY ix_aa_job_lane
+    ON mdm.aa_job (job_kind, tenant_id, priority, available_at, id) WHERE status = 'pending';
+-- The claim no longer walks the whole queue in (priority, available_at) order.
+DROP INDEX CONCURRENTLY IF EXISTS mdm.ix_aa_job_claim;
+CREATE TABLE IF NOT EXISTS mdm.aa_queue_gauges (
+    singleton bool PRIMARY KEY DEFAULT true CHECK (singleton),
+    taken_at  timestamptz NOT NULL DEFAULT '-infinity',
+    gauges    jsonb NOT NULL DEFAULT '[]'::jsonb
+);
+INSERT INTO mdm.aa_queue_gauges DEFAULT VALUES ON CONFLICT DO NOTHING;
