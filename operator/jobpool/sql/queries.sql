@@ -62,10 +62,11 @@ SELECT j.id, j.tenant_id, j.job_kind, j.idempotency_key
 -- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
 -- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
 -- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later). Rows of
--- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, head time) are
+-- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, last turn) are
 -- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
--- by priority, then by turn (the row's rank among its tenant's rows of that priority), then by
--- available_at: within a priority level tenants take turns, across levels priority rules.
+-- by priority, then by the row's rank among its tenant's rows of that priority, then by the
+-- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
+-- priority level tenants take turns (round robin), across levels priority rules.
 WITH RECURSIVE
 kinds AS (
     SELECT DISTINCT unnest(%(kinds)s::text[]) AS job_kind
@@ -104,18 +105,24 @@ heads AS (
             ORDER BY j.priority, j.available_at, j.id
             LIMIT 1) h
 ),
+open_heads AS (
+    -- heads of the pairs not throttled, with their tenant's last turn and rank in the tenant
+    SELECT h.*, tt.turn_at,
+           row_number() OVER (PARTITION BY h.tenant_id
+                              ORDER BY h.priority, h.available_at, h.id) AS pair_rank
+      FROM heads h
+      LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
+                        WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)
+),
 chosen AS (
-    SELECT job_kind, tenant_id
-      FROM (SELECT h.*, row_number() OVER (PARTITION BY h.tenant_id
-                                           ORDER BY h.priority, h.available_at, h.id) AS turn
-              FROM heads h
-             WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
-                                WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)) AS open
-     ORDER BY priority, turn, available_at, id
+    SELECT job_kind, tenant_id, turn_at
+      FROM open_heads
+     ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
 ),
 locked AS (
-    SELECT r.id, r.tenant_id, r.priority, r.available_at
+    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
       FROM chosen c
       CROSS JOIN LATERAL (
            SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
@@ -130,18 +137,38 @@ next AS (
       FROM locked
      ORDER BY priority,
               row_number() OVER (PARTITION BY tenant_id, priority ORDER BY available_at, id),
-              available_at, id
+              turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE mdm.aa_job j
+       SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
+           heartbeat_at = now(), attempts = j.attempts + 1
+      FROM next
+     WHERE j.id = next.id
+    RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
+              j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
+              j.max_attempts, j.last_error, j.idempotency_key,
+              extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency
+),
+turned AS (
+    -- the served tenants go to the back of the line; a turn row another claim holds is
+    -- skipped (that claim sets the same time), so claims never wait for each other here
+    UPDATE mdm.aa_tenant_turn t
+       SET turn_at = now()
+      FROM (SELECT tt.tenant_id FROM mdm.aa_tenant_turn tt
+             WHERE tt.tenant_id IN (SELECT tenant_id FROM claimed)
+             ORDER BY tt.tenant_id
+               FOR UPDATE SKIP LOCKED) AS free
+     WHERE t.tenant_id = free.tenant_id
+),
+first_turns AS (
+    INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
+    SELECT DISTINCT c.tenant_id, now() FROM claimed c
+     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
+    ON CONFLICT (tenant_id) DO NOTHING
 )
-UPDATE mdm.aa_job j
-   SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
-       heartbeat_at = now(), attempts = j.attempts + 1
-  FROM next
- WHERE j.id = next.id
-RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
-          j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
-          j.max_attempts, j.last_error, j.idempotency_key,
-          extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency;
+SELECT * FROM claimed;
 
 -- name: complete_job :one
 -- Mark a job done (with the handler's result) if this worker still holds its claim.
