@@ -25,7 +25,7 @@ from jobpool.core.scaling import (
     decide_replicas,
     fixed_replicas,
 )
-from jobpool.db.scaling import count_lane_jobs_at
+from jobpool.db.lane_counts import LaneCounter
 from jobpool.k8s.client import ApiError, KubeApi, bearer_token, load_configuration
 from jobpool.k8s.manifests import GROUP, build_owner_reference, deployment_name, pool_selector
 from jobpool.k8s.reconcile import (
@@ -96,12 +96,13 @@ class PoolController:
         api: KubeApi,
         *,
         clock: Callable[[], datetime] = utcnow,
-        count_jobs: CountJobs = count_lane_jobs_at,
+        count_jobs: CountJobs | None = None,
         retry_base: float = DEFAULT_SCALE_INTERVAL,
     ) -> None:
         self.api = api
         self.clock = clock
-        self.count_jobs = count_jobs
+        # default: capped counts on a kept connection per database, under a statement timeout
+        self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
         self.retry_base = retry_base
 
     async def reconcile(
@@ -459,7 +460,7 @@ async def run_operator(
     *,
     stop_flag: Any = None,
     ready_flag: Any = None,
-    count_jobs: CountJobs = count_lane_jobs_at,
+    count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever)."""
     configuration = load_configuration(config.kubeconfig)
@@ -482,6 +483,8 @@ async def run_operator(
         )
     finally:
         api.close()
+        if isinstance(controller.count_jobs, LaneCounter):
+            await controller.count_jobs.close()
 
 
 __all__ = ["Condition", "OperatorConfig", "PoolController", "build_registry", "run_operator"]
