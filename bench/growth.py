@@ -83,18 +83,19 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
                 conn.commit()
                 timings[label].append((time.perf_counter() - t) * 1000)
                 assert len(rows) == 4
-        lanes = '[{"name": "all", "kinds": null, "exclude_kinds": [], "tenants": []}]'
+        lanes = ('[{"name": "all", "kinds": null, "exclude_kinds": [], "tenants": [],'
+                 ' "cap": 40}]')
         result: dict[str, Any] = {
             "pending": size, "fill_s": round(fill_s, 1),
             **{f"{k}_ms_median": statistics.median(v) for k, v in timings.items()},
             "claim_explain": _explain(conn, QUERIES["claim_jobs"].text, claim, claim=True),
             "claim_one_kind_explain": _explain(conn, QUERIES["claim_jobs"].text, one_kind,
                                                claim=True),
-            "queue_gauges_explain": _explain(conn, QUERIES["queue_gauges"].text, {}),
+            "queue_gauges_explain": _explain(conn, QUERIES["queue_gauge_snapshot"].text,
+                                             {"max_age": 0}),
         }
-        if "count_lane_jobs" in QUERIES:
-            result["count_lane_jobs_explain"] = _explain(
-                conn, QUERIES["count_lane_jobs"].text, {"lanes": lanes})
+        result["count_lane_jobs_explain"] = _explain(
+            conn, QUERIES["count_lane_jobs"].text, {"lanes": lanes})
     drop_database(name)
     return result
 
