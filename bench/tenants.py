@@ -13,13 +13,19 @@ dropped; raw figures go to bench/results/tenants-<scenario>-<time>.json.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # into bench/.venv before the imports that need it
+    from run import bootstrap
+
+    bootstrap()
+
 import asyncio
 import json
 import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -173,6 +179,8 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 
 def _install(dsn: str, a_limit: dict[str, Any] | None) -> None:
+    import bench_kinds
+
     from jobpool.db.store import register_kinds
     from jobpool.registry import REGISTRY
 
@@ -184,6 +192,7 @@ def _install(dsn: str, a_limit: dict[str, Any] | None) -> None:
                                (A, metadata, B))
             await register_kinds(conn, [REGISTRY.get("bench_noop")])
 
+    assert bench_kinds.LATENCY_FILE  # its kinds register on import
     asyncio.run(run())
 
 
@@ -447,7 +456,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from run import bootstrap
-
-    bootstrap()
     sys.exit(main())
