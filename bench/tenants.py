@@ -197,7 +197,8 @@ def _install(dsn: str, a_limit: dict[str, Any] | None) -> None:
 
 
 def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
-    """Fresh B jobs (B_JOBS), one worker until they are all done: B's jobs/s."""
+    """Fresh B jobs (B_JOBS), one worker until they are all done: B's jobs/s from the
+    worker's first claim (its start-up is not measured)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM mdm.aa_job WHERE tenant_id = %s", (B,))
         # A's jobs the last run requeued for want of a token are ahead of B again
@@ -207,8 +208,12 @@ def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
         conn.execute(ADD_JOBS, {"tenant": B, "jobs": B_JOBS, "age": 0})
         conn.execute("VACUUM ANALYZE mdm.aa_job")
         worker = _worker(dsn)
-        started = time.monotonic()
         try:
+            _wait_for_first_claim(conn)
+            started = time.monotonic()
+            row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s "
+                               "AND status = 'done'", (B,)).fetchone()
+            before = int(row[0]) if row else 0
             while time.monotonic() - started < timeout:
                 row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s "
                                    "AND status <> 'done'", (B,)).fetchone()
@@ -217,7 +222,7 @@ def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
                 time.sleep(0.05)
             else:
                 raise RuntimeError("B's jobs did not drain in time")
-            return B_JOBS / (time.monotonic() - started)
+            return (B_JOBS - before) / (time.monotonic() - started)
         finally:
             _stop(worker)
 
@@ -266,8 +271,11 @@ def _drain_window(dsn: str, size: int, seconds: float, with_b: bool) -> dict[str
         conn.execute("VACUUM ANALYZE mdm.aa_job")
         first_b = conn.execute("SELECT coalesce(max(id), 0) FROM mdm.aa_job").fetchone()
         worker = _worker(dsn)
-        started = time.monotonic()
         try:
+            _wait_for_first_claim(conn)
+            done_before = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s "
+                                       "AND status = 'done'", (A,)).fetchone()
+            started = time.monotonic()
             next_b = started
             while (elapsed := time.monotonic() - started) < seconds:
                 if with_b and time.monotonic() >= next_b:
@@ -290,8 +298,21 @@ def _drain_window(dsn: str, size: int, seconds: float, with_b: bool) -> dict[str
         unclaimed = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s AND "
                                  "claimed_at IS NULL", (B,)).fetchone()
         conn.execute("DELETE FROM mdm.aa_job WHERE tenant_id = %s", (B,))
-    return {"a_rate": int(a_done[0] if a_done else 0) / elapsed, "b_ms": latencies,
+    done = int(a_done[0] if a_done else 0) - int(done_before[0] if done_before else 0)
+    return {"a_rate": done / elapsed, "b_ms": latencies,
             "b_unclaimed": int(unclaimed[0]) if unclaimed else 0}
+
+
+def _wait_for_first_claim(conn: psycopg.Connection[Any], timeout: float = 60.0) -> None:
+    """Until the worker that just started has claimed a job (its start is not measured)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM mdm.aa_job WHERE claimed_at IS NOT "
+                           "NULL)").fetchone()
+        if row is not None and row[0]:
+            return
+        time.sleep(0.02)
+    raise RuntimeError("the worker claimed nothing")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -349,26 +370,28 @@ async def _gauge_workers(dsn: str, workers: int, seconds: float) -> dict[str, An
     from jobpool.metrics import QueueGauges
 
     readers = [QueueGauges(dsn) for _ in range(workers)]
-    spent: list[float] = []
+    taking: list[float] = []
+    reading: list[float] = []
 
     async def scrape(gauges: QueueGauges) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            started = time.monotonic()
+            started, before = time.monotonic(), gauges.computed
             gauges.fetched_at = None  # every scrape reaches the database
             await gauges.refresh()
-            spent.append(time.monotonic() - started)
+            (taking if gauges.computed > before else reading).append(
+                time.monotonic() - started)
             await asyncio.sleep(1.0)
 
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("UPDATE mdm.aa_queue_gauges SET taken_at = '-infinity'")
+            conn.execute("UPDATE mdm.aa_queue_gauges SET taken_at = 'epoch'")
         await asyncio.gather(*(scrape(gauges) for gauges in readers))
     finally:
         for gauges in readers:
             await gauges.close()
-    return {"workers": workers, "snapshots": sum(g.computed for g in readers),
-            "reads": len(spent), "db_seconds": sum(spent)}
+    return {"workers": workers, "snapshots": len(taking), "snapshot_seconds": sum(taking),
+            "reads": len(reading), "read_ms_median": statistics.median(reading) * 1000}
 
 
 def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dict[str, Any]]:
@@ -420,9 +443,9 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
                    "gauge_temp_blocks": max(g["temp_blocks"] for g in gauge),
                    "gauge_workers": readers}
             rows.append(row)
-            shown = ", ".join(f"{r['workers']} workers: {r['snapshots']} snapshots, "
-                              f"{r['db_seconds']:.2f} s over {r['reads']} reads"
-                              for r in readers)
+            shown = ", ".join(f"{r['workers']} workers: {r['snapshots']} snapshots "
+                              f"({r['snapshot_seconds']:.2f} s), {r['reads']} reads "
+                              f"(median {r['read_ms_median']:.1f} ms)" for r in readers)
             print(f"| {size:>9,} | count {_spread(row['count_exec_ms'])} ms, "
                   f"{_spread(row['count_buffers'], 0)} buffers, temp "
                   f"{row['count_temp_blocks']} | tick {_spread(walls)} ms | gauges "

@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS mdm.aa_tenant_turn (
 -- The queue gauges, computed by one process per interval for every worker to serve.
 CREATE TABLE IF NOT EXISTS mdm.aa_queue_gauges (
     singleton bool PRIMARY KEY DEFAULT true CHECK (singleton),
-    taken_at  timestamptz NOT NULL DEFAULT '-infinity',
+    taken_at  timestamptz NOT NULL DEFAULT 'epoch',
     gauges    jsonb NOT NULL DEFAULT '[]'::jsonb
 );
 INSERT INTO mdm.aa_queue_gauges DEFAULT VALUES ON CONFLICT DO NOTHING;
