@@ -133,19 +133,20 @@ locked AS (
               FOR UPDATE SKIP LOCKED) r
 ),
 next AS (
-    SELECT id
-      FROM locked
-     ORDER BY priority,
-              row_number() OVER (PARTITION BY tenant_id, priority ORDER BY available_at, id),
-              turn_at NULLS FIRST, available_at, id
+    SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
+                                           id) AS ord
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
+                                           ORDER BY l.available_at, l.id) AS turn
+              FROM locked l) AS ranked
+     ORDER BY ord
      LIMIT %(limit)s
 ),
 claimed AS (
+    -- by primary key: the plan is made once for any %(limit)s, and a join could scan the table
     UPDATE mdm.aa_job j
        SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
            heartbeat_at = now(), attempts = j.attempts + 1
-      FROM next
-     WHERE j.id = next.id
+     WHERE j.id = ANY (ARRAY(SELECT id FROM next))
     RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
               j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
               j.max_attempts, j.last_error, j.idempotency_key,
@@ -168,7 +169,7 @@ first_turns AS (
      WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
     ON CONFLICT (tenant_id) DO NOTHING
 )
-SELECT * FROM claimed;
+SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
 
 -- name: complete_job :one
 -- Mark a job done (with the handler's result) if this worker still holds its claim.
@@ -220,9 +221,13 @@ SELECT j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: plan_claim :one
--- Make this transaction's claim walk ix_aa_job_lane even before the table has statistics (a
--- freshly filled queue), and never pay JIT compilation for a statement of milliseconds.
-SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
+-- Plan the claim once per connection and walk ix_aa_job_lane even without statistics.
+-- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic
+-- plan of the prepared statement serves every parameter: planning its CTEs on every call would
+-- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
+-- freshly filled queue), and never pays JIT compilation for a statement of milliseconds.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
+       set_config('enable_seqscan', 'off', true) AS seqscan,
        set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
        set_config('jit', 'off', true) AS jit;
 
