@@ -408,7 +408,8 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
         try:
             _fill_backlog(dsn, size)
             lanes = json.dumps(LANES)
-            with psycopg.connect(dsn, row_factory=dict_row) as conn:
+            # the operator's and the gauges' sessions turn JIT off, as here
+            with psycopg.connect(dsn, row_factory=dict_row, options="-c jit=off") as conn:
                 count = [_explain(conn, QUERIES["count_lane_jobs"].text, {"lanes": lanes})
                          for _ in range(max(5, repeat))]
                 gauge = [_explain(conn, QUERIES["queue_gauge_snapshot"].text, {"max_age": 0})

@@ -158,7 +158,9 @@ class QueueGauges(Collector):
         if self.conn is None or self.conn.closed:
             self.conn = await psycopg.AsyncConnection.connect(
                 self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5,
-                application_name="jobpool-metrics", options="-c statement_timeout=10000")
+                application_name="jobpool-metrics",
+                # JIT compiling the grouped count costs more than the count itself
+                options="-c statement_timeout=10000 -c jit=off")
         return self.conn
 
     async def close(self) -> None:
