@@ -121,7 +121,12 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
 
 def migration_script() -> str:
     """All migrations, then the registration of the built-in kinds, as one SQL script (what
-    `migrate` does), for platforms that run their own migration tool."""
+    `migrate` does), for platforms that run their own migration tool.
+
+    Run it statement by statement (`psql -f`, or a tool that does the same): the migrations
+    that build indexes CONCURRENTLY come without BEGIN/COMMIT and cannot run inside one
+    multi-statement query.
+    """
     parts = [QUERIES["create_migration_table"].text]
     for version, name, text in migrations():
         record = (f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, "
