@@ -40,9 +40,9 @@ async def _tenant(conn: Conn, key: str) -> uuid.UUID:
 
 
 async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, *, kind: str = KIND,
-                priority: int = 100, age: float = 0.0, later: float = 0.0) -> list[int]:
+                priority: int = 100, age: float = 30.0, later: float = 0.0) -> list[int]:
     """`count` pending jobs, the first available `age` seconds ago, each `later` after the
-    previous one (seconds)."""
+    previous one (seconds; all of them available by the time of the claim)."""
     cur = await conn.execute(
         "INSERT INTO mdm.aa_job (tenant_id, job_kind, priority, available_at, max_attempts)"
         " SELECT %s, %s, %s, now() - make_interval(secs => %s) + make_interval(secs => %s * g),"
