@@ -62,7 +62,8 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
             await migrate(aconn)
 
     asyncio.run(_migrate())
-    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+    # no JIT, as in the worker's claim, the operator's count and the gauge snapshot sessions
+    with psycopg.connect(dsn, row_factory=dict_row, options="-c jit=off") as conn:
         started = time.monotonic()
         for statement in FILL.strip().split(";\n"):
             conn.execute(statement, {"tenants": TENANTS, "kinds": KINDS, "jobs": size})
