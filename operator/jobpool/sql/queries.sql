@@ -164,9 +164,11 @@ turned AS (
      WHERE t.tenant_id = free.tenant_id
 ),
 first_turns AS (
+    -- a tenant's first turn; in tenant order, so two claims meeting new tenants never deadlock
     INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
     SELECT DISTINCT c.tenant_id, now() FROM claimed c
      WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
+     ORDER BY c.tenant_id
     ON CONFLICT (tenant_id) DO NOTHING
 )
 SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
