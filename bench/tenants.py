@@ -229,7 +229,9 @@ def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
 
 def throttled_flood(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     """Tenant A limited to 1 job/s with N jobs queued ahead of B's 10,000; B's drain rate
-    against B alone (same run, interleaved)."""
+    against B alone (same run, interleaved), alone in an empty queue and alone next to N jobs
+    of a kind the worker does not serve (the same table size, so what differs is the
+    throttled tenant alone)."""
     from common import drop_database
 
     rows = []
@@ -238,21 +240,33 @@ def throttled_flood(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     try:
         for size in sizes:
             name, dsn = _database(f"flood_{size}")
+            sized_name, sized = _database(f"sized_{size}")
             try:
                 _install(dsn, {"rps": 1, "burst": 1})
+                _install(sized, None)
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(ADD_JOBS, {"tenant": A, "jobs": size, "age": 7200})
-                flood, solo = [], []
+                with psycopg.connect(sized, autocommit=True) as conn:
+                    conn.execute("INSERT INTO mdm.aa_job_kind (name) VALUES ('bench_other')")
+                    conn.execute(ADD_JOBS.replace("'bench_noop'", "'bench_other'"),
+                                 {"tenant": A, "jobs": size, "age": 7200})
+                flood, solo, same_size = [], [], []
                 for _ in range(repeat):
                     flood.append(_b_drain_rate(dsn))
                     solo.append(_b_drain_rate(alone))
+                    same_size.append(_b_drain_rate(sized))
                 row = {"pending": size, "b_behind_flood": flood, "b_alone": solo,
-                       "ratio": statistics.median(flood) / statistics.median(solo)}
+                       "b_alone_same_size": same_size,
+                       "ratio": statistics.median(flood) / statistics.median(solo),
+                       "ratio_same_size": statistics.median(flood) / statistics.median(same_size)}
                 rows.append(row)
                 print(f"| {size:>9,} | B behind A's flood {_spread(flood, 0)} jobs/s | "
-                      f"B alone {_spread(solo, 0)} jobs/s | {row['ratio']:.0%} |", flush=True)
+                      f"B alone {_spread(solo, 0)} jobs/s ({row['ratio']:.0%}) | B alone next to "
+                      f"N other jobs {_spread(same_size, 0)} jobs/s "
+                      f"({row['ratio_same_size']:.0%}) |", flush=True)
             finally:
                 drop_database(name)
+                drop_database(sized_name)
     finally:
         drop_database(alone_name)
     return rows
