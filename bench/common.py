@@ -20,7 +20,8 @@ from psycopg.conninfo import conninfo_to_dict
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-PREFIX = "jobpool_bench_"
+PREFIX = os.environ.get("JOBPOOL_BENCH_PREFIX") or "jobpool_bench_"
+"""Prefix of the databases the bench creates (`JOBPOOL_BENCH_PREFIX`: runs side by side)."""
 
 
 def server_dsn() -> str:

@@ -2,8 +2,10 @@
 
 Counters and histograms are recorded by the worker as attempts finish; the queue gauges
 (`mdm_jobs_pending`, `_ready`, `_running`, `_dlq`, `_ready_age_seconds`, per tenant key and
-kind) come from one grouped query, cached for `GAUGE_MAX_AGE` seconds. Every worker reports
-the whole queue, so aggregate the gauges with `max by (tenant, kind)`, never `sum`.
+kind) come from one snapshot for the whole pool (`queue_gauge_snapshot`): the first worker to
+find it older than `GAUGE_MAX_AGE` seconds recomputes it, every other worker reads it, so the
+database counts the queue once per interval whatever the number of workers. Every worker
+reports the whole queue, so aggregate the gauges with `max by (tenant, kind)`, never `sum`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ DURATION_BUCKETS = (
 """Seconds, from milliseconds (a quick email) to a day (a backed-off retry, a GIN build)."""
 
 GAUGE_MAX_AGE = 5.0
-"""Seconds the queue gauges are served from cache before the grouped query runs again."""
+"""Seconds a queue gauge snapshot is served before one worker of the pool takes a new one."""
 
 QUEUE_GAUGES = (
     ("mdm_jobs_pending", "pending", "Jobs in status pending (runnable now or later)."),
@@ -107,11 +109,15 @@ class WorkerMetrics:
 
 
 class QueueGauges(Collector):
-    """Queue gauges from the `queue_gauges` query on a connection of their own.
+    """Queue gauges from the pool's snapshot (`queue_gauge_snapshot`) on a connection of
+    their own.
 
     Kept apart from the worker's pool so that a scrape neither waits for a busy slot nor
-    fails after the worker stopped. On a database error the last values stay, and
-    `mdm_jobs_gauges_age_seconds` shows how old they are.
+    fails after the worker stopped. Between reads the rows are served from memory for up to
+    `max_age` seconds; a read finding the snapshot older than that recomputes it, unless
+    another process is doing so (then the previous snapshot is served). On a database error
+    the last values stay, and `mdm_jobs_gauges_age_seconds` shows how old they are.
+    `computed` counts the snapshots this process took.
     """
 
     def __init__(self, dsn: str, *, max_age: float = GAUGE_MAX_AGE,
@@ -121,29 +127,41 @@ class QueueGauges(Collector):
         self.clock = clock
         self.rows: list[dict[str, Any]] = []
         self.fetched_at: float | None = None
+        self.taken_at: float | None = None
+        self.computed = 0
         self.conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
         self.lock = asyncio.Lock()
 
     async def refresh(self) -> None:
-        """Run the grouped query unless the cached rows are younger than `max_age`."""
+        """Read (or take) the snapshot unless the rows in memory are younger than `max_age`."""
         async with self.lock:
             if self.fetched_at is not None and self.clock() - self.fetched_at < self.max_age:
                 return
             try:
                 conn = await self._connection()
-                cur = await conn.execute(QUERIES["queue_gauges"].text)
-                self.rows = await cur.fetchall()
-                self.fetched_at = self.clock()
+                cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
+                                         {"max_age": self.max_age})
+                row = await cur.fetchone()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
                 await self.close()
+                return
+            if row is None:  # the snapshot row is made by the migrations
+                log.warning("queue gauges not refreshed: no snapshot row (run `jobpool migrate`)")
+                return
+            now = self.clock()
+            self.rows = list(row["gauges"])
+            self.fetched_at = now
+            self.taken_at = now - float(row["age"])
+            self.computed += int(bool(row["computed"]))
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         if self.conn is None or self.conn.closed:
             self.conn = await psycopg.AsyncConnection.connect(
                 with_tcp_liveness(self.dsn), autocommit=True, row_factory=dict_row,
                 connect_timeout=5, application_name="jobpool-metrics",
-                options="-c statement_timeout=10000")
+                # JIT compiling the grouped count costs more than the count itself
+                options="-c statement_timeout=10000 -c jit=off")
         return self.conn
 
     async def close(self) -> None:
@@ -161,9 +179,9 @@ class QueueGauges(Collector):
                 family.add_metric([str(row["tenant"]), str(row["kind"])], float(row[column]))
             yield family
         age = GaugeMetricFamily("mdm_jobs_gauges_age_seconds",
-                                "Seconds since the queue gauges were read from the database.")
-        if self.fetched_at is not None:
-            age.add_metric([], self.clock() - self.fetched_at)
+                                "Seconds since the queue gauges were counted in the database.")
+        if self.taken_at is not None:
+            age.add_metric([], max(0.0, self.clock() - self.taken_at))
         yield age
 
     def describe(self) -> Iterable[Metric]:

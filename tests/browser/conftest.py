@@ -79,7 +79,8 @@ def seeded(dsn: str) -> Seeded:
             assert row is not None
             tenants[key] = row["id"]
         specs = [
-            ("bounced", "acme", "email_send", {"to": "ada@example.com", "subject": "Welcome", "text": "Hello"},
+            ("bounced", "acme", "email_send",
+             {"to": "ada@example.com", "subject": "Welcome", "text": "Hello"},
              "dlq", "SMTP 550 5.1.1 <ada@example.com>: mailbox unavailable"),
             ("hostile", "acme", "email_send",
              {"to": "eve@example.com",
@@ -88,8 +89,10 @@ def seeded(dsn: str) -> Seeded:
              "dlq", "SMTP 554 5.7.1 rejected: <html><script>alert(1)</script></html>"),
             ("import", "globex", "bulk_import", {"import_job_id": 42},
              "dlq", "row 17: attribute 'price' must be a number"),
-            ("ready", "acme", "email_send", {"to": "bob@example.com", "subject": "Hi", "text": "Hello"}, "pending", None),
-            ("later", "acme", "email_send", {"to": "cy@example.com", "subject": "Hi", "text": "Hello"}, "waiting", None),
+            ("ready", "acme", "email_send",
+             {"to": "bob@example.com", "subject": "Hi", "text": "Hello"}, "pending", None),
+            ("later", "acme", "email_send",
+             {"to": "cy@example.com", "subject": "Hi", "text": "Hello"}, "waiting", None),
             ("running", "globex", "outbox_dispatch", {"event_id": 7}, "running", None),
         ]
         made = enqueue_many_sync(conn, [NewJob(tenants[t], kind, payload)

@@ -283,3 +283,33 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in run.stdout
+
+
+async def test_one_worker_counts_the_queue_per_interval_for_the_whole_pool(
+        dsn: str, conn: Conn, tenant: uuid.UUID) -> None:
+    await register_kinds(conn, [REGISTRY.get(OK)])
+    await enqueue_many(conn, [NewJob(tenant, OK), NewJob(tenant, OK)])
+    pool = [QueueGauges(dsn, max_age=60) for _ in range(6)]
+
+    async def scrape_all() -> int:
+        """Every worker reads the database once; the snapshots taken in that round."""
+        before = sum(gauges.computed for gauges in pool)
+        for gauges in pool:
+            gauges.fetched_at = None
+        await asyncio.gather(*(gauges.refresh() for gauges in pool))
+        return sum(gauges.computed for gauges in pool) - before
+
+    try:
+        taken = [await scrape_all(), await scrape_all()]
+        served = [gauges.rows for gauges in pool]
+        await enqueue_many(conn, [NewJob(tenant, OK)])
+        await conn.execute("UPDATE mdm.aa_queue_gauges SET taken_at = now() - interval '1 hour'")
+        taken.append(await scrape_all())
+        await scrape_all()
+        latest = {row["pending"] for gauges in pool for row in gauges.rows}
+    finally:
+        for gauges in pool:
+            await gauges.close()
+    assert taken == [1, 0, 1]  # once per interval for the six, not once per worker
+    assert all(rows == served[0] for rows in served) and served[0][0]["pending"] == 2
+    assert latest == {3}

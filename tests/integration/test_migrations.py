@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from typing import Any
 
 import psycopg
@@ -50,6 +52,16 @@ async def _snapshot(dsn: str) -> Any:
         return await cur.fetchone()
 
 
+def _run_script(dsn: str) -> None:
+    """Run the printed script as a platform's tool does: psql, statement by statement (a
+    migration that builds indexes CONCURRENTLY cannot run inside one multi-statement query)."""
+    psql = shutil.which("psql")
+    if psql is None:
+        pytest.skip("psql (the PostgreSQL client) is not installed")
+    subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", "-"],
+                   input=migration_script(), text=True, check=True, capture_output=True)
+
+
 async def test_migrations_apply_once_and_the_second_run_changes_nothing(empty_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
         with pytest.raises(SchemaNotMigratedError, match="run `jobpool migrate`"):
@@ -79,8 +91,7 @@ async def test_migrate_brings_the_built_in_kinds_back_to_their_declarations(dsn:
 
 
 async def test_printed_sql_registers_the_built_in_kinds_as_declared(empty_dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
-        await conn.execute(migration_script().encode())
+    _run_script(empty_dsn)
     assert await _kinds(empty_dsn) == _declared()
 
 
@@ -95,8 +106,7 @@ async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:
 
 
 async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
-        await conn.execute(migration_script().encode())
+    _run_script(empty_dsn)
     assert await _snapshot(empty_dsn) == await _snapshot(dsn)
 
 
@@ -122,3 +132,19 @@ async def test_the_queue_table_is_vacuumed_by_a_fixed_number_of_changes(dsn: str
     assert row is not None
     assert {"autovacuum_vacuum_scale_factor=0.0", "autovacuum_vacuum_threshold=5000",
             "autovacuum_analyze_threshold=5000"} <= set(row[0])
+
+
+async def test_an_index_migration_interrupted_half_way_is_redone(empty_dsn: str) -> None:
+    """A migration outside a transaction that stopped before its row was written (here: its
+    index built, the old one still there) runs again from the start and completes."""
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        await migrate(conn)
+        await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = 6")
+        await conn.execute("CREATE INDEX ix_aa_job_claim ON mdm.aa_job (priority, available_at)"
+                           " WHERE status = 'pending'")
+        assert await migrate(conn) == ["0006_claim_lanes"]
+        cur = await conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE indexname LIKE 'ix_aa_job_%' ORDER BY 1")
+        names = [row[0] for row in await cur.fetchall()]
+    assert "ix_aa_job_lane" in names
+    assert "ix_aa_job_claim" not in names

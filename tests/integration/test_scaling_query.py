@@ -10,7 +10,7 @@ import pytest
 
 from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.core.scaling import LaneJobs
-from jobpool.db.scaling import count_lane_jobs, count_lane_jobs_at
+from jobpool.db.lane_counts import LaneCounter, count_lane_jobs, count_lane_jobs_at
 from jobpool.k8s.manifests import keda_query
 from jobpool.sql import QUERIES
 
@@ -101,7 +101,7 @@ async def test_other_lanes_kinds_do_not_count(
     await add_jobs(conn, tenant, "email_send", 5, status="running")
     counts = await count_lane_jobs(conn, POOL.lanes)
     assert counts["bulk"] == LaneJobs(7, 0)
-    assert counts["heavy"] == LaneJobs(2, 0)
+    assert counts["heavy"] == LaneJobs(1, 0, capped=True)  # its cap: 1 replica x 1 worker
     assert counts["default"] == LaneJobs(4, 5)  # email_send of every tenant, no bulk, no heavy
     assert counts["acme"] == LaneJobs(0, 5)  # only acme's email_send
 
@@ -139,3 +139,39 @@ async def test_keda_query_runs_and_totals_one_lane(
     row = await cur.fetchone()
     assert row is not None
     assert list(row.values()) == [7]
+
+
+async def test_counts_stop_at_the_lane_cap_and_say_so(
+    conn: Conn, kinds: None, tenant: uuid.UUID
+) -> None:
+    """3 replicas x 2 workers x 0.5 utilisation: 3 jobs already ask for every replica."""
+    pool = pool_of({"name": "small", "kinds": ["reindex"], "maxReplicas": 3,
+                    "workersPerPod": 2, "autoscaling": {"targetUtilization": 0.5}},
+                   {"name": "roomy", "kinds": ["bulk_import"], "maxReplicas": 50})
+    for kind in ("reindex", "bulk_import"):
+        await add_jobs(conn, tenant, kind, 40)
+        await add_jobs(conn, tenant, kind, 5, status="running")
+    counts = await count_lane_jobs(conn, pool.lanes)
+    assert counts["small"] == LaneJobs(3, 3, capped=True)
+    assert counts["roomy"] == LaneJobs(40, 5, capped=False)
+
+
+async def test_the_operator_counter_keeps_its_connection(
+    dsn: str, conn: Conn, kinds: None, tenant: uuid.UUID
+) -> None:
+    await add_jobs(conn, tenant, "email_send", 2)
+    counter = LaneCounter()
+    try:
+        first = await counter(dsn, POOL.lanes)
+        kept = counter.connections[dsn]
+        await add_jobs(conn, tenant, "email_send", 1)
+        second = await counter(dsn, POOL.lanes)
+        assert counter.connections[dsn] is kept
+        cur = await kept.execute("SELECT current_setting('statement_timeout'),"
+                                 " current_setting('jit')")
+        row = await cur.fetchone()
+    finally:
+        await counter.close()
+    assert (first["acme"].ready, second["acme"].ready) == (2, 3)
+    assert row is not None and tuple(row) == ("5s", "off")
+    assert counter.connections == {}

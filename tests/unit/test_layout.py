@@ -9,15 +9,12 @@ import jobpool
 from jobpool.sql import parse_queries, query_files
 
 PACKAGE = Path(jobpool.__file__).parent
-PENDING_RENAMES = {"scaling"}
-"""Names still shared by a pure decision module and its I/O; the rate-limit and scaling
-reworks give each its own name (then this set is empty)."""
 
 
 def test_no_two_modules_share_a_name() -> None:
     found: defaultdict[str, list[str]] = defaultdict(list)
     for path in PACKAGE.rglob("*.py"):
-        if path.stem not in ("__init__", "__main__", *PENDING_RENAMES):
+        if path.stem not in ("__init__", "__main__"):
             found[path.stem].append(str(path.relative_to(PACKAGE)))
     shared = {name: paths for name, paths in found.items() if len(paths) > 1}
     assert shared == {}

@@ -432,6 +432,17 @@ def test_lane_status_reports_counts_and_scale_decision() -> None:
     assert "scaleDownSince" not in entry
 
 
+def test_a_capped_count_is_shown_as_at_least() -> None:
+    pool = example()
+    live = live_copy(deployment(pool, "default"), 1)
+    capped = status.lane_status(pool, pool.lane("default"), live=live, previous=None,
+                                jobs=LaneJobs(4000, 12, capped=True))
+    exact = status.lane_status(pool, pool.lane("default"), live=live, previous=None,
+                               jobs=LaneJobs(17, 3))
+    assert (capped["readyJobs"], capped["readyJobsShown"]) == (4000, "≥ 4,000")
+    assert exact["readyJobsShown"] == "17"
+
+
 def test_status_fields_are_declared_in_the_crd() -> None:
     import yaml
 

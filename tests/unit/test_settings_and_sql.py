@@ -62,7 +62,7 @@ def test_every_query_has_a_description_and_the_claim_is_the_spec_form() -> None:
     assert all(query.doc for query in QUERIES.values())
     claim = QUERIES["claim_jobs"].text
     assert "FOR UPDATE SKIP LOCKED" in claim
-    assert "ORDER BY priority, available_at" in claim
+    assert "ORDER BY j.priority, j.available_at, j.id" in claim
 
 
 def test_migrations_are_numbered_without_gaps() -> None:

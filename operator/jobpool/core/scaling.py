@@ -143,7 +143,19 @@ def decide_replicas(
 
 @dataclass(frozen=True)
 class LaneJobs:
-    """Jobs one lane can serve: `ready` (pending, available now) and `running`."""
+    """Jobs one lane can serve: `ready` (pending, available now) and `running`.
+
+    capped: the count stopped at the lane's cap (`lane_count_cap`), so `ready` is a lower
+    bound ("at least"); the decision is the same as for any larger count.
+    """
 
     ready: int = 0
     running: int = 0
+    capped: bool = False
+
+
+def lane_count_cap(max_replicas: int, workers_per_pod: int, target_utilization: float) -> int:
+    """Jobs worth counting for a lane (>= 1): beyond max_replicas x workers_per_pod x
+    target_utilization ready (or running) jobs, `wanted_replicas` is max_replicas whatever
+    the rest, so a count stops there and reads no more of the backlog."""
+    return max(1, math.ceil(round(max_replicas * workers_per_pod * target_utilization, 9)))

@@ -1,5 +1,11 @@
 """Forward-only migrations, applied in order under an advisory lock, then the built-in kinds.
 
+A migration runs in one transaction with its row in `mdm.jobpool_migration`, unless its
+first line is `-- jobpool: no-transaction` (`NO_TRANSACTION`): then its statements run one
+by one outside a transaction (what `CREATE INDEX CONCURRENTLY` needs, so that a big queue
+keeps working while an index is built) and the row is recorded after the last one. Such a
+file must be safe to run again from the start after an interruption.
+
 The built-in kinds are registered with the defaults their declarations carry (their
 `jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
 Their modules need the worker extra; without it, `migrate` leaves them to the first worker.
@@ -7,6 +13,7 @@ Their modules need the worker extra; without it, `migrate` leaves them to the fi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -23,6 +30,25 @@ from jobpool.sql import QUERIES, migrations
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x6A6F62706F6F6C  # "jobpool"
+_LOCK_POLL = 0.2
+"""Seconds between two tries for the migration lock."""
+
+NO_TRANSACTION = "-- jobpool: no-transaction"
+"""First line of a migration whose statements run one by one outside a transaction."""
+
+
+def runs_outside_transaction(text: str) -> bool:
+    """Whether a migration's text starts with the `NO_TRANSACTION` marker."""
+    return text.lstrip().startswith(NO_TRANSACTION)
+
+
+def statements(text: str) -> list[str]:
+    """The statements of a migration, split at each `;` that ends a line (comments dropped).
+
+    Only for `NO_TRANSACTION` files, which hold plain statements (no function bodies).
+    """
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return [part.strip() for part in re.split(r";[ \t]*$", code, flags=re.M) if part.strip()]
 
 
 async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
@@ -47,23 +73,41 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
     """
     applied: list[str] = []
     await conn.set_autocommit(True)
-    await conn.execute(QUERIES["migration_lock"].text, {"key": _LOCK_KEY})
+    await _lock(conn)
     try:
         await conn.execute(QUERIES["create_migration_table"].text)
         done = await applied_versions(conn)
         for version, name, text in migrations():
             if version in done:
                 continue
-            async with conn.transaction():
-                await conn.execute(text)
+            if runs_outside_transaction(text):
+                for statement in statements(text):
+                    await conn.execute(statement.encode())
                 await conn.execute(QUERIES["record_migration"].text,
                                    {"version": version, "name": name})
+            else:
+                async with conn.transaction():
+                    await conn.execute(text)
+                    await conn.execute(QUERIES["record_migration"].text,
+                                       {"version": version, "name": name})
             applied.append(f"{version:04d}_{name}")
             log.info("applied migration %04d_%s", version, name)
         await register_kinds(conn, builtin_kinds())
     finally:
         await conn.execute(QUERIES["migration_unlock"].text, {"key": _LOCK_KEY})
     return applied
+
+
+async def _lock(conn: AsyncConnection[Any]) -> None:
+    """Take the migration lock, polling: a session waiting inside pg_advisory_lock would hold
+    a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        while True:
+            await cur.execute(QUERIES["migration_lock"].text, {"key": _LOCK_KEY})
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return
+            await asyncio.sleep(_LOCK_POLL)
 
 
 async def check_schema(conn: AsyncConnection[Any]) -> None:
@@ -77,14 +121,22 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
 
 def migration_script() -> str:
     """All migrations, then the registration of the built-in kinds, as one SQL script (what
-    `migrate` does), for platforms that run their own migration tool."""
+    `migrate` does), for platforms that run their own migration tool.
+
+    Run it statement by statement (`psql -f`, or a tool that does the same): the migrations
+    that build indexes CONCURRENTLY come without BEGIN/COMMIT and cannot run inside one
+    multi-statement query.
+    """
     parts = [QUERIES["create_migration_table"].text]
     for version, name, text in migrations():
-        parts.append(
-            f"-- {version:04d}_{name}\nBEGIN;\n{text.strip()}\n"
-            f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, '{name}')"
-            " ON CONFLICT DO NOTHING;\nCOMMIT;"
-        )
+        record = (f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, "
+                  f"'{name}') ON CONFLICT DO NOTHING;")
+        if runs_outside_transaction(text):
+            parts.append(f"-- {version:04d}_{name} (outside a transaction)\n"
+                         + "".join(f"{statement};\n" for statement in statements(text))
+                         + record)
+        else:
+            parts.append(f"-- {version:04d}_{name}\nBEGIN;\n{text.strip()}\n{record}\nCOMMIT;")
     parts.append("-- the built-in kinds and their declared defaults\n"
                  + _inline(QUERIES["register_kinds"].text, kind_rows(builtin_kinds())))
     return "\n\n".join(parts) + "\n"

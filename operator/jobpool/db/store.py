@@ -85,8 +85,9 @@ class QueueStore:
 
         Returns the ids of the completions this worker still held (the others lost their
         claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
-        walks ix_aa_job_claim in (priority, available_at) order also when the table has no
-        statistics yet (a freshly filled queue), instead of sorting every pending row.
+        (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
+        ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
+        within a priority level tenants take turns (README "Scaling").
         """
         async with self.pool.connection() as conn, conn.pipeline():
             # one round trip: BEGIN, the batched done, the claim and COMMIT go out together

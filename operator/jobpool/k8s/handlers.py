@@ -37,7 +37,7 @@ from jobpool.core.scaling import (
     decide_replicas,
     fixed_replicas,
 )
-from jobpool.db.scaling import count_lane_jobs_at
+from jobpool.db.lane_counts import LaneCounter
 from jobpool.k8s.client import ApiError, ChildKind, KubeApi, load_config
 from jobpool.k8s.leader import Leader
 from jobpool.k8s.lease import LeaseTiming
@@ -176,11 +176,12 @@ class PoolController:
         api: KubeApi,
         *,
         clock: Callable[[], datetime] = utcnow,
-        count_jobs: CountJobs = count_lane_jobs_at,
+        count_jobs: CountJobs | None = None,
     ) -> None:
         self.api = api
         self.clock = clock
-        self.count_jobs = count_jobs
+        # default: capped counts on a kept connection per database, under a statement timeout
+        self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
 
     async def run(self, pools: PoolIndex, leader: Leader, interval: float) -> None:
         """Until cancelled: while leading, sync every pool each `interval` seconds and a new
@@ -549,7 +550,7 @@ async def run_operator(
     *,
     stop_flag: Any = None,
     ready_flag: Any = None,
-    count_jobs: CountJobs = count_lane_jobs_at,
+    count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
     on the way out. Raises NoCredentials when there is no cluster to talk to."""
@@ -581,6 +582,8 @@ async def run_operator(
         await asyncio.gather(*loops, return_exceptions=True)
         await leader.release()
         await api.close()
+        if isinstance(controller.count_jobs, LaneCounter):
+            await controller.count_jobs.close()
 
 
 __all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator"]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobpool.core.poolspec import API_VERSION, KIND, Lane, PoolSpec
+from jobpool.core.scaling import lane_count_cap
 
 GROUP = "jobs.mdm.io"
 POOL_LABEL = f"{GROUP}/pool"
@@ -255,6 +256,8 @@ def keda_query(count_query: str, lane: Lane) -> str:
         "kinds": None if lane.kinds is None else list(lane.kinds),
         "exclude_kinds": list(lane.exclude_kinds),
         "tenants": list(lane.tenants),
+        "cap": lane_count_cap(lane.max_replicas, lane.workers_per_pod,
+                              lane.autoscaling.target_utilization),
     }], separators=(",", ":"))
     literal = "'" + lanes.replace("'", "''") + "'"
     inner = count_query.strip().rstrip(";").replace("%(lanes)s", literal)

@@ -223,7 +223,7 @@ def lane_status(
         "minReplicas": lane.min_replicas,
         "maxReplicas": lane.max_replicas,
     }
-    for key in ("readyJobs", "runningJobs", "lastScaleTime", "lastScaleReason",
+    for key in ("readyJobs", "readyJobsShown", "runningJobs", "lastScaleTime", "lastScaleReason",
                 "lastScaleMessage", "scaleDownSince", "desiredReplicas"):
         if old.get(key) is not None:
             entry[key] = old[key]
@@ -235,6 +235,7 @@ def lane_status(
         entry["desiredReplicas"] = entry["currentReplicas"]
     if jobs is not None:
         entry["readyJobs"] = jobs.ready
+        entry["readyJobsShown"] = f"≥ {jobs.ready:,}" if jobs.capped else f"{jobs.ready:,}"
         entry["runningJobs"] = jobs.running
     if decision is not None and now is not None:
         entry["desiredReplicas"] = decision.replicas

@@ -1,8 +1,9 @@
 -- The schema's migrations: their lock and the table that records them.
 
--- name: migration_lock :exec
--- Serialise migrations across processes (session-level advisory lock).
-SELECT pg_advisory_lock(%(key)s);
+-- name: migration_lock :one
+-- Serialise migrations across processes (session-level advisory lock), without waiting: a
+-- session blocked in pg_advisory_lock holds a snapshot that CREATE INDEX CONCURRENTLY waits for.
+SELECT pg_try_advisory_lock(%(key)s) AS locked;
 
 -- name: migration_unlock :exec
 -- Release the migration lock.

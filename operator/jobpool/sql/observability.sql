@@ -1,17 +1,43 @@
 -- Named queries of metrics.
 
--- name: queue_gauges :many
--- Pending, ready, running and DLQ jobs per tenant key and kind, and the oldest ready job's age.
-SELECT t.key AS tenant, j.job_kind AS kind,
-       count(*) FILTER (WHERE j.status = 'pending')::bigint AS pending,
-       count(*) FILTER (WHERE j.status = 'pending' AND j.available_at <= now())::bigint AS ready,
-       count(*) FILTER (WHERE j.status = 'running')::bigint AS running,
-       count(*) FILTER (WHERE j.status = 'dlq')::bigint AS dlq,
-       coalesce(extract(epoch FROM now() - min(j.available_at)
-                        FILTER (WHERE j.status = 'pending' AND j.available_at <= now())),
-                0)::float8 AS ready_age
-  FROM mdm.aa_job j
-  JOIN mdm.aa_tenant t ON t.id = j.tenant_id
- WHERE j.status IN ('pending', 'running', 'dlq')
- GROUP BY t.key, j.job_kind
- ORDER BY t.key, j.job_kind;
+-- name: queue_gauge_snapshot :one
+-- The queue gauges of the whole pool: recomputed by the first process that finds the snapshot older than %(max_age)s seconds, read by every other.
+-- Election: that process locks the snapshot row (the others skip the locked row and serve
+-- the previous snapshot), so the grouped count over the queue runs once per interval for the
+-- whole pool, whatever the number of workers. gauges: one JSON array of {tenant, kind,
+-- pending, ready, running, dlq, ready_age}; age: seconds since it was taken; computed: whether
+-- this call took it.
+WITH elected AS (
+    SELECT singleton
+      FROM mdm.aa_queue_gauges
+     WHERE taken_at < now() - make_interval(secs => %(max_age)s::float8)
+       FOR UPDATE SKIP LOCKED
+), fresh AS (
+    UPDATE mdm.aa_queue_gauges AS g
+       SET taken_at = now(),
+           gauges = (
+               SELECT coalesce(jsonb_agg(to_jsonb(c) ORDER BY c.tenant, c.kind), '[]'::jsonb)
+                 FROM (SELECT t.key AS tenant, j.job_kind AS kind,
+                              count(*) FILTER (WHERE j.status = 'pending') AS pending,
+                              count(*) FILTER (WHERE j.status = 'pending'
+                                                 AND j.available_at <= now()) AS ready,
+                              count(*) FILTER (WHERE j.status = 'running') AS running,
+                              count(*) FILTER (WHERE j.status = 'dlq') AS dlq,
+                              coalesce(extract(epoch FROM now() - min(j.available_at)
+                                       FILTER (WHERE j.status = 'pending'
+                                                 AND j.available_at <= now())),
+                                       0)::float8 AS ready_age
+                         FROM mdm.aa_job j
+                         JOIN mdm.aa_tenant t ON t.id = j.tenant_id
+                        WHERE j.status IN ('pending', 'running', 'dlq')
+                        GROUP BY t.key, j.job_kind) AS c)
+      FROM elected
+     WHERE g.singleton = elected.singleton
+    RETURNING g.taken_at, g.gauges
+)
+SELECT gauges, extract(epoch FROM now() - taken_at)::float8 AS age, true AS computed
+  FROM fresh
+UNION ALL
+SELECT gauges, extract(epoch FROM now() - taken_at)::float8 AS age, false AS computed
+  FROM mdm.aa_queue_gauges
+ WHERE NOT EXISTS (SELECT 1 FROM fresh);

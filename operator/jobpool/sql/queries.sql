@@ -57,28 +57,121 @@ SELECT j.id, j.tenant_id, j.job_kind, j.idempotency_key
     ON (j.tenant_id, j.job_kind, j.idempotency_key) = (k.tenant_id, k.job_kind, k.idempotency_key);
 
 -- name: claim_jobs :many
--- The spec's single-statement claim, for up to %(limit)s jobs (the worker's free slots).
-WITH next AS (
-    SELECT id
-      FROM mdm.aa_job
-     WHERE status = 'pending'
-       AND available_at <= now()
-       AND job_kind = ANY(%(kinds)s::text[])
-       AND (%(tenants)s::uuid[] IS NULL OR tenant_id = ANY(%(tenants)s::uuid[]))
-       AND (tenant_id::text || '/' || job_kind) <> ALL(%(throttled)s::text[])
-     ORDER BY priority, available_at
+-- The single-statement claim of up to %(limit)s jobs (free slots), by lane, tenants taking turns.
+-- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
+-- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
+-- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
+-- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later). Rows of
+-- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, last turn) are
+-- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
+-- by priority, then by the row's rank among its tenant's rows of that priority, then by the
+-- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
+-- priority level tenants take turns (round robin), across levels priority rules.
+WITH RECURSIVE
+kinds AS (
+    SELECT DISTINCT unnest(%(kinds)s::text[]) AS job_kind
+),
+scanned AS (
+    -- every tenant (%(tenants)s null): the head of each pair, walking the tenants of a kind
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+     WHERE %(tenants)s::uuid[] IS NULL
+    UNION ALL
+    SELECT h.*
+      FROM scanned s
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = s.job_kind AND j.tenant_id > s.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+heads AS (
+    SELECT * FROM scanned
+    UNION ALL
+    -- the worker's own tenants: the head of each of their pairs
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN (SELECT DISTINCT unnest(%(tenants)s::uuid[]) AS tenant_id) t
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.tenant_id = t.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+open_heads AS (
+    -- heads of the pairs not throttled, with their tenant's last turn and rank in the tenant
+    SELECT h.*, tt.turn_at,
+           row_number() OVER (PARTITION BY h.tenant_id
+                              ORDER BY h.priority, h.available_at, h.id) AS pair_rank
+      FROM heads h
+      LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
+                        WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)
+),
+chosen AS (
+    SELECT job_kind, tenant_id, turn_at
+      FROM open_heads
+     ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+),
+locked AS (
+    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
+      FROM chosen c
+      CROSS JOIN LATERAL (
+           SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = c.job_kind
+              AND j.tenant_id = c.tenant_id AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT %(limit)s - (SELECT count(*) FROM chosen) + 1
+              FOR UPDATE SKIP LOCKED) r
+),
+next AS (
+    SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
+                                           id) AS ord
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
+                                           ORDER BY l.available_at, l.id) AS turn
+              FROM locked l) AS ranked
+     ORDER BY ord
+     LIMIT %(limit)s
+),
+claimed AS (
+    -- by primary key: the plan is made once for any %(limit)s, and a join could scan the table
+    UPDATE mdm.aa_job j
+       SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
+           heartbeat_at = now(), attempts = j.attempts + 1
+     WHERE j.id = ANY (ARRAY(SELECT id FROM next))
+    RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
+              j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
+              j.max_attempts, j.last_error, j.idempotency_key,
+              extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency
+),
+turned AS (
+    -- the served tenants go to the back of the line; a turn row another claim holds is
+    -- skipped (that claim sets the same time), so claims never wait for each other here
+    UPDATE mdm.aa_tenant_turn t
+       SET turn_at = now()
+      FROM (SELECT tt.tenant_id FROM mdm.aa_tenant_turn tt
+             WHERE tt.tenant_id IN (SELECT tenant_id FROM claimed)
+             ORDER BY tt.tenant_id
+               FOR UPDATE SKIP LOCKED) AS free
+     WHERE t.tenant_id = free.tenant_id
+),
+first_turns AS (
+    -- a tenant's first turn; in tenant order, so two claims meeting new tenants never deadlock
+    INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
+    SELECT DISTINCT c.tenant_id, now() FROM claimed c
+     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
+     ORDER BY c.tenant_id
+    ON CONFLICT (tenant_id) DO NOTHING
 )
-UPDATE mdm.aa_job j
-   SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
-       heartbeat_at = now(), attempts = j.attempts + 1
-  FROM next
- WHERE j.id = next.id
-RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
-          j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
-          j.max_attempts, j.last_error, j.idempotency_key,
-          extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency;
+SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
 
 -- name: complete_job :one
 -- Mark a job done (with the handler's result) if this worker still holds its claim.
@@ -130,9 +223,15 @@ SELECT j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: plan_claim :one
--- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.
-SELECT set_config('enable_sort', 'off', true) AS sort,
-       set_config('enable_bitmapscan', 'off', true) AS bitmapscan;
+-- Plan the claim once per connection and walk ix_aa_job_lane even without statistics.
+-- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic
+-- plan of the prepared statement serves every parameter: planning its CTEs on every call would
+-- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
+-- freshly filled queue), and never pays JIT compilation for a statement of milliseconds.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
+       set_config('enable_seqscan', 'off', true) AS seqscan,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       set_config('jit', 'off', true) AS jit;
 
 -- name: retry_job :one
 -- Back to pending after a transient failure; the delay counts from now, not the transaction start.

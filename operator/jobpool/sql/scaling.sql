@@ -1,25 +1,41 @@
 -- name: count_lane_jobs :many
--- Per lane: jobs runnable now (pending, available_at <= now()) and running, of the kinds and tenants it serves.
+-- Per lane: jobs runnable now and running, of the kinds and tenants it serves, each counted up to the lane's cap.
+-- A lane's scaler cannot want more replicas than its maximum, so counting beyond `cap` jobs
+-- (`lane_count_cap`: max replicas x workers per pod x target utilisation) changes nothing;
+-- each count reads at most `cap` entries of ix_aa_job_lane (ready) or ix_aa_job_running,
+-- whatever the backlog. The lane's kinds are the registered kinds it serves (every job's kind
+-- is registered), so the walk goes by kind, then tenant, like the claim's.
 WITH lane AS (
     SELECT l.name,
-           l.kinds,
-           coalesce(l.exclude_kinds, '{}') AS exclude_kinds,
-           coalesce(l.tenants, '{}') AS tenants
+           array(SELECT k.name FROM mdm.aa_job_kind AS k
+                  WHERE (l.kinds IS NULL OR k.name = ANY (l.kinds))
+                    AND NOT (k.name = ANY (coalesce(l.exclude_kinds, '{}')))) AS kinds,
+           CASE WHEN cardinality(coalesce(l.tenants, '{}')) > 0
+                THEN array(SELECT t.id FROM mdm.aa_tenant AS t
+                            WHERE t.key = ANY (l.tenants) OR t.id::text = ANY (l.tenants))
+           END AS tenant_ids,
+           greatest(l.cap, 1) AS cap
       FROM jsonb_to_recordset(%(lanes)s::jsonb)
-           AS l(name text, kinds text[], exclude_kinds text[], tenants text[])
+           AS l(name text, kinds text[], exclude_kinds text[], tenants text[], cap bigint)
 )
 SELECT lane.name AS lane,
-       count(j.id) FILTER (WHERE j.status = 'pending' AND j.available_at <= now()) AS ready,
-       count(j.id) FILTER (WHERE j.status = 'running') AS running
+       CASE WHEN lane.tenant_ids IS NULL
+            THEN (SELECT count(*) FROM (
+                         SELECT 1 FROM mdm.aa_job AS j
+                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.kinds)
+                            AND j.available_at <= now()
+                          LIMIT lane.cap) AS ready)
+            ELSE (SELECT count(*) FROM (
+                         SELECT 1 FROM mdm.aa_job AS j
+                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.kinds)
+                            AND j.tenant_id = ANY (lane.tenant_ids) AND j.available_at <= now()
+                          LIMIT lane.cap) AS ready)
+       END AS ready,
+       (SELECT count(*) FROM (
+               SELECT 1 FROM mdm.aa_job AS j
+                WHERE j.status = 'running' AND j.job_kind = ANY (lane.kinds)
+                  AND (lane.tenant_ids IS NULL OR j.tenant_id = ANY (lane.tenant_ids))
+                LIMIT lane.cap) AS running) AS running,
+       lane.cap
   FROM lane
-  LEFT JOIN mdm.aa_job AS j
-         ON j.status IN ('pending', 'running')
-        AND (lane.kinds IS NULL OR j.job_kind = ANY (lane.kinds))
-        AND NOT (j.job_kind = ANY (lane.exclude_kinds))
-        AND (cardinality(lane.tenants) = 0
-             OR j.tenant_id IN (SELECT t.id
-                                  FROM mdm.aa_tenant AS t
-                                 WHERE t.key = ANY (lane.tenants)
-                                    OR t.id::text = ANY (lane.tenants)))
- GROUP BY lane.name
  ORDER BY lane.name;

@@ -1,0 +1,124 @@
+"""Job counts per lane for the scaler: `count_lane_jobs` (scaling.sql), capped per lane.
+
+Each lane's ready and running jobs are counted up to the lane's cap (`lane_count_cap`), the
+count beyond which its scaling decision no longer changes, so a tick reads a bounded number
+of index entries whatever the backlog; a capped count is reported as "at least".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from jobpool.core.poolspec import Lane
+from jobpool.core.scaling import LaneJobs, lane_count_cap
+from jobpool.sql import QUERIES
+
+CONNECT_TIMEOUT = 10
+"""Seconds to wait for the database before a scaling round gives up."""
+
+STATEMENT_TIMEOUT_MS = 5000
+"""Milliseconds a count may run before the database cancels it (the tick reports the error
+and the next tick counts again)."""
+
+SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off"
+"""The counting session's settings: the timeout, and no JIT compilation (the planner cannot
+see each lane's LIMIT, so it would compile for a second what runs in a millisecond)."""
+
+
+def cap_of(lane: Lane) -> int:
+    """The most jobs worth counting for `lane` (see `lane_count_cap`)."""
+    return lane_count_cap(lane.max_replicas, lane.workers_per_pod,
+                          lane.autoscaling.target_utilization)
+
+
+def lanes_parameter(lanes: Sequence[Lane]) -> str:
+    """The `lanes` JSON parameter of `count_lane_jobs`: name, kinds, exclude_kinds, tenants,
+    cap."""
+    return json.dumps(
+        [
+            {
+                "name": lane.name,
+                "kinds": None if lane.kinds is None else list(lane.kinds),
+                "exclude_kinds": list(lane.exclude_kinds),
+                "tenants": list(lane.tenants),
+                "cap": cap_of(lane),
+            }
+            for lane in lanes
+        ]
+    )
+
+
+async def count_lane_jobs(
+    conn: psycopg.AsyncConnection[Any], lanes: Sequence[Lane]
+) -> dict[str, LaneJobs]:
+    """Ready and running jobs per lane name, counted by the database at its `now()`, each up
+    to the lane's cap (`LaneJobs.capped` tells when the ready count stopped there).
+
+    Every lane gets an entry (zeros when it has no jobs). A lane naming a tenant that does
+    not exist counts nothing for it.
+    """
+    if not lanes:
+        return {}
+    async with conn.cursor() as cur:
+        await cur.execute(QUERIES["count_lane_jobs"].text, {"lanes": lanes_parameter(lanes)})
+        rows = await cur.fetchall()
+    counts = {lane.name: LaneJobs() for lane in lanes}
+    for row in rows:
+        name, ready, running, cap = _row(row)
+        counts[name] = LaneJobs(ready=ready, running=running, capped=ready >= cap)
+    return counts
+
+
+class LaneCounter:
+    """`count_lane_jobs` for the operator, one pooled connection per database DSN.
+
+    Each tick reuses the connection its DSN last used (a new connection per tick costs the
+    database a backend start); one broken by an error is dropped and made again next tick.
+    Every count runs with `SESSION_OPTIONS` (a statement timeout, no JIT).
+    """
+
+    def __init__(self) -> None:
+        self.connections: dict[str, psycopg.AsyncConnection[Any]] = {}
+
+    async def __call__(self, dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
+        """Counts of `lanes` in the database of `dsn` (see `count_lane_jobs`)."""
+        conn = self.connections.get(dsn)
+        if conn is None or conn.closed:
+            conn = self.connections[dsn] = await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                application_name="jobpool-operator", options=SESSION_OPTIONS)
+        try:
+            return await count_lane_jobs(conn, lanes)
+        except psycopg.Error:
+            await self._drop(dsn)
+            raise
+
+    async def _drop(self, dsn: str) -> None:
+        conn = self.connections.pop(dsn, None)
+        if conn is not None and not conn.closed:
+            await conn.close()
+
+    async def close(self) -> None:
+        """Close every connection."""
+        for dsn in list(self.connections):
+            await self._drop(dsn)
+
+
+async def count_lane_jobs_at(dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
+    """`count_lane_jobs` on a short-lived connection to `dsn` (tools and tests; the operator
+    keeps its connections in a `LaneCounter`)."""
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name="jobpool-operator",
+        options=SESSION_OPTIONS,
+    ) as conn:
+        return await count_lane_jobs(conn, lanes)
+
+
+def _row(row: Sequence[Any] | Mapping[str, Any]) -> tuple[str, int, int, int]:
+    if isinstance(row, Mapping):
+        return str(row["lane"]), int(row["ready"]), int(row["running"]), int(row["cap"])
+    return str(row[0]), int(row[1]), int(row[2]), int(row[3])

@@ -1,0 +1,150 @@
+"""Which jobs a claim takes: priority across levels, turns between tenants within a level,
+throttled pairs left out, never one job twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from integration.helpers import prepare
+from jobpool.db.connect import open_pool
+from jobpool.db.store import QueueStore
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+KIND = "test_record"
+OTHER = "test_fail"
+
+
+@pytest.fixture
+async def store(conn: Conn, dsn: str) -> AsyncIterator[QueueStore]:
+    await prepare(conn)
+    pool = open_pool(dsn, size=8)
+    await pool.open()
+    try:
+        yield QueueStore(pool, worker_id="host/1/claims", actor="w")
+    finally:
+        await pool.close()
+
+
+async def _tenant(conn: Conn, key: str) -> uuid.UUID:
+    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))
+    row = await cur.fetchone()
+    assert row is not None
+    return uuid.UUID(str(row["id"]))
+
+
+async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, *, kind: str = KIND,
+                priority: int = 100, age: float = 30.0, later: float = 0.0) -> list[int]:
+    """`count` pending jobs, the first available `age` seconds ago, each `later` after the
+    previous one (seconds; all of them available by the time of the claim)."""
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, priority, available_at, max_attempts)"
+        " SELECT %s, %s, %s, now() - make_interval(secs => %s) + make_interval(secs => %s * g),"
+        " 5 FROM generate_series(0, %s - 1) g ORDER BY g RETURNING id",
+        (tenant, kind, priority, age, later, count))
+    return [int(row["id"]) for row in await cur.fetchall()]
+
+
+async def _one_by_one(store: QueueStore, kinds: Sequence[str] = (KIND,),
+                      throttled: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Claim with one free slot until nothing is left; the rows in claim order."""
+    claimed: list[dict[str, Any]] = []
+    while rows := await store.claim(kinds=kinds, tenants=None, limit=1, throttled=throttled):
+        claimed.extend(rows)
+    return claimed
+
+
+async def test_a_lower_priority_number_is_claimed_before_any_higher_one(
+        conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    urgent_a = await _jobs(conn, a, 3, priority=50, later=0.001)
+    bulk_b = await _jobs(conn, b, 3, priority=100, age=60, later=0.001)  # older, less urgent
+    urgent_b = await _jobs(conn, b, 1, priority=10)
+    order = [row["id"] for row in await _one_by_one(store)]
+    assert order[0] == urgent_b[0]
+    assert set(order[1:4]) == set(urgent_a)
+    assert order[4:] == bulk_b
+
+
+async def test_tenants_take_turns_within_a_priority_level(conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    flood = await _jobs(conn, a, 6, age=60, later=0.001)  # queued first
+    few = await _jobs(conn, b, 2, later=0.001)
+    order = [row["id"] for row in await _one_by_one(store)]
+    assert order == [flood[0], few[0], flood[1], few[1], *flood[2:]]
+
+
+async def test_one_claim_of_several_slots_serves_every_tenant_with_ready_work(
+        conn: Conn, store: QueueStore) -> None:
+    tenants = [await _tenant(conn, key) for key in ("a", "b", "c")]
+    await _jobs(conn, tenants[0], 50, age=60, later=0.001)
+    for tenant in tenants[1:]:
+        await _jobs(conn, tenant, 2, later=0.001)
+    claimed = await store.claim(kinds=[KIND], tenants=None, limit=6)
+    assert sorted(str(row["tenant_id"]) for row in claimed) == sorted(
+        str(tenant) for tenant in tenants for _ in range(2))
+
+
+async def test_a_tenant_takes_turns_once_across_its_kinds(conn: Conn, store: QueueStore) -> None:
+    """A tenant with ready jobs of two kinds does not get two turns to the other's one."""
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    await _jobs(conn, a, 5, age=60, later=0.001)
+    await _jobs(conn, a, 5, kind=OTHER, age=59, later=0.001)
+    await _jobs(conn, b, 5, later=0.001)
+    claimed = await store.claim(kinds=[KIND, OTHER], tenants=None, limit=4)
+    assert sorted(str(row["tenant_id"]) for row in claimed) == sorted([str(a)] * 2 + [str(b)] * 2)
+
+
+async def test_throttled_pairs_are_never_claimed(conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    throttled = await _jobs(conn, a, 5, age=60)
+    other_kind = await _jobs(conn, a, 2, kind=OTHER)
+    other_tenant = await _jobs(conn, b, 2)
+    claimed = await _one_by_one(store, kinds=[KIND, OTHER], throttled=[f"{a}/{KIND}"])
+    assert sorted(row["id"] for row in claimed) == sorted(other_kind + other_tenant)
+    assert not {row["id"] for row in claimed} & set(throttled)
+
+
+async def test_jobs_not_yet_available_or_of_other_kinds_are_not_claimed(
+        conn: Conn, store: QueueStore) -> None:
+    a = await _tenant(conn, "a")
+    await _jobs(conn, a, 3, kind=OTHER, age=60)
+    await _jobs(conn, a, 2, age=-3600)  # available in an hour
+    assert await store.claim(kinds=[KIND], tenants=None, limit=4) == []
+    ready = await _jobs(conn, a, 1)
+    assert [row["id"] for row in await store.claim(kinds=[KIND], tenants=None, limit=4)] == ready
+
+
+async def test_a_tenant_lane_claims_its_own_tenants_in_turns(conn: Conn, store: QueueStore) -> None:
+    a, b, c = [await _tenant(conn, key) for key in ("a", "b", "c")]
+    await _jobs(conn, c, 20, age=120)  # not this lane's
+    first = await _jobs(conn, a, 3, age=60, later=0.001)
+    second = await _jobs(conn, b, 1)
+    claimed = await store.claim(kinds=[KIND], tenants=[a, b], limit=2)
+    assert sorted(row["id"] for row in claimed) == sorted([first[0], second[0]])
+
+
+async def test_concurrent_claims_never_take_one_job_twice(
+        conn: Conn, store: QueueStore) -> None:
+    tenants = [await _tenant(conn, f"t{n}") for n in range(4)]
+    ids: list[int] = []
+    for n, tenant in enumerate(tenants):
+        ids += await _jobs(conn, tenant, 40, kind=(KIND, OTHER)[n % 2], later=0.001)
+    stores = [QueueStore(store.pool, worker_id=f"host/{n}/w", actor="w") for n in range(6)]
+
+    async def drain(claimer: QueueStore) -> list[int]:
+        taken: list[int] = []
+        while rows := await claimer.claim(kinds=[KIND, OTHER], tenants=None, limit=3):
+            taken += [row["id"] for row in rows]
+        return taken
+
+    results = await asyncio.gather(*(drain(claimer) for claimer in stores))
+    taken = [job_id for result in results for job_id in result]
+    assert len(taken) == len(set(taken))
+    assert sorted(taken) == sorted(ids)
