@@ -38,7 +38,7 @@ from k8s_emulator import (
 )
 from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects
 
-from jobpool.db.scaling import count_lane_jobs_at
+from jobpool.db.lane_counts import count_lane_jobs_at
 from jobpool.k8s.handlers import CountJobs, OperatorConfig, run_operator
 from jobpool.k8s.lease import LeaseTiming
 
