@@ -129,6 +129,10 @@ SELECT j.id
   JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
+-- name: commit_without_flush :one
+-- Let this transaction's COMMIT return before its WAL reaches disk (only a server crash undoes it).
+SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit;
+
 -- name: plan_claim :one
 -- Make this transaction's claim walk ix_aa_job_claim in order even before the table has stats.
 SELECT set_config('enable_sort', 'off', true) AS sort,
