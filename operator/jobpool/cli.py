@@ -253,14 +253,18 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
 
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.core.poolspec import load_pool_file
+    from jobpool.core.processes import process_count
+    from jobpool.worker.processes import cpu_count
     from jobpool.worker.supervisor import lane_processes, supervise
 
     pool = load_pool_file(args.pool)
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
+    workers = process_count(settings.processes, cpu_count())
+    each = f" x {workers} worker processes" if workers > 1 else ""
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
-        print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
+        print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es){each} x "
               f"{lane.workers_per_pod} slot(s); kinds: {kinds}"
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
