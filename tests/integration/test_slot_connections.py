@@ -24,7 +24,7 @@ async def test_a_handler_that_never_touches_tx_takes_no_connection(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
     slots = SlotConnections(2)
-    await slots.fill(pool)
+    await slots.fill(pool, timeout=5.0)
     idle = list(slots.idle)
     tx = LazyConnection(slots)
     assert tx.taken is None
@@ -37,7 +37,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
     slots = SlotConnections(2)
-    await slots.fill(pool)
+    await slots.fill(pool, timeout=5.0)
     tx = LazyConnection(slots)
     pid = tx.info.backend_pid  # a plain attribute is a use too
     conn = tx.taken
@@ -62,7 +62,7 @@ async def test_a_connection_the_handler_closed_is_replaced(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
     slots = SlotConnections(2)
-    await slots.fill(pool)
+    await slots.fill(pool, timeout=5.0)
     tx = LazyConnection(slots)
     closed = tx.connection()
     await tx.close()
@@ -76,7 +76,7 @@ async def test_with_no_connection_ready_the_job_gets_a_clear_error(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
     slots = SlotConnections(1)
-    await slots.fill(pool)
+    await slots.fill(pool, timeout=5.0)
     first = LazyConnection(slots)
     first.connection()
     with pytest.raises(NoSlotConnection, match="no database connection is ready"):

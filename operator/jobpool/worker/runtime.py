@@ -651,16 +651,16 @@ class Worker:
         """A fresh pool after an outage (its pooled connections are dead, and the pool would
         replace them only with its own backoff, up to minutes); else drop the dead ones."""
         if self.store is not None and not replace:
-            await self.slot_connections.fill(self.store.pool)  # checks its connections
+            await self.slot_connections.fill(self.store.pool, timeout=PROBE_TIMEOUT)  # checks them
             return
         pool = await open_live_pool(self.dsn, size=self.config.slots + 2,
                                     name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
         if self.store is None:
             self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
-            await self.slot_connections.fill(pool)
+            await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
             return
         retired, self.store.pool = self.store.pool, pool
-        await self.slot_connections.fill(pool)
+        await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
         await retired.close()  # waiting clients get PoolClosed; used connections close on return
 
     async def _settle_leftovers(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobpool.db.connect import JobConnection, reset_session
 
@@ -41,12 +41,14 @@ class SlotConnections:
         self.lent = 0
         self.pool: AsyncConnectionPool[Any] | None = None
 
-    async def fill(self, pool: AsyncConnectionPool[Any]) -> None:
+    async def fill(self, pool: AsyncConnectionPool[Any], *, timeout: float) -> None:
         """Serve from `pool` from now on, with live connections: the idle ones go back to
         their pool, `pool` drops those that no longer answer (`check`, after an outage), then
         one connection per slot not lent is taken again.
 
-        Raises psycopg.OperationalError (PoolTimeout) when `pool` has none to give.
+        A server near its connection limit may give fewer within `timeout` seconds: the
+        worker runs with those (a job whose handler finds none fails with NoSlotConnection and
+        is retried), and every connection handed back tops the list up again.
         """
         previous, self.pool = self.pool, pool
         idle, self.idle = self.idle, []
@@ -54,12 +56,16 @@ class SlotConnections:
             for conn in idle:
                 await previous.putconn(conn)
         await pool.check()
-        await self._top_up()
+        try:
+            await self._top_up(timeout)
+        except PoolTimeout:
+            log.warning("%d of %d slot connections ready; the others follow when the server "
+                        "gives them", len(self.idle), self.count - self.lent)
 
-    async def _top_up(self) -> None:
+    async def _top_up(self, timeout: float | None = None) -> None:
         assert self.pool is not None
         while len(self.idle) + self.lent < self.count:
-            conn = await self.pool.getconn()
+            conn = await self.pool.getconn(timeout)
             if len(self.idle) + self.lent < self.count:
                 self.idle.append(conn)
             else:  # a job handed one back meanwhile
