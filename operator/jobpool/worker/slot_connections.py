@@ -63,13 +63,17 @@ class SlotConnections:
                         "gives them", len(self.idle), self.count - self.lent)
 
     async def _top_up(self, timeout: float | None = None) -> None:
-        assert self.pool is not None
         while len(self.idle) + self.lent < self.count:
-            conn = await self.pool.getconn(timeout)
+            pool = self.pool
+            assert pool is not None
+            conn = await pool.getconn(timeout)
+            if pool is not self.pool:  # replaced meanwhile: its own fill tops the list up
+                await pool.putconn(conn)
+                return
             if len(self.idle) + self.lent < self.count:
                 self.idle.append(conn)
             else:  # a job handed one back meanwhile
-                await self.pool.putconn(conn)
+                await pool.putconn(conn)
 
     def take(self) -> tuple[AsyncConnection[Any], AsyncConnectionPool[Any]]:
         """A connection for one job, and the pool it belongs to; never waits.
