@@ -1,11 +1,11 @@
 """The connections jobs run on: one per slot, handed to a job only when its handler uses `tx`.
 
-Borrowing a pooled connection for every job cost more than a no-op job itself (the pool's
-lock, its bookkeeping, the session check on return). So the worker takes one connection per
-slot out of its pool when the pool opens and keeps them in a plain list; a job's `tx` is a
-`LazyConnection` that takes one from the list on the handler's first use of it (any
-attribute: `tx.execute`, `tx.cursor()`, `tx.info`, ...). A handler that never touches `tx`
-takes none, and its `done` goes into the fetch loop's batch. The pool keeps its other
+Borrowing a pooled connection for every job cost about 13 µs of CPU per job (the pool's
+lock, its bookkeeping, the session check on return; bench/RESULTS.md). So the worker takes
+one connection per slot out of its pool when the pool opens and keeps them in a plain list;
+a job's `tx` is a `LazyConnection` that takes one from the list on the handler's first use of
+it (any attribute: `tx.execute`, `tx.cursor()`, `tx.info`, ...). A handler that never touches
+`tx` takes none, and its `done` goes into the fetch loop's batch. The pool keeps its other
 connections for the worker's own queries (claims, leases, failure writes).
 
 A running job has a connection waiting for it: the list holds one for every slot that has
@@ -26,6 +26,11 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from jobpool.db.connect import JobConnection, reset_session
 
 log = logging.getLogger("jobpool.worker")
+
+
+REPLACE_TIMEOUT = 1.0
+"""Seconds a finished job waits for the replacement of a connection it closed or broke (the
+job's outcome is written after it); without one in time, the next reconnect tops up."""
 
 
 class NoSlotConnection(psycopg.OperationalError):
@@ -89,7 +94,8 @@ class SlotConnections:
 
     async def give_back(self, conn: AsyncConnection[Any], pool: AsyncConnectionPool[Any]) -> None:
         """Keep `conn` for the next job if it is fit; else return it to `pool` and take a
-        fresh one (left to the next reconnect when the pool cannot give one now)."""
+        fresh one (left to the next hand-back or reconnect when the pool cannot give one
+        within `REPLACE_TIMEOUT`)."""
         self.lent -= 1
         if (pool is self.pool and not conn.closed
                 and conn.info.transaction_status == TransactionStatus.IDLE):
@@ -97,7 +103,7 @@ class SlotConnections:
             return
         await pool.putconn(conn)  # the pool closes or replaces it
         try:
-            await self._top_up()
+            await self._top_up(REPLACE_TIMEOUT)
         except (psycopg.OperationalError, PoolClosed) as exc:
             log.warning("no connection to replace a job's closed one yet (%s)", exc)
 
