@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobpool.db.connect import JobConnection, reset_session
+from jobpool.errors import JobpoolError
 
 log = logging.getLogger("jobpool.worker")
 
@@ -33,7 +34,7 @@ REPLACE_TIMEOUT = 1.0
 job's outcome is written after it); without one in time, the next reconnect tops up."""
 
 
-class NoSlotConnection(psycopg.OperationalError):
+class NoSlotConnection(JobpoolError):
     """No connection is ready for the job: the database was unreachable when one was due."""
 
 
