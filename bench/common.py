@@ -21,7 +21,8 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PREFIX = os.environ.get("JOBPOOL_BENCH_PREFIX") or "jobpool_bench_"
-"""Prefix of the databases the bench creates (`JOBPOOL_BENCH_PREFIX`: runs side by side)."""
+"""Names of the databases the bench creates and drops (`JOBPOOL_BENCH_PREFIX`: runs that share
+a server at the same time need different prefixes)."""
 
 
 def server_dsn() -> str:
@@ -116,12 +117,20 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def run_child(argv: Sequence[str], env: dict[str, str], timeout: float) -> float:
     """Run a worker process to its end; return its wall time in seconds."""
+    return run_children([argv], env, timeout)
+
+
+def run_children(argvs: Sequence[Sequence[str]], env: dict[str, str],
+                 timeout: float) -> float:
+    """Run worker processes side by side until the last one ends; its wall time in seconds."""
     started = time.monotonic()
-    done = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    children = [subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True) for argv in argvs]
+    errors = [child.communicate(timeout=timeout)[1] for child in children]
     elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    for argv, child, stderr in zip(argvs, children, errors, strict=True):
+        if child.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited {child.returncode}:\n{stderr[-3000:]}")
     return elapsed
 
 

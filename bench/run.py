@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 VENV = BENCH / ".venv"
@@ -53,7 +54,8 @@ def main() -> int:
         latency,
         template,
     )
-    from systems import SYSTEMS
+    from systems import SYSTEMS, System
+    from table import FIELDS, SameRunTable
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS),
@@ -65,6 +67,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: seconds of load")
     parser.add_argument("--best", default="jobpool=32,pgqueuer=100,procrastinate=50",
                         help="system=concurrency of the 'best' drain")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="worker processes per drain, for every system (jobpool: its "
+                        "--processes; the peers: that many copies of their worker)")
     parser.add_argument("--growth-sizes", default="10000,100000,1000000")
     args = parser.parse_args()
     systems = [SYSTEMS[name] for name in args.systems.split(",")]
@@ -82,32 +87,39 @@ def main() -> int:
         summary.append(f"| {key} | {shown} {unit} | n={len(rows)} | load {loads} |")
         print(summary[-1], flush=True)
 
+    table = SameRunTable(systems=[s.name for s in systems], best=best,
+                         processes=args.processes)
+    command = "python3 bench/run.py " + " ".join(sys.argv[1:])
+
+    def measure(scenario: str, system: System, tpl: str) -> list[tuple[str, dict[str, Any]]]:
+        """One run of `scenario` for `system`: (result key, figures) pairs."""
+        if scenario == "drain":
+            return [("drain/{system}/default", drain(
+                system, tpl, args.jobs, system.default_concurrency, args.processes))]
+        if scenario == "best":
+            conc = int(best[system.name])
+            return [(f"drain/{{system}}/best={conc}", drain(
+                system, tpl, args.jobs, conc, args.processes))]
+        if scenario == "latency":
+            return [("latency/{system}", latency(system, tpl, args.rate, args.seconds))]
+        return [("enqueue/{system}/single", enqueue_single(system, tpl, 2000)),
+                ("enqueue/{system}/batch5000", enqueue_batch(system, tpl, 50_000, 5000))]
+
     templates = {s.name: template(s) for s in systems
                  if set(args.scenarios) & {"drain", "best", "latency", "enqueue"}}
     for scenario in args.scenarios:
-        for system in systems:
-            tpl = templates.get(system.name, "")
-            if scenario == "drain":
-                rows = [drain(system, tpl, args.jobs, system.default_concurrency)
-                        for _ in range(args.repeat)]
-                record(f"drain/{system.name}/default", rows, "jobs_per_s", "jobs/s")
-                record(f"drain/{system.name}/default/xacts", rows, "xacts_per_job", "xacts/job")
-            elif scenario == "best":
-                conc = int(best[system.name])
-                rows = [drain(system, tpl, args.jobs, conc) for _ in range(args.repeat)]
-                record(f"drain/{system.name}/best={conc}", rows, "jobs_per_s", "jobs/s")
-                record(f"drain/{system.name}/best={conc}/xacts", rows, "xacts_per_job",
-                       "xacts/job")
-            elif scenario == "latency":
-                rows = [latency(system, tpl, args.rate, args.seconds)
-                        for _ in range(args.repeat)]
-                for field in ("p50_ms", "p99_ms", "max_ms"):
-                    record(f"latency/{system.name}/{field}", rows, field, "ms")
-            elif scenario == "enqueue":
-                rows = [enqueue_single(system, tpl, 2000) for _ in range(args.repeat)]
-                record(f"enqueue/{system.name}/single", rows, "jobs_per_s", "jobs/s")
-                rows = [enqueue_batch(system, tpl, 50_000, 5000) for _ in range(args.repeat)]
-                record(f"enqueue/{system.name}/batch5000", rows, "jobs_per_s", "jobs/s")
+        if scenario in ("drain", "best", "latency", "enqueue"):
+            # systems interleaved within each repeat: a change of load hits all of them
+            runs: dict[str, dict[str, list[dict[str, object]]]] = {}
+            for _ in range(args.repeat):
+                for system in systems:
+                    for key, row in measure(scenario, system, templates[system.name]):
+                        runs.setdefault(key, {}).setdefault(system.name, []).append(row)
+            for key, by_system in runs.items():
+                for name, rows in by_system.items():
+                    for field, unit in FIELDS[scenario]:
+                        record(f"{key.format(system=name)}/{field}", rows, field, unit)
+                    table.add(scenario, name, rows)
         if scenario == "notify" and "jobpool" in templates:
             for notify in (True, False):
                 rows = [enqueue_concurrent(templates["jobpool"], 8, 4000, notify)
@@ -125,7 +137,7 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     print("\n".join(["", "| measurement | median | runs | load |", "| --- | --- | --- | --- |",
-                     *summary, f"\nraw: {out}"]))
+                     *summary, f"\nraw: {out}", "", *table.markdown(command)]))
     return 0
 
 

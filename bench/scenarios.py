@@ -17,7 +17,7 @@ from common import (
     load,
     percentile,
     recreate_database,
-    run_child,
+    run_children,
     transactions,
 )
 from systems import SYSTEMS, System, now
@@ -37,17 +37,20 @@ def fresh(system: System, tpl: str, label: str) -> tuple[str, str]:
     return name, recreate_database(name, tpl)
 
 
-def drain(system: System, tpl: str, jobs: int, concurrency: int) -> dict[str, Any]:
-    """Enqueue `jobs` no-op jobs, then time one worker process draining them."""
+def drain(system: System, tpl: str, jobs: int, concurrency: int,
+          processes: int = 1) -> dict[str, Any]:
+    """Enqueue `jobs` no-op jobs, then time `processes` worker processes draining them."""
     name, dsn = fresh(system, tpl, "drain")
     asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * jobs, 5000))
     before = transactions(name)
     load_before = load()
-    elapsed = run_child(system.worker(dsn, "drain", concurrency), child_env(), timeout=3600)
+    elapsed = run_children(system.workers(dsn, "drain", concurrency, processes), child_env(),
+                           timeout=3600)
     after = transactions(name)
     left = _left(system, dsn)
     drop_database(name)
-    return {"system": system.name, "concurrency": concurrency, "jobs": jobs,
+    return {"system": system.name, "concurrency": concurrency, "processes": processes,
+            "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
             "xacts_per_job": (after - before) / jobs, "left": left,
             "load": [load_before, load()]}

@@ -54,6 +54,10 @@ class System:
         until SIGTERM."""
         raise NotImplementedError
 
+    def workers(self, dsn: str, mode: str, concurrency: int, processes: int) -> list[list[str]]:
+        """argv of each process of a run with `processes` worker processes (copies of one)."""
+        return [self.worker(dsn, mode, concurrency)] * processes
+
 
 class Jobpool(System):
     """jobpool, from this checkout."""
@@ -90,6 +94,10 @@ class Jobpool(System):
                 "bench_noop,bench_latency", "--slots", str(concurrency), "--import",
                 "bench_kinds", "--log-level", "warning", "--metrics-port", "0"]
         return [*argv, "--until-empty"] if mode == "drain" else argv
+
+    def workers(self, dsn: str, mode: str, concurrency: int, processes: int) -> list[list[str]]:
+        """One `jobpool run --processes N`: the worker's own multi-process mode."""
+        return [[*self.worker(dsn, mode, concurrency), "--processes", str(processes)]]
 
 
 class Pgqueuer(System):

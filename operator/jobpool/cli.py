@@ -14,10 +14,12 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,7 +43,12 @@ from jobpool.errors import JobpoolError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
-from jobpool.settings import Names, Settings, configure
+from jobpool.settings import (
+    PREFIX,
+    Names,
+    Settings,
+    configure,
+)
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
@@ -124,12 +131,17 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.core.processes import process_count
     from jobpool.registry import load_kind_modules
     from jobpool.worker.config import WorkerConfig
     from jobpool.worker.health import start_worker_health
+    from jobpool.worker.processes import cpu_count, report_status
     from jobpool.worker.runtime import Worker
 
     registry = load_kind_modules(args.imports)
+    processes = process_count(settings.processes, cpu_count())
+    if processes > 1 and not args.status_file:
+        return await _run_processes(args, settings, processes)
     config = WorkerConfig(
         kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
@@ -141,6 +153,8 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     worker = Worker(dsn, registry, config, actor=settings.service_account)
     worker.install_signal_handlers()
     health = await start_worker_health(worker, dsn, args.metrics_port)
+    if args.status_file:
+        worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
     try:
         await worker.run()
     finally:
@@ -149,16 +163,48 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _run_processes(args: argparse.Namespace, settings: Settings, count: int) -> int:
+    """`count` worker processes of this `jobpool run`, one health and metrics endpoint."""
+    from jobpool.worker.health import start_worker_health
+    from jobpool.worker.processes import ProcessGroup
+
+    dsn = settings.dsn or await prepare_database(settings)
+    run_args = ["run", "--processes", "1", "--metrics-port", "0"]
+    for flag, names in (("--kinds", args.kinds), ("--exclude-kinds", args.exclude_kinds),
+                        ("--tenants", args.tenants)):
+        if names:
+            run_args += [flag, ",".join(names)]
+    for module in args.imports:
+        run_args += ["--import", module]
+    if args.until_empty:
+        run_args.append("--until-empty")
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
+    group = ProcessGroup(run_args, count, inherited | replace(settings, dsn=dsn).to_env())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, group.stop)
+    health = await start_worker_health(group, dsn, args.metrics_port)
+    try:
+        return await group.run()
+    finally:
+        if health is not None:
+            await health.stop()
+
+
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.core.poolspec import load_pool_file
+    from jobpool.core.processes import process_count
+    from jobpool.worker.processes import cpu_count
     from jobpool.worker.supervisor import lane_processes, supervise
 
     pool = load_pool_file(args.pool)
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
+    workers = process_count(settings.processes, cpu_count())
+    each = f" x {workers} worker processes" if workers > 1 else ""
     for lane in pool.lanes:
         kinds = ",".join(lane.kinds) if lane.kinds is not None else "all others"
-        print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es) x "
+        print(f"lane {lane.name}: {max(1, lane.min_replicas)} process(es){each} x "
               f"{lane.workers_per_pod} slot(s); kinds: {kinds}"
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
@@ -334,7 +380,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                    help="import MODULE to register more kinds (repeatable)")
     p.add_argument("--until-empty", action="store_true",
                    help="exit once nothing runnable is left")
+    add_setting(p, settings, "processes")
     add_setting(p, settings, "metrics_port")
+    p.add_argument("--status-file", help=argparse.SUPPRESS)  # a child of --processes N
     p.set_defaults(func=cmd_run, extra="worker")
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")

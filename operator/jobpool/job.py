@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 
@@ -33,4 +34,8 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         """Build from a `claim_jobs` row (extra columns are ignored)."""
-        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+        return cls(*_columns(row))
+
+
+_columns = itemgetter(*Job.__dataclass_fields__)
+"""A row's values in the order of Job's fields (one C call per job instead of a dict build)."""

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
@@ -52,12 +53,44 @@ QUEUE_GAUGES = (
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class WorkerMetrics:
+class MetricsExposition:
+    """A registry served on /metrics, with the queue gauges once added."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.gauges: QueueGauges | None = None
+
+    def add_queue_gauges(self, gauges: QueueGauges) -> None:
+        """Serve the queue gauges of `gauges` with these metrics."""
+        self.registry.register(gauges)
+        self.gauges = gauges
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text format, with the queue gauges refreshed if stale."""
+        if self.gauges is not None:
+            await self.gauges.refresh()
+        return generate_latest(self.registry)
+
+
+def multiprocess_metrics(folder: str) -> MetricsExposition:
+    """The counters and histograms that the worker processes writing to `folder` recorded
+    (prometheus-client's multiprocess mode), summed over the processes."""
+    registry = CollectorRegistry()
+    collector: Callable[..., Collector] = MultiProcessCollector  # its __init__ has no types
+    collector(registry, path=folder)
+    return MetricsExposition(registry)
+
+
+class WorkerMetrics(MetricsExposition):
     """The metrics of one worker, in a registry of their own (several workers per process
-    in tests do not mix)."""
+    in tests do not mix).
+
+    Under `jobpool run --processes N` (`PROMETHEUS_MULTIPROC_DIR` set) the values go to that
+    folder instead, where the parent's `multiprocess_metrics` sums them.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        super().__init__(registry or CollectorRegistry(auto_describe=True))
         self.attempts = Counter(
             "mdm_jobs_attempts", "Finished attempts (claims) by kind and outcome.",
             ["kind", "outcome"], registry=self.registry)
@@ -71,7 +104,6 @@ class WorkerMetrics:
             "mdm_jobs_rate_limit_hits", "Claimed jobs requeued for want of a token; limit is "
             "the empty bucket (tenant or provider).",
             ["tenant", "kind", "limit"], registry=self.registry)
-        self.gauges: QueueGauges | None = None
         # labelled children by label values: labels() costs a lookup per job otherwise
         self._attempts: dict[tuple[str, str], Any] = {}
         self._timings: dict[str, tuple[Any, Any]] = {}
@@ -96,16 +128,6 @@ class WorkerMetrics:
         """Count one rate-limit hit (a metric, not an audit row: hits are frequent)."""
         self.rate_limit_hits.labels(tenant, kind, limit).inc()
 
-    def add_queue_gauges(self, gauges: QueueGauges) -> None:
-        """Serve the queue gauges of `gauges` with these metrics."""
-        self.registry.register(gauges)
-        self.gauges = gauges
-
-    async def exposition(self) -> bytes:
-        """The Prometheus text format, with the queue gauges refreshed if stale."""
-        if self.gauges is not None:
-            await self.gauges.refresh()
-        return generate_latest(self.registry)
 
 
 class QueueGauges(Collector):

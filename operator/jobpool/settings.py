@@ -21,6 +21,8 @@ PREFIX = "JOBPOOL_"
 DEFAULT_METRICS_PORT = 9108
 MAX_SLOTS = 256
 """Each slot holds a database connection while its job runs; more is a typo, not a pool."""
+MAX_PROCESSES = 64
+"""Worker processes of one `jobpool run`; each opens slots + 3 connections."""
 MIN_GRACE, MAX_GRACE = 0.1, 3600.0
 """Seconds; the pool file's graceSeconds allows up to an hour as well."""
 MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
@@ -201,6 +203,11 @@ class Settings:
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
         "seconds between claims when no notification arrives", "--poll-interval")
+    processes: int = _setting(
+        1, Whole(0, MAX_PROCESSES),
+        "worker processes of one `jobpool run` (and of each lane process of a pool file), each "
+        "with its own slots, behind one /metrics, /healthz, /readyz; 0: one per CPU the "
+        "process may use (affinity and cgroup quota)", "--processes")
     metrics_port: int = _setting(
         DEFAULT_METRICS_PORT, Whole(0, 65535),
         "port of a worker's /metrics, /healthz, /readyz (0: off; with a pool file, worker i of "

@@ -87,10 +87,14 @@ class QueueStore:
         claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
-        within a priority level tenants take turns (README "Scaling").
+        within a priority level tenants take turns (README "Scaling"). The COMMIT returns
+        without waiting for the WAL flush: a server crash may undo its last fraction of a
+        second, which puts those jobs back to running or pending, so they run again (as after
+        a worker crash); a kind's own writes commit with the usual durability.
         """
         async with self.pool.connection() as conn, conn.pipeline():
             # one round trip: BEGIN, the batched done, the claim and COMMIT go out together
+            await conn.execute(QUERIES["commit_without_flush"].text)
             done = await conn.execute(QUERIES["complete_jobs"].text,
                                       self._completions(completions)) if completions else None
             resent = [c for c in completions if c.resent]

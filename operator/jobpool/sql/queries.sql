@@ -222,6 +222,10 @@ SELECT j.id
   JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
+-- name: commit_without_flush :one
+-- Let this transaction's COMMIT return before its WAL reaches disk (only a server crash undoes it).
+SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit;
+
 -- name: plan_claim :one
 -- Plan the claim once per connection and walk ix_aa_job_lane even without statistics.
 -- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic

@@ -16,7 +16,7 @@ from typing import Protocol
 from aiohttp import web
 
 from jobpool.errors import JobpoolError
-from jobpool.metrics import CONTENT_TYPE, QueueGauges, WorkerMetrics
+from jobpool.metrics import CONTENT_TYPE, MetricsExposition, QueueGauges
 
 log = logging.getLogger("jobpool.worker")
 
@@ -27,7 +27,10 @@ LIVENESS_TIMEOUT = 60.0
 class HealthSource(Protocol):
     """What the probes read from a worker (`jobpool.worker.runtime.Worker` has these)."""
 
-    loop_beat: float
+    @property
+    def loop_beat(self) -> float:
+        """`time.monotonic()` of the fetch loop's last beat."""
+        ...
 
     def not_ready(self) -> list[str]:
         """What keeps the worker from being ready, one sentence each; [] when ready."""
@@ -35,16 +38,19 @@ class HealthSource(Protocol):
 
 
 class ObservedWorker(HealthSource, Protocol):
-    """A worker with its metrics (`Worker.metrics`)."""
+    """A worker with its metrics (`Worker.metrics`, or a process group's summed ones)."""
 
-    metrics: WorkerMetrics
+    @property
+    def metrics(self) -> MetricsExposition:
+        """What /metrics serves."""
+        ...
 
 
 class HealthServerError(JobpoolError):
     """The health/metrics server cannot listen (e.g. the port is taken)."""
 
 
-def build_app(source: HealthSource, metrics: WorkerMetrics, *,
+def build_app(source: HealthSource, metrics: MetricsExposition, *,
               clock: Callable[[], float] = time.monotonic) -> web.Application:
     """The aiohttp application serving /metrics, /healthz and /readyz."""
 
@@ -75,7 +81,7 @@ def build_app(source: HealthSource, metrics: WorkerMetrics, *,
 class HealthServer:
     """Runs `build_app` on a TCP port alongside the worker, in the same event loop."""
 
-    def __init__(self, source: HealthSource, metrics: WorkerMetrics) -> None:
+    def __init__(self, source: HealthSource, metrics: MetricsExposition) -> None:
         self.app = build_app(source, metrics)
         self.metrics = metrics
         self.runner: web.AppRunner | None = None

@@ -17,7 +17,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import AsyncConnection
@@ -32,7 +32,6 @@ from jobpool.db.connect import (
     lost_connection,
     open_live_pool,
     probe,
-    reset_session,
     with_tcp_liveness,
 )
 from jobpool.db.store import Completion, QueueStore
@@ -50,6 +49,7 @@ from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
 from jobpool.worker.maintenance import keep_cleanup_scheduled
+from jobpool.worker.slot_connections import LazyConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
@@ -153,6 +153,7 @@ class Worker:
         self.limiter = limiter or TokenStore.from_settings(current_settings())
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
+        self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -193,6 +194,7 @@ class Worker:
             await self._drain()
         finally:
             await self.background.stop()
+            await self.slot_connections.close()
             if self.store is not None:
                 await self.store.pool.close()
 
@@ -433,34 +435,36 @@ class Worker:
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
         """Run the handler and mark the job done in its transaction.
 
-        A handler that sent no statement has nothing to commit with its `done`: that job is
-        completed later in a batch with others (`complete_jobs`), after its connection went
-        back to the pool. Raises ClaimLost when this worker no longer holds the claim.
+        The handler's `tx` is taken from the slot connections on its first use. A handler
+        that never used it, or sent no statement, has nothing to commit with its `done`: that
+        job is completed later in a batch with others (`complete_jobs`). Raises ClaimLost when
+        this worker no longer holds the claim.
         """
-        assert self.store is not None
-        async with self.store.pool.connection() as conn:
-            try:
-                if not (self.config.batch_completions and isinstance(conn, JobConnection)):
-                    async with conn.transaction():
-                        result = await self._call_handler(job, spec, conn)
-                        await self._complete(conn, job, stored_result(result))
-                        return result
-                conn.job_scope, conn.sent_statements = True, False
-                try:
+        tx = LazyConnection(self.slot_connections)
+        try:
+            if not self.config.batch_completions:
+                conn = tx.connection()
+                if isinstance(conn, JobConnection):
+                    conn.job_scope = False  # the transaction below is the job's
+                async with conn.transaction():
                     result = await self._call_handler(job, spec, conn)
-                    stored = stored_result(result)
-                    if conn.info.transaction_status != TransactionStatus.IDLE:
-                        await self._complete(conn, job, stored)
-                        await conn.commit()
-                        return result
-                except BaseException:
-                    if not conn.closed:
-                        await conn.rollback()
-                    raise
-                finally:
-                    conn.job_scope = False
-            finally:
-                await reset_session(conn)
+                    await self._complete(conn, job, stored_result(result))
+                    return result
+            try:
+                result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
+                stored = stored_result(result)
+                used = tx.taken
+                if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
+                    await self._complete(used, job, stored)
+                    await used.commit()
+                    return result
+            except BaseException:
+                used = tx.taken
+                if used is not None and not used.closed:
+                    await used.rollback()
+                raise
+        finally:
+            await tx.release()
         if not await self._complete_later(job, stored):
             raise ClaimLost
         return result
@@ -663,14 +667,16 @@ class Worker:
         """A fresh pool after an outage (its pooled connections are dead, and the pool would
         replace them only with its own backoff, up to minutes); else drop the dead ones."""
         if self.store is not None and not replace:
-            await self.store.pool.check()
+            await self.slot_connections.fill(self.store.pool, timeout=PROBE_TIMEOUT)  # checks them
             return
         pool = await open_live_pool(self.dsn, size=self.config.slots + 2,
                                     name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
         if self.store is None:
             self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
+            await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
             return
         retired, self.store.pool = self.store.pool, pool
+        await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
         await retired.close()  # waiting clients get PoolClosed; used connections close on return
 
     async def _settle_leftovers(self) -> None:

@@ -1,0 +1,56 @@
+"""Profile one jobpool drain: where a worker process spends its time per job.
+
+    python3 bench/profile_drain.py --slots 4 --jobs 20000        # cProfile, top 25 by own time
+    python3 bench/profile_drain.py --slots 32 --sort cumulative
+
+Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` no-op jobs,
+drains it with one `jobpool run --until-empty` process under cProfile, prints the functions
+that took the most time and the microseconds of worker CPU per job. cProfile slows every
+Python call, so compare profiles with each other, never with `run.py`'s rates.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from run import bootstrap
+
+
+def main() -> int:
+    import argparse
+    import asyncio
+    import pstats
+    import tempfile
+
+    from common import child_env, drop_database, run_child
+    from scenarios import fresh, template
+    from systems import SYSTEMS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--sort", default="tottime", help="pstats sort key")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    system = SYSTEMS["jobpool"]
+    tpl = template(system)
+    name, dsn = fresh(system, tpl, "profile")
+    try:
+        asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * args.jobs, 5000))
+        with tempfile.NamedTemporaryFile(suffix=".prof") as out:
+            argv = system.worker(dsn, "drain", args.slots)
+            profiled = [argv[0], "-m", "cProfile", "-o", out.name, *argv[1:]]
+            elapsed = run_child(profiled, child_env(), timeout=3600)
+            stats = pstats.Stats(out.name)
+            print(f"{args.jobs} jobs, {args.slots} slots: {elapsed:.2f}s wall under cProfile, "
+                  f"{stats.total_tt / args.jobs * 1e6:.0f} µs of profiled CPU per job")
+            stats.sort_stats(args.sort).print_stats(args.top)
+    finally:
+        drop_database(name)
+        drop_database(tpl)
+    return 0
+
+
+if __name__ == "__main__":
+    bootstrap()
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The same-run table: each system's median and min-max per measurement, ready to paste."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from common import median
+
+FIELDS: dict[str, list[tuple[str, str]]] = {
+    "drain": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job")],
+    "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job")],
+    "latency": [("p50_ms", "ms"), ("p99_ms", "ms"), ("max_ms", "ms")],
+    "enqueue": [("jobs_per_s", "jobs/s")],
+}
+"""The figures each scenario reports, with their units."""
+
+NAMES = {"jobpool": "jobpool", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate"}
+HIGHER_IS_BETTER = {"jobs_per_s"}
+
+
+def spread(values: Sequence[float]) -> str:
+    """`median (min-max)`, rounded for reading."""
+    def fmt(value: float) -> str:
+        return f"{value:,.0f}" if value >= 100 else f"{value:.2g}" if value < 1 else f"{value:.1f}"
+
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(median(values))} ({fmt(min(values))}\u2013{fmt(max(values))})"
+
+
+class SameRunTable:
+    """Collects the runs of one `run.py` invocation and prints them as one Markdown table."""
+
+    def __init__(self, *, systems: Sequence[str], best: dict[str, str], processes: int) -> None:
+        self.systems = list(systems)
+        self.best = best
+        self.processes = processes
+        self.rows: list[tuple[str, str, dict[str, list[float]]]] = []
+
+    def add(self, scenario: str, system: str, runs: Sequence[dict[str, Any]]) -> None:
+        """Record the runs of `system` in `scenario` (one row per figure)."""
+        for field, unit in FIELDS[scenario]:
+            label = self._label(scenario, runs[0], field, unit)
+            for row_label, row_field, values in self.rows:
+                if row_label == label and row_field == field:
+                    values[system] = [float(run[field]) for run in runs]
+                    break
+            else:
+                self.rows.append((label, field, {system: [float(run[field]) for run in runs]}))
+
+    def _label(self, scenario: str, run: dict[str, Any], field: str, unit: str) -> str:
+        what = {"jobs_per_s": "jobs/s", "xacts_per_job": "SQL transactions per job",
+                "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
+                "max_ms": "enqueue-to-start max (ms)"}.get(field, unit)
+        if scenario in ("drain", "best"):
+            setting = "default concurrency" if scenario == "drain" else "best setting"
+            procs = f", {self.processes} processes" if self.processes > 1 else ""
+            return f"drain, {setting}{procs}: {what}"
+        if scenario == "enqueue":
+            kind = "batch of 5,000" if "batch" in run else "single"
+            return f"enqueue, {kind}: {what}"
+        return f"latency, {run.get('rate', 200):g} jobs/s to idle default workers: {what}"
+
+    def markdown(self, command: str) -> list[str]:
+        """The table's lines, headed by the command that produced it."""
+        peers = [s for s in self.systems if s != "jobpool"]
+        ratios = [f"jobpool / {NAMES[p]}" for p in peers] if "jobpool" in self.systems else []
+        head = ["measurement", *(NAMES[s] for s in self.systems), *ratios]
+        lines = [f"`{command}` (median of each system's runs, min\u2013max in brackets; the "
+                 "systems ran interleaved within each repeat)", "",
+                 "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for label, field, values in self.rows:
+            cells = [spread(values[s]) if s in values else "" for s in self.systems]
+            for peer in (peers if ratios else []):
+                if "jobpool" in values and peer in values and field in HIGHER_IS_BETTER:
+                    ratio = median(values["jobpool"]) / median(values[peer])
+                    cells.append(f"{ratio:.2f}x")
+                else:
+                    cells.append("")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        settings = ", ".join(f"{NAMES[s]} {self.best.get(s, '?')}" for s in self.systems)
+        lines += ["", f"Default concurrency: jobpool 4 slots, PgQueuer batch_size 10, "
+                  f"Procrastinate concurrency 1; best setting: {settings}."]
+        return lines

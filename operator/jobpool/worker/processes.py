@@ -1,0 +1,152 @@
+"""`jobpool run --processes N`: N worker processes behind one /metrics, /healthz and /readyz.
+
+One Python process runs its jobs on one core; a pod (or host) with more cores runs several
+worker processes, each with its own slots, pool and worker id. The parent starts them, serves
+the probes and the metrics of all of them on the one port, forwards SIGTERM/SIGINT (each
+child finishes or hands back its jobs within the grace period) and exits with the worst exit
+code. A child that dies while the group is not stopping stops the group (exit code 1 or
+the child's), so that Kubernetes restarts the pod rather than running it short of processes.
+
+Health: every child writes its fetch loop's beat and its readiness problems to a status file
+every `STATUS_EVERY` seconds; /healthz fails when any child's beat is old, /readyz lists every
+child's problems. Metrics: prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`,
+one folder per group): counters and histograms are summed over the children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from jobpool.core.processes import (
+    ProcessStatus,
+    group_beat,
+    group_problems,
+    usable_cpus,
+)
+from jobpool.metrics import MetricsExposition, multiprocess_metrics
+from jobpool.worker.health import HealthSource
+
+log = logging.getLogger("jobpool.worker")
+
+STATUS_EVERY = 1.0
+"""Seconds between a child's status-file writes."""
+
+CHILD_POLL = 0.2
+"""Seconds between the parent's checks of its children."""
+
+MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpu_count() -> int:
+    """CPUs this process may use: its affinity, capped by its cgroup's CPU quota."""
+    try:
+        cpu_max: str | None = CGROUP_CPU_MAX.read_text(encoding="utf-8")
+    except OSError:
+        cpu_max = None
+    return usable_cpus(len(os.sched_getaffinity(0)), cpu_max)
+
+
+async def report_status(source: HealthSource, path: Path) -> None:
+    """Write `source`'s beat and problems to `path` every `STATUS_EVERY` seconds (replaced
+    atomically, so the parent never reads half a file)."""
+    partial = path.with_suffix(".partial")
+    while True:
+        partial.write_text(json.dumps({"beat": source.loop_beat,
+                                       "problems": source.not_ready()}), encoding="utf-8")
+        os.replace(partial, path)
+        await asyncio.sleep(STATUS_EVERY)
+
+
+def read_status(path: Path) -> ProcessStatus | None:
+    """A child's last status; None before its first write (or if the file is unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return ProcessStatus(float(data["beat"]), tuple(str(p) for p in data["problems"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class ProcessGroup:
+    """The parent of `count` worker processes (`jobpool run` with `run_args` each)."""
+
+    def __init__(self, run_args: Sequence[str], count: int, env: Mapping[str, str]) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="jobpool-workers-"))
+        self.run_args = tuple(run_args)
+        self.count = count
+        self.env = {**env, MULTIPROC_VARIABLE: str(self.folder)}
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.started = time.monotonic()
+        self.stopping = False
+        self.metrics: MetricsExposition = multiprocess_metrics(str(self.folder))
+
+    def _status_file(self, n: int) -> Path:
+        return self.folder / f"status-{n}.json"
+
+    # -- what the health server reads ------------------------------------------------------
+
+    def _statuses(self) -> dict[int, ProcessStatus | None]:
+        return {n: read_status(self._status_file(n)) for n in self.children}
+
+    def _exited(self) -> list[tuple[int, int]]:
+        return [(n, child.returncode) for n, child in self.children.items()
+                if child.returncode is not None]
+
+    @property
+    def loop_beat(self) -> float:
+        """The oldest fetch-loop beat of the children (/healthz)."""
+        return group_beat(self._statuses(), self.started)
+
+    def not_ready(self) -> list[str]:
+        """What keeps any child from being ready (/readyz); [] when all are."""
+        return group_problems(self._statuses(), self._exited())
+
+    # -- running ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Pass SIGTERM on to every child still running."""
+        if not self.stopping:
+            log.info("stopping %d worker process(es)", self.count)
+        self.stopping = True
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, signum: int) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    async def run(self) -> int:
+        """Start the children and wait for all of them; the worst exit code."""
+        try:
+            for n in range(self.count):
+                argv = [sys.executable, "-m", "jobpool", *self.run_args,
+                        "--status-file", str(self._status_file(n))]
+                self.children[n] = subprocess.Popen(argv, env=self.env)
+            log.info("started %d worker process(es): %s", self.count,
+                     ", ".join(str(c.pid) for c in self.children.values()))
+            while any(child.poll() is None for child in self.children.values()):
+                failed = [(n, code) for n, code in self._exited() if code != 0]
+                if failed and not self.stopping:
+                    log.error("worker process %d exited with %d; stopping the others",
+                              *failed[0])
+                    self.stop()
+                await asyncio.sleep(CHILD_POLL)
+        except BaseException:
+            self._signal(signal.SIGTERM)
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.folder)
+        return max((abs(child.returncode or 0) for child in self.children.values()), default=0)

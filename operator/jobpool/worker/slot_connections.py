@@ -1,0 +1,164 @@
+"""The connections jobs run on: one per slot, handed to a job only when its handler uses `tx`.
+
+Borrowing a pooled connection for every job cost about 13 µs of CPU per job (the pool's
+lock, its bookkeeping, the session check on return; bench/RESULTS.md). So the worker takes
+one connection per slot out of its pool when the pool opens and keeps them in a plain list;
+a job's `tx` is a `LazyConnection` that takes one from the list on the handler's first use of
+it (any attribute: `tx.execute`, `tx.cursor()`, `tx.info`, ...). A handler that never touches
+`tx` takes none, and its `done` goes into the fetch loop's batch. The pool keeps its other
+connections for the worker's own queries (claims, leases, failure writes).
+
+A running job has a connection waiting for it: the list holds one for every slot that has
+not taken its own, so taking never waits. A connection that comes back closed, in a
+transaction, or from a pool retired after an outage is returned to its pool and replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from jobpool.db.connect import JobConnection, reset_session
+from jobpool.errors import JobpoolError
+
+log = logging.getLogger("jobpool.worker")
+
+
+REPLACE_TIMEOUT = 1.0
+"""Seconds a finished job waits for the replacement of a connection it closed or broke (the
+job's outcome is written after it); without one in time, the next reconnect tops up."""
+
+
+class NoSlotConnection(JobpoolError):
+    """No connection is ready for the job: the database was unreachable when one was due."""
+
+
+class SlotConnections:
+    """`count` connections taken out of a pool, lent to one job at a time each."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.idle: list[AsyncConnection[Any]] = []
+        self.lent = 0
+        self.pool: AsyncConnectionPool[Any] | None = None
+
+    async def fill(self, pool: AsyncConnectionPool[Any], *, timeout: float) -> None:
+        """Serve from `pool` from now on, with live connections: the idle ones go back to
+        their pool, `pool` drops those that no longer answer (`check`, after an outage), then
+        one connection per slot not lent is taken again.
+
+        A server near its connection limit may give fewer within `timeout` seconds: the
+        worker runs with those (a job whose handler finds none fails with NoSlotConnection and
+        is retried), and every connection handed back tops the list up again.
+        """
+        previous, self.pool = self.pool, pool
+        idle, self.idle = self.idle, []
+        if previous is not None:
+            for conn in idle:
+                await previous.putconn(conn)
+        await pool.check()
+        try:
+            await self._top_up(timeout)
+        except PoolTimeout:
+            log.warning("%d of %d slot connections ready; the others follow when the server "
+                        "gives them", len(self.idle), self.count - self.lent)
+
+    async def _top_up(self, timeout: float | None = None) -> None:
+        while len(self.idle) + self.lent < self.count:
+            pool = self.pool
+            assert pool is not None
+            conn = await pool.getconn(timeout)
+            if pool is not self.pool:  # replaced meanwhile: its own fill tops the list up
+                await pool.putconn(conn)
+                return
+            if len(self.idle) + self.lent < self.count:
+                self.idle.append(conn)
+            else:  # a job handed one back meanwhile
+                await pool.putconn(conn)
+
+    def take(self) -> tuple[AsyncConnection[Any], AsyncConnectionPool[Any]]:
+        """A connection for one job, and the pool it belongs to; never waits.
+
+        Raises NoSlotConnection when none is ready (only after the database was unreachable;
+        the next reconnect tops the list up).
+        """
+        if not self.idle or self.pool is None:
+            raise NoSlotConnection("no database connection is ready for this job (the database "
+                                   "was unreachable); it is retried")
+        self.lent += 1
+        return self.idle.pop(), self.pool
+
+    async def give_back(self, conn: AsyncConnection[Any], pool: AsyncConnectionPool[Any]) -> None:
+        """Keep `conn` for the next job if it is fit; else return it to `pool` and take a
+        fresh one (left to the next hand-back or reconnect when the pool cannot give one
+        within `REPLACE_TIMEOUT`)."""
+        self.lent -= 1
+        if (pool is self.pool and not conn.closed
+                and conn.info.transaction_status == TransactionStatus.IDLE):
+            self.idle.append(conn)
+            return
+        await pool.putconn(conn)  # the pool closes or replaces it
+        try:
+            await self._top_up(REPLACE_TIMEOUT)
+        except (psycopg.OperationalError, PoolClosed) as exc:
+            log.warning("no connection to replace a job's closed one yet (%s)", exc)
+
+    async def close(self) -> None:
+        """Return the idle connections to their pool (before the pool closes)."""
+        idle, self.idle = self.idle, []
+        if self.pool is not None:
+            for conn in idle:
+                await self.pool.putconn(conn)
+
+
+class LazyConnection:
+    """A job's `tx`: the slot's connection, taken on the handler's first use of any of its
+    attributes; until then nothing is borrowed. Everything else is the connection's own."""
+
+    __slots__ = ("_conn", "_pool", "_slots")
+
+    def __init__(self, slots: SlotConnections) -> None:
+        self._slots = slots
+        self._conn: AsyncConnection[Any] | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+
+    @property
+    def taken(self) -> AsyncConnection[Any] | None:
+        """The connection, if the handler used `tx`."""
+        return self._conn
+
+    def connection(self) -> AsyncConnection[Any]:
+        """The connection, taken now if it was not yet (raises NoSlotConnection)."""
+        conn = self._conn
+        if conn is None:
+            conn, self._pool = self._slots.take()
+            if isinstance(conn, JobConnection):  # its transaction starts with the first statement
+                conn.job_scope, conn.sent_statements = True, False
+            self._conn = conn
+        return conn
+
+    async def release(self) -> None:
+        """Undo what the handler did to the connection's session (`reset_session`) and give
+        it back to the slots, if it was taken."""
+        if self._conn is not None and self._pool is not None:
+            conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
+            if isinstance(conn, JobConnection):
+                conn.job_scope = False
+            try:
+                await reset_session(conn)
+            finally:
+                await self._slots.give_back(conn, pool)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in LazyConnection.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.connection(), name, value)
