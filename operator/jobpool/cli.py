@@ -131,7 +131,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from jobpool.core.processes import process_count
+    from jobpool.core.process_group import process_count
     from jobpool.registry import load_kind_modules
     from jobpool.worker.config import WorkerConfig
     from jobpool.worker.health import start_worker_health
@@ -193,7 +193,7 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
 
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.core.poolspec import load_pool_file
-    from jobpool.core.processes import process_count
+    from jobpool.core.process_group import process_count
     from jobpool.worker.processes import cpu_count
     from jobpool.worker.supervisor import lane_processes, supervise
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from jobpool.core.processes import (
+from jobpool.core.process_group import (
     ProcessStatus,
     group_beat,
     group_problems,

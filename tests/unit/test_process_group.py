@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobpool.core.processes import (
+from jobpool.core.process_group import (
     ProcessStatus,
     group_beat,
     group_problems,
