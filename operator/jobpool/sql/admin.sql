@@ -37,9 +37,11 @@ LISTEN jobpool;
 -- Check that a connection is alive.
 SELECT 1 AS alive;
 
--- name: reset_session :exec
--- Undo what a job's handler left in its session, in one round trip (simple protocol).
--- DISCARD ALL without DEALLOCATE ALL, which would drop psycopg's prepared statements.
+-- name: reset_session :one
+-- Undo what a job's handler left in its session, in one round trip (simple protocol), and
+-- count the prepared statements left (psycopg's own: a handler may have deallocated them).
+-- DISCARD ALL, but of the prepared statements only those made by SQL PREPARE (a handler's,
+-- which may hold the names psycopg gives its own next), never psycopg's (protocol-level).
 RESET ALL;
 SET SESSION AUTHORIZATION DEFAULT;
 UNLISTEN *;
@@ -47,6 +49,16 @@ CLOSE ALL;
 SELECT pg_advisory_unlock_all();
 DISCARD TEMP;
 DISCARD SEQUENCES;
+DO $$
+DECLARE
+    statement record;
+BEGIN
+    FOR statement IN SELECT name FROM pg_catalog.pg_prepared_statements WHERE from_sql LOOP
+        EXECUTE pg_catalog.format('DEALLOCATE %I', statement.name);
+    END LOOP;
+END
+$$;
+SELECT pg_catalog.count(*) AS prepared FROM pg_catalog.pg_prepared_statements;
 
 -- name: database_now :one
 -- The database's clock (all job times come from it).

@@ -78,7 +78,9 @@ UPDATE mdm.aa_job j
 RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
           j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
           j.max_attempts, j.last_error, j.idempotency_key,
-          extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency;
+          -- epochs, not a difference of timestamps: that fails for an infinite created_at
+          (extract(epoch FROM j.claimed_at) - extract(epoch FROM j.created_at))::float8
+              AS claim_latency;
 
 -- name: complete_job :one
 -- Mark a job done (with the handler's result) if this worker still holds its claim.
