@@ -332,8 +332,14 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         raise ValueError(f"--metadata: {exc}") from None
     async with await open_database(settings) as conn:
-        cur = await conn.execute(QUERIES["create_tenant"].text,
-                                 {"key": args.key, "metadata": Jsonb(metadata)})
+        try:
+            cur = await conn.execute(QUERIES["create_tenant"].text,
+                                     {"key": args.key, "metadata": Jsonb(metadata)})
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != "aa_tenant_metadata_size":
+                raise
+            raise ValueError(f"--metadata: merged into tenant {args.key}'s metadata, it would "
+                             "be more than the limit of 64 KiB of JSON") from None
         row = await cur.fetchone()
         await conn.commit()
     assert row is not None

@@ -138,6 +138,9 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
          "--metadata: metadata is nested more than 32 levels deep"),
         (["tenants", "add", "initech", "--metadata", "[" * 20_000 + "]" * 20_000],
          "--metadata: metadata is nested 20000 levels deep, more than the limit of 100"),
+        (["tenants", "add", "initech", "--metadata",
+          json.dumps({"rate_limit": {f"kind_{n}": {"rps": 1} for n in range(5000)}})],
+         "--metadata: metadata is 1"),
         (["run", "--kinds", "test_record", "--grace", "inf"],
          "argument --grace: must be from 0.1 to 3600 seconds, got inf"),
         (["run", "--kinds", "test_record", "--poll-interval", "0"],
@@ -215,3 +218,13 @@ async def test_the_readme_kind_runs_from_the_current_folder(
     cur = await conn.execute("SELECT status::text AS status, result FROM mdm.aa_job"
                              " WHERE job_kind = 'invoice_pdf'")
     assert await cur.fetchall() == [{"status": "done", "result": {"invoice": 7}}]
+
+
+async def test_metadata_merged_past_64_kib_is_refused(conn: Conn, dsn: str) -> None:
+    half = [json.dumps({f"{part}_{n}": "x" * 20 for n in range(1200)}) for part in "ab"]
+    cli(dsn, "tenants", "add", "initech", "--metadata", half[0])
+    run = cli(dsn, "tenants", "add", "initech", "--metadata", half[1], check=False)
+    assert run.returncode == 2, run.stderr
+    assert "--metadata: merged into tenant initech's metadata, it would be more than the " \
+           "limit of 64 KiB of JSON" in run.stderr
+    assert "Traceback" not in run.stderr
