@@ -47,6 +47,20 @@ log = logging.getLogger("jobpool")
 
 _names = Names().parse
 
+
+def _tenant_refs(text: str) -> tuple[str, ...]:
+    """--tenants: at least one tenant key or id, each checked (an invalid one names no
+    tenant, so a worker waiting for it would never start)."""
+    from jobpool.core.tenants import tenant_ref
+
+    refs = _names(text)
+    if not refs:
+        raise argparse.ArgumentTypeError(f"give at least one tenant key or id, got {text!r}")
+    try:
+        return tuple(tenant_ref(ref) for ref in refs)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 
@@ -409,7 +423,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
     p.add_argument("--kinds", type=_names, help="comma-separated kinds to serve (default: all)")
     p.add_argument("--exclude-kinds", type=_names, help="comma-separated kinds not to serve")
-    p.add_argument("--tenants", type=_names,
+    p.add_argument("--tenants", type=_tenant_refs,
                    help="comma-separated tenant keys or ids (default: all)")
     add_setting(p, settings, "slots")
     add_setting(p, settings, "grace")

@@ -146,6 +146,14 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
         (["run", "--kinds", "test_record", "--poll-interval", "0"],
          "argument --poll-interval: must be from 0.01 to 3600 seconds, got 0"),
         (["dlq", "list", "--tenant", "ACME"], "'ACME' is neither a tenant key"),
+        (["run", "--tenants", "ACME", "--until-empty"],
+         "argument --tenants: tenant 'ACME' is neither a tenant key"),
+        (["run", "--tenants", "acme," + "a" * 64, "--until-empty"],
+         f"argument --tenants: tenant '{'a' * 64}' is neither a tenant key"),
+        (["run", "--tenants", "", "--until-empty"],
+         "argument --tenants: give at least one tenant key or id, got ''"),
+        (["run", "--tenants", ",", "--until-empty"],
+         "argument --tenants: give at least one tenant key or id, got ','"),
     ],
 )
 async def test_bad_input_is_refused_naming_the_problem(
