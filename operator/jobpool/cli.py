@@ -229,9 +229,10 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.core.poolspec import load_pool_file
-    from jobpool.worker.supervisor import lane_processes, supervise
+    from jobpool.worker.supervisor import lane_processes, local_process_count, supervise
 
     pool = load_pool_file(args.pool)
+    local_process_count(pool, os.cpu_count() or 1)
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     for lane in pool.lanes:
