@@ -385,6 +385,10 @@ def unsigned() -> str:
      "token signed with 'ES256'"),
     (unsigned(), "token signed with 'none'"),
     (forged_hs256_with_public_key(), "token signature does not verify"),
+    (token(sub="ali\x00ce"), "token sub must be printable text"),
+    (token(sub="ali\ud800ce"), "token sub must be printable text"),
+    (token(sub="alice\nbob"), "token sub must be printable text"),
+    (token(sub="\x1b[31malice"), "token sub must be printable text"),
 ])
 async def test_bad_tokens_get_401(api: Client, conn: Conn, tenant: uuid.UUID,
                                   bearer: str | None, detail: str) -> None:
