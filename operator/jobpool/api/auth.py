@@ -61,7 +61,8 @@ class TokenVerifier:
         """The token's subject, from an `Authorization` header value.
 
         Raises AuthError(401) for a missing, malformed, expired, wrongly signed or
-        wrongly addressed token, or one whose `sub` is not printable text, AuthError(403) for a token without `manage_metadata`.
+        wrongly addressed token, or one whose `sub` is not printable text, AuthError(403)
+        for a token without `manage_metadata`.
         """
         token = _bearer(authorization)
         claims = self._decode(token)
