@@ -544,7 +544,26 @@ def _add_extensions(sub: Any, settings: Settings) -> None:
         getattr(importlib.import_module(module), function)(sub, settings)
 
 
+STDOUT_CLOSED = 141
+"""Exit code when whoever reads the output stopped (`jobpool kinds list | head`): 128 +
+SIGPIPE, as for a command the signal ended."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `jobpool` command `argv`; return its exit code."""
+    try:
+        code = run_command(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe prints a traceback
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null, so that is quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return STDOUT_CLOSED
+
+
+def run_command(argv: Sequence[str] | None) -> int:
+    """`main`, but a closed stdout raises BrokenPipeError."""
     try:  # a variable refused stops every command, before anything runs
         settings = Settings.from_env(os.environ)
         args = build_parser(settings).parse_args(argv)
