@@ -6,7 +6,7 @@
 
 CREATE FUNCTION mdm.jobpool_time_in_range(t timestamptz) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN t IS NULL OR (t >= '0001-01-02 00:00:00+00' AND t < '9999-12-31 00:00:00+00');
+    AS $$ SELECT t IS NULL OR (t >= '0001-01-02 00:00:00+00' AND t < '9999-12-31 00:00:00+00') $$;
 COMMENT ON FUNCTION mdm.jobpool_time_in_range(timestamptz) IS
     'Whether t is NULL or a time every client can read: years 1 to 9999 with a day to spare '
     'for time zones (Python''s datetime holds no more).';
