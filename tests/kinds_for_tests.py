@@ -175,6 +175,9 @@ TX_ABUSES: dict[str, Any] = {
     "read_only_attribute": lambda tx: tx.set_read_only(True),
     "json_loader": _own_json_loader,
     "prepare": _prepare_psycopg_names,
+    "deallocate_all": lambda tx: tx.execute(  # one by one: psycopg notices DEALLOCATE ALL
+        "DO $$ DECLARE s record; BEGIN FOR s IN SELECT name FROM pg_prepared_statements LOOP "
+        "EXECUTE format('DEALLOCATE %I', s.name); END LOOP; END $$"),
 }
 """What a handler may do to its `tx` that would outlive its job on a pooled connection."""
 RAISES: dict[str, Any] = {

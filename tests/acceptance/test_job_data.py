@@ -109,7 +109,8 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_alone_and_stays_readab
 
 
 
-REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout", "json_loader"}
+REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout", "json_loader",
+            "deallocate_all"}
 """Abuses after which the connection is replaced rather than reset."""
 
 

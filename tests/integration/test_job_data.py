@@ -225,6 +225,27 @@ async def test_a_handlers_prepared_statements_end_with_its_job(
     assert await statuses(conn, [*abuse, *normal]) == {"done"}
 
 
+async def test_a_handler_deallocating_psycopgs_statements_fails_no_later_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Deallocating the statements psycopg prepared on that connection (its claim, its
+    `done`) one by one, which psycopg cannot notice: the connection is replaced instead of
+    failing the next job that uses it."""
+    await prepare(conn)
+    tenants = [tenant, await second_tenant(conn)]
+    normal = await normal_jobs(conn, tenants, count=60)
+    abuse = [m.id for m in await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_abuse_tx", {"do": "deallocate_all"}) for _ in range(6)])]
+    normal += await normal_jobs(conn, tenants, count=120)
+
+    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1,
+                          batch_completions=False)
+
+    assert await statuses(conn, normal) == {"done"}
+    # the handler's own `done`, on the connection it broke, may fail: its job alone
+    assert await statuses(conn, abuse) <= {"done", "dlq"}
+
+
 async def test_claims_failing_on_a_live_connection_do_not_stop_the_worker(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:

@@ -177,12 +177,12 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
 
 
 async def prepared_statements_kept(cur: AsyncCursor[Any]) -> int:
-    """The count `reset_session`'s last statement returns (its result is the last set)."""
+    """The count `reset_session`'s last statement returns (its result is the last set); -1
+    when it returned none, which replaces the connection rather than trust it."""
     while cur.nextset():
         pass
     row = await cur.fetchone()
-    assert row is not None
-    return int(row["prepared"])
+    return -1 if row is None else int(row["prepared"])
 
 
 def adapters_changed(conn: AsyncConnection[Any]) -> bool:
