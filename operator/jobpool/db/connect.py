@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction
+from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction, sql
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
@@ -161,9 +161,13 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 await conn.rollback()
             await conn.set_autocommit(True)  # each statement takes effect at once
-            cur = await conn.execute(QUERIES["reset_session"].text, prepare=False)
+            left = await last_row(await conn.execute(QUERIES["reset_session"].text,
+                                                     prepare=False))
+            for name in left.get("handler_made") or ():
+                await conn.execute(sql.SQL(QUERIES["deallocate"].text).format(
+                    name=sql.Identifier(name)), prepare=False)
             await conn.set_autocommit(False)
-            if await prepared_statements_kept(cur) >= len(conn._prepared._names):
+            if left.get("prepared", -1) >= len(conn._prepared._names):
                 return
             changed = ["prepared statements (psycopg's own were deallocated)"]
     except psycopg.Error as exc:
@@ -176,13 +180,13 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     await conn.close()
 
 
-async def prepared_statements_kept(cur: AsyncCursor[Any]) -> int:
-    """The count `reset_session`'s last statement returns (its result is the last set); -1
-    when it returned none, which replaces the connection rather than trust it."""
+async def last_row(cur: AsyncCursor[Any]) -> dict[str, Any]:
+    """The row of the last statement of a multi-statement `cur` ({} when it has none, which
+    `reset_session` takes as a connection not to trust)."""
     while cur.nextset():
         pass
     row = await cur.fetchone()
-    return -1 if row is None else int(row["prepared"])
+    return dict(row) if row is not None else {}
 
 
 def adapters_changed(conn: AsyncConnection[Any]) -> bool:

@@ -38,10 +38,11 @@ LISTEN jobpool;
 SELECT 1 AS alive;
 
 -- name: reset_session :one
--- Undo what a job's handler left in its session, in one round trip (simple protocol), and
--- count the prepared statements left (psycopg's own: a handler may have deallocated them).
--- DISCARD ALL, but of the prepared statements only those made by SQL PREPARE (a handler's,
--- which may hold the names psycopg gives its own next), never psycopg's (protocol-level).
+-- Undo what a job's handler left in its session, in one round trip (simple protocol): what
+-- DISCARD ALL does but DEALLOCATE ALL, which would drop psycopg's prepared statements (made
+-- by the protocol). Returns how many of those are left (a handler may have deallocated
+-- some) and the names of the statements SQL PREPARE made (a handler's: they may hold the
+-- names psycopg gives its own next), for `deallocate`.
 RESET ALL;
 SET SESSION AUTHORIZATION DEFAULT;
 UNLISTEN *;
@@ -49,16 +50,13 @@ CLOSE ALL;
 SELECT pg_advisory_unlock_all();
 DISCARD TEMP;
 DISCARD SEQUENCES;
-DO $$
-DECLARE
-    statement record;
-BEGIN
-    FOR statement IN SELECT name FROM pg_catalog.pg_prepared_statements WHERE from_sql LOOP
-        EXECUTE pg_catalog.format('DEALLOCATE %I', statement.name);
-    END LOOP;
-END
-$$;
-SELECT pg_catalog.count(*) AS prepared FROM pg_catalog.pg_prepared_statements;
+SELECT pg_catalog.count(*) FILTER (WHERE NOT from_sql) AS prepared,
+       pg_catalog.array_agg(name) FILTER (WHERE from_sql) AS handler_made
+  FROM pg_catalog.pg_prepared_statements;
+
+-- name: deallocate :exec
+-- Drop one prepared statement; psycopg.sql.SQL(...).format(): {name} is a sql.Identifier.
+DEALLOCATE {name};
 
 -- name: database_now :one
 -- The database's clock (all job times come from it).
