@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
+from psycopg.types.json import set_json_loads
 
 import jobpool
 from jobpool.job import Job
@@ -61,6 +64,42 @@ class Unprintable(Exception):
         raise RuntimeError("no message")
 
 
+class ExitInStr(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(4)
+
+
+class InterruptInRepr(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+    def __repr__(self) -> str:
+        raise KeyboardInterrupt
+
+
+class CancelInStr(Exception):
+    def __str__(self) -> str:
+        raise asyncio.CancelledError
+
+
+class BaseExitInStr(BaseException):
+    def __str__(self) -> str:
+        raise SystemExit(5)
+
+
+class ExitOnIter(Mapping[str, Any]):
+    """A result whose keys cannot be walked: walking them raises SystemExit."""
+
+    def __getitem__(self, key: str) -> Any:
+        return 1
+
+    def __iter__(self) -> Iterator[str]:
+        raise SystemExit(6)
+
+    def __len__(self) -> int:
+        return 1
+
+
 MISBEHAVIOURS: dict[str, Any] = {
     "nul_result": lambda: {"t": "a\x00b"},
     "surrogate_result": lambda: {"t": "x\ud800"},
@@ -69,12 +108,18 @@ MISBEHAVIOURS: dict[str, Any] = {
     "deep_result": lambda: _nested(200),
     "list_result": lambda: [1, 2],
     "refused_result": lambda: {"refuse": True},  # storable; a test's CHECK constraint refuses it
+    "exit_on_iter_result": ExitOnIter,
 }
 FAILURES: dict[str, Any] = {
     "nul_error": lambda: RuntimeError("a\x00b"),
     "surrogate_error": lambda: RuntimeError("x\ud800y"),
     "exit": lambda: SystemExit(3),
     "unprintable_error": Unprintable,
+    "exit_in_str": ExitInStr,
+    "interrupt_in_repr": InterruptInRepr,
+    "cancel_in_str": CancelInStr,
+    "base_exit_in_str": BaseExitInStr,
+    "own_timeout": lambda: TimeoutError("smtp server did not answer in 30s"),
 }
 
 
@@ -107,6 +152,15 @@ async def _cancel_itself() -> None:
     await asyncio.sleep(60)
 
 
+async def _own_json_loader(tx: AsyncConnection[Any]) -> None:
+    set_json_loads(json.loads, tx)  # as a handler that prefers orjson would
+
+
+async def _prepare_psycopg_names(tx: AsyncConnection[Any]) -> None:
+    for n in range(64):  # the names psycopg gives its own prepared statements
+        await tx.execute(f"PREPARE _pg3_{n} AS SELECT {n}")
+
+
 TX_ABUSES: dict[str, Any] = {
     "search_path": lambda tx: tx.execute("SET search_path = pg_catalog"),
     "statement_timeout": lambda tx: _commit_after(tx, "SET statement_timeout = '1ms'"),
@@ -119,6 +173,11 @@ TX_ABUSES: dict[str, Any] = {
     "held_cursor": lambda tx: _commit_after(tx, "DECLARE held CURSOR WITH HOLD FOR SELECT 1"),
     "autocommit": lambda tx: tx.set_autocommit(True),
     "read_only_attribute": lambda tx: tx.set_read_only(True),
+    "json_loader": _own_json_loader,
+    "prepare": _prepare_psycopg_names,
+    "deallocate_all": lambda tx: tx.execute(  # one by one: psycopg notices DEALLOCATE ALL
+        "DO $$ DECLARE s record; BEGIN FOR s IN SELECT name FROM pg_prepared_statements LOOP "
+        "EXECUTE format('DEALLOCATE %I', s.name); END LOOP; END $$"),
 }
 """What a handler may do to its `tx` that would outlive its job on a pooled connection."""
 RAISES: dict[str, Any] = {

@@ -55,6 +55,20 @@ log = logging.getLogger("jobpool")
 
 _names = Names().parse
 
+
+def _tenant_refs(text: str) -> tuple[str, ...]:
+    """--tenants: at least one tenant key or id, each checked (an invalid one names no
+    tenant, so a worker waiting for it would never start)."""
+    from jobpool.core.tenants import tenant_ref
+
+    refs = _names(text)
+    if not refs:
+        raise argparse.ArgumentTypeError(f"give at least one tenant key or id, got {text!r}")
+    try:
+        return tuple(tenant_ref(ref) for ref in refs)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 
@@ -195,9 +209,10 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.core.poolspec import load_pool_file
     from jobpool.core.process_group import process_count
     from jobpool.worker.processes import cpu_count
-    from jobpool.worker.supervisor import lane_processes, supervise
+    from jobpool.worker.supervisor import lane_processes, local_process_count, supervise
 
     pool = load_pool_file(args.pool)
+    local_process_count(pool, cpu_count())
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())
@@ -314,8 +329,14 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         raise ValueError(f"--metadata: {exc}") from None
     async with await open_database(settings) as conn:
-        cur = await conn.execute(QUERIES["create_tenant"].text,
-                                 {"key": args.key, "metadata": Jsonb(metadata)})
+        try:
+            cur = await conn.execute(QUERIES["create_tenant"].text,
+                                     {"key": args.key, "metadata": Jsonb(metadata)})
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != "aa_tenant_metadata_size":
+                raise
+            raise ValueError(f"--metadata: merged into tenant {args.key}'s metadata, it would "
+                             "be more than the limit of 64 KiB of JSON") from None
         row = await cur.fetchone()
         await conn.commit()
     assert row is not None
@@ -371,7 +392,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
     p.add_argument("--kinds", type=_names, help="comma-separated kinds to serve (default: all)")
     p.add_argument("--exclude-kinds", type=_names, help="comma-separated kinds not to serve")
-    p.add_argument("--tenants", type=_names,
+    p.add_argument("--tenants", type=_tenant_refs,
                    help="comma-separated tenant keys or ids (default: all)")
     add_setting(p, settings, "slots")
     add_setting(p, settings, "grace")
@@ -481,7 +502,26 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+STDOUT_CLOSED = 141
+"""Exit code when whoever reads the output stopped (`jobpool kinds list | head`): 128 +
+SIGPIPE, as for a command the signal ended."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `jobpool` command `argv`; return its exit code."""
+    try:
+        code = run_command(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe prints a traceback
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null, so that is quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return STDOUT_CLOSED
+
+
+def run_command(argv: Sequence[str] | None) -> int:
+    """`main`, but a closed stdout raises BrokenPipeError."""
     try:  # a variable refused stops every command, before anything runs
         settings = Settings.from_env(os.environ)
         args = build_parser(settings).parse_args(argv)

@@ -42,7 +42,10 @@ class RetryAfter(JobpoolError):
 
     def __init__(self, delay: float, message: str) -> None:
         super().__init__(message)
-        seconds = float(delay)
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int beyond float's range, e.g. 10**400
+            seconds = math.inf if delay > 0 else 0.0
         self.delay = 0.0 if math.isnan(seconds) else min(max(0.0, seconds), MAX_RETRY_DELAY)
 
 

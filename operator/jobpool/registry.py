@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
@@ -142,18 +143,28 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
 
     The built-in kinds are left out where the worker extra is missing: their handlers need
     it, no process of this install can run them, and a worker registers them. Raises
-    ImportError naming the module that failed.
+    ImportError naming the module that failed (also for a name that is not a module name,
+    such as a path, and for any error the module raised while imported).
     """
     builtins = not missing_modules("worker")
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if builtins or point.name not in BUILTIN_KINDS:
             point.load()
     for module in modules:
+        if not MODULE_NAME.fullmatch(module):
+            raise ImportError(f"cannot import kind module {module!r}: not a module name "
+                              "(dotted Python identifiers, e.g. mykinds or mypackage.kinds; "
+                              "a file path is not one)")
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(f"cannot import kind module {module!r}: {exc}") from exc
+        except Exception as exc:  # ImportError, or whatever the module raised at import
+            raise ImportError(f"cannot import kind module {module!r}: "
+                              f"{type(exc).__name__}: {exc}") from exc
     return REGISTRY
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
+"""What `--import` takes: an absolute, dotted module name."""
 
 
 def builtin_kinds() -> tuple[KindSpec, ...]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,8 @@ import pytest
 from integration.helpers import job, prepare, scalar
 
 import jobpool
+from acceptance.cli import env, worker_args
 from acceptance.cli import jobpool as cli
-from acceptance.cli import worker_args
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -138,11 +141,22 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
          "--metadata: metadata is nested more than 32 levels deep"),
         (["tenants", "add", "initech", "--metadata", "[" * 20_000 + "]" * 20_000],
          "--metadata: metadata is nested 20000 levels deep, more than the limit of 100"),
+        (["tenants", "add", "initech", "--metadata",
+          json.dumps({"rate_limit": {f"kind_{n}": {"rps": 1} for n in range(5000)}})],
+         "--metadata: metadata is 1"),
         (["run", "--kinds", "test_record", "--grace", "inf"],
          "argument --grace: must be from 0.1 to 3600 seconds, got inf"),
         (["run", "--kinds", "test_record", "--poll-interval", "0"],
          "argument --poll-interval: must be from 0.01 to 3600 seconds, got 0"),
         (["dlq", "list", "--tenant", "ACME"], "'ACME' is neither a tenant key"),
+        (["run", "--tenants", "ACME", "--until-empty"],
+         "argument --tenants: tenant 'ACME' is neither a tenant key"),
+        (["run", "--tenants", "acme," + "a" * 64, "--until-empty"],
+         f"argument --tenants: tenant '{'a' * 64}' is neither a tenant key"),
+        (["run", "--tenants", "", "--until-empty"],
+         "argument --tenants: give at least one tenant key or id, got ''"),
+        (["run", "--tenants", ",", "--until-empty"],
+         "argument --tenants: give at least one tenant key or id, got ','"),
     ],
 )
 async def test_bad_input_is_refused_naming_the_problem(
@@ -215,3 +229,50 @@ async def test_the_readme_kind_runs_from_the_current_folder(
     cur = await conn.execute("SELECT status::text AS status, result FROM mdm.aa_job"
                              " WHERE job_kind = 'invoice_pdf'")
     assert await cur.fetchall() == [{"status": "done", "result": {"invoice": 7}}]
+
+
+async def test_metadata_merged_past_64_kib_is_refused(conn: Conn, dsn: str) -> None:
+    half = [json.dumps({f"{part}_{n}": "x" * 20 for n in range(1200)}) for part in "ab"]
+    cli(dsn, "tenants", "add", "initech", "--metadata", half[0])
+    run = cli(dsn, "tenants", "add", "initech", "--metadata", half[1], check=False)
+    assert run.returncode == 2, run.stderr
+    assert "--metadata: merged into tenant initech's metadata, it would be more than the " \
+           "limit of 64 KiB of JSON" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("args", [["kinds", "list"], ["tenants", "list", "--json"]])
+def test_output_to_a_closed_pipe_ends_quietly(dsn: str, args: list[str]) -> None:
+    """`jobpool kinds list | head`: the reader has gone; no traceback, exit 141 (SIGPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run([sys.executable, "-m", "jobpool", *args], env=env(dsn),
+                             stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (run.returncode, run.stderr) == (141, "")
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("/dev/null", "/dev/null: is not a regular file (a device, pipe or socket)"),
+    ("/", "/: is a directory, not a file"),
+    ("/nonexistent.csv", "/nonexistent.csv: no such file"),
+])
+def test_import_says_what_a_path_that_is_no_file_is(dsn: str, target: str, message: str) -> None:
+    run = cli(dsn, "import", target, "--tenant", "acme", "--type", "product", check=False)
+    assert run.returncode == 2, run.stderr
+    assert f"jobpool: error: {message}" in run.stderr
+
+
+@pytest.mark.parametrize(("module", "message"), [
+    ("../../etc/passwd", "cannot import kind module '../../etc/passwd': not a module name"),
+    ("/etc/passwd", "cannot import kind module '/etc/passwd': not a module name"),
+    ("no_such_module_x", "cannot import kind module 'no_such_module_x': ModuleNotFoundError"),
+])
+def test_import_of_what_is_no_module_is_a_clear_error(dsn: str, module: str,
+                                                       message: str) -> None:
+    run = cli(dsn, "kinds", "list", "--import", module, check=False)
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr

@@ -109,7 +109,8 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_alone_and_stays_readab
 
 
 
-REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout"}
+REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout", "json_loader",
+            "deallocate_all"}
 """Abuses after which the connection is replaced rather than reset."""
 
 
@@ -157,3 +158,25 @@ async def test_keyboard_interrupt_and_cancelled_error_fail_only_their_job(
     for do in ("cancelled", "cancel_itself"):
         assert found[do] == ("dlq", "HandlerExit: handler raised CancelledError: ; a handler "
                                     "must not cancel the worker's task")
+
+
+async def test_a_job_with_a_time_python_cannot_hold_is_shown_as_infinity(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Written by SQL before the database refused such times: `jobs show` and `dlq list`
+    show it, for that job and every other."""
+    await prepare(conn)
+    for column in ("created_at", "completed_at"):
+        await conn.execute(f"ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_{column}_in_range")
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, created_at, "
+        "completed_at) VALUES (%s, 'test_noop', 1, 'dlq', 'infinity', '-infinity') "
+        "RETURNING id", (tenant,))
+    bad = (await cur.fetchone() or {})["id"]
+
+    shown = cli(dsn, "jobs", "show", str(bad))
+    assert "created_at: infinity" in shown.stdout
+    row = json.loads(cli(dsn, "jobs", "show", str(bad), "--json").stdout)
+    assert (row["created_at"], row["completed_at"]) == ("infinity", "-infinity")
+    listed = json.loads(cli(dsn, "dlq", "list", "--json").stdout)
+    assert [(item["id"], item["created_at"]) for item in listed] == [(bad, "infinity")]

@@ -253,6 +253,25 @@ async def test_jobs_with_undecodable_data_are_served_not_500(
     assert (await api.call("DELETE", f"/v1/jobs/{dead[0]}", bearer=token()))[0] == 204
 
 
+async def test_job_times_python_cannot_hold_are_served_as_infinity(
+    api: Client, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """A DLQ row written by SQL before the database refused such times: served, not a 500."""
+    dead = (await seed(conn, tenant, dlq=2, pending=0, running=0))["dlq"]
+    for constraint in ("created_at", "completed_at"):
+        await conn.execute(f"ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_{constraint}_in_range")
+    await conn.execute("UPDATE mdm.aa_job SET created_at = '-infinity', "
+                       "completed_at = '10000-01-01' WHERE id = %s", (dead[0],))
+
+    status, body, _ = await api.call("GET", f"/v1/jobs/{dead[0]}", bearer=token())
+    assert (status, body["created_at"], body["completed_at"]) == (200, "-infinity", "infinity")
+    status, body, _ = await api.call("GET", "/v1/dlq", bearer=token())
+    assert status == 200
+    items = {item["id"]: item for item in body["items"]}
+    assert (items[dead[0]]["created_at"], items[dead[0]]["dlq_at"]) == ("-infinity", "infinity")
+    assert items[dead[1]]["created_at"] not in ("-infinity", "infinity")
+
+
 # -- bad input -----------------------------------------------------------------------------
 
 
@@ -387,6 +406,10 @@ def unsigned() -> str:
      "token signed with 'ES256'"),
     (unsigned(), "token signed with 'none'"),
     (forged_hs256_with_public_key(), "token signature does not verify"),
+    (token(sub="ali\x00ce"), "token sub must be printable text"),
+    (token(sub="ali\ud800ce"), "token sub must be printable text"),
+    (token(sub="alice\nbob"), "token sub must be printable text"),
+    (token(sub="\x1b[31malice"), "token sub must be printable text"),
 ])
 async def test_bad_tokens_get_401(api: Client, conn: Conn, tenant: uuid.UUID,
                                   bearer: str | None, detail: str) -> None:

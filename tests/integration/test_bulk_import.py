@@ -144,7 +144,7 @@ async def test_a_file_of_only_bad_rows_completes_with_every_row_rejected(
     assert "'colour': is not an attribute of type 'customer'" in rows[5]["error"]
 
 
-async def test_jsonl_with_ignored_unknown_keys_typed_values_and_a_repeated_key(
+async def test_jsonl_with_ignored_unknown_keys_typed_values_and_a_repeated_key_rejected(
     conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
 ) -> None:
     await create_type(conn, tenant, "customer", [
@@ -164,16 +164,19 @@ async def test_jsonl_with_ignored_unknown_keys_typed_values_and_a_repeated_key(
 
     [job] = await jobs_of(conn, "bulk_import")
     assert job["status"] == "done"
-    assert (job["result"]["inserted"], job["result"]["updated"]) == (2, 1)
+    assert (job["result"]["inserted"], job["result"]["updated"]) == (2, 0)
+    assert job["result"]["rejected"] == 1
     cur = await conn.execute("SELECT external_key, attributes FROM mdm.ddm_entity"
                              " ORDER BY external_key")
     entities = {r["external_key"]: r["attributes"] for r in await cur.fetchall()}
-    assert entities == {
-        "42": {"name": "Numeric key", "active": True, "age": -7},
-        "x1": {"name": "First again", "score": 1000},
-    }
-    cur = await conn.execute("SELECT line_no FROM mdm.aa_import_row ORDER BY line_no")
-    assert [r["line_no"] for r in await cur.fetchall()] == [1, 3, 4]
+    assert entities["42"] == {"name": "Numeric key", "active": True, "age": -7}
+    assert (entities["x1"]["name"], entities["x1"]["score"]) == ("First", 2.5)
+    cur = await conn.execute("SELECT line_no, status::text AS status, error_field, error "
+                             "FROM mdm.aa_import_row ORDER BY line_no")
+    assert [tuple(r.values()) for r in await cur.fetchall()] == [
+        (1, "imported", None, None), (3, "imported", None, None),
+        (4, "rejected", "external_key", "line 4: field 'external_key': 'x1' is on line 1 "
+                                        "already; a file may set each entity once")]
 
 
 async def test_a_row_the_database_refuses_does_not_sink_its_batch(
@@ -282,3 +285,26 @@ async def test_a_batch_ends_at_its_character_budget_before_its_row_count(
     assert job["status"] == "done"
     assert job["result"]["inserted"] == 20
     assert job["result"]["batches_this_attempt"] >= 4
+
+
+async def test_a_number_too_long_for_python_is_a_row_error_in_our_words(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    await create_type(conn, tenant, "customer", CUSTOMER)
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"external_key": "a", "name": "A"}) + "\n"
+                    + '{"external_key": "b", "name": "B", "age": ' + "9" * 5000 + "}\n"
+                    + json.dumps({"external_key": "c", "name": "C", "age": "9" * 5000}) + "\n",
+                    encoding="utf-8")
+    await _stage(conn, tenant, path)
+
+    await run_worker(dsn, "bulk_import")
+
+    cur = await conn.execute("SELECT line_no, status::text AS status, error FROM "
+                             "mdm.aa_import_row ORDER BY line_no")
+    rows = await cur.fetchall()
+    assert [r["status"] for r in rows] == ["imported", "rejected", "rejected"]
+    assert rows[1]["error"] == "line 2: record holds a number of more than 4300 digits"
+    assert rows[2]["error"].startswith("line 3: field 'age': '9999")
+    assert rows[2]["error"].endswith("is out of range for a 64-bit integer")
+    assert not any("set_int_max_str_digits" in r["error"] for r in rows[1:])

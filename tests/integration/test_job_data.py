@@ -14,6 +14,8 @@ import pytest
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
+from jobpool import admin
+from jobpool.db.connect import connect
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -34,6 +36,14 @@ EXPECTED_ERRORS = {
     "surrogate_error": "RuntimeError: x\\ud800y",
     "exit": "HandlerExit: handler raised SystemExit: 3; a handler must not stop the worker",
     "unprintable_error": "Unprintable: (its message could not be built: RuntimeError)",
+    "exit_in_str": "ExitInStr: (its message could not be built: SystemExit)",
+    "interrupt_in_repr": "InterruptInRepr: (its message could not be built: KeyboardInterrupt)",
+    "cancel_in_str": "CancelInStr: (its message could not be built: CancelledError)",
+    "base_exit_in_str": "HandlerExit: handler raised BaseExitInStr: (its message could not be "
+                        "built: SystemExit); a handler must not stop the worker",
+    "exit_on_iter_result": "PermanentError: handler returned a result that cannot be stored: "
+                           "SystemExit: 6",
+    "own_timeout": "TimeoutError: smtp server did not answer in 30s",
 }
 
 
@@ -170,3 +180,134 @@ async def test_any_retry_after_delay_is_stored(
     else:  # a delay of 0: retried at once until out of attempts
         assert (row["status"], row["attempts"]) == ("dlq", 3), row
     assert row["last_error"] == "RetryAfter: not yet"
+
+
+async def test_a_handlers_own_json_loader_ends_with_its_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """`set_json_loads(json.loads, tx)` on the pooled connection: a later claim of a payload
+    3000 levels deep is still read with jobpool's loader (to the DLQ, not a RecursionError
+    that stops the worker)."""
+    await prepare(conn)
+    await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_abuse_tx", {"do": "json_loader"}, priority=0)
+        for _ in range(8)])
+    normal = await normal_jobs(conn, [tenant])
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, max_attempts) "
+        "SELECT %s, 'test_noop', %s::jsonb, 1 FROM generate_series(1, 4) RETURNING id",
+        (tenant, '{"a":' * 3000 + "1" + "}" * 3000))
+    deep = [row["id"] for row in await cur.fetchall()]
+
+    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=2)
+
+    assert await statuses(conn, normal) == {"done"}
+    for job_id in deep:
+        assert await outcome(conn, job_id) == (
+            "dlq", "PermanentError: payload cannot be decoded: nested 3000 levels deep, more "
+                   "than the limit of 100")
+
+
+async def test_a_handlers_prepared_statements_end_with_its_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """A handler that left prepared statements named as psycopg names its own (`_pg3_0`,
+    ...) fails no later job, claim or `done` on that connection."""
+    await prepare(conn)
+    abuse = [m.id for m in await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_abuse_tx", {"do": "prepare"}, priority=0)
+        for _ in range(4)])]
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=200)
+
+    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1,
+                          batch_completions=False)
+
+    assert await statuses(conn, [*abuse, *normal]) == {"done"}
+
+
+async def test_a_handler_deallocating_psycopgs_statements_fails_no_later_job(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Deallocating the statements psycopg prepared on that connection (its claim, its
+    `done`) one by one, which psycopg cannot notice: the connection is replaced instead of
+    failing the next job that uses it."""
+    await prepare(conn)
+    tenants = [tenant, await second_tenant(conn)]
+    normal = await normal_jobs(conn, tenants, count=60)
+    abuse = [m.id for m in await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_abuse_tx", {"do": "deallocate_all"}) for _ in range(6)])]
+    normal += await normal_jobs(conn, tenants, count=120)
+
+    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1,
+                          batch_completions=False)
+
+    assert await statuses(conn, normal) == {"done"}
+    # the handler's own `done`, on the connection it broke, may fail: its job alone
+    assert await statuses(conn, abuse) <= {"done", "dlq"}
+
+
+async def test_claims_failing_on_a_live_connection_do_not_stop_the_worker(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The first three claims fail with an error that is not a lost connection: the worker
+    replaces its connections, claims again after a pause, and runs every job."""
+    await prepare(conn)
+    await conn.execute("""
+        CREATE SEQUENCE test_claim_failures;
+        CREATE FUNCTION test_refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('test_claim_failures') <= 3 THEN
+                RAISE EXCEPTION 'claim refused for the test';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_refuse_claim BEFORE UPDATE ON mdm.aa_job FOR EACH ROW
+            WHEN (OLD.status = 'pending' AND NEW.status = 'running')
+            EXECUTE FUNCTION test_refuse_claim();
+    """)
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=20)
+
+    await run_until_empty(dsn, "test_noop", slots=4)
+
+    assert await statuses(conn, normal) == {"done"}
+    assert await scalar(conn, "SELECT last_value FROM test_claim_failures") > 3
+
+
+async def drop_time_checks(conn: Conn) -> None:
+    """As a database migrated before the checks on job times existed."""
+    cur = await conn.execute("SELECT conname FROM pg_constraint "
+                             "WHERE conname LIKE 'aa_job_%%_in_range'")
+    for row in await cur.fetchall():
+        await conn.execute(f'ALTER TABLE mdm.aa_job DROP CONSTRAINT "{row["conname"]}"')
+
+
+async def test_jobs_with_times_python_cannot_hold_run_and_stay_readable(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """'-infinity', 'infinity' and year 10000, written by SQL: the claim holding them runs its
+    other jobs, and the admin reads (job, DLQ list) show them as infinity."""
+    await prepare(conn)
+    await drop_time_checks(conn)
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)])
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, available_at, created_at) "
+        "VALUES (%(t)s, 'test_noop', 1, '-infinity', now()), "
+        "       (%(t)s, 'test_noop', 1, now(), 'infinity'), "
+        "       (%(t)s, 'test_noop', 1, now(), '10000-01-01') RETURNING id", {"t": tenant})
+    odd = [row["id"] for row in await cur.fetchall()]
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, created_at, "
+        "completed_at) VALUES (%s, 'test_noop', 1, 'dlq', '-infinity', 'infinity') "
+        "RETURNING id", (tenant,))
+    parked = (await cur.fetchone() or {})["id"]
+
+    await run_until_empty(dsn, "test_noop", slots=8)
+
+    assert {(await outcome(conn, i))[0] for i in [*normal, *odd]} == {"done"}
+    async with await connect(dsn) as reader:
+        shown = await admin.get_job(reader, odd[1])
+        listed = await admin.list_dlq(reader)
+    assert shown["created_at"].isoformat() == "infinity"
+    assert shown["created_at"] > shown["completed_at"]
+    assert [(r["id"], str(r["created_at"]), str(r["dlq_at"])) for r in listed] == [
+        (parked, "-infinity", "infinity")]

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.errors import SchemaNotMigratedError
@@ -148,3 +149,62 @@ async def test_an_index_migration_interrupted_half_way_is_redone(empty_dsn: str)
         names = [row[0] for row in await cur.fetchall()]
     assert "ix_aa_job_lane" in names
     assert "ix_aa_job_claim" not in names
+
+
+async def _undo_bounds(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Take the database back to before the migrations that bound job times and metadata."""
+    from jobpool.sql import migrations
+    versions = [v for v, name, _ in migrations() if name.startswith("robust_bounds")]
+    await conn.execute("DROP TABLE mdm.jobpool_oversized_metadata")
+    await conn.execute("ALTER TABLE mdm.aa_tenant DROP CONSTRAINT aa_tenant_metadata_size")
+    for column in ("available_at", "created_at", "claimed_at", "heartbeat_at", "completed_at"):
+        await conn.execute(f"ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_{column}_in_range")
+    await conn.execute("DROP FUNCTION mdm.jobpool_time_in_range")
+    await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = ANY(%s)", (versions,))
+
+
+async def test_the_bounds_migration_parks_unreadable_jobs_and_keeps_oversized_metadata(
+    dsn: str,
+) -> None:
+    """Rows written before the checks: jobs with times Python cannot hold go to the DLQ
+    naming the column, oversized tenant metadata moves aside; then both are refused."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await _undo_bounds(conn)
+        big = {"rate_limit": {f"kind_{n}": {"rps": 1} for n in range(5000)}}
+        cur = await conn.execute("INSERT INTO mdm.aa_tenant (key, metadata) VALUES "
+                                 "('acme', %s) RETURNING id", (Jsonb(big),))
+        tenant = (await cur.fetchone() or [None])[0]
+        cur = await conn.execute(
+            "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, available_at, "
+            "created_at, status, claimed_by, claimed_at) VALUES "
+            "(%(t)s, 'cleanup_jobs', 1, 'infinity', now(), 'pending', NULL, NULL), "
+            "(%(t)s, 'cleanup_jobs', 1, now(), '-infinity', 'running', 'w', '10000-01-01'), "
+            "(%(t)s, 'cleanup_jobs', 1, now(), now(), 'pending', NULL, NULL) RETURNING id",
+            {"t": tenant})
+        late, early, fine = [row[0] for row in await cur.fetchall()]
+
+        await migrate(conn)
+
+        cur = await conn.execute(
+            "SELECT id, status::text, last_error, isfinite(available_at) AND isfinite(created_at)"
+            " FROM mdm.aa_job ORDER BY id")
+        assert await cur.fetchall() == [
+            (late, "dlq", "OutOfRangeTime: available_at was infinity (outside years 1 to 9999), "
+                          "set to the time of this move", True),
+            (early, "dlq", "OutOfRangeTime: created_at was -infinity; claimed_at was "
+                           "10000-01-01 00:00:00+00 (outside years 1 to 9999), set to the time "
+                           "of this move", True),
+            (fine, "pending", None, True)]
+        cur = await conn.execute("SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_dlq'")
+        assert await cur.fetchone() == (2,)
+        cur = await conn.execute("SELECT t.metadata, m.metadata = %s FROM mdm.aa_tenant t "
+                                 "JOIN mdm.jobpool_oversized_metadata m ON m.tenant_id = t.id",
+                                 (Jsonb(big),))
+        assert await cur.fetchone() == ({}, True)
+
+        with pytest.raises(psycopg.errors.CheckViolation, match="aa_job_available_at_in_range"):
+            await conn.execute("UPDATE mdm.aa_job SET available_at = '10000-01-01' "
+                               "WHERE id = %s", (fine,))
+        with pytest.raises(psycopg.errors.CheckViolation, match="aa_tenant_metadata_size"):
+            await conn.execute("UPDATE mdm.aa_tenant SET metadata = %s WHERE id = %s",
+                               (Jsonb(big), tenant))

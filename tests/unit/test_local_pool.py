@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobpool.core.poolspec import load_pool, load_pool_file
+import pytest
+
+from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.k8s.manifests import build_worker_container, build_worker_env
 from jobpool.settings import Settings
-from jobpool.worker.supervisor import lane_processes
+from jobpool.worker.supervisor import lane_processes, local_process_count
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
 
@@ -47,3 +49,21 @@ def test_each_local_process_gets_its_lanes_pod_arguments() -> None:
         assert proc.argv[len(pod_args):] == ("--import", "extra", "--log-level", "info",
                                              "--until-empty")
         assert proc.argv[proc.argv.index("--grace"):][:2] == ("--grace", "7")
+
+
+def _pool_with(min_replicas: int) -> PoolSpec:
+    return load_pool({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "metadata": {"name": "local"},
+        "spec": {"image": "jobpool:test", "database": {"secretName": "db"},
+                 "lanes": [{"name": "all", "minReplicas": min_replicas,
+                            "maxReplicas": max(min_replicas, 1)}]},
+    })
+
+
+def test_a_local_pool_larger_than_four_processes_per_cpu_is_refused() -> None:
+    """minReplicas 1000 is a cluster's figure: a local run refuses to start 1000 processes."""
+    assert local_process_count(_pool_with(7), cpus=2) == 8  # and the heavy lane's one
+    with pytest.raises(ValueError, match=r"asks for 1001 local worker processes \(all: 1000, "
+                                         r"heavy: 1\), more than 4 per CPU of this machine \(8\)"):
+        local_process_count(_pool_with(1000), cpus=2)

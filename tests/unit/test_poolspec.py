@@ -450,3 +450,24 @@ def test_tenant_ids_are_taken_in_any_case_and_kept_in_lower_case() -> None:
     clash = pool({"name": "a"}, {"name": "t", "kinds": ["reindex"], "tenants": [upper]},
                  {"name": "u", "kinds": ["reindex"], "tenants": [upper.lower()]})
     assert "reindex claimed by lanes 't' and 'u'" in error_of(clash)
+
+
+@pytest.mark.parametrize(("text", "key", "line"), [
+    ("spec:\n  image: a\n  image: b\n", "image", 3),
+    ("spec:\n  lanes:\n    - name: x\n      minReplicas: 1\n      minReplicas: 1000\n",
+     "minReplicas", 5),
+])
+def test_a_pool_file_with_a_key_written_twice_is_refused_naming_it(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    """PyYAML would keep the later value silently: which one the author meant is unknown."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("apiVersion: jobs.mdm.io/v1alpha1\nkind: JobWorkerPool\n" + text)
+    with pytest.raises(PoolSpecError, match=f"duplicate key '{key}' \\(line {line + 2}\\)"):
+        load_pool_file(path)
+
+
+def test_keys_merged_in_with_an_alias_may_be_overridden() -> None:
+    from jobpool.core.yamlfile import load_documents
+    assert load_documents("base: &b {rps: 1, burst: 2}\nmine: {<<: *b, rps: 5}\n") == [
+        {"base": {"rps": 1, "burst": 2}, "mine": {"rps": 5, "burst": 2}}]

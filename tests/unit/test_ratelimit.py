@@ -187,6 +187,38 @@ def test_provider_caps_from_json_text_or_a_yaml_file(tmp_path: Path) -> None:
         load_provider_caps("{providers: [")
 
 
+@pytest.mark.parametrize("content", [
+    "root:$6$s3cret:19000:0:99999:7:::\n",
+    "root: $6$s3cret\nfoo: [bar\n",
+    '{"providers": {"smtp": {"rps": "s3cret"}}}',
+    '{"providers": {"s3cret": 5}}',
+])
+def test_a_rate_limits_file_is_never_quoted_in_errors(tmp_path: Path, content: str) -> None:
+    """The path comes from the environment and may name a file of secrets."""
+    path = tmp_path / "shadow"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"file .*shadow: not usable rate limits") as info:
+        load_provider_caps(f"@{path}")
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/dev/zero", "longer than 1048576 bytes"),
+    ("/", "it is a directory, not a file"),
+])
+def test_a_rate_limits_file_is_read_within_a_bound(path: str, message: str) -> None:
+    """`@/dev/zero` never ends: the read stops one byte past the limit."""
+    with pytest.raises(ValueError, match=f"JOBPOOL_RATE_LIMITS file {path}: {message}"):
+        load_provider_caps(f"@{path}")
+
+
+def test_a_rate_limits_file_that_is_not_utf8_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "binary"
+    path.write_bytes(b"providers: \xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8 text \\(byte 12 cannot be decoded\\)"):
+        load_provider_caps(f"@{path}")
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0

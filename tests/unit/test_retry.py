@@ -17,7 +17,7 @@ from jobpool.core.retry import (
     error_text,
     truncate_error,
 )
-from jobpool.errors import PermanentError, RetryAfter
+from jobpool.errors import MAX_RETRY_DELAY, PermanentError, RetryAfter
 
 NO_JITTER = BackoffPolicy(base=10.0, max_delay=3600.0, jitter=0.0)
 
@@ -55,6 +55,8 @@ class NotForRetrying(PermanentError):
         (1, 3, RetryAfter(5, "later"), Retry(5.0, "RetryAfter: later")),
         (2, 3, RetryAfter(-1, "later"), Retry(0.0, "RetryAfter: later")),
         (2, 3, RetryAfter(float("nan"), "later"), Retry(0.0, "RetryAfter: later")),
+        (2, 3, RetryAfter(10**400, "later"), Retry(MAX_RETRY_DELAY, "RetryAfter: later")),
+        (2, 3, RetryAfter(-(10**400), "later"), Retry(0.0, "RetryAfter: later")),
         (3, 3, RetryAfter(5, "later"), DeadLetter("RetryAfter: later")),
         # the error text is built even when str() raises, and made storable
         (1, 3, Unprintable(),
@@ -134,6 +136,24 @@ def test_error_text_is_type_and_message() -> None:
     assert error_text(KeyError("k")) == "KeyError: 'k'"
     assert error_text(Unprintable()) == (
         "Unprintable: (its message could not be built: RuntimeError)")
+
+
+class ExitInStr(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(1)
+
+
+class InterruptInStr(BaseException):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+def test_error_text_never_raises_what_formatting_raises() -> None:
+    """A handler's exception whose str() raises SystemExit or KeyboardInterrupt fails only
+    its job: the worker that formats it goes on."""
+    assert error_text(ExitInStr()) == "ExitInStr: (its message could not be built: SystemExit)"
+    assert error_text(InterruptInStr()) == (
+        "InterruptInStr: (its message could not be built: KeyboardInterrupt)")
 
 
 def test_errors_are_truncated_and_marked() -> None:

@@ -15,6 +15,7 @@ from jobpool.cli import build_parser, main
 from jobpool.cli_arguments import settings_with_flags
 from jobpool.core.poolspec import load_pool_file
 from jobpool.settings import Settings, setting_of, variable
+from jobpool.worker.config import WorkerConfig
 from jobpool.worker.supervisor import lane_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,3 +194,9 @@ def test_a_refused_variable_stops_every_command_naming_it(
     monkeypatch.setenv("JOBPOOL_LOG_LEVEL", "verbose")
     assert main(["status"]) == 2
     assert "JOBPOOL_LOG_LEVEL must be one of debug, info, warning, error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tenants", [("ACME",), ("acme", "a" * 64), ("",)])
+def test_a_worker_config_refuses_tenants_no_query_could_find(tenants: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="is neither a tenant key"):
+        WorkerConfig(tenants=tenants)

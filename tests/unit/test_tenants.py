@@ -73,3 +73,11 @@ def test_metadata_nested_too_deeply_is_refused_without_recursion() -> None:
         check_tenant_metadata(deep, "acme")
     fine = {"rate_limit": {"email_send": {"rps": 2, "burst": 10}}, "labels": {"tier": ["gold"]}}
     assert check_tenant_metadata(fine, "acme") is fine
+
+
+def test_metadata_over_64_kib_is_refused_before_its_rate_limits_are_read() -> None:
+    """300,000 rate-limited kinds (about 10 MB) would stall every worker that reads them."""
+    huge = {"rate_limit": {f"kind_{n}": {"rps": 1} for n in range(300_000)}}
+    with pytest.raises(ValueError, match=r"^metadata is \d+ bytes of JSON, more than the "
+                                         r"limit of 65536"):
+        check_tenant_metadata(huge, "acme")

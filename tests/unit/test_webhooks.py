@@ -202,13 +202,17 @@ def test_parse_retry_after_far_date_is_capped() -> None:
     ("100.64.0.1", "non-global"), ("240.0.0.1", "reserved"),
     ("::ffff:127.0.0.1", "loopback"), ("::ffff:10.0.0.1", "private"),
     ("64:ff9b::a9fe:a9fe", "cloud metadata"),
+    # 6to4 embeds an IPv4 address; site-local is deprecated but still routed in some sites
+    ("2002:a00:1::1", "private"), ("2002:7f00:1::", "loopback"),
+    ("2002:a9fe:a9fe::", "cloud metadata"), ("fec0::1", "site-local"),
 ])
 def test_non_public_addresses_are_refused(address: str, reason: str) -> None:
     found = refusal(ipaddress.ip_address(address), ())
     assert found is not None and reason in found
 
 
-@pytest.mark.parametrize("address", ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"])
+@pytest.mark.parametrize("address", ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111",
+                                     "2002:101:101::1"])
 def test_public_addresses_pass(address: str) -> None:
     assert refusal(ipaddress.ip_address(address), ()) is None
 

@@ -108,14 +108,18 @@ class TokenVerifier:
         """The token's subject and tenant scope, from an `Authorization` header value.
 
         Raises AuthError(401) for a missing, malformed, expired, wrongly signed or
-        wrongly addressed token or a malformed `tenants` claim, AuthError(403) for a token
-        without `manage_metadata` or without a `tenants` claim.
+        wrongly addressed token, one whose `sub` is not printable text, or a malformed
+        `tenants` claim, AuthError(403) for a token without `manage_metadata` or without a
+        `tenants` claim.
         """
         token = _bearer(authorization)
         claims = self._decode(token)
         subject = claims.get("sub")
         if not isinstance(subject, str) or not 0 < len(subject) <= MAX_SUBJECT:
             raise AuthError(401, f"token sub must be a string of 1 to {MAX_SUBJECT} characters")
+        if not subject.isprintable():  # it goes to audit rows, which cannot hold NUL
+            raise AuthError(401, "token sub must be printable text: no control characters, "
+                                 "lone surrogates or line breaks")
         permissions = claims.get("permissions")
         if not isinstance(permissions, list) or PERMISSION not in permissions:
             raise AuthError(403, f"token of {subject!r} lacks the permission {PERMISSION!r}")

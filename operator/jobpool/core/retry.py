@@ -110,11 +110,20 @@ def retry_pause(failures: int, *, first: float, cap: float, rng: random.Random) 
 
 def error_text(exc: BaseException) -> str:
     """`Type: message` of `exc`, also when its str() raises."""
+    return f"{type(exc).__name__}: {safe_str(exc, what='its message')}"
+
+
+def safe_str(value: object, *, what: str = "its text") -> str:
+    """str(value), or "(<what> could not be built: <Type>)" when that raises anything.
+
+    Anything includes SystemExit, KeyboardInterrupt and CancelledError: the value comes from
+    a handler (its exception, its result), and formatting it must fail only its own job,
+    never stop the worker that formats it.
+    """
     try:
-        message = str(exc)
-    except Exception as inner:
-        message = f"(its message could not be built: {type(inner).__name__})"
-    return f"{type(exc).__name__}: {message}"
+        return str(value)
+    except BaseException as inner:  # a handler's object raised it, not a real exit
+        return f"({what} could not be built: {type(inner).__name__})"
 
 
 def truncate_error(error: str, limit: int = LAST_ERROR_LIMIT) -> str:

@@ -23,6 +23,11 @@ MAX_METADATA_DEPTH = 32
 """Nesting levels of tenant metadata; every reader decodes it, and deep JSON exhausts
 decoders that recurse."""
 
+MAX_METADATA_BYTES = 65_536
+"""Size of a tenant's metadata as JSON text, in bytes (UTF-8). Every worker reads every
+tenant's rate limits every few seconds; one tenant's megabytes would stall them all. The
+database refuses more too (constraint `aa_tenant_metadata_size`)."""
+
 
 def check_tenant_key(key: str) -> str:
     """Return `key` if it is a valid tenant key, else raise ValueError naming the rule.
@@ -60,13 +65,16 @@ def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
     """Return `metadata` if a tenant may store it, else raise ValueError naming the field.
 
     It must be a JSON object that jsonb stores (`jobpool.core.jsondata.to_json_text`), nested
-    at most MAX_METADATA_DEPTH levels, and its `rate_limit` (if any) must be valid in every
-    entry: refused here, where it is written, so that workers never have to ignore it where
-    it is read.
+    at most MAX_METADATA_DEPTH levels, at most MAX_METADATA_BYTES long, and its `rate_limit`
+    (if any) must be valid in every entry: refused here, where it is written, so that
+    workers never have to ignore it where it is read.
     """
     if not isinstance(metadata, dict):
         raise ValueError(f"metadata must be a JSON object, got {type(metadata).__name__}")
-    to_json_text(metadata, name="metadata", limit=MAX_METADATA_DEPTH)
+    size = len(to_json_text(metadata, name="metadata", limit=MAX_METADATA_DEPTH).encode())
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is {size} bytes of JSON, more than the limit of "
+                         f"{MAX_METADATA_BYTES} (every worker reads it every few seconds)")
     _, problems = parse_tenant_limits(metadata.get("rate_limit"), tenant)
     if problems:
         raise ValueError("; ".join(problems))

@@ -75,6 +75,23 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """SafeLoader's mapping, refusing a key written twice (YAML forbids it; PyYAML would
+        keep the last value silently). Keys merged in with `<<` may be overridden."""
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == MERGE_TAG:
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): "
+                                 "the later value would silently replace the earlier one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
 
 def _check_expanded_size(root: yaml.Node) -> None:
     """Refuse a document of more than MAX_NODES values once aliases are expanded, or a cycle.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, AsyncTransaction
+from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction, sql
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema, migrate
+from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
@@ -29,11 +30,13 @@ from jobpool.sql import QUERIES
 log = logging.getLogger(__name__)
 
 ADAPTERS = AdaptersMap(psycopg.adapters)
-"""psycopg's adapters, but json/jsonb values are read with `load_json`: one value too deep
-to decode comes back as `UndecodableJson` instead of failing the whole fetch. Every
+"""psycopg's adapters, but json/jsonb values are read with `load_json` (one value too deep
+to decode comes back as `UndecodableJson`) and timestamptz values Python cannot hold as
+`OutOfRangeTime` ('infinity', year 10000), instead of failing the whole fetch. Every
 connection jobpool opens uses them (`connect`, `open_pool`); a service's own connections,
 which only enqueue, keep theirs."""
 set_json_loads(load_json, ADAPTERS)
+register_tolerant_timestamps(ADAPTERS)
 
 _embedded: Any = None
 
@@ -142,12 +145,16 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     what `DISCARD ALL` does but deallocating (psycopg's own prepared statements stay valid)
     ends what outlives a transaction (SET, SET SESSION CHARACTERISTICS or AUTHORIZATION, SET
     ROLE, LISTEN, held cursors, temp tables, advisory locks). A connection that cannot be
-    reset, or whose psycopg attributes were changed (autocommit, row_factory, ...), is closed
-    instead: the pool replaces it. Raises only what interrupted it (CancelledError).
+    reset, whose psycopg attributes were changed (autocommit, row_factory, ...) or that got
+    adapters of its own (`adapters_changed`: say a JSON loader without jobpool's nesting
+    limit) is closed instead: the pool replaces it. Raises only what interrupted it
+    (CancelledError).
     """
     if conn.closed:
         return
     changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
+    if adapters_changed(conn):
+        changed.append("adapters (a loader or dumper of its own)")
     if not changed and isinstance(conn, JobConnection) and not conn.sent_statements:
         return  # nothing reached the server: the hot path of handlers that write nothing
     try:
@@ -155,9 +162,15 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 await conn.rollback()
             await conn.set_autocommit(True)  # each statement takes effect at once
-            await conn.execute(QUERIES["reset_session"].text, prepare=False)
+            left = await last_row(await conn.execute(QUERIES["reset_session"].text,
+                                                     prepare=False))
+            for name in left.get("handler_made") or ():
+                await conn.execute(sql.SQL(QUERIES["deallocate"].text).format(
+                    name=sql.Identifier(name)), prepare=False)
             await conn.set_autocommit(False)
-            return
+            if left.get("prepared", -1) >= len(conn._prepared._names):
+                return
+            changed = ["prepared statements (psycopg's own were deallocated)"]
     except psycopg.Error as exc:
         changed = [f"session ({type(exc).__name__}: {exc})"]
     except BaseException:
@@ -166,6 +179,30 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     log.warning("a handler changed its connection's %s; replacing the connection",
                 ", ".join(changed))
     await conn.close()
+
+
+async def last_row(cur: AsyncCursor[Any]) -> dict[str, Any]:
+    """The row of the last statement of a multi-statement `cur` ({} when it has none, which
+    `reset_session` takes as a connection not to trust)."""
+    while cur.nextset():
+        pass
+    row = await cur.fetchone()
+    return dict(row) if row is not None else {}
+
+
+def adapters_changed(conn: AsyncConnection[Any]) -> bool:
+    """Whether a loader or dumper was registered on `conn` itself, e.g. a handler's
+    `set_json_loads(orjson.loads, tx)`.
+
+    psycopg copies a map's tables on the first registration (copy on write), so a
+    connection made with `ADAPTERS` shares their tables until then: an identity check per
+    table, cheap enough for every job.
+    """
+    mine, pristine = conn.adapters, ADAPTERS
+    return (any(a is not b for a, b in zip(mine._loaders, pristine._loaders, strict=True))
+            or any(a is not b for a, b in zip(mine._dumpers_by_oid, pristine._dumpers_by_oid,
+                                              strict=True))
+            or any(mine._dumpers[fmt] is not table for fmt, table in pristine._dumpers.items()))
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:

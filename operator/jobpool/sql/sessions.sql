@@ -8,9 +8,12 @@ LISTEN jobpool;
 -- Check that a connection is alive.
 SELECT 1 AS alive;
 
--- name: reset_session :exec
--- Undo what a job's handler left in its session, in one round trip (simple protocol).
--- DISCARD ALL without DEALLOCATE ALL, which would drop psycopg's prepared statements.
+-- name: reset_session :one
+-- Undo what a job's handler left in its session, in one round trip (simple protocol): what
+-- DISCARD ALL does but DEALLOCATE ALL, which would drop psycopg's prepared statements (made
+-- by the protocol). Returns how many of those are left (a handler may have deallocated
+-- some) and the names of the statements SQL PREPARE made (a handler's: they may hold the
+-- names psycopg gives its own next), for `deallocate`.
 RESET ALL;
 SET SESSION AUTHORIZATION DEFAULT;
 UNLISTEN *;
@@ -18,6 +21,13 @@ CLOSE ALL;
 SELECT pg_advisory_unlock_all();
 DISCARD TEMP;
 DISCARD SEQUENCES;
+SELECT pg_catalog.count(*) FILTER (WHERE NOT from_sql) AS prepared,
+       pg_catalog.array_agg(name) FILTER (WHERE from_sql) AS handler_made
+  FROM pg_catalog.pg_prepared_statements;
+
+-- name: deallocate :exec
+-- Drop one prepared statement; psycopg.sql.SQL(...).format(): {name} is a sql.Identifier.
+DEALLOCATE {name};
 
 -- name: database_now :one
 -- The database's clock (all job times come from it).

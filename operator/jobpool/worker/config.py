@@ -7,13 +7,16 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from jobpool.core.tenants import tenant_ref
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """One worker process.
 
     kinds: kinds to serve; None = every registered kind except `exclude_kinds`.
-    tenants: tenant keys or ids to serve; () = all. slots: jobs run at once (default 4).
+    tenants: tenant keys or ids to serve; () = all (ValueError for text that is neither).
+    slots: jobs run at once (default 4).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
     poll_interval: seconds between claims when no NOTIFY arrives.
     lease_interval: seconds between lease renewals (capped to a third of the shortest stale TTL).
@@ -38,6 +41,8 @@ class WorkerConfig:
     completion_delay: float = 0.002
 
     def __post_init__(self) -> None:
+        for ref in self.tenants:
+            tenant_ref(ref)  # ValueError naming it: no database query could ever find it
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if self.completion_delay < 0:

@@ -26,7 +26,14 @@ from psycopg_pool import PoolClosed
 
 from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.ratelimit import Denied
-from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, retry_pause
+from jobpool.core.retry import (
+    DeadLetter,
+    Retry,
+    decide_retry,
+    error_text,
+    retry_pause,
+    safe_str,
+)
 from jobpool.db.connect import (
     JobConnection,
     lost_connection,
@@ -73,6 +80,9 @@ BEAT_EVERY = 5.0
 TENANT_CHECK_EVERY = 5.0
 """Seconds between checks for a lane's tenants that do not exist yet."""
 
+CLAIM_RETRY_MAX = 30.0
+"""Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
+
 SHUTDOWN_WRITE_TIMEOUT = 5.0
 """Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
@@ -108,13 +118,15 @@ def payload_problem(payload: Any) -> str | None:
 
 def stored_result(result: Mapping[str, Any] | None) -> str | None:
     """The handler's result as JSON text a jsonb column takes; PermanentError naming the
-    problem when it is not storable (retrying would return the same)."""
+    problem when it is not storable (retrying would return the same), also when walking it
+    raises SystemExit or another BaseException."""
     if result is None:
         return None
     try:
         return to_json_text(dict(result), name="result")
-    except Exception as exc:
-        raise PermanentError(f"handler returned a result that cannot be stored: {exc}") from None
+    except BaseException as exc:  # also a SystemExit from the result's __iter__
+        reason = safe_str(exc, what="the reason") if isinstance(exc, Exception) else error_text(exc)
+        raise PermanentError(f"handler returned a result that cannot be stored: {reason}") from None
 
 
 class Worker:
@@ -150,6 +162,8 @@ class Worker:
         self.loop_beat = time.monotonic()
         self.store: QueueStore | None = None
         self.started = False
+        self.claim_failures = 0
+        """Claims in a row that failed on a live connection (`_claim_failed`)."""
         self.limiter = limiter or TokenStore.from_settings(current_settings())
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
@@ -294,24 +308,43 @@ class Worker:
                 tenants=self.tenant_ids, limit=max(limit, 0),
                 throttled=self.throttled() if limit > 0 else [],
             )
-        except psycopg.Error as exc:
+        except Exception as exc:
+            if not isinstance(exc, psycopg.Error) or not (lost_connection(exc) or batch):
+                self._claim_failed(exc, batch)
+                return []
             if lost_connection(exc):
                 # written with the next claim, on a fresh connection
                 self.completions[:0] = [(c._replace(resent=True), done) for c, done in batch]
                 self._database_error(exc)
                 return []
-            if batch:
-                log.warning("the batched done of %d job(s) was refused (%s); recording each on "
-                            "its own", len(batch), exc)
-                await self._complete_one_by_one(batch)
-                return []
-            if not isinstance(exc, psycopg.OperationalError):
-                raise
-            log.warning("claim failed: %s", exc)
+            log.warning("the batched done of %d job(s) was refused (%s); recording each on "
+                        "its own", len(batch), exc)
+            await self._complete_one_by_one(batch)
             return []
+        self.claim_failures = 0
         for completion, done in batch:
             done.set_result(completion.job_id in held)
         return claimed
+
+    def _claim_failed(
+        self, exc: Exception, batch: list[tuple[Completion, asyncio.Future[bool]]]
+    ) -> None:
+        """The claim failed on a live connection: a statement refused (a handler left a
+        prepared statement of the name psycopg uses next), or its rows could not be read.
+
+        The worker goes on: claiming pauses (growing from RECONNECT_FIRST to CLAIM_RETRY_MAX
+        seconds while it keeps failing), the pool's connections are replaced, claims that
+        committed unread are handed back, and the batched `done`s are written again.
+        """
+        self.completions[:0] = [(c._replace(resent=True), done) for c, done in batch]
+        self.claim_failures += 1
+        pause = retry_pause(self.claim_failures, first=RECONNECT_FIRST, cap=CLAIM_RETRY_MAX,
+                            rng=self.rng)
+        self.database_problem = f"claim failed: {error_text(exc)}"
+        log.warning("%s; replacing the pooled connections and claiming again in %.1fs",
+                    self.database_problem, pause, exc_info=exc)
+        self.online.clear()
+        self.background.start("reconnect", lambda: self._reconnect(replace=True, pause=pause))
 
     async def _complete_one_by_one(
         self, batch: list[tuple[Completion, asyncio.Future[bool]]]
@@ -429,7 +462,8 @@ class Worker:
         else:
             if log.isEnabledFor(logging.INFO):
                 log.info("job %d (%s) done in %.3fs%s", job.id, job.job_kind,
-                         time.monotonic() - started, f": {dict(result)}" if result else "")
+                         time.monotonic() - started,
+                         "" if result is None else f": {safe_str(result, what='its result')}")
             self.observe(job, "done", started)
 
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
@@ -489,10 +523,13 @@ class Worker:
     async def _call_handler(
         self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
     ) -> Mapping[str, Any] | None:
+        deadline = asyncio.timeout(spec.defaults.timeout)
         try:
-            async with asyncio.timeout(spec.defaults.timeout):
+            async with deadline:
                 result = await spec.handler(job, conn)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the handler's own (a mail server that did not answer), kept as it is
             raise TimeoutError(
                 f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
         except asyncio.CancelledError as exc:
@@ -637,15 +674,19 @@ class Worker:
     def _reconnect_pause(self, failures: int) -> float:
         return retry_pause(failures, first=RECONNECT_FIRST, cap=RECONNECT_MAX, rng=self.rng)
 
-    async def _reconnect(self) -> None:
-        """Probe until the database answers, renew the pool, settle leftovers, go online."""
+    async def _reconnect(self, *, replace: bool = False, pause: float = 0.0) -> None:
+        """Probe until the database answers, renew the pool, settle leftovers, go online.
+
+        `replace`: a fresh pool even if the first probe answers; `pause`: seconds to wait first.
+        """
+        await asyncio.sleep(pause)
         lost_at = time.monotonic()
         failures = 0
         logged = lost_at
         while True:
             try:
                 await probe(self.dsn, timeout=PROBE_TIMEOUT)
-                await self._renew_pool(replace=failures > 0)
+                await self._renew_pool(replace=replace or failures > 0)
                 await (self._settle_leftovers() if self.started else self._start_up())
                 break
             except (psycopg.OperationalError, SchemaNotMigratedError) as exc:

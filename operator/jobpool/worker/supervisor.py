@@ -47,6 +47,28 @@ def lane_environment(pool: PoolSpec, lane: Lane, settings: Settings,
     return base | replace(settings, rate_limits=None).to_env() | pool.lane_env(lane)
 
 
+PROCESSES_PER_CPU = 4
+"""Cap on a local pool's processes per CPU of the machine: more only contend for the CPUs
+and the database's connections (each process holds its slots + 2), so a `minReplicas` meant
+for a cluster is refused instead of starting hundreds of processes on one host."""
+
+
+def local_process_count(pool: PoolSpec, cpus: int) -> int:
+    """The processes `jobpool run pool.yaml` starts: max(1, minReplicas) per lane.
+
+    Raises ValueError naming the lanes when that is more than PROCESSES_PER_CPU * `cpus`.
+    """
+    counts = {lane.name: max(1, lane.min_replicas) for lane in pool.lanes}
+    total, cap = sum(counts.values()), PROCESSES_PER_CPU * max(1, cpus)
+    if total > cap:
+        lanes = ", ".join(f"{name}: {count}" for name, count in counts.items())
+        raise ValueError(
+            f"the pool file asks for {total} local worker processes ({lanes}), more than "
+            f"{PROCESSES_PER_CPU} per CPU of this machine ({cap}); lower minReplicas for a "
+            "local run, or run the pool on Kubernetes")
+    return total
+
+
 def lane_processes(pool: PoolSpec, settings: Settings, *, imports: Sequence[str],
                    until_empty: bool, inherited: Mapping[str, str],
                    metrics_port: int | None = None) -> list[LaneProcess]:

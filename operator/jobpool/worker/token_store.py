@@ -21,6 +21,7 @@ from typing import Any, assert_never
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.configfile import read_config_file
 from jobpool.core.ratelimit import (
     NO_CAPS,
     NO_LEASE,
@@ -64,7 +65,8 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
     YAML or JSON file (read by `jobpool.core.yamlfile.provider_caps_from_text`).
 
     None or blank: no caps. Raises ValueError naming the variable, the file and the problem
-    (bad YAML, a document too large or too deep to be configuration, a bad field).
+    (bad YAML, a document too large or too deep to be configuration, a bad field); for a
+    file, read at most its limit + 1 bytes, the problem never quotes the file's content.
     """
     if not value or not value.strip():
         return NO_CAPS
@@ -74,12 +76,16 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
         path = Path(value[1:]).expanduser()
         source = f"JOBPOOL_RATE_LIMITS file {path}"
         try:
-            text = path.read_text("utf-8")
-        except OSError as exc:
-            raise ValueError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+            text = read_config_file(path)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
     try:
         return provider_caps_from_text(text)
     except ValueError as exc:
+        if source != "JOBPOOL_RATE_LIMITS":  # the path may name any file: never show it
+            raise ValueError(f"{source}: not usable rate limits (YAML or JSON of the form "
+                             "{providers: ..., kinds: ...}, see the README's Rate limits); "
+                             "its content is not shown") from None
         raise ValueError(f"{source}: {exc}") from None
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -102,6 +103,8 @@ def _as_integer(value: Any) -> int:
         raise ValueError(f"{_shown(value)} is not an integer")
     if isinstance(value, str) and not _INTEGER_TEXT.fullmatch(value.strip()):
         raise ValueError(f"{_shown(value)} is not an integer")
+    if isinstance(value, str) and len(value.strip().lstrip("+-").lstrip("0")) > 19:
+        raise ValueError(f"{_shown(value)} is out of range for a 64-bit integer")
     number = int(value.strip()) if isinstance(value, str) else value
     if not INT64_MIN <= number <= INT64_MAX:
         raise ValueError(f"{_shown(value)} is out of range for a 64-bit integer")
@@ -219,6 +222,9 @@ def parse_raw(raw: str) -> Any:
         raise ValueError(f"record is not valid JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise ValueError("record is nested too deeply") from None
+    except ValueError:  # Python's bound on reading integers
+        raise ValueError(f"record holds a number of more than {sys.get_int_max_str_digits()} "
+                         "digits") from None
 
 
 def _external_key(record: Mapping[str, Any], key_field: str) -> str:

@@ -6,6 +6,7 @@ writes the plan in one transaction with the progress marker.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,7 +99,8 @@ class BatchPlan:
     """The outcomes of a batch, its valid entities in chunks, and the new progress marker.
 
     No external key appears twice in one chunk (one INSERT ... ON CONFLICT cannot touch a row
-    twice); chunks keep file order, so a later line with the same key wins.
+    twice); chunks keep file order. (Staging rejects a key's later lines in one file,
+    `KeyLines`; a key repeats here only across files.)
     """
 
     last_line: int
@@ -151,3 +153,34 @@ def plan_batch(
         entities.append(Entity(row.line_no, checked.external_key, checked.attributes))
     plan.chunks = _chunk(entities)
     return plan
+
+
+class KeyLines:
+    """The line where each external key of one file first appears, to refuse a later line
+    with the same key: both would upsert one entity, and the later one would silently
+    replace the earlier.
+
+    key_field: the record field holding the key (`external_key` by default).
+    """
+
+    def __init__(self, key_field: str) -> None:
+        self.key_field = key_field
+        self.first_line: dict[str, int] = {}
+
+    def duplicate(self, line_no: int, raw: str) -> str | None:
+        """The error for the record `raw` (JSON text) on `line_no` when its key appeared on an
+        earlier line, else None (records without a usable key are left to validation)."""
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+        key = record.get(self.key_field) if isinstance(record, dict) else None
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+        if not isinstance(key, str):
+            return None
+        first = self.first_line.setdefault(key, line_no)
+        if first == line_no:
+            return None
+        return (f"line {line_no}: field {self.key_field!r}: {key[:60]!r} is on line {first} "
+                "already; a file may set each entity once")

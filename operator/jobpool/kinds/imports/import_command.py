@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,9 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     if args.batch_size is not None and not 1 <= args.batch_size <= 10_000:
         raise ValueError(f"--batch-size must be 1 to 10000, got {args.batch_size}")
     path: Path = args.file
-    if not path.is_file():
-        raise ValueError(f"no such file: {path}")
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
     fmt = detect_format(path, args.format)
     async with await open_database(settings) as conn:
         tenant = await admin.resolve_tenant(conn, args.tenant)
@@ -57,3 +59,18 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     print(f"staged {staged.rows} record(s) from {path.name} as import {staged.import_job_id}; "
           f"enqueued bulk_import job {staged.job_id}")
     return 0
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """Why `path` cannot be imported (missing, a directory, a device or pipe), or None."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or type(exc).__name__}"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a device, pipe or socket); import a CSV or JSON Lines file"
+    return None

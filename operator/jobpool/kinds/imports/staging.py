@@ -24,7 +24,7 @@ from psycopg import AsyncConnection
 from jobpool.enqueue import enqueue
 from jobpool.kinds.entities.attributes import UnknownKeys, check_key
 from jobpool.kinds.entities.entity_types import find_entity_type
-from jobpool.kinds.imports.batch_plan import MAX_RECORD_CHARS, check_header
+from jobpool.kinds.imports.batch_plan import MAX_RECORD_CHARS, KeyLines, check_header
 from jobpool.sql import QUERIES
 
 Format = Literal["csv", "jsonl"]
@@ -174,11 +174,14 @@ async def stage_import(
     assert created is not None
     import_job_id: int = created["id"]
     rows = 0
+    keys = KeyLines(key_field)
     async with conn.cursor() as copy_cur, copy_cur.copy(QUERIES["copy_import_rows"].text) as copy:
         for record in records:
-            status = "staged" if record.error is None else "rejected"
-            await copy.write_row((import_job_id, record.line_no, record.raw, status, None,
-                                  record.error))
+            duplicate = None if record.error else keys.duplicate(record.line_no, record.raw)
+            error = record.error or duplicate
+            status = "staged" if error is None else "rejected"
+            await copy.write_row((import_job_id, record.line_no, record.raw, status,
+                                  key_field if duplicate else None, error))
             rows += 1
     await conn.execute(QUERIES["set_import_total"].text, {"id": import_job_id})
     payload: dict[str, Any] = {"import_job_id": import_job_id}

@@ -170,11 +170,14 @@ def parse_networks(text: str | None) -> tuple[Network, ...]:
 
 
 def embedded_ipv4(address: Address) -> IPv4Address | None:
-    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or NAT64 IPv6 address."""
+    """The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d), 6to4 (2002:aabb:ccdd::/48)
+    or NAT64 IPv6 address."""
     if isinstance(address, IPv4Address):
         return None
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
     if address in _NAT64:
         return IPv4Address(int(address) & 0xFFFFFFFF)
     return None
@@ -194,6 +197,8 @@ def _category(address: Address) -> str | None:
         return "multicast address"
     if address.is_reserved:
         return "reserved address"
+    if isinstance(address, IPv6Address) and address.is_site_local:
+        return "site-local address"  # fec0::/10: deprecated, still routed inside some sites
     if address.is_private:
         return "private address"
     if not address.is_global:
