@@ -1,4 +1,5 @@
-"""The queue store: one method per named query of `sql/queries.sql`."""
+"""The queue store: one method per named query of the queue's claims, outcomes, enqueue
+and admin SQL files (`sql/claims.sql`, `sql/outcomes.sql`, ...)."""
 
 from __future__ import annotations
 

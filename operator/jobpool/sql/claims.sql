@@ -1,0 +1,170 @@
+-- The claim and what a worker does with its claims: the transaction's settings, lease
+-- renewal, hand-back. Every change to a running job is a compare-and-set on (status,
+-- claimed_by, attempts).
+
+-- name: claim_jobs :many
+-- The single-statement claim of up to %(limit)s jobs (free slots), by lane, tenants taking turns.
+-- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
+-- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
+-- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
+-- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later). Rows of
+-- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, last turn) are
+-- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
+-- by priority, then by the row's rank among its tenant's rows of that priority, then by the
+-- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
+-- priority level tenants take turns (round robin), across levels priority rules.
+WITH RECURSIVE
+kinds AS (
+    SELECT DISTINCT unnest(%(kinds)s::text[]) AS job_kind
+),
+scanned AS (
+    -- every tenant (%(tenants)s null): the head of each pair, walking the tenants of a kind
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+     WHERE %(tenants)s::uuid[] IS NULL
+    UNION ALL
+    SELECT h.*
+      FROM scanned s
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = s.job_kind AND j.tenant_id > s.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+heads AS (
+    SELECT * FROM scanned
+    UNION ALL
+    -- the worker's own tenants: the head of each of their pairs
+    SELECT h.*
+      FROM kinds k
+      CROSS JOIN (SELECT DISTINCT unnest(%(tenants)s::uuid[]) AS tenant_id) t
+      CROSS JOIN LATERAL (
+           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.tenant_id = t.tenant_id
+              AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT 1) h
+),
+open_heads AS (
+    -- heads of the pairs not throttled, with their tenant's last turn and rank in the tenant
+    SELECT h.*, tt.turn_at,
+           row_number() OVER (PARTITION BY h.tenant_id
+                              ORDER BY h.priority, h.available_at, h.id) AS pair_rank
+      FROM heads h
+      LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
+                        WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)
+),
+chosen AS (
+    SELECT job_kind, tenant_id, turn_at
+      FROM open_heads
+     ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
+     LIMIT %(limit)s
+),
+locked AS (
+    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
+      FROM chosen c
+      CROSS JOIN LATERAL (
+           SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
+            WHERE j.status = 'pending' AND j.job_kind = c.job_kind
+              AND j.tenant_id = c.tenant_id AND j.available_at <= now()
+            ORDER BY j.priority, j.available_at, j.id
+            LIMIT %(limit)s - (SELECT count(*) FROM chosen) + 1
+              FOR UPDATE SKIP LOCKED) r
+),
+next AS (
+    SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
+                                           id) AS ord
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
+                                           ORDER BY l.available_at, l.id) AS turn
+              FROM locked l) AS ranked
+     ORDER BY ord
+     LIMIT %(limit)s
+),
+claimed AS (
+    -- by primary key: the plan is made once for any %(limit)s, and a join could scan the table
+    UPDATE mdm.aa_job j
+       SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
+           heartbeat_at = now(), attempts = j.attempts + 1
+     WHERE j.id = ANY (ARRAY(SELECT id FROM next))
+    RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
+              j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
+              j.max_attempts, j.last_error, j.idempotency_key,
+              -- epochs, not a difference of timestamps: that fails for an infinite created_at
+              (extract(epoch FROM j.claimed_at) - extract(epoch FROM j.created_at))::float8
+                  AS claim_latency
+),
+turned AS (
+    -- the served tenants go to the back of the line; a turn row another claim holds is
+    -- skipped (that claim sets the same time), so claims never wait for each other here
+    UPDATE mdm.aa_tenant_turn t
+       SET turn_at = now()
+      FROM (SELECT tt.tenant_id FROM mdm.aa_tenant_turn tt
+             WHERE tt.tenant_id IN (SELECT tenant_id FROM claimed)
+             ORDER BY tt.tenant_id
+               FOR UPDATE SKIP LOCKED) AS free
+     WHERE t.tenant_id = free.tenant_id
+),
+first_turns AS (
+    -- a tenant's first turn; in tenant order, so two claims meeting new tenants never deadlock
+    INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
+    SELECT DISTINCT c.tenant_id, now() FROM claimed c
+     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
+     ORDER BY c.tenant_id
+    ON CONFLICT (tenant_id) DO NOTHING
+)
+SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
+
+-- name: plan_claim :one
+-- Plan the claim once per connection and walk ix_aa_job_lane even without statistics.
+-- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic
+-- plan of the prepared statement serves every parameter: planning its CTEs on every call would
+-- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
+-- freshly filled queue), and never pays JIT compilation for a statement of milliseconds.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
+       set_config('enable_seqscan', 'off', true) AS seqscan,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       set_config('jit', 'off', true) AS jit;
+
+-- name: commit_without_flush :one
+-- Let this transaction's COMMIT return before its WAL reaches disk (only a server crash undoes it).
+SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit;
+
+-- name: renew_leases :many
+-- Renew the lease of this worker's running jobs; returns the ids it still holds.
+WITH locked AS (
+    -- rows are locked in id order, as complete_jobs does, so the two never deadlock
+    SELECT id
+      FROM mdm.aa_job
+     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE mdm.aa_job j
+   SET heartbeat_at = clock_timestamp()
+  FROM locked
+ WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+RETURNING j.id;
+
+-- name: release_unrun_claims :many
+-- Hand back this worker's running jobs other than %(running)s: claims that committed while
+-- the worker saw its connection fail, so it never ran them. Pending again at their place in
+-- the queue, the attempt not counted.
+-- Idle workers are woken at commit, as an enqueue wakes them.
+WITH released AS (
+    UPDATE mdm.aa_job
+       SET status = 'pending', attempts = attempts - 1,
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+     WHERE status = 'running' AND claimed_by = %(worker_id)s
+       AND id <> ALL(%(running)s::bigint[])
+    RETURNING id, job_kind
+), notified AS (
+    SELECT pg_notify('jobpool', job_kind) FROM (SELECT DISTINCT job_kind FROM released) AS d
+)
+SELECT id, job_kind FROM released, (SELECT count(*) FROM notified) AS n;

@@ -1,0 +1,54 @@
+-- The dead-letter queue: list, replay, discard.
+
+-- name: list_dlq :many
+-- DLQ jobs after a keyset cursor, optionally for one tenant and kind, oldest first, of the
+-- tenants with the given keys (NULL: any tenant).
+SELECT d.id, d.tenant_id, t.key AS tenant_key, d.job_kind, d.payload, d.last_error,
+       d.attempts, d.max_attempts, d.created_at, d.dlq_at
+  FROM mdm.v_job_dlq d JOIN mdm.aa_tenant t ON t.id = d.tenant_id
+ WHERE d.id > %(after)s
+   AND (%(tenants)s::text[] IS NULL OR t.key = ANY(%(tenants)s::text[]))
+   AND (%(tenant_id)s::uuid IS NULL OR d.tenant_id = %(tenant_id)s::uuid)
+   AND (%(kind)s::text IS NULL OR d.job_kind = %(kind)s::text)
+ ORDER BY d.id
+ LIMIT %(limit)s;
+
+-- name: replay_job :one
+-- Put a DLQ job of the given tenants (NULL: any) back to pending with fresh attempts, and
+-- audit the replay with the actor's tenant scope.
+WITH replayed AS (
+    UPDATE mdm.aa_job
+       SET status = 'pending', attempts = 0, available_at = now(), completed_at = NULL,
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+     WHERE id = %(id)s AND status = 'dlq'
+       AND (%(tenants)s::text[] IS NULL
+            OR tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])))
+    RETURNING id, tenant_id, job_kind, last_error
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_replay',
+           jsonb_build_object('kind', job_kind, 'last_error', last_error,
+                              'tenant_scope', %(scope)s::jsonb)
+      FROM replayed
+), notified AS (
+    -- wake idle workers at commit, as an enqueue does
+    SELECT pg_notify('jobpool', job_kind) FROM replayed
+)
+SELECT id FROM replayed, (SELECT count(*) FROM notified) AS n;
+
+-- name: discard_job :one
+-- Delete a DLQ or stopped job of the given tenants (NULL: any), and audit it with a snapshot
+-- of the row and the actor's tenant scope.
+WITH discarded AS (
+    DELETE FROM mdm.aa_job
+     WHERE id = %(id)s AND status IN ('dlq', 'failed')
+       AND (%(tenants)s::text[] IS NULL
+            OR tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])))
+    RETURNING *
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_discard',
+           to_jsonb(discarded) || jsonb_build_object('tenant_scope', %(scope)s::jsonb)
+      FROM discarded
+)
+SELECT id FROM discarded;

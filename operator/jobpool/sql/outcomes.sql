@@ -1,0 +1,91 @@
+-- A claimed job's outcome: done, retry, DLQ, or back to pending (rate limit). Each is a
+-- compare-and-set on (status, claimed_by, attempts).
+
+-- name: complete_job :one
+-- Mark a job done (with the handler's result) if this worker still holds its claim.
+WITH done AS (
+    UPDATE mdm.aa_job
+       SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
+           heartbeat_at = NULL, result = %(result)s::jsonb
+     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+       AND attempts = %(attempts)s
+    RETURNING id, tenant_id, job_kind
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+)
+SELECT count(*)::int AS changed FROM done;
+
+-- name: complete_jobs :many
+-- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
+           AS i(id, attempts, result)
+), locked AS (
+    -- rows are locked in id order, as renew_leases does, so the two never deadlock
+    SELECT j.id, i.result
+      FROM mdm.aa_job j JOIN input i ON i.id = j.id
+     WHERE j.status = 'running' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
+     ORDER BY j.id
+       FOR UPDATE OF j
+), done AS (
+    UPDATE mdm.aa_job j
+       SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
+           heartbeat_at = NULL, result = locked.result
+      FROM locked
+     WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+    RETURNING j.id, j.tenant_id, j.job_kind
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+)
+SELECT id FROM done;
+
+-- name: completed_before :many
+-- Of `done`s sent again after a connection failure hid the commit of the first try, those
+-- that first try did commit (run only then: every batch would pay for the look-up).
+SELECT j.id
+  FROM mdm.aa_job j
+  JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id
+ WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
+
+-- name: retry_job :one
+-- Back to pending after a transient failure; the delay counts from now, not the transaction start.
+UPDATE mdm.aa_job
+   SET status = 'pending', available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+       last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+ WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+   AND attempts = %(attempts)s
+RETURNING id;
+
+-- name: dead_letter_job :one
+-- Park a job in the DLQ and audit it with its last error.
+WITH parked AS (
+    UPDATE mdm.aa_job
+       SET status = 'dlq', completed_at = clock_timestamp(), last_error = %(error)s,
+           heartbeat_at = NULL
+     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+       AND attempts = %(attempts)s
+    RETURNING id, tenant_id, job_kind, attempts
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_dlq',
+           jsonb_build_object('kind', job_kind, 'last_error', %(error)s::text,
+                              'attempts', attempts)
+      FROM parked
+)
+SELECT id FROM parked;
+
+-- name: release_job :one
+-- Hand a claimed job back without using up its attempt: after a delay (rate limit), or at
+-- once (shutdown), then keeping its place in the queue.
+UPDATE mdm.aa_job
+   SET status = 'pending', attempts = attempts - 1,
+       available_at = CASE WHEN %(delay)s::float8 > 0
+                           THEN clock_timestamp() + make_interval(secs => %(delay)s::float8)
+                           ELSE available_at END,
+       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+ WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+   AND attempts = %(attempts)s
+RETURNING id;
