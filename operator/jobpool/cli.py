@@ -420,7 +420,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=whole_number(1, MAX_ATTEMPTS))
     p.add_argument("--count", type=whole_number(1, MAX_COUNT), default=1,
                    help="enqueue this many copies")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="load your kinds from MODULE first, so a payload that breaks the "
+                        "kind's model is refused here rather than in the worker")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("recover", help="recover stale claims now (what cleanup_jobs does)")

@@ -55,7 +55,9 @@ class UnknownKindError(JobpoolError, LookupError):
     def __init__(self, kind: str) -> None:
         super().__init__(
             f"unknown job kind {kind!r}: no worker has registered it "
-            "(start a worker that serves it, or load it with --import)"
+            "(start a worker that serves it, run `jobpool migrate` where the worker extra is "
+            "installed for the built-in kinds, or register yours with `jobpool kinds list "
+            "--import MODULE`)"
         )
         self.kind = kind
 
