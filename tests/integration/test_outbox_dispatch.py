@@ -246,6 +246,9 @@ async def test_bad_events_and_subscriptions_are_refused_by_name(
             await publish_event(conn, tenant_id=tenant, event_type="a.b", payload=payload)
     with pytest.raises(UnknownTenantError):
         await publish_event(conn, tenant_id=uuid.uuid4(), event_type="a.b", payload={})
+    with pytest.raises(UnknownTenantError):
+        await subscribe_webhook(conn, tenant_id=uuid.uuid4(), url="https://hooks.example/in",
+                                event_types=["a.b"])
     with pytest.raises(ValueError, match="NUL character"):
         await publish_event(conn, tenant_id=tenant, event_type="a.b", payload={"x\x00": 1})
     with pytest.raises(ValueError, match="http:// or https://"):

@@ -84,6 +84,23 @@ def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> 
             "payload": text}
 
 
+async def _insert_for_tenant(
+    conn: AsyncConnection[Any], query: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """Run the INSERT ... RETURNING `query` for `params["tenant_id"]`; return its row.
+
+    Raises UnknownTenantError when no such tenant exists (the foreign key refuses the row).
+    """
+    async with conn.cursor(row_factory=dict_row) as cur:
+        try:
+            await cur.execute(QUERIES[query].text, params)
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise UnknownTenantError(str(params["tenant_id"])) from exc
+        row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
 def _published(row: dict[str, Any]) -> PublishedEvent:
     return PublishedEvent(row["id"], row["uid"], row["tenant_id"], row["event_type"],
                           row["created_at"])
@@ -98,15 +115,8 @@ async def publish_event(
     Raises ValueError (bad event type or payload), UnknownTenantError; the caller's
     transaction is then aborted, as with any failed statement.
     """
-    params = _event_params(tenant_id, event_type, payload)
-    async with conn.cursor(row_factory=dict_row) as cur:
-        try:
-            await cur.execute(QUERIES["insert_outbox_event"].text, params)
-        except psycopg.errors.ForeignKeyViolation as exc:
-            raise UnknownTenantError(str(params["tenant_id"])) from exc
-        row = await cur.fetchone()
-    assert row is not None
-    return _published(row)
+    return _published(await _insert_for_tenant(
+        conn, "insert_outbox_event", _event_params(tenant_id, event_type, payload)))
 
 
 def publish_event_sync(
@@ -155,11 +165,5 @@ async def subscribe_webhook(
     signing_key(key)
     params = {"tenant_id": _tenant(tenant_id), "url": check_webhook_url(url), "secret": key,
               "event_types": list(types)}
-    async with conn.cursor(row_factory=dict_row) as cur:
-        try:
-            await cur.execute(QUERIES["insert_webhook_subscription"].text, params)
-        except psycopg.errors.ForeignKeyViolation as exc:
-            raise UnknownTenantError(str(params["tenant_id"])) from exc
-        row = await cur.fetchone()
-    assert row is not None
+    row = await _insert_for_tenant(conn, "insert_webhook_subscription", params)
     return Subscription(row["id"], row["tenant_id"], row["url"], tuple(row["event_types"]), key)
