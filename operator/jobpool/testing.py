@@ -29,7 +29,7 @@ from jobpool.job import Job
 from jobpool.metrics import Outcome
 from jobpool.registry import load_kind_modules
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.runtime import PROBE_TIMEOUT, Worker
+from jobpool.worker.runtime import PROBE_TIMEOUT, Worker, pool_size
 
 ACTOR = "jobpool.testing"
 """The audit principal of the jobs these functions enqueue and run."""
@@ -121,14 +121,14 @@ async def run_pending(dsn: str, job_id: int) -> JobRecord:
     _require_pending(row)
     worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],), slots=1,
                                                 until_empty=True), actor=ACTOR)
-    pool = await open_live_pool(dsn, size=worker.config.slots + 2,
+    pool = await open_live_pool(dsn, size=pool_size(worker.config.slots),
                                 name=f"jobpool-testing-{job_id}", timeout=PROBE_TIMEOUT)
     store = _OneJobStore(pool, worker_id=worker.worker_id, job_id=job_id)
     worker.store = store
     try:
         await worker.run()
     finally:
-        await pool.close()
+        await store.close()
     async with await connect(dsn, autocommit=True) as conn:
         row = await get_job(conn, job_id)
     if not store.claimed:  # another process took or finished it meanwhile

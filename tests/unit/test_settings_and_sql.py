@@ -1,7 +1,8 @@
 import pytest
+from psycopg import _queries as psycopg_queries
 
 from jobpool.settings import Settings
-from jobpool.sql import QUERIES, migrations, parse_queries
+from jobpool.sql import MAX_CACHED_TEXT, QUERIES, migrations, parse_queries
 
 
 def test_settings_from_env() -> None:
@@ -51,6 +52,18 @@ def test_named_queries_parse() -> None:
     assert parsed["a"].doc == "First."
     assert parsed["a"].text == "SELECT 1;"
     assert parsed["b"].shape == "many"
+
+
+def test_comment_lines_and_indentation_are_left_out_of_the_text() -> None:
+    parsed = parse_queries("-- name: a :many\n-- First.\nWITH x AS (\n    -- why\n    SELECT 1\n)"
+                           "\nSELECT * FROM x; -- kept\n")
+    assert parsed["a"].text == "WITH x AS (\nSELECT 1\n)\nSELECT * FROM x; -- kept"
+
+
+def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
+    assert MAX_CACHED_TEXT == psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
+    for name in ("claim_jobs", "complete_jobs", "completed_before"):
+        assert len(QUERIES[name].text.encode()) <= MAX_CACHED_TEXT, name
 
 
 def test_duplicate_query_names_are_refused() -> None:

@@ -3,10 +3,13 @@ and admin SQL files (`sql/claims.sql`, `sql/outcomes.sql`, ...)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -15,6 +18,9 @@ from jobpool.registry import KindSpec
 from jobpool.sql import QUERIES
 
 Row = dict[str, Any]
+
+CLAIM_CONNECT_TIMEOUT = 10.0
+"""Seconds opening the claim connection may take before it counts as a lost connection."""
 
 
 class Completion(NamedTuple):
@@ -52,14 +58,16 @@ class QueueStore:
     """Queue I/O for one worker (or admin) process.
 
     Methods that take `conn` run inside the caller's transaction (a job's transaction);
-    the others borrow a connection from `pool` and commit at once; a worker replaces `pool`
-    after an outage. Connections must return rows as dicts (`jobpool.db.connect`).
+    `complete_and_claim` runs on a connection of the store's own (`close` closes it); the
+    others borrow a connection from `pool` and commit at once; a worker replaces `pool` after
+    an outage (`replace_pool`). Connections must return rows as dicts (`jobpool.db.connect`).
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.actor = actor
+        self._claimer: AsyncConnection[Any] | None = None
 
     async def register_kinds(self, specs: Iterable[KindSpec]) -> None:
         """Upsert the kinds and their defaults into `mdm.aa_job_kind`."""
@@ -88,33 +96,75 @@ class QueueStore:
         claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
-        within a priority level tenants take turns (README "Scaling"). The COMMIT returns
-        without waiting for the WAL flush: a server crash may undo its last fraction of a
-        second, which puts those jobs back to running or pending, so they run again (as after
-        a worker crash); a kind's own writes commit with the usual durability.
+        within a priority level tenants take turns (README "Scaling").
+
+        It runs on the store's own claim connection (`claim_session`: a generic plan, commits
+        that do not wait for the WAL flush), as one pipeline: the statements go out together
+        and form one implicit transaction, so a statement that fails undoes the others. Any
+        error closes that connection (the next call opens a fresh one) and is raised:
+        psycopg.OperationalError when the server cannot be reached within
+        `CLAIM_CONNECT_TIMEOUT` seconds.
         """
-        async with self.pool.connection() as conn, conn.pipeline():
-            # one round trip: BEGIN, the batched done, the claim and COMMIT go out together
-            await conn.execute(QUERIES["commit_without_flush"].text)
-            done = await conn.execute(QUERIES["complete_jobs"].text,
-                                      self._completions(completions)) if completions else None
-            resent = [c for c in completions if c.resent]
-            before = await conn.execute(QUERIES["completed_before"].text, {
-                "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
-                "worker_id": self.worker_id}) if resent else None
-            claim = None
-            if limit > 0:
-                await conn.execute(QUERIES["plan_claim"].text)
+        conn = await self._claim_connection()
+        try:
+            async with conn.pipeline():
+                done = await conn.execute(QUERIES["complete_jobs"].text,
+                                          self._completions(completions)) if completions else None
+                resent = [c for c in completions if c.resent]
+                before = await conn.execute(QUERIES["completed_before"].text, {
+                    "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
+                    "worker_id": self.worker_id}) if resent else None
                 claim = await conn.execute(QUERIES["claim_jobs"].text, {
                     "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
                     "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
-                })
-            await conn.commit()
-        held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
-        if before:
-            held |= {row["id"] for row in await before.fetchall()}
-        claimed: list[Row] = await claim.fetchall() if claim else []
+                }) if limit > 0 else None
+            held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
+            if before:
+                held |= {row["id"] for row in await before.fetchall()}
+            claimed: list[Row] = await claim.fetchall() if claim else []
+        except BaseException:
+            await self._drop_claim_connection()
+            raise
         return held, claimed
+
+    async def _claim_connection(self) -> AsyncConnection[Any]:
+        """The claim connection, opened (autocommit, `claim_session`) on first use or after
+        it failed, to the pool's server with the pool's connection settings."""
+        conn = self._claimer
+        if conn is not None and not conn.closed:
+            return conn
+        try:
+            async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
+                conn = await AsyncConnection.connect(self.pool.conninfo, autocommit=True,
+                                                     **self._pool_kwargs())
+                await conn.execute(QUERIES["claim_session"].text)
+        except TimeoutError:
+            raise psycopg.OperationalError(
+                f"no connection within {CLAIM_CONNECT_TIMEOUT:g}s") from None
+        self._claimer = conn
+        return conn
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        """The pool's connection keywords (row factory, adapters), without autocommit."""
+        return {k: v for k, v in (self.pool.kwargs or {}).items() if k != "autocommit"}
+
+    async def _drop_claim_connection(self) -> None:
+        conn, self._claimer = self._claimer, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def replace_pool(self, pool: AsyncConnectionPool[Any]) -> AsyncConnectionPool[Any]:
+        """Use `pool` from now on (after an outage) and a fresh claim connection; returns the
+        retired pool, for the caller to close."""
+        retired, self.pool = self.pool, pool
+        await self._drop_claim_connection()
+        return retired
+
+    async def close(self) -> None:
+        """Close the claim connection and the pool."""
+        await self._drop_claim_connection()
+        await self.pool.close()
 
     def _completions(self, completions: Sequence[Completion]) -> dict[str, Any]:
         return {

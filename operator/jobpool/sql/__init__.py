@@ -18,6 +18,11 @@ from typing import LiteralString
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*) :(?P<shape>one|many|exec)\s*$", re.M)
 
 
+MAX_CACHED_TEXT = 4096
+"""Bytes of query text up to which psycopg caches the query's conversion (its placeholders
+parsed once, not on every call): the claim runs several times a second per worker."""
+
+
 @dataclass(frozen=True)
 class Query:
     """One named query: its text and what it returns."""
@@ -36,7 +41,11 @@ def parse_queries(source: str) -> dict[str, Query]:
         body = source[header.end() : following.start() if following else len(source)]
         lines = body.strip("\n").splitlines()
         doc = lines[0].removeprefix("--").strip() if lines and lines[0].startswith("--") else ""
-        text = "\n".join(line for line in lines if not line.startswith("--")).strip()
+        # comment lines and indentation are left out (no query has a string literal spanning
+        # lines): psycopg caches the conversion of a query's placeholders only up to
+        # `MAX_CACHED_TEXT` bytes, and a shorter text is cheaper to send and parse
+        code = (line.strip() for line in lines)
+        text = "\n".join(line for line in code if line and not line.startswith("--"))
         name = header["name"]
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")

@@ -121,20 +121,21 @@ first_turns AS (
 )
 SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
 
--- name: plan_claim :one
--- Plan the claim once per connection and walk ix_aa_job_lane even without statistics.
+-- name: claim_session :one
+-- Settings of the worker's claim connection (autocommit; set once when it opens).
 -- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic
 -- plan of the prepared statement serves every parameter: planning its CTEs on every call would
 -- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
--- freshly filled queue), and never pays JIT compilation for a statement of milliseconds.
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
-       set_config('enable_seqscan', 'off', true) AS seqscan,
-       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
-       set_config('jit', 'off', true) AS jit;
-
--- name: commit_without_flush :one
--- Let this transaction's COMMIT return before its WAL reaches disk (only a server crash undoes it).
-SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit;
+-- freshly filled queue), and never pays JIT compilation for a statement of milliseconds. Its
+-- commits return before their WAL reaches disk: only a server crash can undo the last fraction
+-- of a second of claims and batched `done`s, which puts those jobs back to running or pending
+-- to run again, as after a worker crash. Nothing else runs on this connection: a handler's
+-- writes keep the server's durability and planner settings.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_mode,
+       set_config('enable_seqscan', 'off', false) AS seqscan,
+       set_config('enable_bitmapscan', 'off', false) AS bitmapscan,
+       set_config('jit', 'off', false) AS jit,
+       set_config('synchronous_commit', 'off', false) AS synchronous_commit;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs; returns the ids it still holds.

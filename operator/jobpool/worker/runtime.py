@@ -83,6 +83,13 @@ TENANT_CHECK_EVERY = 5.0
 CLAIM_RETRY_MAX = 30.0
 """Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
 
+def pool_size(slots: int) -> int:
+    """Pooled connections of a worker with `slots` slots: one per slot (a handler's `tx`) and
+    one for outcomes written alone, lease renewals and token requests; claims have a
+    connection of their own (`QueueStore.complete_and_claim`), LISTEN another."""
+    return slots + 1
+
+
 SHUTDOWN_WRITE_TIMEOUT = 5.0
 """Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
@@ -210,7 +217,7 @@ class Worker:
             await self.background.stop()
             await self.slot_connections.close()
             if self.store is not None:
-                await self.store.pool.close()
+                await self.store.close()
 
     def not_ready(self) -> list[str]:
         """What keeps this worker from being ready (/readyz); [] when ready."""
@@ -710,13 +717,13 @@ class Worker:
         if self.store is not None and not replace:
             await self.slot_connections.fill(self.store.pool, timeout=PROBE_TIMEOUT)  # checks them
             return
-        pool = await open_live_pool(self.dsn, size=self.config.slots + 2,
+        pool = await open_live_pool(self.dsn, size=pool_size(self.config.slots),
                                     name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
         if self.store is None:
             self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
             await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
             return
-        retired, self.store.pool = self.store.pool, pool
+        retired = await self.store.replace_pool(pool)
         await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
         await retired.close()  # waiting clients get PoolClosed; used connections close on return
 

@@ -49,8 +49,9 @@ def lane_environment(pool: PoolSpec, lane: Lane, settings: Settings,
 
 PROCESSES_PER_CPU = 4
 """Cap on a local pool's processes per CPU of the machine: more only contend for the CPUs
-and the database's connections (each process holds its slots + 2), so a `minReplicas` meant
-for a cluster is refused instead of starting hundreds of processes on one host."""
+and the database's connections (each process holds its slots + 2, and LISTEN), so a
+`minReplicas` meant for a cluster is refused instead of starting hundreds of processes on one
+host."""
 
 
 def local_process_count(pool: PoolSpec, cpus: int) -> int:
