@@ -39,7 +39,7 @@ def _explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query)
     with conn.transaction(force_rollback=True):
         if claim:
-            conn.execute(QUERIES["plan_claim"].text)
+            conn.execute(QUERIES["claim_session"].text)
         lines = [row["QUERY PLAN"] for row in conn.execute(explain, params).fetchall()]
     text = "\n".join(lines)
     top = next((line for line in lines if "Buffers:" in line), "")
@@ -79,7 +79,7 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
         for _ in range(max(10, repeat * 10)):
             for label, params in (("claim_all_kinds", claim), ("claim_one_kind", one_kind)):
                 t = time.perf_counter()
-                conn.execute(QUERIES["plan_claim"].text)
+                conn.execute(QUERIES["claim_session"].text)
                 rows = conn.execute(QUERIES["claim_jobs"].text, params).fetchall()
                 conn.commit()
                 timings[label].append((time.perf_counter() - t) * 1000)
