@@ -134,6 +134,39 @@ def run_children(argvs: Sequence[Sequence[str]], env: dict[str, str],
     return elapsed
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children: the worker processes
+    of a run, once `run_children` has waited for them."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu() -> float | None:
+    """CPU seconds (user + system) of the PostgreSQL server processes of this host so far, from
+    /proc, including the backends that exited (the postmaster reaps them, and their CPU is
+    added to its children's); None where they cannot be read (a server on another host).
+    Counts every database of the server: compare runs, not absolute values, on a busy one."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    try:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()  # fields[0] is stat(5)'s field 3
+            if name.startswith("postgres"):
+                total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    except OSError:
+        return None
+    return total / ticks if total else None
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     with admin() as conn:

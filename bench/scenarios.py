@@ -13,11 +13,13 @@ from typing import Any
 from common import (
     PREFIX,
     child_env,
+    children_cpu,
     drop_database,
     load,
     percentile,
     recreate_database,
     run_children,
+    server_cpu,
     transactions,
 )
 from systems import SYSTEMS, System, now
@@ -44,8 +46,10 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * jobs, 5000))
     before = transactions(name)
     load_before = load()
+    cpu_before, server_before = children_cpu(), server_cpu()
     elapsed = run_children(system.workers(dsn, "drain", concurrency, processes), child_env(),
                            timeout=3600)
+    worker_cpu, server_after = children_cpu() - cpu_before, server_cpu()
     after = transactions(name)
     left = _left(system, dsn)
     drop_database(name)
@@ -53,6 +57,9 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
             "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
             "xacts_per_job": (after - before) / jobs, "left": left,
+            "worker_cpu_us_per_job": worker_cpu / jobs * 1e6,
+            "server_cpu_us_per_job": (server_after - server_before) / jobs * 1e6
+            if server_after is not None and server_before is not None else float("nan"),
             "load": [load_before, load()]}
 
 

@@ -8,8 +8,10 @@ from typing import Any
 from common import median
 
 FIELDS: dict[str, list[tuple[str, str]]] = {
-    "drain": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job")],
-    "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job")],
+    "drain": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
+              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+    "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
+             ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "latency": [("p50_ms", "ms"), ("p99_ms", "ms"), ("max_ms", "ms")],
     "enqueue": [("jobs_per_s", "jobs/s")],
 }
@@ -51,6 +53,8 @@ class SameRunTable:
 
     def _label(self, scenario: str, run: dict[str, Any], field: str, unit: str) -> str:
         what = {"jobs_per_s": "jobs/s", "xacts_per_job": "SQL transactions per job",
+                "worker_cpu_us_per_job": "worker CPU per job (µs)",
+                "server_cpu_us_per_job": "PostgreSQL CPU per job (µs)",
                 "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
                 "max_ms": "enqueue-to-start max (ms)"}.get(field, unit)
         if scenario in ("drain", "best"):
