@@ -129,6 +129,7 @@ async def run_pending(dsn: str, job_id: int) -> JobRecord:
         await worker.run()
     finally:
         await store.close()
+        await pool.close()
     async with await connect(dsn, autocommit=True) as conn:
         row = await get_job(conn, job_id)
     if not store.claimed:  # another process took or finished it meanwhile

@@ -81,6 +81,7 @@ async def test_batched_completion_refuses_lost_claims(conn: Conn, dsn: str,
             [Completion(stolen, 1, None), Completion(stale, 2, None), Completion(kept, 1, None)],
             kinds=["test_noop_result"], tenants=None, limit=5)
     finally:
+        await a.close()
         await pool.close()
     assert (held, more) == ({kept}, [])
     assert {i: await job(conn, i) for i in (stolen, stale)} == before

@@ -27,7 +27,8 @@ async def store(conn: Conn, dsn: str) -> AsyncIterator[QueueStore]:
     pool = open_pool(dsn, size=8)
     await pool.open()
     try:
-        yield QueueStore(pool, worker_id="host/1/claims", actor="w")
+        async with QueueStore(pool, worker_id="host/1/claims", actor="w") as store:
+            yield store
     finally:
         await pool.close()
 
@@ -144,7 +145,11 @@ async def test_concurrent_claims_never_take_one_job_twice(
             taken += [row["id"] for row in rows]
         return taken
 
-    results = await asyncio.gather(*(drain(claimer) for claimer in stores))
+    try:
+        results = await asyncio.gather(*(drain(claimer) for claimer in stores))
+    finally:
+        for claimer in stores:
+            await claimer.close()
     taken = [job_id for result in results for job_id in result]
     assert len(taken) == len(set(taken))
     assert sorted(taken) == sorted(ids)

@@ -170,6 +170,8 @@ async def test_a_worker_that_lost_its_claim_changes_nothing(conn: Conn, dsn: str
         assert await b.dead_letter(job_id, reclaimed["attempts"], error="real") is True
         assert await b.dead_letter(job_id, reclaimed["attempts"], error="again") is False
     finally:
+        await a.close()
+        await b.close()
         await pool.close()
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_dlq'"
                         " AND job_id = %s", (job_id,)) == 1
@@ -195,8 +197,8 @@ async def test_claim_orders_by_priority_then_available_at(conn: Conn, dsn: str,
     pool = open_pool(dsn, size=1)
     await pool.open()
     try:
-        store = QueueStore(pool, worker_id="h/1/a", actor="w")
-        rows = await store.claim(kinds=["test_record"], tenants=None, limit=10)
+        async with QueueStore(pool, worker_id="h/1/a", actor="w") as store:
+            rows = await store.claim(kinds=["test_record"], tenants=None, limit=10)
     finally:
         await pool.close()
     assert [r["id"] for r in rows] == [urgent, late]
@@ -218,6 +220,8 @@ async def test_claims_never_overlap(conn: Conn, dsn: str, tenant: uuid.UUID) -> 
 
         claimed = [i for ids in await asyncio.gather(*map(drain, stores)) for i in ids]
     finally:
+        for store in stores:
+            await store.close()
         await pool.close()
     assert len(claimed) == len(set(claimed)) == 300
 

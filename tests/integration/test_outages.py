@@ -103,8 +103,8 @@ async def test_a_claim_committed_unseen_is_handed_back_when_the_connection_retur
         side = open_pool(dsn, size=1)
         await side.open()
         try:  # the claim the worker did not see, under its own id
-            unseen = QueueStore(side, worker_id=w.worker_id, actor="test")
-            claimed = await unseen.claim(kinds=["test_record"], tenants=None, limit=3)
+            async with QueueStore(side, worker_id=w.worker_id, actor="test") as unseen:
+                claimed = await unseen.claim(kinds=["test_record"], tenants=None, limit=3)
         finally:
             await side.close()
         assert sorted(row["id"] for row in claimed) == ids

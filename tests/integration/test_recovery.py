@@ -64,8 +64,8 @@ async def test_a_recovered_job_keeps_its_place_in_the_queue(conn: Conn,
     pool = open_pool(str(conn.info.dsn), size=1)
     await pool.open()
     try:
-        claimed = await QueueStore(pool, worker_id="h/1/next", actor="w").claim(
-            kinds=["test_record"], tenants=None, limit=1)
+        async with QueueStore(pool, worker_id="h/1/next", actor="w") as store:
+            claimed = await store.claim(kinds=["test_record"], tenants=None, limit=1)
     finally:
         await pool.close()
     assert [row["id"] for row in claimed] == [first]
@@ -95,13 +95,13 @@ async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
     pool = open_pool(str(conn.info.dsn), size=1)
     await pool.open()
     try:
-        store = QueueStore(pool, worker_id="h/9/crashy", actor="w")
-        for _ in range(10):
-            if not await store.claim(kinds=["test_record"], tenants=None, limit=1):
-                break
-            await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '1 hour',"
-                               " heartbeat_at = NULL WHERE id = %s", (job_id,))
-            await recover_stale_claims(conn, actor="cleanup")
+        async with QueueStore(pool, worker_id="h/9/crashy", actor="w") as store:
+            for _ in range(10):
+                if not await store.claim(kinds=["test_record"], tenants=None, limit=1):
+                    break
+                await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '1 hour',"
+                                   " heartbeat_at = NULL WHERE id = %s", (job_id,))
+                await recover_stale_claims(conn, actor="cleanup")
     finally:
         await pool.close()
     row = await job(conn, job_id)

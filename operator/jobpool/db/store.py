@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -18,6 +19,9 @@ from jobpool.registry import KindSpec
 from jobpool.sql import QUERIES
 
 Row = dict[str, Any]
+
+CLAIM_APPLICATION_NAME = "jobpool-claims"
+"""The claim connection's name in pg_stat_activity (when the DSN gives none)."""
 
 CLAIM_CONNECT_TIMEOUT = 10.0
 """Seconds opening the claim connection may take before it counts as a lost connection."""
@@ -58,9 +62,10 @@ class QueueStore:
     """Queue I/O for one worker (or admin) process.
 
     Methods that take `conn` run inside the caller's transaction (a job's transaction);
-    `complete_and_claim` runs on a connection of the store's own (`close` closes it); the
-    others borrow a connection from `pool` and commit at once; a worker replaces `pool` after
-    an outage (`replace_pool`). Connections must return rows as dicts (`jobpool.db.connect`).
+    `complete_and_claim` runs on a connection of the store's own (`close`, or leaving
+    `async with`, closes it); the others borrow a connection from `pool` and commit at once;
+    a worker replaces `pool` after an outage (`replace_pool`). Connections must return rows
+    as dicts (`jobpool.db.connect`).
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str) -> None:
@@ -135,7 +140,7 @@ class QueueStore:
             return conn
         try:
             async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
-                conn = await AsyncConnection.connect(self.pool.conninfo, autocommit=True,
+                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=True,
                                                      **self._pool_kwargs())
                 await conn.execute(QUERIES["claim_session"].text)
         except TimeoutError:
@@ -143,6 +148,13 @@ class QueueStore:
                 f"no connection within {CLAIM_CONNECT_TIMEOUT:g}s") from None
         self._claimer = conn
         return conn
+
+    def _claim_conninfo(self) -> str:
+        """The pool's connection string, named `CLAIM_APPLICATION_NAME` in pg_stat_activity
+        unless it names its connections itself."""
+        params = conninfo_to_dict(self.pool.conninfo)
+        params.setdefault("application_name", CLAIM_APPLICATION_NAME)
+        return make_conninfo(**params)
 
     def _pool_kwargs(self) -> dict[str, Any]:
         """The pool's connection keywords (row factory, adapters), without autocommit."""
@@ -162,9 +174,14 @@ class QueueStore:
         return retired
 
     async def close(self) -> None:
-        """Close the claim connection and the pool."""
+        """Close the claim connection (the pool stays open: it belongs to its opener)."""
         await self._drop_claim_connection()
-        await self.pool.close()
+
+    async def __aenter__(self) -> QueueStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def _completions(self, completions: Sequence[Completion]) -> dict[str, Any]:
         return {

@@ -218,6 +218,7 @@ class Worker:
             await self.slot_connections.close()
             if self.store is not None:
                 await self.store.close()
+                await self.store.pool.close()
 
     def not_ready(self) -> list[str]:
         """What keeps this worker from being ready (/readyz); [] when ready."""
