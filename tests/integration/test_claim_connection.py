@@ -67,7 +67,8 @@ async def test_a_claim_connection_that_failed_is_replaced_by_the_next_claim(
         async with QueueStore(pool, worker_id="host/1/c", actor="w") as store:
             assert len(await store.claim(kinds=["test_record"], tenants=None, limit=1)) == 1
             [ended] = await _claim_backends(conn)
-            await conn.execute("SELECT pg_terminate_backend(%s, 5000)", (ended,))  # waits for its end
+            # with a timeout, pg_terminate_backend returns once the backend has ended
+            await conn.execute("SELECT pg_terminate_backend(%s, 5000)", (ended,))
             with pytest.raises(psycopg.OperationalError) as failed:
                 await store.claim(kinds=["test_record"], tenants=None, limit=1)
             assert lost_connection(failed.value)

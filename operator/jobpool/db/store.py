@@ -134,7 +134,8 @@ class QueueStore:
 
     async def _claim_connection(self) -> AsyncConnection[Any]:
         """The claim connection, opened (autocommit, `claim_session`) on first use or after
-        it failed, to the pool's server with the pool's connection settings."""
+        it failed, like the pool's own (`jobpool.db.connect.open_pool`: dict rows, jobpool's
+        loaders, TCP keepalives)."""
         conn = self._claimer
         if conn is not None and not conn.closed:
             return conn
@@ -149,16 +150,22 @@ class QueueStore:
         self._claimer = conn
         return conn
 
+    def _pool_kwargs(self) -> dict[str, Any]:
+        """The keywords the pool opens its connections with (row factory, adapters)."""
+        kwargs = self.pool.kwargs
+        return {k: v for k, v in kwargs.items() if k != "autocommit"} if isinstance(
+            kwargs, dict) else {}
+
     def _claim_conninfo(self) -> str:
         """The pool's connection string, named `CLAIM_APPLICATION_NAME` in pg_stat_activity
-        unless it names its connections itself."""
-        params = conninfo_to_dict(self.pool.conninfo)
+        unless it names its connections itself. Raises TypeError for a pool made without a
+        connection string (`jobpool.db.connect.open_pool` always gives one)."""
+        conninfo = self.pool.conninfo
+        if not isinstance(conninfo, str):
+            raise TypeError("the queue store's pool needs a connection string, not a function")
+        params = conninfo_to_dict(conninfo)
         params.setdefault("application_name", CLAIM_APPLICATION_NAME)
-        return make_conninfo(**params)
-
-    def _pool_kwargs(self) -> dict[str, Any]:
-        """The pool's connection keywords (row factory, adapters), without autocommit."""
-        return {k: v for k, v in (self.pool.kwargs or {}).items() if k != "autocommit"}
+        return make_conninfo("", **params)
 
     async def _drop_claim_connection(self) -> None:
         conn, self._claimer = self._claimer, None
