@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 
 import jobpool
 from jobpool.job import Job
@@ -24,6 +25,19 @@ async def noop(job: Job, tx: AsyncConnection[Any]) -> None:
 async def latency(job: Job, tx: AsyncConnection[Any]) -> None:
     """Append `now - payload.t0` (seconds, enqueue to start) to the latency file."""
     record_latency(job.payload)
+
+
+WRITES_DDL = ("CREATE TABLE IF NOT EXISTS bench_writes "
+              "(job_id bigint PRIMARY KEY, payload jsonb NOT NULL)")
+"""The table `bench_write` jobs insert into (every system's install creates it); the key makes
+a second insert for one job fail instead of hiding among the rows counted after a drain."""
+
+
+@jobpool.kind("bench_write", max_attempts=3)
+async def write(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Insert one row into `bench_writes` in the job's transaction (committed with its done)."""
+    await tx.execute("INSERT INTO bench_writes (job_id, payload) VALUES (%s, %s)",
+                     (job.id, Jsonb(job.payload)))
 
 
 def record_latency(payload: Any) -> None:

@@ -1,7 +1,9 @@
 """The peers doing the benchmark's work: PgQueuer and Procrastinate (pinned in requirements.txt).
 
-Run as a worker process: `python bench/peers.py SYSTEM MODE DSN CONCURRENCY` with MODE
-`drain` (exit once the queue is empty) or `serve` (run until SIGTERM).
+Run as a worker process: `python bench/peers.py SYSTEM MODE DSN CONCURRENCY [KIND]` with MODE
+`drain` (exit once the queue is empty) or `serve` (run until SIGTERM); KIND (`bench_noop`,
+the default, or `bench_write`) is served besides `bench_latency`. Procrastinate fetches by
+queue, not by task, so its worker has every task whatever KIND says.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 
 import asyncpg
 import procrastinate
-from bench_kinds import record_latency
+from bench_kinds import WRITES_DDL, record_latency
 from pgqueuer import AsyncpgDriver, Queries, QueueManager
+from pgqueuer.models import Context as PgqContext
 from pgqueuer.models import Job as PgqJob
 from pgqueuer.types import QueueExecutionMode
 
@@ -26,10 +29,11 @@ from pgqueuer.types import QueueExecutionMode
 
 
 async def pgqueuer_install(dsn: str) -> None:
-    """Create PgQueuer's schema."""
+    """Create PgQueuer's schema and the table `bench_write` jobs insert into."""
     conn = await asyncpg.connect(dsn)
     try:
         await Queries(AsyncpgDriver(conn)).install()
+        await conn.execute(WRITES_DDL)
     finally:
         await conn.close()
 
@@ -61,14 +65,29 @@ class PgqueuerSingle:
         await self.queries.enqueue(kind, json.dumps(payload).encode())
 
 
-async def pgqueuer_worker(dsn: str, mode: str, batch_size: int) -> None:
-    """One PgQueuer QueueManager on one asyncpg connection (its documented setup)."""
-    conn = await asyncpg.connect(dsn)
-    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+async def pgqueuer_worker(dsn: str, mode: str, batch_size: int, kind: str) -> None:
+    """One PgQueuer QueueManager on one asyncpg connection (its documented setup) serving
+    `kind` and `bench_latency`.
 
-    @qm.entrypoint("bench_noop")
+    `bench_write` inserts through an asyncpg pool (asyncpg's default size, 10) handed to the
+    handlers as a shared resource, PgQueuer's documented way to give handlers a database: the
+    insert commits on its own, apart from PgQueuer's acknowledgement of the job.
+    """
+    conn = await asyncpg.connect(dsn)
+    pool = await asyncpg.create_pool(dsn) if kind == "bench_write" else None
+    qm = QueueManager(Queries(AsyncpgDriver(conn)), resources={"pool": pool})
+
     async def noop(job: PgqJob) -> None:
         """Nothing."""
+
+    async def write(job: PgqJob, ctx: PgqContext) -> None:
+        """Insert the job's id and payload into bench_writes."""
+        await ctx.resources["pool"].execute(
+            "INSERT INTO bench_writes (job_id, payload) VALUES ($1, $2::jsonb)",
+            job.id, (job.payload or b"{}").decode())
+
+    handlers = {"bench_noop": noop, "bench_write": write}
+    qm.entrypoint(kind, accepts_context=kind == "bench_write")(handlers[kind])
 
     @qm.entrypoint("bench_latency")
     async def latency(job: PgqJob) -> None:
@@ -78,17 +97,21 @@ async def pgqueuer_worker(dsn: str, mode: str, batch_size: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, qm.shutdown.set)
-    await qm.run(
-        batch_size=batch_size, dequeue_timeout=timedelta(seconds=2),
-        mode=QueueExecutionMode.drain if mode == "drain" else QueueExecutionMode.continuous,
-    )
+    try:
+        await qm.run(
+            batch_size=batch_size, dequeue_timeout=timedelta(seconds=2),
+            mode=QueueExecutionMode.drain if mode == "drain" else QueueExecutionMode.continuous,
+        )
+    finally:
+        if pool is not None:
+            await pool.close()
 
 
 # -- Procrastinate --------------------------------------------------------------------------
 
 
 def procrastinate_app(dsn: str, pool_size: int = 10) -> procrastinate.App:
-    """An App with the benchmark's two tasks on a psycopg pool of `pool_size`."""
+    """An App with the benchmark's tasks on a psycopg pool of `pool_size`."""
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(
         conninfo=dsn, min_size=1, max_size=pool_size))
 
@@ -101,14 +124,24 @@ def procrastinate_app(dsn: str, pool_size: int = 10) -> procrastinate.App:
         """Record enqueue-to-start."""
         record_latency({"t0": t0, "warmup": warmup})
 
+    @app.task(name="bench_write", pass_context=True)
+    async def write(context: procrastinate.JobContext, **payload: Any) -> None:
+        """Insert the job's id and payload into bench_writes through the app's connector
+        (its pool; the insert commits on its own, apart from the job's status update)."""
+        assert context.job.id is not None
+        await context.app.connector.execute_query_async(
+            "INSERT INTO bench_writes (job_id, payload) VALUES (%(id)s, %(payload)s)",
+            id=context.job.id, payload=payload)
+
     return app
 
 
 async def procrastinate_install(dsn: str) -> None:
-    """Create Procrastinate's schema."""
+    """Create Procrastinate's schema and the table `bench_write` jobs insert into."""
     app = procrastinate_app(dsn)
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
+        await app.connector.execute_query_async(WRITES_DDL)
 
 
 async def procrastinate_enqueue(dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
@@ -135,9 +168,10 @@ async def procrastinate_worker(dsn: str, mode: str, concurrency: int) -> None:
 
 def main(argv: Sequence[str]) -> int:
     system, mode, dsn, concurrency = argv[0], argv[1], argv[2], int(argv[3])
+    kind = argv[4] if len(argv) > 4 else "bench_noop"
     started = time.monotonic()
     if system == "pgqueuer":
-        asyncio.run(pgqueuer_worker(dsn, mode, concurrency))
+        asyncio.run(pgqueuer_worker(dsn, mode, concurrency, kind))
     elif system == "procrastinate":
         asyncio.run(procrastinate_worker(dsn, mode, concurrency))
     else:

@@ -19,7 +19,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 VENV = BENCH / ".venv"
-SCENARIOS = ("drain", "best", "latency", "enqueue", "notify", "growth")
+SCENARIOS = ("drain", "best", "drain-write", "latency", "enqueue", "notify", "growth")
+INTERLEAVED = ("drain", "best", "drain-write", "latency", "enqueue")
+"""The scenarios run by every system in turn within each repeat, on a template per system."""
 
 
 def bootstrap() -> None:
@@ -100,15 +102,22 @@ def main() -> int:
             conc = int(best[system.name])
             return [(f"drain/{{system}}/best={conc}", drain(
                 system, tpl, args.jobs, conc, args.processes))]
+        if scenario == "drain-write":  # both settings, each handler inserting one row
+            conc = int(best[system.name])
+            default = drain(system, tpl, args.jobs, system.default_concurrency, args.processes,
+                            "bench_write")
+            top = drain(system, tpl, args.jobs, conc, args.processes, "bench_write")
+            return [("drain-write/{system}/default", {**default, "setting": "default"}),
+                    (f"drain-write/{{system}}/best={conc}", {**top, "setting": "best"})]
         if scenario == "latency":
             return [("latency/{system}", latency(system, tpl, args.rate, args.seconds))]
         return [("enqueue/{system}/single", enqueue_single(system, tpl, 2000)),
                 ("enqueue/{system}/batch5000", enqueue_batch(system, tpl, 50_000, 5000))]
 
     templates = {s.name: template(s) for s in systems
-                 if set(args.scenarios) & {"drain", "best", "latency", "enqueue"}}
+                 if set(args.scenarios) & set(INTERLEAVED)}
     for scenario in args.scenarios:
-        if scenario in ("drain", "best", "latency", "enqueue"):
+        if scenario in INTERLEAVED:
             # systems interleaved within each repeat: a change of load hits all of them
             runs: dict[str, dict[str, list[dict[str, object]]]] = {}
             for _ in range(args.repeat):

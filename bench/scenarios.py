@@ -1,4 +1,5 @@
-"""The scenarios: drain, latency, enqueue (single, batch, concurrent with NOTIFY)."""
+"""The scenarios: drain (of no-op or writing jobs), latency, enqueue (single, batch,
+concurrent with NOTIFY)."""
 
 from __future__ import annotations
 
@@ -40,23 +41,33 @@ def fresh(system: System, tpl: str, label: str) -> tuple[str, str]:
 
 
 def drain(system: System, tpl: str, jobs: int, concurrency: int,
-          processes: int = 1) -> dict[str, Any]:
-    """Enqueue `jobs` no-op jobs, then time `processes` worker processes draining them."""
+          processes: int = 1, kind: str = "bench_noop") -> dict[str, Any]:
+    """Enqueue `jobs` jobs of `kind`, then time `processes` worker processes draining them.
+
+    `kind` is `bench_noop` (payload `{}`) or `bench_write` (payload `{"n": i}`; each job inserts
+    one row into `bench_writes`). Raises RuntimeError if a `bench_write` drain leaves other
+    than `jobs` rows: a drain whose handlers silently wrote nothing would measure nothing.
+    """
     name, dsn = fresh(system, tpl, "drain")
-    asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * jobs, 5000))
+    payloads = [{"n": i} for i in range(jobs)] if kind == "bench_write" else [{}] * jobs
+    asyncio.run(system.enqueue(dsn, kind, payloads, 5000))
     before = transactions(name)
     load_before = load()
     cpu_before, server_before = children_cpu(), server_cpu()
-    elapsed = run_children(system.workers(dsn, "drain", concurrency, processes), child_env(),
-                           timeout=3600)
+    elapsed = run_children(system.workers(dsn, "drain", concurrency, processes, kind),
+                           child_env(), timeout=3600)
     worker_cpu, server_after = children_cpu() - cpu_before, server_cpu()
     after = transactions(name)
     left = _left(system, dsn)
+    written = _written(dsn)
     drop_database(name)
-    return {"system": system.name, "concurrency": concurrency, "processes": processes,
-            "jobs": jobs,
+    if kind == "bench_write" and written != jobs:
+        raise RuntimeError(f"{system.name}: {jobs} bench_write jobs drained at concurrency "
+                           f"{concurrency} inserted {written} rows")
+    return {"system": system.name, "kind": kind, "concurrency": concurrency,
+            "processes": processes, "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
-            "xacts_per_job": (after - before) / jobs, "left": left,
+            "xacts_per_job": (after - before) / jobs, "left": left, "written": written,
             "worker_cpu_us_per_job": worker_cpu / jobs * 1e6,
             "server_cpu_us_per_job": (server_after - server_before) / jobs * 1e6
             if server_after is not None and server_before is not None else float("nan"),
@@ -75,6 +86,15 @@ def _left(system: System, dsn: str) -> int:
         else:
             row = conn.execute(
                 "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'").fetchone()
+    return int(row[0]) if row else -1
+
+
+def _written(dsn: str) -> int:
+    """Rows in bench_writes (one per drained `bench_write` job)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM bench_writes").fetchone()
     return int(row[0]) if row else -1
 
 

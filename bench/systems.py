@@ -49,14 +49,17 @@ class System:
         """An enqueue-one function on an open connection, and its close function."""
         raise NotImplementedError
 
-    def worker(self, dsn: str, mode: str, concurrency: int) -> list[str]:
-        """argv of one worker process: `drain` exits when the queue is empty, `serve` runs
-        until SIGTERM."""
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop") -> list[str]:
+        """argv of one worker process serving `kind` and `bench_latency`: `drain` exits when
+        the queue is empty, `serve` runs until SIGTERM. Every run serves two kinds, so that a
+        drain of `bench_write` and one of `bench_noop` differ only in the handler."""
         raise NotImplementedError
 
-    def workers(self, dsn: str, mode: str, concurrency: int, processes: int) -> list[list[str]]:
+    def workers(self, dsn: str, mode: str, concurrency: int, processes: int,
+                kind: str = "bench_noop") -> list[list[str]]:
         """argv of each process of a run with `processes` worker processes (copies of one)."""
-        return [self.worker(dsn, mode, concurrency)] * processes
+        return [self.worker(dsn, mode, concurrency, kind)] * processes
 
 
 class Jobpool(System):
@@ -69,7 +72,9 @@ class Jobpool(System):
                 "INSERT INTO mdm.aa_tenant (id, key) VALUES (%s, 'bench') ON CONFLICT DO NOTHING",
                 (BENCH_TENANT,))
             await register_kinds(conn, [REGISTRY.get("bench_noop"),
-                                        REGISTRY.get("bench_latency")])
+                                        REGISTRY.get("bench_latency"),
+                                        REGISTRY.get("bench_write")])
+            await conn.execute(bench_kinds.WRITES_DDL)
             await conn.commit()
 
     async def enqueue(self, dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
@@ -89,15 +94,17 @@ class Jobpool(System):
 
         return one, conn.close
 
-    def worker(self, dsn: str, mode: str, concurrency: int) -> list[str]:
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop") -> list[str]:
         argv = [python(), "-m", "jobpool", "run", "--dsn", dsn, "--kinds",
-                "bench_noop,bench_latency", "--slots", str(concurrency), "--import",
+                f"{kind},bench_latency", "--slots", str(concurrency), "--import",
                 "bench_kinds", "--log-level", "warning", "--metrics-port", "0"]
         return [*argv, "--until-empty"] if mode == "drain" else argv
 
-    def workers(self, dsn: str, mode: str, concurrency: int, processes: int) -> list[list[str]]:
+    def workers(self, dsn: str, mode: str, concurrency: int, processes: int,
+                kind: str = "bench_noop") -> list[list[str]]:
         """One `jobpool run --processes N`: the worker's own multi-process mode."""
-        return [[*self.worker(dsn, mode, concurrency), "--processes", str(processes)]]
+        return [[*self.worker(dsn, mode, concurrency, kind), "--processes", str(processes)]]
 
 
 class Pgqueuer(System):
@@ -115,8 +122,9 @@ class Pgqueuer(System):
         queue = peers.PgqueuerSingle(conn)
         return queue.enqueue, conn.close
 
-    def worker(self, dsn: str, mode: str, concurrency: int) -> list[str]:
-        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency)]
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop") -> list[str]:
+        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind]
 
 
 class Procrastinate(System):
@@ -138,8 +146,10 @@ class Procrastinate(System):
 
         return one, app.close_async
 
-    def worker(self, dsn: str, mode: str, concurrency: int) -> list[str]:
-        return [python(), str(BENCH / "peers.py"), "procrastinate", mode, dsn, str(concurrency)]
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop") -> list[str]:
+        return [python(), str(BENCH / "peers.py"), "procrastinate", mode, dsn, str(concurrency),
+                kind]
 
 
 SYSTEMS: dict[str, System] = {

@@ -12,6 +12,8 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
               ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+    "drain-write": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
+                    ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "latency": [("p50_ms", "ms"), ("p99_ms", "ms"), ("max_ms", "ms")],
     "enqueue": [("jobs_per_s", "jobs/s")],
 }
@@ -57,10 +59,12 @@ class SameRunTable:
                 "server_cpu_us_per_job": "PostgreSQL CPU per job (µs)",
                 "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
                 "max_ms": "enqueue-to-start max (ms)"}.get(field, unit)
-        if scenario in ("drain", "best"):
-            setting = "default concurrency" if scenario == "drain" else "best setting"
+        if scenario in ("drain", "best", "drain-write"):
+            best = scenario == "best" or run.get("setting") == "best"
+            setting = "best setting" if best else "default concurrency"
             procs = f", {self.processes} processes" if self.processes > 1 else ""
-            return f"drain, {setting}{procs}: {what}"
+            writes = ", handler inserts a row" if scenario == "drain-write" else ""
+            return f"drain{writes}, {setting}{procs}: {what}"
         if scenario == "enqueue":
             kind = "batch of 5,000" if "batch" in run else "single"
             return f"enqueue, {kind}: {what}"
