@@ -25,6 +25,21 @@ async def record(job: Job, tx: AsyncConnection[Any]) -> None:
     )
 
 
+@jobpool.kind("test_fails_at_commit", max_attempts=1)
+async def fails_at_commit(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record this run, change the session, and write a temp table with a deferred unique
+    constraint that only COMMIT checks: with `payload.twice` the same value twice, so that
+    the job's transaction fails at its very end."""
+    await tx.execute(
+        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        (job.id, job.attempts, os.getpid()),
+    )
+    await tx.execute("SET work_mem = '1MB'")
+    await tx.execute("CREATE TEMP TABLE once (v int UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+                     " ON COMMIT DROP")
+    await tx.execute("INSERT INTO once VALUES (1), (%s)", (1 if job.payload.get("twice") else 2,))
+
+
 @jobpool.kind("test_sleep", max_attempts=3, stale_ttl=3.0, backoff_base=1.0, backoff_max=1.0)
 async def sleep(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Sleep `payload.seconds` (`payload.retry_seconds` after the first claim), then record."""

@@ -311,3 +311,26 @@ async def test_jobs_with_times_python_cannot_hold_run_and_stay_readable(
     assert shown["created_at"] > shown["completed_at"]
     assert [(r["id"], str(r["created_at"]), str(r["dlq_at"])) for r in listed] == [
         (parked, "-infinity", "infinity")]
+
+
+async def test_a_transaction_that_fails_at_commit_fails_its_job_and_leaves_the_session_clean(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The COMMIT that ends a writing job also resets its session (one round trip); when the
+    COMMIT fails, the job's writes and its `done` roll back, the job fails with the error, and
+    the next job on the same connection inherits none of its session."""
+    await prepare(conn)
+    bad = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_fails_at_commit",
+                                 payload={"twice": True}, priority=0)).id
+    good = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_fails_at_commit",
+                                  payload={"twice": False}, priority=0)).id
+    probes = [m.id for m in await jobpool.enqueue_many(
+        conn, [jobpool.NewJob(tenant, "test_session_probe")] * 3)]
+    await run_until_empty(dsn, "test_fails_at_commit", "test_session_probe", slots=1)
+    failed = await job(conn, bad)
+    assert failed["status"] == "dlq"
+    assert "UniqueViolation" in failed["last_error"]
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (bad,)) == 0
+    assert (await job(conn, good))["status"] == "done"  # its temp table dropped with the reset
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (good,)) == 1
+    assert await statuses(conn, probes) == {"done"}, [await job(conn, i) for i in probes]

@@ -152,9 +152,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     """
     if conn.closed:
         return
-    changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
-    if adapters_changed(conn):
-        changed.append("adapters (a loader or dumper of its own)")
+    changed = _client_changes(conn)
     if not changed and isinstance(conn, JobConnection) and not conn.sent_statements:
         return  # nothing reached the server: the hot path of handlers that write nothing
     try:
@@ -164,18 +162,86 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
             await conn.set_autocommit(True)  # each statement takes effect at once
             left = await last_row(await conn.execute(QUERIES["reset_session"].text,
                                                      prepare=False))
-            for name in left.get("handler_made") or ():
-                await conn.execute(sql.SQL(QUERIES["deallocate"].text).format(
-                    name=sql.Identifier(name)), prepare=False)
             await conn.set_autocommit(False)
-            if left.get("prepared", -1) >= len(conn._prepared._names):
-                return
-            changed = ["prepared statements (psycopg's own were deallocated)"]
+            changed = await _drop_handler_statements(conn, left)
     except psycopg.Error as exc:
         changed = [f"session ({type(exc).__name__}: {exc})"]
     except BaseException:
         await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
         raise
+    await _replace(conn, changed)
+
+
+COMMIT_AND_RESET = "\n".join([
+    "SET CONSTRAINTS ALL IMMEDIATE;",  # what COMMIT checks, checked first: DISCARD TEMP
+    QUERIES["reset_session"].text,     # would refuse a temp table with pending checks
+    "COMMIT;",
+])
+"""The end of a writing job's transaction and its session reset, in one query."""
+
+
+async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
+    """COMMIT a job's transaction and reset its session (`reset_session`), in one round trip.
+
+    A job whose handler wrote commits this way (`COMMIT_AND_RESET`): the deferred constraints
+    are checked, the reset's statements run at the end of the job's transaction, then COMMIT,
+    as one simple-protocol query, which saves the worker a round trip per such job. Should one
+    of them fail, the transaction rolls back as a failed COMMIT would. Raises the
+    psycopg.Error that made it fail, after rolling back and resetting the connection on its
+    own (`reset_session`, which may close it). A connection whose psycopg attributes or
+    adapters the handler changed gets a plain COMMIT, then `reset_session` (which closes it).
+    """
+    if (_client_changes(conn) or conn.closed
+            or conn.info.transaction_status != TransactionStatus.INTRANS):
+        await conn.commit()
+        await reset_session(conn)
+        return
+    try:
+        left = await last_select(await conn.execute(COMMIT_AND_RESET, prepare=False))
+    except psycopg.Error:
+        await reset_session(conn)  # rolls back what the failed COMMIT left
+        raise
+    except BaseException:
+        await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
+        raise
+    try:
+        changed = await _drop_handler_statements(conn, left)
+    except psycopg.Error as exc:
+        changed = [f"session ({type(exc).__name__}: {exc})"]
+    except BaseException:
+        await conn.close()
+        raise
+    await _replace(conn, changed)
+
+
+def _client_changes(conn: AsyncConnection[Any]) -> list[str]:
+    """What a handler changed on the psycopg side of `conn` (attributes, adapters)."""
+    changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
+    if adapters_changed(conn):
+        changed.append("adapters (a loader or dumper of its own)")
+    return changed
+
+
+async def _drop_handler_statements(conn: AsyncConnection[Any], left: dict[str, Any]) -> list[str]:
+    """Deallocate the statements a handler made with SQL PREPARE (`left["handler_made"]`, from
+    `reset_session`'s last statement); what is still wrong with the session ([] if nothing):
+    psycopg's own prepared statements gone (a handler deallocated some), or no answer."""
+    made = left.get("handler_made") or ()
+    if made:
+        await conn.set_autocommit(True)
+        for name in made:
+            await conn.execute(sql.SQL(QUERIES["deallocate"].text).format(
+                name=sql.Identifier(name)), prepare=False)
+        await conn.set_autocommit(False)
+    if left.get("prepared", -1) >= len(conn._prepared._names):
+        return []
+    return ["prepared statements (psycopg's own were deallocated)"]
+
+
+async def _replace(conn: AsyncConnection[Any], changed: list[str]) -> None:
+    """Close `conn` (the pool replaces it) when `changed` names what could not be undone."""
+    if not changed:
+        return
     log.warning("a handler changed its connection's %s; replacing the connection",
                 ", ".join(changed))
     await conn.close()
@@ -188,6 +254,18 @@ async def last_row(cur: AsyncCursor[Any]) -> dict[str, Any]:
         pass
     row = await cur.fetchone()
     return dict(row) if row is not None else {}
+
+
+async def last_select(cur: AsyncCursor[Any]) -> dict[str, Any]:
+    """The first row of the last statement of a multi-statement `cur` that returned rows
+    ({} when none did)."""
+    row: dict[str, Any] = {}
+    while True:
+        if cur.description is not None:
+            found = await cur.fetchone()
+            row = dict(found) if found is not None else {}
+        if not cur.nextset():
+            return row
 
 
 def adapters_changed(conn: AsyncConnection[Any]) -> bool:

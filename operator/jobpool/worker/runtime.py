@@ -498,7 +498,7 @@ class Worker:
                 used = tx.taken
                 if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
                     await self._complete(used, job, stored)
-                    await used.commit()
+                    await tx.commit_and_release()  # with the session reset: one round trip
                     return result
             except BaseException:
                 used = tx.taken

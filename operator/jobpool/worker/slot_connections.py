@@ -16,6 +16,7 @@ transaction, or from a pool retired after an outage is returned to its pool and 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -23,7 +24,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from jobpool.db.connect import JobConnection, reset_session
+from jobpool.db.connect import JobConnection, commit_and_reset, reset_session
 from jobpool.errors import JobpoolError
 
 log = logging.getLogger("jobpool.worker")
@@ -145,12 +146,22 @@ class LazyConnection:
     async def release(self) -> None:
         """Undo what the handler did to the connection's session (`reset_session`) and give
         it back to the slots, if it was taken."""
+        await self._give_back(reset_session)
+
+    async def commit_and_release(self) -> None:
+        """COMMIT the job's transaction, reset the session in the same round trip
+        (`commit_and_reset`) and give the connection back to the slots. Raises the
+        psycopg.Error that made the COMMIT fail (the connection reset and given back all the
+        same)."""
+        await self._give_back(commit_and_reset)
+
+    async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
         if self._conn is not None and self._pool is not None:
             conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
             if isinstance(conn, JobConnection):
                 conn.job_scope = False
             try:
-                await reset_session(conn)
+                await finish(conn)
             finally:
                 await self._slots.give_back(conn, pool)
 
