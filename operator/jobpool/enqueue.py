@@ -9,18 +9,19 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, LiteralString, NamedTuple
 
+import msgspec
 import psycopg
 from psycopg import AsyncConnection, Connection
-from psycopg.rows import dict_row
+from psycopg.rows import tuple_row
 
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.errors import UnknownKindError, UnknownTenantError
-from jobpool.payloads import decode_payload, payload_json
+from jobpool.payloads import decode_payload
 from jobpool.registry import REGISTRY
 from jobpool.sql import QUERIES
 
@@ -57,33 +58,28 @@ class Enqueued(NamedTuple):
     created: bool
 
 
-def _tenant_id(job: NewJob) -> uuid.UUID:
+def _tenant_text(job: NewJob) -> str:
+    """The job's tenant id as PostgreSQL writes a uuid; raises ValueError for a non-UUID."""
     if isinstance(job.tenant_id, uuid.UUID):
-        return job.tenant_id
+        return str(job.tenant_id)
     try:
-        return uuid.UUID(job.tenant_id)
+        return str(uuid.UUID(job.tenant_id))
     except (ValueError, AttributeError, TypeError):
         raise ValueError(f"tenant_id must be a UUID, got {job.tenant_id!r}") from None
 
 
-def _check_fields(job: NewJob) -> None:
-    if not isinstance(job.kind, str):
-        raise ValueError(f"kind must be a string, got {type(job.kind).__name__}")
+def _kind_model(kind: Any) -> type[msgspec.Struct] | None:
+    """The payload model this process registered for `kind` (None: none, or not registered
+    here). Raises ValueError for a kind that is not a string, UnknownKindError for a name no
+    kind can have."""
+    if not isinstance(kind, str):
+        raise ValueError(f"kind must be a string, got {type(kind).__name__}")
     try:
-        check_kind_name(job.kind)
+        check_kind_name(kind)
     except ValueError:
-        raise UnknownKindError(job.kind) from None
-    if not isinstance(job.payload, dict):
-        raise ValueError(
-            f"payload of a job of kind {job.kind} must be a JSON object, "
-            f"got {type(job.payload).__name__}")
-    if job.idempotency_key is not None and not (
-            isinstance(job.idempotency_key, str) and 1 <= len(job.idempotency_key) <= 512):
-        raise ValueError("idempotency_key must be a string of 1 to 512 characters, got "
-                         f"{job.idempotency_key!r:.80}")
-    check_whole("max_attempts", job.max_attempts, *MAX_ATTEMPTS_RANGE)
-    check_whole("priority", job.priority, *PRIORITY_RANGE)
-    _check_aware("available_at", job.available_at)
+        raise UnknownKindError(kind) from None
+    spec = REGISTRY.find(kind)
+    return None if spec is None else spec.payload
 
 
 def _check_aware(name: str, moment: datetime | None) -> None:
@@ -104,106 +100,172 @@ def _check_aware(name: str, moment: datetime | None) -> None:
             "connection")
 
 
-def _check_data(job: NewJob, where: str) -> None:
-    """Name the job's payload or idempotency key that PostgreSQL would refuse."""
-    try:
-        to_json_text(job.payload, name="payload")
-    except ValueError as exc:
-        raise ValueError(f"payload of a job of kind {job.kind}{where} is refused: {exc}") from None
-    problem = None if job.idempotency_key is None else text_problem(job.idempotency_key)
-    if problem is not None:
-        raise ValueError(f"idempotency_key of a job of kind {job.kind}{where} {problem}")
+def _where(index: int, count: int) -> str:
+    return f" (number {index} of the batch)" if count > 1 else ""
 
 
-def _typed(job: NewJob) -> NewJob:
-    """`job` with its payload checked against its kind's model, where this process registered
-    one, and a model instance turned into its JSON object; raises InvalidPayloadError."""
-    spec = REGISTRY.find(job.kind) if isinstance(job.kind, str) else None
-    if spec is not None and spec.payload is not None:
-        decode_payload(job.kind, spec.payload, job.payload)
-    payload = payload_json(job.payload)
-    return job if payload is job.payload else replace(job, payload=payload)
+class _Batch:
+    """The jobs of one call, checked, as the columns the enqueue statements take.
 
-
-def _params(jobs: Sequence[NewJob], actor: str | None, notify: bool) -> dict[str, Any]:
-    """The parameters of `enqueue_jobs`: the jobs as one JSON array text, checked first.
-
-    The array is serialised and checked once (each payload sits two levels deep in it);
-    only when that fails are the jobs checked one by one, to name the one at fault.
+    Each job is checked in order (the first one at fault raises): its kind, its payload
+    against the kind's model where this process registered one (InvalidPayloadError), its
+    fields (ValueError naming the field), its idempotency key's text, its tenant id. A
+    kind's checks and a tenant id's parsing run once per distinct value, not once per job.
+    The payloads are serialised and checked as one JSON array; only when that fails are they
+    checked one by one, to name the job at fault. Raises before anything is sent.
     """
-    rows = []
-    jobs = [_typed(job) for job in jobs]
-    for job in jobs:
-        _check_fields(job)
-        rows.append({
-            "tenant_id": str(_tenant_id(job)), "job_kind": job.kind, "payload": job.payload,
-            "priority": job.priority, "available_at": _json_time(job.available_at),
-            "idempotency_key": job.idempotency_key, "max_attempts": job.max_attempts})
-    try:
-        text = to_json_text(rows, name="jobs", limit=MAX_DEPTH + 2)
-    except ValueError as exc:
+
+    def __init__(self, jobs: Sequence[NewJob]) -> None:
+        models: dict[Any, type[msgspec.Struct] | None] = {}
+        tenants: dict[Any, str] = {}
+        self.tenant_ids: list[str] = []
+        self.kinds: list[str] = []
+        payloads: list[Any] = []
+        priorities: list[int | None] = []
+        times: list[datetime | None] = []
+        attempts: list[int | None] = []
+        keys: list[str | None] = []
+        count = len(jobs)
         for index, job in enumerate(jobs):
-            _check_data(job, f" (number {index} of the batch)" if len(jobs) > 1 else "")
-        raise ValueError(f"cannot enqueue: {exc}") from None
-    return {"jobs": text, "actor": actor, "notify": notify}
+            kind = job.kind
+            try:
+                model = models[kind]
+            except (KeyError, TypeError):
+                model = models[kind] = _kind_model(kind)
+            payload = job.payload
+            if model is not None:
+                decode_payload(kind, model, payload)
+            if isinstance(payload, msgspec.Struct):
+                payload = msgspec.to_builtins(payload)
+            if not isinstance(payload, dict):
+                raise ValueError(f"payload of a job of kind {kind} must be a JSON object, "
+                                 f"got {type(payload).__name__}")
+            key = job.idempotency_key
+            if key is not None:
+                if not (isinstance(key, str) and 1 <= len(key) <= 512):
+                    raise ValueError("idempotency_key must be a string of 1 to 512 characters, "
+                                     f"got {key!r:.80}")
+                problem = text_problem(key)
+                if problem is not None:
+                    raise ValueError(f"idempotency_key of a job of kind {kind}"
+                                     f"{_where(index, count)} {problem}")
+            if job.max_attempts is not None:
+                check_whole("max_attempts", job.max_attempts, *MAX_ATTEMPTS_RANGE)
+            if job.priority is not None:
+                check_whole("priority", job.priority, *PRIORITY_RANGE)
+            if job.available_at is not None:
+                _check_aware("available_at", job.available_at)
+            try:
+                tenant = tenants[job.tenant_id]
+            except KeyError:
+                tenant = tenants[job.tenant_id] = _tenant_text(job)
+            except TypeError:  # unhashable: not a UUID either
+                tenant = _tenant_text(job)
+            self.tenant_ids.append(tenant)
+            self.kinds.append(kind)
+            payloads.append(payload)
+            priorities.append(job.priority)
+            times.append(job.available_at)
+            attempts.append(job.max_attempts)
+            keys.append(key)
+        try:
+            self.payloads = to_json_text(payloads, name="payloads", limit=MAX_DEPTH + 1)
+        except ValueError as exc:
+            for index, (job, payload) in enumerate(zip(jobs, payloads, strict=True)):
+                try:
+                    to_json_text(payload, name="payload")
+                except ValueError as problem:
+                    raise ValueError(f"payload of a job of kind {job.kind}"
+                                     f"{_where(index, count)} is refused: {problem}") from None
+            raise ValueError(f"cannot enqueue: {exc}") from None
+        self.priorities = _numbers(priorities)
+        self.times = None if times.count(None) == count else times
+        self.attempts = _numbers(attempts)
+        self.keys = keys
+        self.keyed = keys.count(None) != count
+        self.identities: list[tuple[str, str, str] | None] = []
+        self._payload_values = payloads
+        if self.keyed:  # how the rows that come back name a keyed job
+            self.identities = [None if key is None else (tenant, kind, key)
+                               for tenant, kind, key in zip(self.tenant_ids, self.kinds, keys,
+                                                            strict=True)]
+
+    def statement(self, pending: list[int], actor: str | None,
+                  notify: bool) -> tuple[LiteralString, dict[str, Any]]:
+        """The statement and parameters that enqueue the jobs at `pending` (indexes, in
+        order): `enqueue_unkeyed_jobs` when none of them has an idempotency key."""
+        everything = len(pending) == len(self.kinds)
+        payloads = self.payloads
+        if not everything:  # a later round: the keyed jobs whose key's holder vanished
+            payloads = to_json_text([self._payload_values[i] for i in pending],
+                                    name="payloads", limit=MAX_DEPTH + 1)
+
+        def column(values: list[Any] | None) -> list[Any] | None:
+            if values is None or everything:
+                return values
+            return [values[i] for i in pending]
+
+        params = {"payloads": payloads, "tenant_ids": ",".join(column(self.tenant_ids) or ()),
+                  "kinds": ",".join(column(self.kinds) or ()),
+                  "priorities": column(self.priorities),
+                  "available_at": column(self.times), "max_attempts": column(self.attempts),
+                  "actor": actor, "notify": notify}
+        if not self.keyed:
+            return QUERIES["enqueue_unkeyed_jobs"].text, params
+        params["idempotency_keys"] = column(self.keys)
+        return QUERIES["enqueue_jobs"].text, params
+
+    def take_ids(self, ids: list[int], results: list[Enqueued | None]) -> None:
+        """Give the ids `enqueue_unkeyed_jobs` returned to the jobs, in batch order."""
+        if len(ids) != len(results):
+            raise RuntimeError(f"{len(ids)} jobs inserted for {len(results)} sent")
+        for index, job_id in enumerate(sorted(ids)):
+            results[index] = Enqueued(job_id, True)
+
+    def take_inserted(self, pending: list[int], inserted: list[tuple[Any, ...]],
+                      results: list[Enqueued | None]) -> list[int]:
+        """Give the rows `enqueue_jobs` inserted to the jobs at `pending`; return the keyed
+        ones still without an id (their key's holder existed)."""
+        by_key = {(row[1], row[2], row[3]): row[0] for row in inserted if row[3] is not None}
+        unkeyed = iter(sorted(row[0] for row in inserted if row[3] is None))
+        unresolved: list[int] = []
+        for index in pending:
+            identity = self.identities[index]
+            if identity is None:
+                results[index] = Enqueued(next(unkeyed), True)
+            elif identity in by_key:
+                results[index] = Enqueued(by_key.pop(identity), True)
+            else:
+                unresolved.append(index)
+        return unresolved
+
+    def lookup(self, indexes: list[int]) -> dict[str, Any]:
+        """The parameters of `find_idempotent_jobs` for the keyed jobs at `indexes`."""
+        return {"tenant_ids": [self.tenant_ids[i] for i in indexes],
+                "kinds": [self.kinds[i] for i in indexes],
+                "idempotency_keys": [self.keys[i] for i in indexes]}
+
+    def take_existing(self, pending: list[int], existing: list[tuple[Any, ...]],
+                      results: list[Enqueued | None]) -> list[int]:
+        """Give the existing jobs' ids to the keyed jobs at `pending` (created=False); return
+        the ones whose key's holder vanished in between."""
+        found = {(row[1], row[2], row[3]): row[0] for row in existing}
+        missing: list[int] = []
+        for index in pending:
+            identity = self.identities[index]
+            if identity in found:
+                results[index] = Enqueued(found[identity], False)
+            else:
+                missing.append(index)
+        return missing
 
 
-def _json_time(moment: datetime | None) -> str | None:
-    """Text PostgreSQL reads as timestamptz (`_check_fields` refused naive datetimes)."""
-    return None if moment is None else moment.isoformat()
-
-
-def _key(tenant: Any, kind: str, idem: str) -> tuple[str, str, str]:
-    return (str(tenant), kind, idem)
-
-
-def _assign(
-    jobs: Sequence[NewJob], pending: list[int], inserted: list[dict[str, Any]],
-    results: list[Enqueued | None],
-) -> list[int]:
-    """Give inserted ids to the jobs at `pending`; return the keyed ones still without an id."""
-    by_key = {
-        _key(row["tenant_id"], row["job_kind"], row["idempotency_key"]): row["id"]
-        for row in inserted if row["idempotency_key"] is not None
-    }
-    unkeyed = iter(sorted(row["id"] for row in inserted if row["idempotency_key"] is None))
-    unresolved: list[int] = []
-    for index in pending:
-        job = jobs[index]
-        if job.idempotency_key is None:
-            results[index] = Enqueued(next(unkeyed), True)
-            continue
-        key = _key(_tenant_id(job), job.kind, job.idempotency_key)
-        if key in by_key:
-            results[index] = Enqueued(by_key.pop(key), True)
-        else:
-            unresolved.append(index)
-    return unresolved
-
-
-def _assign_existing(
-    jobs: Sequence[NewJob], pending: list[int], existing: list[dict[str, Any]],
-    results: list[Enqueued | None],
-) -> list[int]:
-    found = {_key(r["tenant_id"], r["job_kind"], r["idempotency_key"]): r["id"] for r in existing}
-    missing: list[int] = []
-    for index in pending:
-        job = jobs[index]
-        assert job.idempotency_key is not None
-        key = _key(_tenant_id(job), job.kind, job.idempotency_key)
-        if key in found:
-            results[index] = Enqueued(found[key], False)
-        else:
-            missing.append(index)
-    return missing
-
-
-def _lookup_params(jobs: Sequence[NewJob], indexes: list[int]) -> dict[str, Any]:
-    return {
-        "tenant_ids": [_tenant_id(jobs[i]) for i in indexes],
-        "kinds": [jobs[i].kind for i in indexes],
-        "idempotency_keys": [jobs[i].idempotency_key for i in indexes],
-    }
+def _numbers(values: list[int | None]) -> list[int | None] | None:
+    """A column of whole numbers (None: all of them None), int subclasses as plain ints (an
+    IntEnum would be sent as its name)."""
+    if values.count(None) == len(values):
+        return None
+    return [None if value is None else int(value) for value in values]
 
 
 _FK_DETAIL = re.compile(r"Key \((?P<column>\w+)\)=\((?P<value>.*)\) is not present")
@@ -243,22 +305,25 @@ async def enqueue_many(
     """
     if not jobs:
         return []
+    batch = _Batch(jobs)
     results: list[Enqueued | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=tuple_row, binary=True) as cur:
         for _ in range(_ROUNDS):
+            query, params = batch.statement(pending, actor, notify)
             try:
-                await cur.execute(
-                    QUERIES["enqueue_jobs"].text,
-                    _params([jobs[i] for i in pending], actor, notify),
-                )
+                await cur.execute(query, params)
             except psycopg.errors.ForeignKeyViolation as exc:
                 raise _translate(exc) from exc
-            keyed = _assign(jobs, pending, await cur.fetchall(), results)
+            if not batch.keyed:
+                row = await cur.fetchone()
+                batch.take_ids((row[0] if row else None) or [], results)
+                break
+            keyed = batch.take_inserted(pending, await cur.fetchall(), results)
             if not keyed:
                 break
-            await cur.execute(QUERIES["find_idempotent_jobs"].text, _lookup_params(jobs, keyed))
-            pending = _assign_existing(jobs, keyed, await cur.fetchall(), results)
+            await cur.execute(QUERIES["find_idempotent_jobs"].text, batch.lookup(keyed))
+            pending = batch.take_existing(keyed, await cur.fetchall(), results)
             if not pending:
                 break
     return _finish(results)
@@ -290,20 +355,25 @@ def enqueue_many_sync(
     """`enqueue_many` for a synchronous psycopg connection."""
     if not jobs:
         return []
+    batch = _Batch(jobs)
     results: list[Enqueued | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=tuple_row, binary=True) as cur:
         for _ in range(_ROUNDS):
+            query, params = batch.statement(pending, actor, notify)
             try:
-                params = _params([jobs[i] for i in pending], actor, notify)
-                cur.execute(QUERIES["enqueue_jobs"].text, params)
+                cur.execute(query, params)
             except psycopg.errors.ForeignKeyViolation as exc:
                 raise _translate(exc) from exc
-            keyed = _assign(jobs, pending, cur.fetchall(), results)
+            if not batch.keyed:
+                row = cur.fetchone()
+                batch.take_ids((row[0] if row else None) or [], results)
+                break
+            keyed = batch.take_inserted(pending, cur.fetchall(), results)
             if not keyed:
                 break
-            cur.execute(QUERIES["find_idempotent_jobs"].text, _lookup_params(jobs, keyed))
-            pending = _assign_existing(jobs, keyed, cur.fetchall(), results)
+            cur.execute(QUERIES["find_idempotent_jobs"].text, batch.lookup(keyed))
+            pending = batch.take_existing(keyed, cur.fetchall(), results)
             if not pending:
                 break
     return _finish(results)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import re
 import uuid
 from datetime import UTC, datetime
@@ -277,3 +278,61 @@ async def test_fields_of_the_wrong_type_or_size_are_refused_naming_the_field(
         await jobpool.enqueue_many(conn, [jobpool.NewJob(**fields)])
     assert str(refused.value) == problem
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_batch_sets_each_jobs_own_fields_audits_and_notifies_each_kind(
+    conn: Conn, dsn: str, tenant: uuid.UUID, keyed: bool
+) -> None:
+    """Fields given on some jobs only land on those jobs; the others take the kind's
+    defaults. Ids follow the batch order; one audit row per job, one NOTIFY per kind. With
+    and without idempotency keys (two statements)."""
+    await prepare(conn)
+    when = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+    class Level(enum.IntEnum):
+        HIGH = 7
+
+    as_text = str(tenant).upper()
+    jobs = [
+        jobpool.NewJob(tenant, "test_record", {"n": 0}),
+        jobpool.NewJob(as_text, "test_record", {"n": 1}, priority=Level.HIGH),
+        jobpool.NewJob(tenant.hex, "test_record", {"n": 2}, available_at=when),
+        jobpool.NewJob(str(tenant), "test_noop", {"n": 3}, max_attempts=9,
+                       idempotency_key="k" if keyed else None),
+        jobpool.NewJob(tenant, "test_record", {"n": 4}),
+    ]
+    async with await _connect(dsn) as listener:
+        await listener.execute("LISTEN jobpool")
+        results = await jobpool.enqueue_many(conn, jobs, actor="batch-test")
+        notes = sorted([n.payload async for n in listener.notifies(timeout=2.0, stop_after=2)])
+    assert notes == ["test_noop", "test_record"]
+    assert all(r.created for r in results)
+    assert [r.id for r in results] == sorted(r.id for r in results)
+    rows = [await job(conn, r.id) for r in results]
+    assert [row["payload"] for row in rows] == [{"n": n} for n in range(5)]
+    assert {row["tenant_id"] for row in rows} == {tenant}
+    assert [row["priority"] for row in rows] == [100, 7, 100, 100, 100]
+    assert rows[2]["available_at"] == when
+    assert all(row["available_at"] < when for row in rows if row is not rows[2])
+    assert [row["max_attempts"] for row in rows] == [3, 3, 3, 9, 3]
+    assert [row["idempotency_key"] for row in rows] == [None, None, None,
+                                                        "k" if keyed else None, None]
+    cur = await conn.execute(
+        "SELECT job_id, tenant_id, actor_principal_id, payload FROM mdm.aa_audit_log"
+        " WHERE action = 'job_enqueued' ORDER BY job_id")
+    assert await cur.fetchall() == [
+        {"job_id": r.id, "tenant_id": tenant, "actor_principal_id": "batch-test",
+         "payload": {"kind": job_.kind}} for r, job_ in zip(results, jobs, strict=True)]
+
+
+async def test_a_big_batch_of_one_tenant_and_kind_comes_back_in_order(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    jobs = [jobpool.NewJob(tenant, "test_record", {"n": n}) for n in range(5000)]
+    results = await jobpool.enqueue_many(conn, jobs)
+    cur = await conn.execute("SELECT id, (payload->>'n')::int AS n FROM mdm.aa_job ORDER BY id")
+    assert [(row["id"], row["n"]) for row in await cur.fetchall()] == [
+        (r.id, n) for n, r in enumerate(results)]
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log") == 5000

@@ -1,0 +1,59 @@
+"""How a batch of NewJobs becomes the enqueue statements' columns (no database needed)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from jobpool.enqueue import NewJob, _Batch
+from jobpool.errors import UnknownKindError
+from jobpool.sql import QUERIES
+
+TENANT = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
+WHEN = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_a_batch_without_keys_takes_the_plain_insert_and_sends_no_empty_columns() -> None:
+    batch = _Batch([NewJob(TENANT, "k_one", {"n": 1}), NewJob(str(TENANT), "k_two")])
+    query, params = batch.statement([0, 1], None, True)
+    assert query == QUERIES["enqueue_unkeyed_jobs"].text
+    assert "ON CONFLICT" not in query
+    assert json.loads(params["payloads"]) == [{"n": 1}, {}]
+    assert params["tenant_ids"] == f"{TENANT},{TENANT}"
+    assert params["kinds"] == "k_one,k_two"
+    assert params["priorities"] is None and params["available_at"] is None
+    assert params["max_attempts"] is None and "idempotency_keys" not in params
+
+
+def test_a_later_round_sends_only_the_pending_jobs_columns() -> None:
+    """The keyed jobs whose key's holder vanished go again, each with its own fields."""
+    jobs = [NewJob(TENANT, "k_one", {"n": 0}, priority=1),
+            NewJob(TENANT, "k_two", {"n": 1}, idempotency_key="a", available_at=WHEN),
+            NewJob(TENANT, "k_one", {"n": 2}),
+            NewJob(TENANT, "k_three", {"n": 3}, idempotency_key="b", max_attempts=4)]
+    batch = _Batch(jobs)
+    query, params = batch.statement([1, 3], "me", False)
+    assert query == QUERIES["enqueue_jobs"].text
+    assert json.loads(params["payloads"]) == [{"n": 1}, {"n": 3}]
+    assert params["kinds"] == "k_two,k_three"
+    assert params["priorities"] == [None, None]
+    assert params["available_at"] == [WHEN, None]
+    assert params["max_attempts"] == [None, 4]
+    assert params["idempotency_keys"] == ["a", "b"]
+    assert (params["actor"], params["notify"]) == ("me", False)
+
+
+def test_the_first_job_at_fault_is_named() -> None:
+    good = NewJob(TENANT, "k_one")
+    with pytest.raises(ValueError, match=r"idempotency_key of a job of kind k_one \(number 1"):
+        _Batch([good, NewJob(TENANT, "k_one", idempotency_key="a\x00"),
+                NewJob("nope", "k_one")])
+    with pytest.raises(ValueError, match="tenant_id must be a UUID, got 'nope'"):
+        _Batch([good, NewJob("nope", "k_one"), NewJob(TENANT, "Bad")])
+    with pytest.raises(ValueError, match="tenant_id must be a UUID, got"):
+        _Batch([good, NewJob(["unhashable"], "k_one")])  # type: ignore[arg-type]
+    with pytest.raises(UnknownKindError, match="'Bad'"):
+        _Batch([good, NewJob(TENANT, "Bad"), NewJob("nope", "k_one")])
