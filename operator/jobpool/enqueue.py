@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.errors import UnknownKindError, UnknownTenantError
-from jobpool.payloads import decode_payload
+from jobpool.payloads import decode_payload, payload_json
 from jobpool.registry import REGISTRY
 from jobpool.sql import QUERIES
 
@@ -135,8 +135,7 @@ class _Batch:
             payload = job.payload
             if model is not None:
                 decode_payload(kind, model, payload)
-            if isinstance(payload, msgspec.Struct):
-                payload = msgspec.to_builtins(payload)
+            payload = payload_json(payload)
             if not isinstance(payload, dict):
                 raise ValueError(f"payload of a job of kind {kind} must be a JSON object, "
                                  f"got {type(payload).__name__}")

@@ -57,3 +57,18 @@ def test_the_first_job_at_fault_is_named() -> None:
         _Batch([good, NewJob(["unhashable"], "k_one")])  # type: ignore[arg-type]
     with pytest.raises(UnknownKindError, match="'Bad'"):
         _Batch([good, NewJob(TENANT, "Bad"), NewJob("nope", "k_one")])
+
+
+def test_both_enqueue_statements_audit_and_notify_alike() -> None:
+    """The audit row per job and the NOTIFY per kind are written once, in two statements:
+    they must not drift apart."""
+
+    def audit_and_notify(query: str) -> str:
+        return query[query.index("), audited AS ("):query.index("\nSELECT", query.index(
+            "), notified AS ("))]
+
+    unkeyed = QUERIES["enqueue_unkeyed_jobs"].text
+    keyed = QUERIES["enqueue_jobs"].text
+    assert "'job_enqueued'" in audit_and_notify(unkeyed)
+    assert "pg_notify('jobpool', job_kind)" in audit_and_notify(unkeyed)
+    assert audit_and_notify(unkeyed) == audit_and_notify(keyed)
