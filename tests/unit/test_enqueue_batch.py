@@ -64,8 +64,7 @@ def test_both_enqueue_statements_audit_and_notify_alike() -> None:
     they must not drift apart."""
 
     def audit_and_notify(query: str) -> str:
-        return query[query.index("), audited AS ("):query.index("\nSELECT", query.index(
-            "), notified AS ("))]
+        return query[query.index("), audited AS ("):query.rindex("\nSELECT")]  # the last one
 
     unkeyed = QUERIES["enqueue_unkeyed_jobs"].text
     keyed = QUERIES["enqueue_jobs"].text
