@@ -143,11 +143,14 @@ class QueueStore:
             async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
                 conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=True,
                                                      **self._pool_kwargs())
+                self._claimer = conn  # closed by `_drop_claim_connection` if the next fails
                 await conn.execute(QUERIES["claim_session"].text)
-        except TimeoutError:
-            raise psycopg.OperationalError(
-                f"no connection within {CLAIM_CONNECT_TIMEOUT:g}s") from None
-        self._claimer = conn
+        except BaseException as exc:
+            await self._drop_claim_connection()
+            if isinstance(exc, TimeoutError):
+                raise psycopg.OperationalError(
+                    f"no connection within {CLAIM_CONNECT_TIMEOUT:g}s") from None
+            raise
         return conn
 
     def _pool_kwargs(self) -> dict[str, Any]:
