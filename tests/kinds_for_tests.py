@@ -40,6 +40,22 @@ async def fails_at_commit(job: Job, tx: AsyncConnection[Any]) -> None:
     await tx.execute("INSERT INTO once VALUES (1), (%s)", (1 if job.payload.get("twice") else 2,))
 
 
+@jobpool.kind("test_slow_reset", max_attempts=1)
+async def slow_reset(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record this run, then leave a session whose reset outlasts its own statement timeout:
+    `payload.tables` temp tables for DISCARD TEMP to drop, a `statement_timeout` of
+    `payload.timeout_ms`."""
+    await tx.execute(
+        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        (job.id, job.attempts, os.getpid()),
+    )
+    tables = int(job.payload["tables"])  # no parameters: psycopg sends the text as it is
+    await tx.execute(f"DO $$ BEGIN FOR i IN 1..{tables} LOOP EXECUTE format("
+                     "'CREATE TEMP TABLE slow_reset_%s (v int)', i); END LOOP; END $$")
+    await tx.execute("SELECT set_config('statement_timeout', %s, false)",
+                     (f"{int(job.payload['timeout_ms'])}ms",))
+
+
 @jobpool.kind("test_sleep", max_attempts=3, stale_ttl=3.0, backoff_base=1.0, backoff_max=1.0)
 async def sleep(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Sleep `payload.seconds` (`payload.retry_seconds` after the first claim), then record."""

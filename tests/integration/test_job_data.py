@@ -334,3 +334,21 @@ async def test_a_transaction_that_fails_at_commit_fails_its_job_and_leaves_the_s
     assert (await job(conn, good))["status"] == "done"  # its temp table dropped with the reset
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (good,)) == 1
     assert await statuses(conn, probes) == {"done"}, [await job(conn, i) for i in probes]
+
+
+async def test_a_writing_jobs_session_is_reset_after_its_commit(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The query that ends a writing job commits first, under the handler's own settings (here
+    a statement timeout of 5 ms), then resets the session (dropping 500 temp tables takes far
+    longer, under the timeout the reset has just cleared). The job is done if and only if its
+    row committed, and the next job on that connection inherits nothing of the session."""
+    await prepare(conn)
+    slow = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_slow_reset", priority=0,
+                                  payload={"tables": 500, "timeout_ms": 5})).id
+    probes = [m.id for m in await jobpool.enqueue_many(
+        conn, [jobpool.NewJob(tenant, "test_session_probe")] * 3)]
+    await run_until_empty(dsn, "test_slow_reset", "test_session_probe", slots=1)
+    ran = await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (slow,))
+    assert ((await job(conn, slow))["status"] == "done") == (ran == 1)
+    assert await statuses(conn, probes) == {"done"}, [await job(conn, i) for i in probes]

@@ -1,6 +1,7 @@
 import pytest
 from psycopg import _queries as psycopg_queries
 
+from jobpool.db.connect import COMMIT_AND_RESET
 from jobpool.settings import Settings
 from jobpool.sql import MAX_CACHED_TEXT, QUERIES, migrations, parse_queries
 
@@ -64,6 +65,15 @@ def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
     assert MAX_CACHED_TEXT == psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
     for name in ("claim_jobs", "complete_jobs", "completed_before"):
         assert len(QUERIES[name].text.encode()) <= MAX_CACHED_TEXT, name
+
+
+def test_a_writing_job_commits_before_its_session_is_reset() -> None:
+    """Its settings (SET LOCAL synchronous_commit) apply to its COMMIT, and its session locks
+    last until its writes are visible."""
+    statements = [line.split()[0] for line in COMMIT_AND_RESET.splitlines() if line.strip()]
+    assert statements[0] == "COMMIT;"
+    assert "RESET" in statements and "UNLISTEN" in statements
+    assert COMMIT_AND_RESET.index("COMMIT;") < COMMIT_AND_RESET.index("pg_advisory_unlock_all")
 
 
 def test_duplicate_query_names_are_refused() -> None:

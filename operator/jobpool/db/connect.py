@@ -172,24 +172,22 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     await _replace(conn, changed)
 
 
-COMMIT_AND_RESET = "\n".join([
-    "SET CONSTRAINTS ALL IMMEDIATE;",  # what COMMIT checks, checked first: DISCARD TEMP
-    QUERIES["reset_session"].text,     # would refuse a temp table with pending checks
-    "COMMIT;",
-])
-"""The end of a writing job's transaction and its session reset, in one query."""
+COMMIT_AND_RESET = "COMMIT;\n" + QUERIES["reset_session"].text
+"""The end of a writing job's transaction, then its session reset, in one query. COMMIT comes
+first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
+its session advisory locks are held until its writes are visible."""
 
 
 async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
-    """COMMIT a job's transaction and reset its session (`reset_session`), in one round trip.
+    """COMMIT a job's transaction, then reset its session (`reset_session`), in one round
+    trip (`COMMIT_AND_RESET`, one simple-protocol query): a job whose handler wrote ends
+    this way, which saves the worker a round trip per such job.
 
-    A job whose handler wrote commits this way (`COMMIT_AND_RESET`): the deferred constraints
-    are checked, the reset's statements run at the end of the job's transaction, then COMMIT,
-    as one simple-protocol query, which saves the worker a round trip per such job. Should one
-    of them fail, the transaction rolls back as a failed COMMIT would. Raises the
-    psycopg.Error that made it fail, after rolling back and resetting the connection on its
-    own (`reset_session`, which may close it). A connection whose psycopg attributes or
-    adapters the handler changed gets a plain COMMIT, then `reset_session` (which closes it).
+    Raises the psycopg.Error of the first statement that failed, after resetting the
+    connection on its own (`reset_session`, which rolls back what is left and may close it).
+    The COMMIT may have gone through before a reset statement failed: the caller tells by the
+    job's row. A connection whose psycopg attributes or adapters the handler changed gets a
+    plain COMMIT, then `reset_session` (which closes it).
     """
     if (_client_changes(conn) or conn.closed
             or conn.info.transaction_status != TransactionStatus.INTRANS):
@@ -197,9 +195,9 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
         await reset_session(conn)
         return
     try:
-        left = await last_select(await conn.execute(COMMIT_AND_RESET, prepare=False))
+        left = await last_row(await conn.execute(COMMIT_AND_RESET, prepare=False))
     except psycopg.Error:
-        await reset_session(conn)  # rolls back what the failed COMMIT left
+        await reset_session(conn)
         raise
     except BaseException:
         await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
@@ -254,18 +252,6 @@ async def last_row(cur: AsyncCursor[Any]) -> dict[str, Any]:
         pass
     row = await cur.fetchone()
     return dict(row) if row is not None else {}
-
-
-async def last_select(cur: AsyncCursor[Any]) -> dict[str, Any]:
-    """The first row of the last statement of a multi-statement `cur` that returned rows
-    ({} when none did)."""
-    row: dict[str, Any] = {}
-    while True:
-        if cur.description is not None:
-            found = await cur.fetchone()
-            row = dict(found) if found is not None else {}
-        if not cur.nextset():
-            return row
 
 
 def adapters_changed(conn: AsyncConnection[Any]) -> bool:

@@ -216,6 +216,14 @@ class QueueStore:
                                                      "result": result})
         return bool(row and row["changed"])
 
+    async def committed_done(self, job_id: int, attempts: int) -> bool:
+        """Whether this worker's `done` of attempt `attempts` of job `job_id` committed (when
+        the query that ended with its COMMIT failed after it, or the answer was lost)."""
+        async with self.pool.connection() as conn:
+            rows = await fetch_all(conn, "completed_before", {
+                "ids": [job_id], "attempts": [attempts], "worker_id": self.worker_id})
+        return bool(rows)
+
     async def complete_alone(self, completion: Completion) -> bool:
         """Mark one batched completion done in a transaction of its own (after its batch
         failed, so that only the job at fault fails); False if this worker lost the claim."""

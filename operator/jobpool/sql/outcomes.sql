@@ -43,8 +43,8 @@ WITH input AS (
 SELECT id FROM done;
 
 -- name: completed_before :many
--- Of `done`s sent again after a connection failure hid the commit of the first try, those
--- that first try did commit (run only then: every batch would pay for the look-up).
+-- Of `done`s whose commit a failure hid (a connection lost, a statement after the COMMIT),
+-- those that did commit (run only then: every batch would pay for the look-up).
 SELECT j.id
   FROM mdm.aa_job j
   JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id

@@ -498,7 +498,7 @@ class Worker:
                 used = tx.taken
                 if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
                     await self._complete(used, job, stored)
-                    await tx.commit_and_release()  # with the session reset: one round trip
+                    await self._commit(tx, job)
                     return result
             except BaseException:
                 used = tx.taken
@@ -510,6 +510,24 @@ class Worker:
         if not await self._complete_later(job, stored):
             raise ClaimLost
         return result
+
+    async def _commit(self, tx: LazyConnection, job: Job) -> None:
+        """COMMIT the job's transaction and reset its session, in one round trip
+        (`commit_and_release`). When that query fails, its COMMIT may have gone through
+        before a reset statement failed (a handler's statement_timeout, say): the job's row
+        says which, and only a COMMIT that failed fails the job."""
+        assert self.store is not None
+        try:
+            await tx.commit_and_release()
+        except psycopg.Error as exc:
+            try:
+                committed = await self.store.committed_done(job.id, job.attempts)
+            except psycopg.Error:
+                raise exc from None  # unknown: the failure path's writes are compare-and-set
+            if not committed:
+                raise
+            log.warning("job %d (%s): committed, but resetting its session failed (%s)",
+                        job.id, job.job_kind, error_text(exc))
 
     async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
         """Mark the job done in its transaction; raises ClaimLost, or ResultRefused."""
