@@ -10,7 +10,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, LiteralString, NamedTuple
 
 import msgspec
@@ -82,12 +82,19 @@ def _kind_model(kind: Any) -> type[msgspec.Struct] | None:
     return None if spec is None else spec.payload
 
 
+EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
+"""The job times the schema takes (`mdm.jobpool_time_in_range`, from EARLIEST_TIME up to, not
+including, LATEST_TIME): every Python datetime of them reads back in any time zone."""
+
+
 def _check_aware(name: str, moment: datetime | None) -> None:
     """Refuse a naive datetime: PostgreSQL would read it in the session's time zone.
 
     The same wall-clock time is then a different instant on every connection whose TimeZone
     differs (hours early or late); an aware datetime (`datetime.now(UTC)`) means one instant.
-    Raises ValueError naming `name`.
+    Also refuse an instant outside the schema's range (`EARLIEST_TIME`, `LATEST_TIME`), which
+    the database would refuse with a bare check violation. Raises ValueError naming `name`.
     """
     if moment is None:
         return
@@ -98,6 +105,9 @@ def _check_aware(name: str, moment: datetime | None) -> None:
             f"{name} is a naive datetime ({moment.isoformat()}): give it a time zone, e.g. "
             "datetime.now(UTC) + timedelta(...), so that it means the same instant on every "
             "connection")
+    if not EARLIEST_TIME <= moment < LATEST_TIME:
+        raise ValueError(f"{name} {moment.isoformat()} is outside the times a job can hold "
+                         f"({EARLIEST_TIME.isoformat()} up to {LATEST_TIME.isoformat()})")
 
 
 def _where(index: int, count: int) -> str:

@@ -6,7 +6,7 @@ import asyncio
 import enum
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -229,6 +229,27 @@ async def test_naive_available_at_is_refused_everywhere(
             jobpool.enqueue_sync(sync, tenant_id=tenant, kind="test_record", available_at=NAIVE)
         with pytest.raises(ValueError, match=message):
             jobpool.enqueue_many_sync(sync, [naive_job])
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+@pytest.mark.parametrize("moment", [
+    datetime.max.replace(tzinfo=timezone(timedelta(hours=-14))),  # year 10000 in UTC
+    datetime.min.replace(tzinfo=timezone(timedelta(hours=14))),   # year 0 in UTC
+    datetime(9999, 12, 31, tzinfo=UTC),
+])
+async def test_an_available_at_the_schema_cannot_hold_is_refused_by_name(
+    conn: Conn, tenant: uuid.UUID, moment: datetime
+) -> None:
+    """The database would refuse it with a bare check violation; enqueue names the field,
+    the value and the range, for a batch as for one job, and writes nothing."""
+    await prepare(conn)
+    message = r"available_at .* is outside the times a job can hold \(0001-01-02T00:00:00\+00:00"
+    with pytest.raises(ValueError, match=message):
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", available_at=moment)
+    with pytest.raises(ValueError, match=message):
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record"),
+                                          jobpool.NewJob(tenant, "test_record",
+                                                         available_at=moment)])
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
 
 
