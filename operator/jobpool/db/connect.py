@@ -155,21 +155,22 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     changed = _client_changes(conn)
     if not changed and isinstance(conn, JobConnection) and not conn.sent_statements:
         return  # nothing reached the server: the hot path of handlers that write nothing
+    if changed:
+        await _replace(conn, changed)
+        return
     try:
-        if not changed:
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                await conn.rollback()
-            await conn.set_autocommit(True)  # each statement takes effect at once
-            left = await last_row(await conn.execute(QUERIES["reset_session"].text,
-                                                     prepare=False))
-            await conn.set_autocommit(False)
-            changed = await _drop_handler_statements(conn, left)
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.rollback()
+        await conn.set_autocommit(True)  # each statement takes effect at once
+        left = await last_row(await conn.execute(QUERIES["reset_session"].text, prepare=False))
+        await conn.set_autocommit(False)
     except psycopg.Error as exc:
-        changed = [f"session ({type(exc).__name__}: {exc})"]
+        await _replace(conn, [_session_failure(exc)])
+        return
     except BaseException:
         await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
         raise
-    await _replace(conn, changed)
+    await _finish_reset(conn, left)
 
 
 COMMIT_AND_RESET = "COMMIT;\n" + QUERIES["reset_session"].text
@@ -202,14 +203,7 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
     except BaseException:
         await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
         raise
-    try:
-        changed = await _drop_handler_statements(conn, left)
-    except psycopg.Error as exc:
-        changed = [f"session ({type(exc).__name__}: {exc})"]
-    except BaseException:
-        await conn.close()
-        raise
-    await _replace(conn, changed)
+    await _finish_reset(conn, left)
 
 
 def _client_changes(conn: AsyncConnection[Any]) -> list[str]:
@@ -218,6 +212,23 @@ def _client_changes(conn: AsyncConnection[Any]) -> list[str]:
     if adapters_changed(conn):
         changed.append("adapters (a loader or dumper of its own)")
     return changed
+
+
+async def _finish_reset(conn: AsyncConnection[Any], left: dict[str, Any]) -> None:
+    """After the reset query answered `left`: drop the handler's prepared statements, and
+    close `conn` when its session cannot be trusted (`_drop_handler_statements`)."""
+    try:
+        changed = await _drop_handler_statements(conn, left)
+    except psycopg.Error as exc:
+        changed = [_session_failure(exc)]
+    except BaseException:
+        await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
+        raise
+    await _replace(conn, changed)
+
+
+def _session_failure(exc: psycopg.Error) -> str:
+    return f"session ({type(exc).__name__}: {exc})"
 
 
 async def _drop_handler_statements(conn: AsyncConnection[Any], left: dict[str, Any]) -> list[str]:

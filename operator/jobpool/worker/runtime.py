@@ -83,15 +83,15 @@ TENANT_CHECK_EVERY = 5.0
 CLAIM_RETRY_MAX = 30.0
 """Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
 
+SHUTDOWN_WRITE_TIMEOUT = 5.0
+"""Seconds a job cancelled at the end of the grace period may take to be handed back."""
+
+
 def pool_size(slots: int) -> int:
     """Pooled connections of a worker with `slots` slots: one per slot (a handler's `tx`) and
     one for outcomes written alone, lease renewals and token requests; claims have a
     connection of their own (`QueueStore.complete_and_claim`), LISTEN another."""
     return slots + 1
-
-
-SHUTDOWN_WRITE_TIMEOUT = 5.0
-"""Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
 
 class ClaimLost(JobpoolError):

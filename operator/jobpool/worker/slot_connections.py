@@ -149,10 +149,10 @@ class LazyConnection:
         await self._give_back(reset_session)
 
     async def commit_and_release(self) -> None:
-        """COMMIT the job's transaction, reset the session in the same round trip
-        (`commit_and_reset`) and give the connection back to the slots. Raises the
-        psycopg.Error that made the COMMIT fail (the connection reset and given back all the
-        same)."""
+        """COMMIT the job's transaction, then reset the session in the same round trip
+        (`commit_and_reset`), and give the connection back to the slots. Raises the
+        psycopg.Error of the first statement that failed, the COMMIT or a reset statement
+        after it (the connection reset and given back all the same)."""
         await self._give_back(commit_and_reset)
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
