@@ -6,8 +6,8 @@
 `--extra-columns N` adds N columns that are no attribute (imported with unknown keys ignored):
 a wide file, up to the header limit of 2,000 columns.
 
-Uses the server of JOBPOOL_BENCH_DSN (default postgresql://postgres@127.0.0.1:5432/postgres)
-and a throw-away database on it. Prints one line per phase; not asserted anywhere.
+Uses the server of JOBPOOL_BENCH_DSN, else a private cluster the run starts (bench/common.py
+`server_dsn`), and a throw-away database on it. Prints one line per phase; not asserted anywhere.
 """
 
 from __future__ import annotations

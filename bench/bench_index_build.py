@@ -5,8 +5,8 @@
 Each scenario toggles the flag (the trigger enqueues the job), runs one worker until empty
 and prints the job's `ddl_seconds` (the CREATE INDEX CONCURRENTLY alone), the whole job
 time, and whether EXPLAIN shows the index serving the canonical query. Uses the server of
-JOBPOOL_BENCH_DSN (default postgresql://postgres@127.0.0.1:5432/postgres) and a throw-away
-database on it. Not asserted anywhere.
+JOBPOOL_BENCH_DSN, else a private cluster the run starts (bench/common.py `server_dsn`), and a
+throw-away database on it. Not asserted anywhere.
 """
 
 from __future__ import annotations

