@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar, worker
 from jobpool.db.connect import open_pool
-from jobpool.db.store import QueueStore
+from jobpool.db.store import Completion, QueueStore
+from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import recover_stale_claims, take_maintenance_turn
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -212,3 +215,39 @@ async def test_a_running_worker_maintains_the_queue_behind_a_backlog_at_priority
     assert (await job(conn, dead))["status"] == "pending"
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (expired,)) == 0
     assert pending >= 19  # the backlog still waited: maintenance did not queue behind it
+
+
+async def test_a_lease_not_renewed_is_lost_only_when_the_job_is_not_finishing(
+    conn: Conn, dsn: str, tenant: uuid.UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal that finds a job done by its own worker's outcome write (the renewal read the
+    held jobs just before) reports nothing; one that finds the claim taken back reports it."""
+    await prepare(conn)
+    finished, taken_back = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                            for _ in range(2)]
+    pool = open_pool(dsn, size=1)
+    await pool.open()
+    keeper = LeaseKeeper(dsn, worker_id="h/2/keeper", actor="w", lease=30.0, recover=False)
+    try:
+        async with QueueStore(pool, worker_id="h/2/keeper", actor="w") as store:
+            claimed = await store.claim(kinds=["test_record"], tenants=None, limit=2)
+            for row in claimed:
+                keeper.hold(row["id"], "test_record", timeout=60)
+            before = (await job(conn, taken_back))["lease_expires_at"]
+            await asyncio.to_thread(keeper.renew)
+            assert (await job(conn, taken_back))["lease_expires_at"] > before
+            keeper.finishing(finished)
+            assert await store.complete_alone(Completion(finished, 1, None))
+            await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '2s',"
+                               " lease_expires_at = now() - interval '1s' WHERE id = %s",
+                               (taken_back,))
+            assert [r["id"] for r in await recover_stale_claims(conn, actor="w")] == [taken_back]
+            with caplog.at_level(logging.WARNING, logger="jobpool.worker"):
+                await asyncio.to_thread(keeper.renew)
+                await asyncio.to_thread(keeper.renew)
+    finally:
+        keeper.stop()
+        await pool.close()
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert lost == [f"job {taken_back} (test_record): lease lost (recovered elsewhere); its "
+                    "result will be discarded"]

@@ -7,8 +7,8 @@ handler, a CPU-bound loop) does not let its claims lapse while the worker lives.
 long-running worker the same thread takes back lapsed claims of any worker every
 `recover_every` seconds (one worker at a time: `recovery_turn`), so a dead worker's jobs run
 again about a lease after it died. And it watches the event loop: a loop that has not run for
-`LOOP_BLOCKED_AFTER` seconds is logged, naming the job and kind whose task holds it, and again
-with the duration once it runs.
+`LOOP_BLOCKED_AFTER` seconds is logged by the thread, naming the job and kind whose task holds
+it, and again by the loop with the duration once it runs.
 
 A job's lease is renewed until its outcome is written (`finishing` marks the start of that
 write, `release` its end): a job whose row stops being running under this worker's claim
@@ -131,10 +131,19 @@ class LeaseKeeper:
         self._thread.start()
 
     async def watch_loop(self) -> None:
-        """Show the thread that the event loop runs; never returns."""
+        """Show the thread that the event loop runs, and log how long it was blocked once it
+        runs again; never returns."""
+        last = self._loop_seen = self.clock()
         while True:
-            self._loop_seen = self.clock()
             await asyncio.sleep(WATCH_EVERY)
+            now = self._loop_seen = self.clock()
+            blocked = now - last - WATCH_EVERY
+            if blocked >= LOOP_BLOCKED_AFTER:
+                log.warning("the event loop was blocked for %.1fs by %s", blocked,
+                            self._blocked_by if self._blocked_since is not None
+                            else "a task that ended before it was seen")
+            self._blocked_since = None
+            last = now
 
     def stop(self) -> None:
         """Stop the thread and close its connection (blocks up to one round: call it in a
@@ -227,19 +236,15 @@ class LeaseKeeper:
         log_recovered(rows)
 
     def _watch(self, now: float) -> None:
-        """Log the event loop blocked (what holds it) and, once it runs, for how long."""
+        """Log the event loop blocked, naming what holds it (`watch_loop` logs for how long
+        once it runs again)."""
         seen = self._loop_seen
-        if now - seen >= LOOP_BLOCKED_AFTER:
-            if self._blocked_since is None:
-                self._blocked_by = self._culprit()
-                self._blocked_since = seen
-                log.warning("the event loop has not run for %.1fs: %s blocks it (a handler must "
-                            "not call blocking code: use asyncio.to_thread); leases are "
-                            "renewed meanwhile", now - seen, self._blocked_by)
-        elif self._blocked_since is not None:
-            log.warning("the event loop was blocked for %.1fs by %s", seen - self._blocked_since,
-                        self._blocked_by)
-            self._blocked_since = None
+        if now - seen >= LOOP_BLOCKED_AFTER and self._blocked_since is None:
+            self._blocked_by = self._culprit()
+            self._blocked_since = seen
+            log.warning("the event loop has not run for %.1fs: %s blocks it (a handler must "
+                        "not call blocking code: use asyncio.to_thread); leases are renewed "
+                        "meanwhile", now - seen, self._blocked_by)
 
     def _culprit(self) -> str:
         """The job (and kind) whose task the event loop runs now, or the task's name."""
