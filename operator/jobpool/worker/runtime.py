@@ -177,7 +177,7 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
-        self.lease = min(config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values()))
+        self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty)
