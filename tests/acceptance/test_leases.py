@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
+import urllib.request
 import uuid
 from typing import Any
 
@@ -25,6 +27,17 @@ async def _wait_for(conn: Conn, query: str, params: Any, seconds: float = 60) ->
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"never true: {query} {params}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+        return response.status, response.read().decode()
 
 
 async def _stop(worker: subprocess.Popen[str]) -> str:
@@ -75,24 +88,29 @@ async def test_a_handler_blocking_the_event_loop_runs_once(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
     """test_block calls time.sleep in its async handler, four times its 1 s stale TTL, while
-    recovery runs all the time: its lease is renewed meanwhile and the job runs once; the
-    blocking is logged with the job, the kind and how long it lasted."""
+    recovery runs all the time: its lease is renewed meanwhile and the job runs once; /healthz
+    answers meanwhile; the blocking is logged with the job, the kind and how long it lasted."""
     await prepare(conn)
     blocking = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_block",
                                       payload={"seconds": 4})).id
-    w = start(dsn, *worker_args("test_block"))
+    port = _free_port()
+    w = start(dsn, *worker_args("test_block", metrics_port=port))
     await _wait_for(conn, "SELECT status = 'running' FROM mdm.aa_job WHERE id = %s",
                     (blocking,))
     leases: set[Any] = set()
     recovered: list[Any] = []
+    health: list[tuple[int, str]] = []
     while (row := await job(conn, blocking))["status"] == "running":
         leases.add(row["lease_expires_at"])
         recovered += await recover_stale_claims(conn, actor="test")
+        if len(leases) >= 2 and not health:  # renewed since the claim: the handler blocks
+            health.append(await asyncio.to_thread(_get, port, "/healthz"))
         await asyncio.sleep(0.1)
     err = await _stop(w)
 
     assert recovered == []
     assert len(leases) >= 3  # renewed while the handler held the event loop
+    assert health == [(200, '{"status": "ok"}')]  # answered from its own thread meanwhile
     row = await job(conn, blocking)
     assert (row["status"], row["attempts"]) == ("done", 1)
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
