@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -69,3 +70,16 @@ async def rate_limited_a(job: Job, tx: AsyncConnection[Any]) -> None:
 async def rate_limited_b(job: Job, tx: AsyncConnection[Any]) -> None:
     """The same for a second lane sharing a provider cap with bench_rl_a."""
     await record_start(job, tx)
+
+
+RUNS_DDL = ("CREATE TABLE IF NOT EXISTS bench_runs "
+            "(job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL)")
+"""The table `bench_sleep` jobs record each committed run in (kill_recovery.py creates it)."""
+
+
+@jobpool.kind("bench_sleep", max_attempts=20)
+async def sleep(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Sleep `payload.ms` milliseconds, then record the run in the job's transaction."""
+    await asyncio.sleep(float(job.payload["ms"]) / 1000)
+    await tx.execute("INSERT INTO bench_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
+                     (job.id, job.attempts, os.getpid()))

@@ -4,7 +4,7 @@
 
 One jobpool worker (default slots) drains `bench_noop` jobs enqueued at `--rate` per second
 (in batches every 100 ms). Every `--every` seconds the script deletes done jobs older than
-`--retention` seconds (the `cleanup_jobs` retention step with a short period, since its
+`--retention` seconds (the maintenance retention step with a short period, since its
 default is 7 days) and samples the table size, live and dead tuples, the pending backlog and
 the claim latency (claimed_at - created_at) of the jobs claimed since the last sample.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -66,6 +67,17 @@ async def sleep(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
         (job.id, job.attempts, os.getpid()),
     )
     return {"slept": job.payload.get("seconds", 1)}
+
+
+@jobpool.kind("test_block", max_attempts=3, stale_ttl=1.0)
+async def block(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Block the event loop for `payload.seconds` (a handler calling blocking code), then
+    record the run."""
+    time.sleep(float(job.payload["seconds"]))
+    await tx.execute(
+        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        (job.id, job.attempts, os.getpid()),
+    )
 
 
 @jobpool.kind("test_fail", max_attempts=2, backoff_base=2.0, backoff_max=2.0, backoff_jitter=0.0)

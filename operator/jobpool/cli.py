@@ -159,7 +159,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = WorkerConfig(
         kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
-        until_empty=args.until_empty,
+        lease_ttl=args.lease_ttl, until_empty=args.until_empty,
     )
     # a server of your own may be down or not migrated yet: the worker waits for it, serving
     # its probes; the embedded one is started (and migrated) here
@@ -397,6 +397,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     add_setting(p, settings, "slots")
     add_setting(p, settings, "grace")
     add_setting(p, settings, "poll_interval")
+    add_setting(p, settings, "lease_ttl")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE to register more kinds (repeatable)")
     p.add_argument("--until-empty", action="store_true",
@@ -425,7 +426,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                         "kind's model is refused here rather than in the worker")
     p.set_defaults(func=cmd_enqueue)
 
-    p = sub.add_parser("recover", help="recover stale claims now (what cleanup_jobs does)")
+    p = sub.add_parser("recover",
+                       help="recover lapsed claims now (workers do so every few seconds)")
     add_common_arguments(p, settings)
     add_actor(p, settings)
     p.set_defaults(func=cmd_recover)

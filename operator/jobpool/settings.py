@@ -27,6 +27,8 @@ MIN_GRACE, MAX_GRACE = 0.1, 3600.0
 """Seconds; the pool file's graceSeconds allows up to an hour as well."""
 MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
 """Seconds; below the minimum the fetch loop would query the database without pause."""
+MIN_LEASE_TTL, MAX_LEASE_TTL = 0.5, 3600.0
+"""Seconds; a shorter lease would be renewed more often than a renewal takes on a busy server."""
 MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL = 1.0, 3600.0
 """Seconds; each interval runs one counting query per pool, and an hour is no autoscaling."""
 MAX_CLAMD_STREAM = 4 * 1024**3
@@ -203,6 +205,11 @@ class Settings:
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
         "seconds between claims when no notification arrives", "--poll-interval")
+    lease_ttl: float = _setting(
+        30.0, Seconds(MIN_LEASE_TTL, MAX_LEASE_TTL),
+        "seconds a running job's claim holds without renewal (renewed every third of that, "
+        "from a thread of the worker's own): a dead worker's jobs run again about this long "
+        "after it died; capped at the kinds' stale TTLs", "--lease-ttl")
     processes: int = _setting(
         1, Whole(0, MAX_PROCESSES),
         "worker processes of one `jobpool run` (and of each lane process of a pool file), each "

@@ -154,7 +154,9 @@ async def test_a_worker_that_lost_its_claim_changes_nothing(conn: Conn, dsn: str
         b = QueueStore(pool, worker_id="host/2/b", actor="w")
         [claimed] = await a.claim(kinds=["test_fail"], tenants=None, limit=1)
         await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '1 day',"
-                           " heartbeat_at = now() - interval '1 day' WHERE id = %s", (job_id,))
+                           " heartbeat_at = now() - interval '1 day',"
+                           " lease_expires_at = now() - interval '1 hour' WHERE id = %s",
+                           (job_id,))
         assert [r["status"] for r in await recover_stale_claims(conn, actor="w")] == ["pending"]
         [reclaimed] = await b.claim(kinds=["test_fail"], tenants=None, limit=1)
         assert reclaimed["attempts"] == 2

@@ -1,18 +1,21 @@
-"""Stale-claim recovery, lease renewal, the cleanup_jobs schedule and done-job retention."""
+"""Recovery of lapsed claims, lease renewal, the maintenance schedule and done-job retention."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar, worker
 from jobpool.db.connect import open_pool
-from jobpool.db.store import QueueStore
-from jobpool.worker.maintenance import recover_stale_claims, schedule_cleanup
+from jobpool.db.store import Completion, QueueStore
+from jobpool.worker.leases import LeaseKeeper
+from jobpool.worker.maintenance import recover_stale_claims, take_maintenance_turn
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -100,7 +103,8 @@ async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
                 if not await store.claim(kinds=["test_record"], tenants=None, limit=1):
                     break
                 await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '1 hour',"
-                                   " heartbeat_at = NULL WHERE id = %s", (job_id,))
+                                   " lease_expires_at = now() - interval '1 second'"
+                                   " WHERE id = %s", (job_id,))
                 await recover_stale_claims(conn, actor="cleanup")
     finally:
         await pool.close()
@@ -108,17 +112,49 @@ async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
     assert (row["status"], row["attempts"]) == ("dlq", 3)
 
 
-async def test_cleanup_is_scheduled_once_per_slot(conn: Conn, dsn: str) -> None:
-    await prepare(conn)
-    pool = open_pool(dsn, size=2)
+async def test_the_maintenance_turn_goes_to_one_worker_per_period(dsn: str) -> None:
+    pool = open_pool(dsn, size=5)
     await pool.open()
+
+    async def turn(every: float) -> bool:
+        async with pool.connection() as conn:
+            return await take_maintenance_turn(conn, "cleanup", every)
+
     try:
-        ids = await asyncio.gather(*(schedule_cleanup(pool, 300) for _ in range(5)))
+        first = await asyncio.gather(*(turn(300) for _ in range(5)))
+        again = await asyncio.gather(*(turn(300) for _ in range(5)))
+        over = await turn(0.001)  # a period this short is over by the next call
     finally:
         await pool.close()
-    assert len([i for i in ids if i is not None]) == 1
-    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job"
-                        " WHERE job_kind = 'cleanup_jobs'") == 1
+    assert sorted(first) == [False] * 4 + [True]
+    assert again == [False] * 5
+    assert over
+
+
+async def test_recovery_follows_the_lease_whatever_the_stale_ttl(conn: Conn,
+                                                                tenant: uuid.UUID) -> None:
+    """test_record's stale TTL is 30 s: a lease that lapsed is taken back before that, a lease
+    that holds is kept however old the claim, and a lease left from an earlier claim counts
+    for nothing (the claim lapses a stale TTL after its heartbeat)."""
+    await prepare(conn)
+    lapsed, held, left_over = [
+        (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id for _ in range(3)
+    ]
+    await _running(conn, lapsed, "1 second")
+    await _running(conn, held, "1 hour")
+    await _running(conn, left_over, "5 seconds")
+    for job_id, lease in ((lapsed, "now() - interval '0.5 seconds'"),
+                          (held, "now() + interval '10 seconds'"),
+                          (left_over, "claimed_at - interval '1 second'")):
+        await conn.execute(f"UPDATE mdm.aa_job SET lease_expires_at = {lease} WHERE id = %s",
+                           (job_id,))
+
+    rows = await recover_stale_claims(conn, actor="cleanup")
+
+    assert [(r["id"], r["status"]) for r in rows] == [(lapsed, "pending")]
+    assert (await job(conn, lapsed))["lease_expires_at"] is None
+    assert (await job(conn, held))["status"] == "running"
+    assert (await job(conn, left_over))["status"] == "running"
 
 
 async def test_cleanup_job_recovers_a_stale_cleanup_job_and_expires_done_jobs(
@@ -149,16 +185,69 @@ async def test_cleanup_job_recovers_a_stale_cleanup_job_and_expires_done_jobs(
     assert (await job(conn, stale_cleanup))["status"] == "done"
 
 
-async def test_a_running_worker_schedules_cleanup(conn: Conn, dsn: str) -> None:
+async def test_a_running_worker_maintains_the_queue_behind_a_backlog_at_priority_0(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Recovery and retention do not wait in the queue: with the worker's only slot busy and
+    a backlog at priority 0 waiting, a dead worker's claim is taken back and an expired done
+    job deleted."""
     await prepare(conn)
-    w = worker(dsn, ("cleanup_jobs",), until_empty=False)
+    backlog = await jobpool.enqueue_many(conn, [
+        jobpool.NewJob(tenant, "test_sleep", {"seconds": 60}, priority=0)] * 20)
+    dead, expired = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                     for _ in range(2)]
+    await _running(conn, dead, "1 hour")
+    await conn.execute("UPDATE mdm.aa_job SET status = 'done', completed_at = now() - %s::interval"
+                       " WHERE id = %s", ("8 days", expired))
+    w = worker(dsn, ("test_sleep",), slots=1, grace=0.1, until_empty=False)
     task = asyncio.create_task(w.run())
-    for _ in range(50):
-        await asyncio.sleep(0.2)
-        if await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE job_kind = 'cleanup_jobs'"
-                        " AND status = 'done'"):
-            break
-    w.stop()
-    await task
-    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE job_kind = 'cleanup_jobs'"
-                        " AND status = 'done'") == 1
+    try:
+        for _ in range(300):
+            await asyncio.sleep(0.1)
+            if (await job(conn, dead))["status"] == "pending" and not await scalar(
+                    conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (expired,)):
+                break
+        pending = await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'pending'"
+                               " AND id = ANY(%s)", ([j.id for j in backlog],))
+    finally:
+        w.stop()
+        await task
+    assert (await job(conn, dead))["status"] == "pending"
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (expired,)) == 0
+    assert pending >= 19  # the backlog still waited: maintenance did not queue behind it
+
+
+async def test_a_lease_not_renewed_is_lost_only_when_the_job_is_not_finishing(
+    conn: Conn, dsn: str, tenant: uuid.UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal that finds a job done by its own worker's outcome write (the renewal read the
+    held jobs just before) reports nothing; one that finds the claim taken back reports it."""
+    await prepare(conn)
+    finished, taken_back = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                            for _ in range(2)]
+    pool = open_pool(dsn, size=1)
+    await pool.open()
+    keeper = LeaseKeeper(dsn, worker_id="h/2/keeper", actor="w", lease=30.0, recover=False)
+    try:
+        async with QueueStore(pool, worker_id="h/2/keeper", actor="w") as store:
+            claimed = await store.claim(kinds=["test_record"], tenants=None, limit=2)
+            for row in claimed:
+                keeper.hold(row["id"], "test_record", timeout=60)
+            before = (await job(conn, taken_back))["lease_expires_at"]
+            await asyncio.to_thread(keeper.renew)
+            assert (await job(conn, taken_back))["lease_expires_at"] > before
+            keeper.finishing(finished)
+            assert await store.complete_alone(Completion(finished, 1, None))
+            await conn.execute("UPDATE mdm.aa_job SET claimed_at = now() - interval '2s',"
+                               " lease_expires_at = now() - interval '1s' WHERE id = %s",
+                               (taken_back,))
+            assert [r["id"] for r in await recover_stale_claims(conn, actor="w")] == [taken_back]
+            with caplog.at_level(logging.WARNING, logger="jobpool.worker"):
+                await asyncio.to_thread(keeper.renew)
+                await asyncio.to_thread(keeper.renew)
+    finally:
+        keeper.stop()
+        await pool.close()
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert lost == [f"job {taken_back} (test_record): lease lost (recovered elsewhere); its "
+                    "result will be discarded"]

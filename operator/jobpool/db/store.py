@@ -23,6 +23,9 @@ Row = dict[str, Any]
 CLAIM_APPLICATION_NAME = "jobpool-claims"
 """The claim connection's name in pg_stat_activity (when the DSN gives none)."""
 
+DEFAULT_LEASE = 30.0
+"""Seconds a claim holds without renewal, unless its claimer says otherwise."""
+
 CLAIM_CONNECT_TIMEOUT = 10.0
 """Seconds opening the claim connection may take before it counts as a lost connection."""
 
@@ -68,10 +71,13 @@ class QueueStore:
     as dicts (`jobpool.db.connect`).
     """
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str,
+                 lease: float = DEFAULT_LEASE) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.actor = actor
+        self.lease = lease
+        """Seconds each claim is leased for (its claimer renews it: `jobpool.worker.leases`)."""
         self._claimer: AsyncConnection[Any] | None = None
 
     async def register_kinds(self, specs: Iterable[KindSpec]) -> None:
@@ -122,6 +128,7 @@ class QueueStore:
                 claim = await conn.execute(QUERIES["claim_jobs"].text, {
                     "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
                     "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
+                    "lease": self.lease,
                 }) if limit > 0 else None
             held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
             if before:
@@ -260,15 +267,6 @@ class QueueStore:
         async with self.pool.connection() as conn:
             return await fetch_all(conn, "release_unrun_claims",
                                    {"running": list(running), "worker_id": self.worker_id})
-
-    async def renew_leases(self, job_ids: Sequence[int]) -> set[int]:
-        """Renew the leases of `job_ids`; return those this worker still holds."""
-        if not job_ids:
-            return set()
-        async with self.pool.connection() as conn:
-            rows = await fetch_all(conn, "renew_leases", {"ids": list(job_ids),
-                                                      "worker_id": self.worker_id})
-        return {row["id"] for row in rows}
 
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:

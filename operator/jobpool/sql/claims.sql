@@ -3,7 +3,8 @@
 -- claimed_by, attempts).
 
 -- name: claim_jobs :many
--- The single-statement claim of up to %(limit)s jobs (free slots), by lane, tenants taking turns.
+-- The single-statement claim of up to %(limit)s jobs (free slots), by lane, tenants taking turns,
+-- each leased for %(lease)s seconds.
 -- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
 -- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
 -- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
@@ -91,7 +92,8 @@ claimed AS (
     -- by primary key: the plan is made once for any %(limit)s, and a join could scan the table
     UPDATE mdm.aa_job j
        SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
-           heartbeat_at = now(), attempts = j.attempts + 1
+           heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+           attempts = j.attempts + 1
      WHERE j.id = ANY (ARRAY(SELECT id FROM next))
     RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
               j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
@@ -137,8 +139,16 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_
        set_config('jit', 'off', false) AS jit,
        set_config('synchronous_commit', 'off', false) AS synchronous_commit;
 
+-- name: lease_session :one
+-- Settings of the worker's lease connection (autocommit; set once when it opens): a renewal
+-- or recovery that waits for a lock longer than a renewal period (%(timeout_ms)s ms) gives up
+-- and is tried again, rather than holding up the renewal of every other lease.
+SELECT set_config('lock_timeout', %(timeout_ms)s::text, false) AS lock_timeout,
+       set_config('statement_timeout', %(timeout_ms)s::text, false) AS statement_timeout;
+
 -- name: renew_leases :many
--- Renew the lease of this worker's running jobs; returns the ids it still holds.
+-- Renew the lease of this worker's running jobs for %(lease)s seconds from now; returns the ids
+-- it still holds.
 WITH locked AS (
     -- rows are locked in id order, as complete_jobs does, so the two never deadlock
     SELECT id
@@ -148,7 +158,8 @@ WITH locked AS (
        FOR UPDATE
 )
 UPDATE mdm.aa_job j
-   SET heartbeat_at = clock_timestamp()
+   SET heartbeat_at = clock_timestamp(),
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
   FROM locked
  WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
 RETURNING j.id;
@@ -161,7 +172,7 @@ RETURNING j.id;
 WITH released AS (
     UPDATE mdm.aa_job
        SET status = 'pending', attempts = attempts - 1,
-           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
      WHERE status = 'running' AND claimed_by = %(worker_id)s
        AND id <> ALL(%(running)s::bigint[])
     RETURNING id, job_kind

@@ -1,15 +1,25 @@
--- Queue maintenance (worker/maintenance.py): stale-claim recovery, done-job retention and
--- the schedule of the cleanup_jobs job. Parameters are psycopg's %(name)s placeholders.
+-- Queue maintenance (worker/maintenance.py, worker/leases.py): recovery of lapsed claims,
+-- done-job retention and the turns workers take at it. Parameters are psycopg's %(name)s
+-- placeholders.
+
+-- name: recovery_turn :one
+-- Whether this transaction is the one recovering claims now (workers try every few seconds;
+-- one at a time does the work, the others skip without waiting).
+SELECT pg_try_advisory_xact_lock(hashtextextended('jobpool.recover-claims', 0)) AS locked;
 
 -- name: recover_stale_claims :many
--- Take back claims whose lease expired, keeping each job's place in the queue (its
--- available_at); a job out of attempts goes to the DLQ instead.
+-- Take back claims whose lease lapsed, keeping each job's place in the queue (its
+-- available_at); a job out of attempts goes to the DLQ instead. A claim's lease is its
+-- lease_expires_at when that belongs to the claim (not before claimed_at); a claim without one
+-- lapses a stale TTL after its last heartbeat. Reads only running rows (ix_aa_job_running).
 WITH stale AS (
     SELECT j.id
       FROM mdm.aa_job j
       JOIN mdm.aa_job_kind k ON k.name = j.job_kind
      WHERE j.status = 'running'
-       AND greatest(j.claimed_at, j.heartbeat_at) < clock_timestamp() - k.stale_ttl
+       AND CASE WHEN j.lease_expires_at >= j.claimed_at THEN j.lease_expires_at
+                ELSE greatest(j.claimed_at, j.heartbeat_at) + k.stale_ttl
+           END < clock_timestamp()
        FOR UPDATE OF j SKIP LOCKED
 ), recovered AS (
     UPDATE mdm.aa_job j
@@ -17,7 +27,7 @@ WITH stale AS (
                          THEN 'dlq'::mdm.job_status ELSE 'pending'::mdm.job_status END,
            completed_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
            last_error = left(coalesce(j.last_error, ''), 4000) || ' [stale-claim recovered]',
-           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
       FROM stale
      WHERE j.id = stale.id
     RETURNING j.id, j.tenant_id, j.job_kind, j.status::text AS status, j.attempts, j.last_error
@@ -50,21 +60,11 @@ WITH doomed AS (
 )
 SELECT count(*)::int AS deleted FROM deleted;
 
--- name: schedule_cleanup :one
--- Enqueue the cleanup job of the current 5-minute slot once, however many workers ask.
-WITH slot AS (
-    SELECT to_timestamp(floor(extract(epoch FROM now()) / %(every)s) * %(every)s) AS starts
-), inserted AS (
-    INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at,
-                            idempotency_key, max_attempts)
-    SELECT '00000000-0000-0000-0000-000000000000', 'cleanup_jobs', '{}'::jsonb,
-           k.priority, slot.starts,
-           'cleanup_jobs@' || to_char(slot.starts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-           k.max_attempts
-      FROM slot JOIN mdm.aa_job_kind k ON k.name = 'cleanup_jobs'
-    ON CONFLICT (tenant_id, job_kind, idempotency_key) WHERE idempotency_key IS NOT NULL
-    DO NOTHING
-    RETURNING id
-)
-SELECT (SELECT id FROM inserted) AS id, (SELECT pg_notify('jobpool', 'cleanup_jobs')
-                                          FROM inserted) IS NOT NULL AS notified;
+-- name: take_maintenance_turn :one
+-- Take the turn at maintenance task %(task)s if it last ran %(every)s seconds ago or more (or
+-- never); returns a row to the one worker that takes it.
+INSERT INTO mdm.aa_maintenance_run AS r (task, ran_at)
+VALUES (%(task)s, clock_timestamp())
+ON CONFLICT (task) DO UPDATE SET ran_at = excluded.ran_at
+ WHERE r.ran_at <= excluded.ran_at - make_interval(secs => %(every)s)
+RETURNING r.task;

@@ -54,7 +54,8 @@ SELECT j.id
 -- Back to pending after a transient failure; the delay counts from now, not the transaction start.
 UPDATE mdm.aa_job
    SET status = 'pending', available_at = clock_timestamp() + make_interval(secs => %(delay)s),
-       last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+       last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL,
+       lease_expires_at = NULL
  WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
    AND attempts = %(attempts)s
 RETURNING id;
@@ -85,7 +86,8 @@ UPDATE mdm.aa_job
        available_at = CASE WHEN %(delay)s::float8 > 0
                            THEN clock_timestamp() + make_interval(secs => %(delay)s::float8)
                            ELSE available_at END,
-       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL,
+       lease_expires_at = NULL
  WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
    AND attempts = %(attempts)s
 RETURNING id;

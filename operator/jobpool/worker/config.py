@@ -19,8 +19,11 @@ class WorkerConfig:
     slots: jobs run at once (default 4).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
     poll_interval: seconds between claims when no NOTIFY arrives.
-    lease_interval: seconds between lease renewals (capped to a third of the shortest stale TTL).
-    cleanup_every: seconds between `cleanup_jobs` runs (default 5 minutes).
+    lease_ttl: seconds a claim holds without renewal (renewed every third of that; capped at
+        the shortest stale TTL of the kinds served): a dead worker's jobs run again about
+        this long after it died.
+    cleanup_every: seconds between runs of the periodic maintenance steps (done-job
+        retention, outbox compaction; default 5 minutes).
     until_empty: exit once nothing runnable is left (and schedule no cleanup).
     batch_completions: mark jobs whose handlers sent no statement done in batches, in the
         fetch loop's transaction (False: one transaction per job, as for every other job).
@@ -34,7 +37,7 @@ class WorkerConfig:
     slots: int = 4
     grace: float = 30.0
     poll_interval: float = 2.0
-    lease_interval: float = 10.0
+    lease_ttl: float = 30.0
     cleanup_every: float = 300.0
     until_empty: bool = False
     batch_completions: bool = True
@@ -47,7 +50,7 @@ class WorkerConfig:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if self.completion_delay < 0:
             raise ValueError(f"completion_delay must be >= 0 seconds, got {self.completion_delay}")
-        for name in ("grace", "poll_interval", "lease_interval", "cleanup_every"):
+        for name in ("grace", "poll_interval", "lease_ttl", "cleanup_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 

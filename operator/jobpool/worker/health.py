@@ -2,16 +2,19 @@
 
 /healthz: the fetch loop has beaten within `LIVENESS_TIMEOUT` seconds (else 503: restart me).
 It beats also while waiting for the database: a restart would not bring the database back.
+Served from a thread of its own, so it answers while a handler blocks the worker's loop.
 /readyz: the worker reports no problem (else 503 with the list): the database answers, the
 LISTEN connection is up, no background task is failing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -19,6 +22,8 @@ from jobpool.errors import JobpoolError
 from jobpool.metrics import CONTENT_TYPE, MetricsExposition, QueueGauges
 
 log = logging.getLogger("jobpool.worker")
+
+T = TypeVar("T")
 
 LIVENESS_TIMEOUT = 60.0
 """Seconds without a fetch-loop beat after which /healthz fails (a claim waits at most 30 s)."""
@@ -79,15 +84,43 @@ def build_app(source: HealthSource, metrics: MetricsExposition, *,
 
 
 class HealthServer:
-    """Runs `build_app` on a TCP port alongside the worker, in the same event loop."""
+    """Runs `build_app` on a TCP port alongside the worker, in a thread with an event loop of
+    its own: the probes and /metrics answer also while a handler blocks the worker's loop
+    (/healthz then tells how long the fetch loop has been silent)."""
 
     def __init__(self, source: HealthSource, metrics: MetricsExposition) -> None:
         self.app = build_app(source, metrics)
         self.metrics = metrics
         self.runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     async def start(self, *, port: int, host: str = "0.0.0.0") -> int:
         """Listen on `host:port` (0: any free port); return the port. Raises HealthServerError."""
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="jobpool-health",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            return await self._in_thread(self._listen(host, port))
+        except BaseException:
+            await asyncio.to_thread(self._end_thread)
+            raise
+
+    async def stop(self) -> None:
+        """Stop listening, close the gauges' database connection, end the thread."""
+        if self._loop is None:
+            return
+        try:
+            await self._in_thread(self._shut_down())
+        finally:
+            await asyncio.to_thread(self._end_thread)
+
+    async def _in_thread(self, work: Coroutine[Any, Any, T]) -> T:
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    async def _listen(self, host: str, port: int) -> int:
         self.runner = web.AppRunner(self.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port)
@@ -102,13 +135,20 @@ class HealthServer:
         addresses = self.runner.addresses
         return int(addresses[0][1]) if addresses else port
 
-    async def stop(self) -> None:
-        """Stop listening and close the gauges' database connection."""
+    async def _shut_down(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
         if self.metrics.gauges is not None:
             await self.metrics.gauges.close()
+
+    def _end_thread(self) -> None:
+        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
 
 async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> HealthServer | None:

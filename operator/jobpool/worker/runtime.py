@@ -55,7 +55,8 @@ from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
-from jobpool.worker.maintenance import keep_cleanup_scheduled
+from jobpool.worker.leases import LeaseKeeper
+from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.slot_connections import LazyConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
@@ -89,8 +90,8 @@ SHUTDOWN_WRITE_TIMEOUT = 5.0
 
 def pool_size(slots: int) -> int:
     """Pooled connections of a worker with `slots` slots: one per slot (a handler's `tx`) and
-    one for outcomes written alone, lease renewals and token requests; claims have a
-    connection of their own (`QueueStore.complete_and_claim`), LISTEN another."""
+    one for outcomes written alone and token requests; claims have a connection of their own
+    (`QueueStore.complete_and_claim`), LISTEN another, lease renewals a third (`LeaseKeeper`)."""
     return slots + 1
 
 
@@ -176,6 +177,10 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
+        self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
+        """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
+        self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
+                                  recover=not config.until_empty)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -207,14 +212,16 @@ class Worker:
             if not await self._wait_online():
                 return
             self.background.start("listen", self._listen)
-            self.background.start("leases", self._renew_leases)
+            self.leases.start()
+            self.background.start("loop-watch", self.leases.watch_loop)
             self.background.start("rate-limits", self._refresh_limits)
-            if "cleanup_jobs" in self.kinds and not self.config.until_empty:
-                self.background.start("cleanup", self._schedule_cleanup)
+            if not self.config.until_empty:
+                self.background.start("maintenance", self._maintain)
             await self._fetch_loop()
             await self._drain()
         finally:
             await self.background.stop()
+            await asyncio.to_thread(self.leases.stop)
             await self.slot_connections.close()
             if self.store is not None:
                 await self.store.close()
@@ -225,6 +232,8 @@ class Worker:
         problems = [self.database_problem] if self.database_problem else []
         if not self.listening:
             problems.append("LISTEN connection down")
+        if self.leases.problem:
+            problems.append(self.leases.problem)
         return problems + self.background.problems()
 
     async def _start_up(self) -> None:
@@ -412,11 +421,13 @@ class Worker:
 
     def _start(self, row: dict[str, Any]) -> None:
         job = Job.from_row(row)
+        self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
         task = asyncio.create_task(self._execute(job, row), name=f"job-{job.id}")
         self.in_flight[job.id] = task
         task.add_done_callback(lambda _: self._finished(job.id))
 
     def _finished(self, job_id: int) -> None:
+        self.leases.release(job_id)
         self.in_flight.pop(job_id, None)
         self.wake.set()
 
@@ -532,6 +543,7 @@ class Worker:
     async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
         """Mark the job done in its transaction; raises ClaimLost, or ResultRefused."""
         assert self.store is not None
+        self.leases.finishing(job.id)
         try:
             held = await self.store.complete(conn, job.id, job.attempts, stored)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
@@ -541,6 +553,7 @@ class Worker:
 
     async def _complete_later(self, job: Job, stored: str | None) -> bool:
         """Queue the job's `done` for the fetch loop's next transaction; False: claim lost."""
+        self.leases.finishing(job.id)
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.completions.append((Completion(job.id, job.attempts, stored), done))
         self._completion_queued()
@@ -579,6 +592,7 @@ class Worker:
     async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
         """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
         assert self.store is not None
+        self.leases.finishing(job.id)
         decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
                                 policy=spec.defaults.backoff, rng=self.rng)
         outcome: Outcome
@@ -610,6 +624,7 @@ class Worker:
     async def _hand_back(self, job: Job) -> None:
         store = self.store
         assert store is not None
+        self.leases.finishing(job.id)
         try:
             async with asyncio.timeout(SHUTDOWN_WRITE_TIMEOUT):
                 held = await self._record(lambda: store.release(job.id, job.attempts))
@@ -625,6 +640,7 @@ class Worker:
         """No token: back to pending until the next one is due; the attempt is not used up."""
         store = self.store
         assert store is not None
+        self.leases.finishing(job.id)
         tenant = self.limiter.tenant_label(job.tenant_id)
         self.metrics.rate_limited(tenant, job.job_kind, denied.scope)
         self._wake_in(denied.retry_after)
@@ -739,7 +755,8 @@ class Worker:
         pool = await open_live_pool(self.dsn, size=pool_size(self.config.slots),
                                     name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
         if self.store is None:
-            self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor)
+            self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor,
+                                    lease=self.lease)
             await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
             return
         retired = await self.store.replace_pool(pool)
@@ -750,37 +767,13 @@ class Worker:
         """Renew the leases of the running jobs and hand back claims this worker never ran."""
         assert self.store is not None
         async with self.claiming:
-            await self._renew_held_leases()
+            await asyncio.to_thread(self.leases.renew)
             released = await self.store.release_unrun_claims(list(self.in_flight))
         if released:
             log.warning("handed back %d job(s) claimed while the connection failed, never run: "
                         "%s", len(released), ", ".join(str(row["id"]) for row in released))
 
     # -- background ----------------------------------------------------------------------
-
-    def _lease_interval(self) -> float:
-        shortest = min(spec.defaults.stale_ttl for spec in self.specs.values())
-        return min(self.config.lease_interval, shortest / 3)
-
-    async def _renew_leases(self) -> None:
-        while True:
-            await asyncio.sleep(self._lease_interval())
-            await self.online.wait()
-            try:
-                await self._renew_held_leases()
-            except psycopg.OperationalError as exc:
-                self._database_error(exc)  # reconnecting renews them first thing
-                continue
-            self.background.healthy("leases")
-
-    async def _renew_held_leases(self) -> None:
-        assert self.store is not None
-        ids = list(self.in_flight)
-        held = await self.store.renew_leases(ids)
-        for lost in set(ids) - held:
-            if lost in self.in_flight:
-                log.warning("job %d: lease lost (recovered elsewhere); its result will be "
-                            "discarded", lost)
 
     async def _refresh_limits(self) -> None:
         """Reload the tenants' rate limits every `limiter.refresh_every` seconds (the old ones
@@ -840,11 +833,12 @@ class Worker:
             finally:
                 self.listening = False
 
-    async def _schedule_cleanup(self) -> None:
-        """Keep the current slot's `cleanup_jobs` job enqueued (worker/maintenance.py)."""
+    async def _maintain(self) -> None:
+        """Run the periodic maintenance steps when this worker's turn comes
+        (worker/maintenance.py)."""
         assert self.store is not None
-        await keep_cleanup_scheduled(
-            self.store, every=self.config.cleanup_every, online=self.online, rng=self.rng,
-            healthy=lambda: self.background.healthy("cleanup"),
+        await keep_maintained(
+            self.store, self.dsn, every=self.config.cleanup_every, online=self.online,
+            rng=self.rng, healthy=lambda: self.background.healthy("maintenance"),
             database_error=self._database_error,
         )
