@@ -55,6 +55,7 @@ from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
+from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.maintenance import keep_cleanup_scheduled
 from jobpool.worker.slot_connections import LazyConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
@@ -176,6 +177,10 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
+        where = current_settings()
+        self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
+                                   kinds=self.kinds, tenants=config.tenants, slots=config.slots,
+                                   busy=lambda: len(self.in_flight))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -207,6 +212,7 @@ class Worker:
             if not await self._wait_online():
                 return
             self.background.start("listen", self._listen)
+            self.background.start("heartbeat", self._beat)
             self.background.start("leases", self._renew_leases)
             self.background.start("rate-limits", self._refresh_limits)
             if "cleanup_jobs" in self.kinds and not self.config.until_empty:
@@ -217,6 +223,7 @@ class Worker:
             await self.background.stop()
             await self.slot_connections.close()
             if self.store is not None:
+                await self.heartbeat.forget(self.store.pool)
                 await self.store.close()
                 await self.store.pool.close()
 
@@ -289,6 +296,7 @@ class Worker:
             free = self.config.slots - len(self.in_flight) + len(batch)
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await self._complete_and_claim(batch, free)
+                self.heartbeat.claimed(claimed)
                 for row in claimed:
                     self._start(row)
             if not self.online.is_set():
@@ -662,6 +670,8 @@ class Worker:
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
         ran = outcome != "rate_limited"
+        if outcome == "done":
+            self.heartbeat.completed()
         self.metrics.observe(
             job.job_kind, outcome,
             claim_latency=(job.claimed_at - job.created_at).total_seconds() if ran else None,
@@ -839,6 +849,14 @@ class Worker:
                 await asyncio.sleep(self._reconnect_pause(failures))
             finally:
                 self.listening = False
+
+    async def _beat(self) -> None:
+        """Keep this worker's row in the registry of live workers fresh (worker/heartbeat.py)."""
+        store = self.store
+        assert store is not None
+        await self.heartbeat.run(
+            lambda: store.pool, online=self.online, database_error=self._database_error,
+            healthy=lambda: self.background.healthy("heartbeat"))
 
     async def _schedule_cleanup(self) -> None:
         """Keep the current slot's `cleanup_jobs` job enqueued (worker/maintenance.py)."""
