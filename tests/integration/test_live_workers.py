@@ -20,6 +20,7 @@ from jobpool import settings
 from jobpool.api.overview import gather_overview
 from jobpool.db.live_workers import live_workers
 from jobpool.enqueue import NewJob, enqueue_many
+from jobpool.metrics import QueueGauges
 from jobpool.worker import heartbeat
 from jobpool.worker.runtime import Worker
 
@@ -171,3 +172,35 @@ async def _tenant(conn: Conn) -> uuid.UUID:
     row = await cur.fetchone()
     assert row is not None
     return uuid.UUID(str(row["id"]))
+
+
+async def test_the_gauges_count_live_workers_per_lane_and_jobs_without_a_live_holder(
+    dsn: str, ready: Conn
+) -> None:
+    await ready.execute(
+        "INSERT INTO mdm.aa_worker (worker_id, host, pid, pool, lane, kinds, tenants, slots, "
+        "busy_slots, heartbeat_at) VALUES "
+        "('a/1/x', 'a', 1, 'mdm-jobs', 'default', '{test_sleep}', '{}', 4, 3, now()), "
+        "('b/2/y', 'b', 2, 'mdm-jobs', 'default', '{test_sleep}', '{}', 4, 1, now()), "
+        "('c/3/z', 'c', 3, NULL, NULL, '{test_sleep}', '{}', 2, 0, now()), "
+        "('d/4/w', 'd', 4, 'mdm-jobs', 'default', '{test_sleep}', '{}', 8, 8, "
+        " now() - interval '5 minutes')")
+    jobs = await enqueue_many(ready, [NewJob(await _tenant(ready), "test_sleep", {})
+                                      for _ in range(3)])
+    for job, holder in zip(jobs, ("a/1/x", "d/4/w", "gone/5/v"), strict=True):
+        await ready.execute("UPDATE mdm.aa_job SET status = 'running', claimed_by = %s, "
+                            "claimed_at = now(), attempts = 1 WHERE id = %s", (holder, job.id))
+    gauges = QueueGauges(dsn, max_age=0)
+    try:
+        await gauges.refresh()
+    finally:
+        await gauges.close()
+    samples = {(family.name, tuple(sample.labels.values())): sample.value
+               for family in gauges.collect() for sample in family.samples}
+    assert {key: value for key, value in samples.items()
+            if key[0].startswith("mdm_worker")} == {
+        ("mdm_workers_live", ("", "")): 1, ("mdm_workers_live", ("mdm-jobs", "default")): 2,
+        ("mdm_worker_slots", ("", "")): 2, ("mdm_worker_slots", ("mdm-jobs", "default")): 8,
+        ("mdm_worker_slots_busy", ("", "")): 0,
+        ("mdm_worker_slots_busy", ("mdm-jobs", "default")): 4}
+    assert samples[("mdm_jobs_running_without_live_holder", ())] == 2

@@ -56,3 +56,20 @@ SELECT j.id, t.key AS tenant, j.job_kind AS kind, j.claimed_by AS holder, j.clai
    AND (%(tenants)s::text[] IS NULL OR t.key = ANY(%(tenants)s::text[]))
  ORDER BY j.claimed_at, j.id
  LIMIT %(limit)s;
+
+-- name: live_worker_gauges :one
+-- The live workers per pool and lane (workers, slots, busy slots) as one JSON array, and the running jobs whose holder no longer beats.
+SELECT coalesce((SELECT jsonb_agg(to_jsonb(g) ORDER BY g.pool, g.lane)
+                   FROM (SELECT coalesce(pool, '') AS pool, coalesce(lane, '') AS lane,
+                                count(*) AS workers, sum(slots) AS slots,
+                                sum(busy_slots) AS busy
+                           FROM mdm.aa_worker
+                          WHERE heartbeat_at >= now() - make_interval(secs => %(dead_after)s)
+                          GROUP BY 1, 2) AS g), '[]'::jsonb) AS lanes,
+       (SELECT count(*)
+          FROM mdm.aa_job j
+         WHERE j.status = 'running'
+           AND NOT EXISTS (SELECT 1 FROM mdm.aa_worker w
+                            WHERE w.worker_id = j.claimed_by
+                              AND w.heartbeat_at >= now() - make_interval(
+                                  secs => %(dead_after)s))) AS unheld;
