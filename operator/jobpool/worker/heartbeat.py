@@ -1,7 +1,8 @@
 """A worker's row in the registry of live workers (`jobpool.db.live_workers`), kept fresh.
 
-The fetch loop tells `Heartbeat` of each claim and each job done (in memory, no I/O); its
-background task writes the worker's state every `HEARTBEAT_EVERY` seconds in one UPDATE,
+The worker registers at its start-up, before its first claim. The fetch loop tells
+`Heartbeat` of each claim and each job done (in memory, no I/O); its background task writes
+the worker's state every `HEARTBEAT_EVERY` seconds in one UPDATE,
 registers again when its row was deleted as dead (after an outage longer than `DEAD_AFTER`),
 and deletes the rows of dead workers once a minute. `forget` deletes the worker's own row at
 a clean exit.
@@ -118,18 +119,19 @@ class Heartbeat:
                   online: asyncio.Event, healthy: Callable[[], None],
                   database_error: Callable[[psycopg.Error], None]) -> None:
         """Beat every `HEARTBEAT_EVERY` seconds while the database answers (`pool()` gives
-        the worker's current pool: it is replaced after an outage)."""
+        the worker's current pool: it is replaced after an outage); the worker's start-up
+        beat registered it."""
         beats = 0
         while True:
+            await asyncio.sleep(HEARTBEAT_EVERY)
             await online.wait()
             try:
-                await self.beat(pool(), prune=beats % PRUNE_EVERY == 0)
+                await self.beat(pool(), prune=beats % PRUNE_EVERY == PRUNE_EVERY - 1)
             except psycopg.OperationalError as exc:
                 database_error(exc)
             else:
                 beats += 1
                 healthy()
-            await asyncio.sleep(HEARTBEAT_EVERY)
 
     async def forget(self, pool: AsyncConnectionPool[Any]) -> None:
         """Delete this worker's row (a clean exit); a failure leaves it to die with its

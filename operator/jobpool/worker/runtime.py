@@ -235,9 +235,11 @@ class Worker:
         return problems + self.background.problems()
 
     async def _start_up(self) -> None:
-        """Register the kinds, find the lane's tenants, load the rate limits."""
+        """Register the kinds and this worker (before its first claim, so that its jobs
+        never show a holder that is not live), find the lane's tenants, load the rate limits."""
         assert self.store is not None
         await self.store.register_kinds(self.specs.values())
+        await self.heartbeat.beat(self.store.pool)
         if self.config.tenants:
             found, missing = await self._find_tenants(self.config.tenants)
             self.tenant_ids = list(found.values())
