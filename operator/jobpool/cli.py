@@ -312,10 +312,51 @@ async def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from jobpool.api.api_command import pool_file_lanes
+    from jobpool.api.overview import gather_overview
+
+    lanes = pool_file_lanes(args.pool) if args.pool else []
     async with await open_database(settings) as conn:
         rows = await admin.job_counts(conn)
-    _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], args.json)
+        live = await gather_overview(conn, tenants=None, lanes=lanes)
+    if args.json:
+        print(json.dumps({"counts": rows, "lanes": live["activity"], "workers": live["workers"],
+                          "running": live["running"]}, default=str, indent=2))
+        return 0
+    _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], False)
+    _print_lanes(live)
     return 0
+
+
+def _print_lanes(live: dict[str, Any]) -> None:
+    """The lanes (live workers, slots, rates, ready backlog), why their backlogs wait, and
+    the running jobs, as `jobpool status` shows them after the counts."""
+    from jobpool.core.lane_activity import duration_text
+
+    def lane(name: str | None) -> str:
+        return "(no lane)" if name is None else name
+
+    print("\nlanes (live workers from their heartbeats; rates over the last minute)")
+    _print_rows([{
+        "lane": lane(a["lane"]), "workers": a["workers"], "busy": f"{a['busy']}/{a['slots']}",
+        "free": a["free"], "claims/min": a["claims_per_minute"],
+        "done/min": a["completions_per_minute"], "ready": a["ready"],
+        "oldest ready waits": "" if a["oldest_ready"] is None else (
+            f"{duration_text(a['oldest_ready']['wait_seconds'])} "
+            f"({a['oldest_ready']['tenant']} {a['oldest_ready']['kind']})"),
+    } for a in live["activity"]], ["lane", "workers", "busy", "free", "claims/min", "done/min",
+                                   "ready", "oldest ready waits"], False)
+    for a in live["activity"]:
+        if a["explanation"]:
+            print(f"  {lane(a['lane'])}: {a['explanation']}")
+    print("\nrunning jobs (longest-running first)")
+    _print_rows([{
+        "id": j["id"], "kind": j["kind"], "tenant": j["tenant"],
+        "lane": lane(j["lane"]) if j["holder_live"] else "-",
+        "running for": duration_text(j["age_seconds"]),
+        "holder": j["holder"] if j["holder_live"] else f"{j['holder']} (not live)",
+    } for j in live["running"]], ["id", "kind", "tenant", "lane", "running for", "holder"],
+        False)
 
 
 async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
@@ -466,9 +507,12 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("id", type=_job_id)
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
-    p = sub.add_parser("status", help="job counts per tenant, kind and status")
+    p = sub.add_parser("status", help="job counts per tenant, kind and status; per lane its "
+                                      "live workers, busy slots, rates and running jobs")
     add_common_arguments(p, settings)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--pool", metavar="FILE",
+                   help="a JobWorkerPool file: also show its lanes that no live worker serves")
     p.set_defaults(func=cmd_status)
 
     tenants = sub.add_parser("tenants", help="add or list tenants")

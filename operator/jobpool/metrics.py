@@ -6,6 +6,9 @@ kind) come from one snapshot for the whole pool (`queue_gauge_snapshot`): the fi
 find it older than `GAUGE_MAX_AGE` seconds recomputes it, every other worker reads it, so the
 database counts the queue once per interval whatever the number of workers. Every worker
 reports the whole queue, so aggregate the gauges with `max by (tenant, kind)`, never `sum`.
+The live-worker gauges (`mdm_workers_live`, `mdm_worker_slots`, `mdm_worker_slots_busy` per
+pool and lane, `mdm_jobs_running_without_live_holder`) come from the registry of live workers
+(`jobpool.db.live_workers`), read with the snapshot: they too are the whole pool's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
 from jobpool.db.connect import with_tcp_liveness
+from jobpool.db.live_workers import DEAD_AFTER
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool.metrics")
@@ -49,6 +53,15 @@ QUEUE_GAUGES = (
      "Seconds since the oldest ready job became available (0 when none is ready)."),
 )
 """(metric, query column, help) of the per-(tenant, kind) gauges."""
+
+WORKER_GAUGES = (
+    ("mdm_workers_live", "workers", "Workers whose heartbeat is recent."),
+    ("mdm_worker_slots", "slots", "Slots of the live workers."),
+    ("mdm_worker_slots_busy", "busy", "Slots of the live workers running a job."),
+)
+"""(metric, query column, help) of the per-(pool, lane) gauges of the live workers."""
+
+UNHELD_GAUGE = "mdm_jobs_running_without_live_holder"
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -148,6 +161,8 @@ class QueueGauges(Collector):
         self.max_age = max_age
         self.clock = clock
         self.rows: list[dict[str, Any]] = []
+        self.lanes: list[dict[str, Any]] = []
+        self.unheld: int | None = None
         self.fetched_at: float | None = None
         self.taken_at: float | None = None
         self.computed = 0
@@ -164,6 +179,9 @@ class QueueGauges(Collector):
                 cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
                                          {"max_age": self.max_age})
                 row = await cur.fetchone()
+                cur = await conn.execute(QUERIES["live_worker_gauges"].text,
+                                         {"dead_after": DEAD_AFTER})
+                workers = await cur.fetchone()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
                 await self.close()
@@ -172,6 +190,8 @@ class QueueGauges(Collector):
                 log.warning("queue gauges not refreshed: no snapshot row (run `jobpool migrate`)")
                 return
             now = self.clock()
+            if workers is not None:
+                self.lanes, self.unheld = list(workers["lanes"]), int(workers["unheld"])
             self.rows = list(row["gauges"])
             self.fetched_at = now
             self.taken_at = now - float(row["age"])
@@ -200,6 +220,16 @@ class QueueGauges(Collector):
             for row in self.rows:
                 family.add_metric([str(row["tenant"]), str(row["kind"])], float(row[column]))
             yield family
+        for name, column, text in WORKER_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["pool", "lane"])
+            for lane in self.lanes:
+                family.add_metric([str(lane["pool"]), str(lane["lane"])], float(lane[column]))
+            yield family
+        unheld = GaugeMetricFamily(UNHELD_GAUGE, "Running jobs whose holder no longer beats "
+                                   "(they wait for stale-claim recovery).")
+        if self.unheld is not None:
+            unheld.add_metric([], float(self.unheld))
+        yield unheld
         age = GaugeMetricFamily("mdm_jobs_gauges_age_seconds",
                                 "Seconds since the queue gauges were counted in the database.")
         if self.taken_at is not None:

@@ -224,11 +224,12 @@ class Settings:
         "[Rate limits](#rate-limits); on Kubernetes and in a local run of a pool file, from "
         "the lane's rateLimits")
     pool: str | None = _setting(
-        None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line; set "
-        "by the operator and by `jobpool run pool.yaml`")
+        None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line and "
+        "its row among the live workers; set by the operator and by `jobpool run pool.yaml`")
     lane: str | None = _setting(
-        None, Text(), "the lane a worker belongs to, named in its start log line; set by the "
-        "operator and by `jobpool run pool.yaml`")
+        None, Text(), "the lane a worker belongs to, named in its start log line and its row "
+        "among the live workers (the console groups workers by it); set by the operator and by "
+        "`jobpool run pool.yaml`")
     # the kinds
     smtp_url: str | None = _setting(
         None, Url(), "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for "

@@ -74,7 +74,7 @@ async def test_stop_show_and_status(conn: Conn, dsn: str, tenant: uuid.UUID) -> 
     assert again.returncode == 2 and "it is failed" in again.stderr
     cli(dsn, *worker_args("test_record", until_empty=True))
     assert (await job(conn, job_id))["status"] == "failed"  # a stopped job is never claimed
-    status = json.loads(cli(dsn, "status", "--json").stdout)
+    status = json.loads(cli(dsn, "status", "--json").stdout)["counts"]
     assert {"tenant_key": "acme", "tenant_id": str(tenant), "job_kind": "test_record",
             "status": "failed", "jobs": 1} in status
 

@@ -122,7 +122,7 @@ def test_base_install_runs_the_commands_that_need_no_extra(base_venv: Path, dsn:
     assert done.returncode == 0, done.stderr
     done = _run([jobpool, "status", "--json"], cwd=tmp_path, JOBPOOL_DSN=dsn)
     assert done.returncode == 0, done.stderr
-    counts = {(r["job_kind"], r["status"]): r["jobs"] for r in json.loads(done.stdout)}
+    counts = {(r["job_kind"], r["status"]): r["jobs"] for r in json.loads(done.stdout)["counts"]}
     assert counts == {("invoice_pdf", "pending"): 2}
 
 

@@ -82,6 +82,11 @@ def _load_pool(path: str) -> PoolSpec:
         raise ValueError(message if message.startswith(path) else f"{path}: {message}") from None
 
 
+def pool_file_lanes(path: str) -> list[dict[str, Any]]:
+    """`lane_summaries` of the pool file at `path` (raises ValueError naming the problem)."""
+    return lane_summaries(_load_pool(path))
+
+
 def lane_summaries(spec: PoolSpec) -> list[dict[str, Any]]:
     """What the console shows of each lane of `spec`: the jobs it serves and its sizes.
 

@@ -7,6 +7,7 @@ from typing import Any
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE, STATUSES
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.tenants import TENANT_REF_PATTERN
+from jobpool.db.live_workers import MAX_RUNNING_SHOWN
 
 KIND_NAME = KIND_NAME_RE.pattern
 
@@ -59,9 +60,68 @@ _DLQ_ITEM = {
     },
 }
 
+_COUNT = {"type": "integer", "minimum": 0}
+_TEXTS = {"type": "array", "items": {"type": "string"}}
+
+_LANE_ACTIVITY = {
+    "type": "object",
+    "required": ["lane", "configured", "workers", "slots", "busy", "free", "claims_per_minute",
+                 "completions_per_minute", "ready", "oldest_ready", "explanation"],
+    "properties": {
+        "lane": {"type": "string", "nullable": True,
+                 "description": "null: workers started without a lane"},
+        "configured": {"type": "boolean",
+                       "description": "named by the pool file (else known from live workers)"},
+        "workers": {**_COUNT, "description": "live workers"},
+        "slots": _COUNT, "busy": _COUNT, "free": _COUNT,
+        "claims_per_minute": {**_COUNT, "description": "jobs claimed in the last minute"},
+        "completions_per_minute": {**_COUNT, "description": "jobs done in the last minute"},
+        "ready": {**_COUNT, "description": "ready jobs the lane serves"},
+        "oldest_ready": {
+            "type": "object", "nullable": True,
+            "description": "the (tenant, kind) whose oldest ready job waits longest",
+            "required": ["tenant", "kind", "ready", "wait_seconds"],
+            "properties": {"tenant": {"type": "string"}, "kind": {"type": "string"},
+                           "ready": _COUNT, "wait_seconds": {"type": "number", "minimum": 0}}},
+        "explanation": {**_NULLABLE_TEXT,
+                        "description": "why the ready jobs wait; null when none wait"},
+    },
+}
+
+_LIVE_WORKER = {
+    "type": "object",
+    "required": ["worker_id", "host", "pid", "pool", "lane", "kinds", "tenants", "slots",
+                 "busy_slots", "started_at", "heartbeat_at", "last_claim_at",
+                 "claims_last_minute", "completions_last_minute"],
+    "properties": {
+        "worker_id": {"type": "string", "description": "claimed_by of the jobs it runs"},
+        "host": {"type": "string"}, "pid": {"type": "integer"},
+        "pool": _NULLABLE_TEXT, "lane": _NULLABLE_TEXT,
+        "kinds": _TEXTS, "tenants": {**_TEXTS, "description": "empty: every tenant"},
+        "slots": _COUNT, "busy_slots": _COUNT,
+        "started_at": _TIME, "heartbeat_at": _TIME, "last_claim_at": _NULLABLE_TIME,
+        "claims_last_minute": _COUNT, "completions_last_minute": _COUNT,
+    },
+}
+
+_RUNNING_JOB = {
+    "type": "object",
+    "required": ["id", "tenant", "kind", "holder", "claimed_at", "age_seconds", "lane",
+                 "holder_live"],
+    "properties": {
+        "id": {"type": "integer"}, "tenant": {"type": "string"}, "kind": {"type": "string"},
+        "holder": {"type": "string", "description": "the worker id that claimed it"},
+        "claimed_at": _TIME, "age_seconds": {"type": "number", "minimum": 0},
+        "lane": {**_NULLABLE_TEXT, "description": "the holder's lane"},
+        "holder_live": {"type": "boolean",
+                        "description": "false: the holder no longer beats; the claim waits "
+                                       "for stale-claim recovery"},
+    },
+}
+
 _OVERVIEW = {
     "type": "object",
-    "required": ["now", "counts", "lanes", "rate_limits"],
+    "required": ["now", "counts", "lanes", "activity", "workers", "running", "rate_limits"],
     "properties": {
         "now": _TIME,
         "counts": {"type": "array", "items": {
@@ -94,6 +154,14 @@ _OVERVIEW = {
                 "max_replicas": {"type": "integer"},
                 "autoscaling": {"type": "string"},
             }}},
+        "activity": {"type": "array", "items": _LANE_ACTIVITY,
+                     "description": "per lane: live workers, slots, rates, the ready "
+                                    "backlog and why it waits"},
+        "workers": {"type": "array", "items": _LIVE_WORKER,
+                    "description": "workers whose heartbeat is recent"},
+        "running": {"type": "array", "items": _RUNNING_JOB,
+                    "description": "running jobs, longest-running first (at most "
+                                   f"{MAX_RUNNING_SHOWN})"},
         "rate_limits": {"type": "array", "items": {
             "type": "object",
             "required": ["tenant", "kind", "rps", "burst", "waiting", "next_due_at"],
@@ -269,8 +337,9 @@ def document() -> dict[str, Any]:
             "/v1/overview": {"get": {
                 "operationId": "overview",
                 "summary": "pending, running and DLQ jobs per tenant, kind and status with "
-                           "the ready "
-                           "backlog's age, the pool's lanes, rate-limited (tenant, kind) pairs",
+                           "the ready backlog's age, the pool's lanes with their live "
+                           "workers, running jobs and why their backlog waits, rate-limited "
+                           "(tenant, kind) pairs",
                 "responses": {"200": _ok("the overview", _OVERVIEW), **_COMMON_ERRORS}}},
             "/v1/stats": {"get": {
                 "operationId": "stats",

@@ -1,4 +1,5 @@
-"""What the operations console's overview shows: live counts, lanes and rate-limited pairs.
+"""What the operations console's overview shows: live counts, lanes with their live workers,
+running jobs and what holds their backlog (`core.lane_activity`), rate-limited pairs.
 
 `gather_overview` reads the database; the functions below it are pure and take the rows
 (and the configured lanes) as arguments, so that the tenant scope is applied in one place.
@@ -11,7 +12,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from jobpool.core.lane_activity import lane_activity
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
+from jobpool.db.live_workers import live_workers, running_jobs
 from jobpool.db.store import fetch_all, fetch_one
 
 Row = dict[str, Any]
@@ -25,18 +28,26 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
     """The overview document of /v1/overview for a token scoped to `tenants` (None: all).
 
     Reads live jobs only (`pending`, `running`, `dlq`, each through its partial index), never
-    the `done` or stopped ones, so its cost follows the live queue, not the retained history.
+    the `done` or stopped ones, so its cost follows the live queue, not the retained history;
+    live workers come from their registry (`jobpool.db.live_workers`).
     """
     keys = None if tenants is None else list(tenants)
     now = (await fetch_one(conn, "database_now") or {})["now"]
-    counts = await fetch_all(conn, "overview_counts", {"tenants": keys})
+    counts = [{**row, "jobs": int(row["jobs"]), "ready": int(row["ready"])}
+              for row in await fetch_all(conn, "overview_counts", {"tenants": keys})]
     limits = await fetch_all(conn, "scoped_rate_limits", {"tenants": keys})
     waiting = await fetch_all(conn, "waiting_jobs", {"tenants": keys})
+    workers = scoped_workers(await live_workers(conn), tenants)
+    running = await running_jobs(conn, tenants=keys)
+    shown_lanes = scoped_lanes(lanes, tenants)
     return {
         "now": now,
-        "counts": [{**row, "jobs": int(row["jobs"]), "ready": int(row["ready"])}
-                   for row in counts],
-        "lanes": scoped_lanes(lanes, tenants),
+        "counts": counts,
+        "lanes": shown_lanes,
+        "activity": [lane.as_dict()
+                     for lane in lane_activity(shown_lanes, workers, running, counts)],
+        "workers": workers,
+        "running": running,
         "rate_limits": rate_limited_pairs(limits, waiting),
     }
 
@@ -91,4 +102,23 @@ def scoped_lanes(lanes: Sequence[Mapping[str, Any]],
             shown.append(dict(lane))
         elif scope.intersection(served):
             shown.append({**lane, "tenants": [t for t in served if t in scope]})
+    return shown
+
+
+def scoped_workers(workers: Sequence[Mapping[str, Any]],
+                   tenants: Sequence[str] | None) -> list[Row]:
+    """The live workers a token scoped to `tenants` (None: all) may see, each with only those
+    of its `tenants` in scope; a worker for every tenant (`tenants` empty) is always shown.
+    A worker configured with tenant ids is shown to unscoped tokens only."""
+    rows = [{**w, "kinds": list(w["kinds"]), "tenants": list(w["tenants"])} for w in workers]
+    if tenants is None:
+        return rows
+    scope = set(tenants)
+    shown: list[Row] = []
+    for worker in rows:
+        served = worker["tenants"]
+        if not served:
+            shown.append(worker)
+        elif scope.intersection(served):
+            shown.append({**worker, "tenants": [t for t in served if t in scope]})
     return shown

@@ -55,6 +55,7 @@ from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
+from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.slot_connections import LazyConnection, SlotConnections
@@ -181,6 +182,10 @@ class Worker:
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty)
+        where = current_settings()
+        self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
+                                   kinds=self.kinds, tenants=config.tenants, slots=config.slots,
+                                   busy=lambda: len(self.in_flight))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -214,6 +219,7 @@ class Worker:
             self.background.start("listen", self._listen)
             self.leases.start()
             self.background.start("loop-watch", self.leases.watch_loop)
+            self.background.start("heartbeat", self._beat)
             self.background.start("rate-limits", self._refresh_limits)
             if not self.config.until_empty:
                 self.background.start("maintenance", self._maintain)
@@ -224,6 +230,7 @@ class Worker:
             await asyncio.to_thread(self.leases.stop)
             await self.slot_connections.close()
             if self.store is not None:
+                await self.heartbeat.forget(self.store.pool)
                 await self.store.close()
                 await self.store.pool.close()
 
@@ -237,9 +244,11 @@ class Worker:
         return problems + self.background.problems()
 
     async def _start_up(self) -> None:
-        """Register the kinds, find the lane's tenants, load the rate limits."""
+        """Register the kinds and this worker (before its first claim, so that its jobs
+        never show a holder that is not live), find the lane's tenants, load the rate limits."""
         assert self.store is not None
         await self.store.register_kinds(self.specs.values())
+        await self.heartbeat.beat(self.store.pool)
         if self.config.tenants:
             found, missing = await self._find_tenants(self.config.tenants)
             self.tenant_ids = list(found.values())
@@ -298,6 +307,7 @@ class Worker:
             free = self.config.slots - len(self.in_flight) + len(batch)
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await self._complete_and_claim(batch, free)
+                self.heartbeat.claimed(claimed)
                 for row in claimed:
                     self._start(row)
             if not self.online.is_set():
@@ -678,6 +688,8 @@ class Worker:
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
         ran = outcome != "rate_limited"
+        if outcome == "done":
+            self.heartbeat.completed()
         self.metrics.observe(
             job.job_kind, outcome,
             claim_latency=(job.claimed_at - job.created_at).total_seconds() if ran else None,
@@ -832,6 +844,14 @@ class Worker:
                 await asyncio.sleep(self._reconnect_pause(failures))
             finally:
                 self.listening = False
+
+    async def _beat(self) -> None:
+        """Keep this worker's row in the registry of live workers fresh (worker/heartbeat.py)."""
+        store = self.store
+        assert store is not None
+        await self.heartbeat.run(
+            lambda: store.pool, online=self.online, database_error=self._database_error,
+            healthy=lambda: self.background.healthy("heartbeat"))
 
     async def _maintain(self) -> None:
         """Run the periodic maintenance steps when this worker's turn comes

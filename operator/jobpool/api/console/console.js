@@ -234,19 +234,7 @@
         el("td", {className: p.age > 300 ? "num warn" : "num"}, p.ready ? duration(p.age) : ""),
         el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)))),
       "No pending, running or DLQ jobs."));
-    fill("overview-lanes", table(
-      ["Lane", "Kinds", "Tenants", "Workers per pod", "Replicas", "Scaling"],
-      data.lanes.map((lane) => el("tr", {},
-        el("td", {}, lane.name),
-        el("td", {}, lane.kinds === null
-          ? `every other kind${lane.exclude_kinds.length
-            ? ` (not ${lane.exclude_kinds.join(", ")})` : ""}`
-          : lane.kinds.join(", ")),
-        el("td", {}, lane.tenants.length ? lane.tenants.join(", ") : "all"),
-        el("td", {className: "num"}, lane.workers_per_pod ?? ""),
-        el("td", {}, `${lane.min_replicas ?? "?"}–${lane.max_replicas ?? "?"}`),
-        el("td", {}, lane.autoscaling ?? ""))),
-      "No pool file configured (jobpool api --pool FILE shows its lanes here)."));
+    renderLanes(data);
     fill("overview-limits", table(
       ["Tenant", "Kind", "Limit", "Waiting", "Next due"],
       data.rate_limits.map((r) => el("tr", {},
@@ -257,6 +245,83 @@
           ? `in ${duration((Date.parse(r.next_due_at) - now) / 1000)}` : "—"))),
       "No tenant sets a rate limit."));
     $("overview-updated").textContent = `Updated ${new Date().toLocaleTimeString()}.`;
+  }
+
+  // -- lanes: live workers, running jobs and why a backlog waits ----------------------------
+
+  function laneName(name) {
+    return name === null ? "(no lane)" : name;
+  }
+
+  function served(lane) {
+    if (!lane) return "";
+    const kinds = lane.kinds === null
+      ? `every other kind${lane.exclude_kinds.length
+        ? ` (not ${lane.exclude_kinds.join(", ")})` : ""}`
+      : lane.kinds.join(", ");
+    return `${kinds}; tenants: ${lane.tenants.length ? lane.tenants.join(", ") : "all"}`;
+  }
+
+  function sizes(lane) {
+    if (!lane) return "not in the pool file";
+    const scaling = lane.autoscaling ? `, ${lane.autoscaling}` : "";
+    return `${lane.workers_per_pod ?? "?"} per pod, ${lane.min_replicas ?? "?"}–` +
+      `${lane.max_replicas ?? "?"} pods${scaling}`;
+  }
+
+  // `kind` in an explanation is shown as code; the rest as text
+  function explained(text) {
+    return text.split("`").map((part, i) => (i % 2 ? el("code", {}, part) : part));
+  }
+
+  function renderLanes(data) {
+    const config = new Map(data.lanes.map((lane) => [lane.name, lane]));
+    const stuck = data.activity.filter((a) => a.explanation !== null);
+    fill("overview-stuck", stuck.length
+      ? el("ul", {}, stuck.map((a) => el("li", {"data-lane": laneName(a.lane)},
+        el("strong", {}, `${laneName(a.lane)}: `), explained(a.explanation))))
+      : []);
+    fill("overview-lanes", table(
+      ["Lane", "Serves", "Live workers", "Busy slots", "Free slots", "Claims/min", "Done/min",
+       "Ready", "Oldest ready waits", "Why it waits", "Configured"],
+      data.activity.map((a) => el("tr", {"data-lane": laneName(a.lane)},
+        el("td", {}, laneName(a.lane)),
+        el("td", {}, served(config.get(a.lane))),
+        el("td", {className: a.workers ? "num" : "num warn"}, a.workers),
+        el("td", {className: "num"}, `${a.busy} of ${a.slots}`),
+        el("td", {className: a.free || !a.ready ? "num" : "num warn"}, a.free),
+        el("td", {className: "num"}, a.claims_per_minute),
+        el("td", {className: "num"}, a.completions_per_minute),
+        el("td", {className: "num"}, a.ready),
+        el("td", {className: a.oldest_ready && a.oldest_ready.wait_seconds > 300
+                    ? "num warn" : "num"},
+           a.oldest_ready ? `${duration(a.oldest_ready.wait_seconds)} (` +
+             `${a.oldest_ready.tenant} ${a.oldest_ready.kind})` : ""),
+        el("td", {className: "explanation"}, a.explanation ? explained(a.explanation) : "—"),
+        el("td", {}, sizes(config.get(a.lane))))),
+      "No pool file configured and no live worker (jobpool api --pool FILE shows its lanes)."));
+    fill("overview-running", table(
+      ["Job", "Kind", "Tenant", "Lane", "Running for", "Holder"],
+      data.running.map((j) => el("tr", {"data-job": j.id},
+        el("td", {}, jobLink(j.id)), el("td", {}, j.kind), el("td", {}, j.tenant),
+        el("td", {}, j.holder_live ? laneName(j.lane) : "—"),
+        el("td", {className: "num"}, duration(j.age_seconds)),
+        el("td", {}, j.holder, j.holder_live ? "" : el("span", {className: "dead",
+          title: "no heartbeat: stale-claim recovery takes the job back"}, " (not live)")))),
+      "No running jobs."));
+    const now = Date.parse(data.now);
+    fill("overview-workers", table(
+      ["Worker", "Lane", "Kinds", "Tenants", "Busy slots", "Last claim", "Heartbeat", "Up for"],
+      data.workers.map((w) => el("tr", {"data-worker": w.worker_id},
+        el("td", {title: w.worker_id}, `${w.host} pid ${w.pid}`),
+        el("td", {}, laneName(w.lane)),
+        el("td", {}, w.kinds.join(", ")),
+        el("td", {}, w.tenants.length ? w.tenants.join(", ") : "all"),
+        el("td", {className: "num"}, `${w.busy_slots} of ${w.slots}`),
+        el("td", {}, w.last_claim_at ? `${since(w.last_claim_at, now)} ago` : "never"),
+        el("td", {}, `${since(w.heartbeat_at, now)} ago`),
+        el("td", {}, since(w.started_at, now)))),
+      "No live worker: none has sent a heartbeat in the last 30 seconds."));
   }
 
   // -- DLQ ----------------------------------------------------------------------------------
