@@ -229,17 +229,28 @@ def machine() -> dict[str, Any]:
                 break
     from importlib.metadata import version
 
+    from peer_programs import versions
+
     return {
         "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
         "postgres": row[0].split(",")[0], "server": "private cluster" if _private else
         "JOBPOOL_BENCH_DSN", **settings, "psycopg": version("psycopg"),
         "pgqueuer": version("pgqueuer"), "procrastinate": version("procrastinate"),
-        "asyncpg": version("asyncpg"),
+        "asyncpg": version("asyncpg"), **versions(),
     }
 
 
+PEER_VERSIONS = (("PgQueuer", "pgqueuer", "asyncpg"), ("Procrastinate", "procrastinate", "psycopg"),
+                 ("graphile-worker", "graphile-worker", "Node.js"), ("River", "river", "Go"))
+"""How each peer's version is shown: (name, its fact, the fact of what runs it)."""
+
+
 def conditions(facts: dict[str, Any]) -> str:
-    """One line for under a table: the machine and the server settings the figures hold for."""
+    """The lines for under a table: the machine, the server settings the figures hold for, and
+    the version of each peer (with its driver or runtime)."""
     shown = ", ".join(f"{name} {facts[name]}" for name in SHOWN_SETTINGS[1:] if name in facts)
+    peers = ", ".join(f"{title} {facts.get(key, '?')} ({runtime} {facts.get(runtime, '?')})"
+                      for title, key, runtime in PEER_VERSIONS)
     return (f"Conditions: {facts['cores']} cores ({facts['cpu']}), PostgreSQL "
-            f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.")
+            f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.\n"
+            f"Peers: {peers}; jobpool from this checkout (Python {facts.get('python', '?')}).")
