@@ -179,7 +179,8 @@ func fetchTiming(profile string) (time.Duration, time.Duration, error) {
 }
 
 // work runs one client with maxWorkers on the default queue; with drain it stops once as many
-// jobs completed as were available at its start.
+// jobs completed as were available at its start, or once no job is left unfinished (checked
+// every 500 ms, for drains by several processes).
 func work(ctx context.Context, dsn string, drain bool, maxWorkers int, profile, kind string) error {
 	cooldown, poll, err := fetchTiming(profile)
 	if err != nil {
@@ -227,11 +228,23 @@ func work(ctx context.Context, dsn string, drain bool, maxWorkers int, profile, 
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
+	// Several drain processes share one queue: each also ends once no job is left unfinished.
+	ticker := time.NewTicker(500 * time.Millisecond)
+	defer ticker.Stop()
 	var failure error
 	for failure == nil && (!drain || pending > 0) {
 		select {
 		case <-stop.Done():
 			drain, pending = true, 0
+		case <-ticker.C:
+			if drain {
+				var left int
+				failure = db.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state IN "+
+					"('available', 'running', 'retryable', 'scheduled', 'pending')").Scan(&left)
+				if left == 0 {
+					pending = 0
+				}
+			}
 		case event := <-events:
 			if event.Kind == river.EventKindJobFailed { // a benchmark job never fails
 				failure = fmt.Errorf("job %d (%s) failed: %v", event.Job.ID, event.Job.Kind, event.Job.Errors)
