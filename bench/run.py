@@ -57,8 +57,9 @@ def setting_notes(systems: Sequence[Any], best: dict[str, str]) -> list[str]:
              line("Best setting", "best", lambda s: int(best[s.name]))]
     if bounded:
         lines.append(f"Like-for-like at N = {slots[0]} and {slots[1]} (jobpool's slots at its "
-                     "default and best setting), each peer's prefetch bounded as jobpool's "
-                     "claim is: " + "; ".join(f"{s.title} {s.setting('bounded', 'N')}"
+                     "default and best setting), each peer's jobs fetched ahead of its "
+                     "workers bounded as near jobpool's bound (no more than its free slots) as "
+                     "the peer allows: " + "; ".join(f"{s.title} {s.setting('bounded', 'N')}"
                                               for s in bounded) + ".")
     return lines
 

@@ -148,7 +148,8 @@ class Pgqueuer(System):
 
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
-        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind]
+        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind,
+                profile]
 
 
 class Procrastinate(System):
@@ -241,10 +242,12 @@ SYSTEMS: dict[str, System] = {
         "jobpool", 4, "--slots", "jobpool", "4 slots", "{n} slots",
         unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'"),
     "pgqueuer": Pgqueuer(
-        "pgqueuer", 10, "batch_size", "PgQueuer", "batch_size 10",
+        "pgqueuer", 10, "batch_size", "PgQueuer", "batch_size 10", "batch_size {n}",
+        "max_concurrent_tasks {n}, batch_size {n} / 2",
         unfinished_sql="SELECT count(*) FROM pgqueuer"),
     "procrastinate": Procrastinate(
-        "procrastinate", 1, "concurrency", "Procrastinate", "concurrency 1",
+        "procrastinate", 1, "concurrency", "Procrastinate", "concurrency 1", "concurrency {n}",
+        "concurrency {n} (one job fetched per free worker)",
         unfinished_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"),
     "graphile": Graphile(
         "graphile", 1, "-j", "graphile-worker", "-j 1, no local queue",

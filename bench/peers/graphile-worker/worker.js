@@ -10,8 +10,8 @@
 //   published  the configuration of its published performance figures: maxPoolSize
 //              CONCURRENCY + 1, localQueue.size 500, completeJobBatchDelay 0,
 //              failJobBatchDelay 0
-//   bounded    localQueue.size CONCURRENCY + 1 (at most one job fetched beyond its workers,
-//              as jobpool claims at most its free slots), maxPoolSize CONCURRENCY + 1 (it
+//   bounded    localQueue.size CONCURRENCY + 1 (its documentation's advice: the nearest
+//              batched fetch to jobpool's claim of no more than its free slots), maxPoolSize CONCURRENCY + 1 (it
 //              warns of a pool smaller than its concurrency), completeJobBatchDelay 0 and
 //              failJobBatchDelay 0. Batched completion because
 //              runOnce does not wait for an unbatched completion still in flight: with a
