@@ -190,27 +190,48 @@ def children_cpu() -> float:
 
 
 def server_cpu() -> float | None:
-    """CPU seconds (user + system) of the PostgreSQL server processes of this host so far, from
-    /proc, including the backends that exited (the postmaster reaps them, and their CPU is
-    added to its children's); None where they cannot be read (a server on another host).
-    Counts every database of the server: compare runs, not absolute values, on a busy one."""
+    """CPU seconds (user + system) of the benchmark server's processes so far, from /proc: its
+    postmaster and every live child (backends, autovacuum, checkpointer, ...), plus the
+    children that exited (the postmaster reaps them, and their CPU is added to its children's);
+    None where they cannot be read (a server on another host or in a container). Other
+    PostgreSQL servers of the host (other engineers' clusters) do not count; every database of
+    this server does, so read it on a quiet one."""
+    postmaster = _postmaster()
+    if postmaster is None:
+        return None
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields and (int(entry.name) == postmaster or int(fields[1]) == postmaster):
+            total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return total / ticks
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (fields[0] is stat(5)'s field 3,
+    the state; fields[1] the parent's pid), or None if the process is gone."""
     try:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()  # fields[0] is stat(5)'s field 3
-            if name.startswith("postgres"):
-                total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return total / ticks if total else None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+_postmaster_pid: list[int | None] = []
+
+
+def _postmaster() -> int | None:
+    """The pid of the benchmark server's postmaster, the parent of a backend of ours; None if
+    that backend is not visible in this host's /proc."""
+    if not _postmaster_pid:
+        with admin() as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            fields = _stat(int(row[0])) if row else None
+        _postmaster_pid.append(int(fields[1]) if fields else None)
+    return _postmaster_pid[0]
 
 
 def machine() -> dict[str, Any]:
@@ -229,17 +250,28 @@ def machine() -> dict[str, Any]:
                 break
     from importlib.metadata import version
 
+    from peer_programs import versions
+
     return {
         "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
         "postgres": row[0].split(",")[0], "server": "private cluster" if _private else
         "JOBPOOL_BENCH_DSN", **settings, "psycopg": version("psycopg"),
         "pgqueuer": version("pgqueuer"), "procrastinate": version("procrastinate"),
-        "asyncpg": version("asyncpg"),
+        "asyncpg": version("asyncpg"), **versions(),
     }
 
 
+PEER_VERSIONS = (("PgQueuer", "pgqueuer", "asyncpg"), ("Procrastinate", "procrastinate", "psycopg"),
+                 ("graphile-worker", "graphile-worker", "Node.js"), ("River", "river", "Go"))
+"""How each peer's version is shown: (name, its fact, the fact of what runs it)."""
+
+
 def conditions(facts: dict[str, Any]) -> str:
-    """One line for under a table: the machine and the server settings the figures hold for."""
+    """The lines for under a table: the machine, the server settings the figures hold for, and
+    the version of each peer (with its driver or runtime)."""
     shown = ", ".join(f"{name} {facts[name]}" for name in SHOWN_SETTINGS[1:] if name in facts)
+    peers = ", ".join(f"{title} {facts.get(key, '?')} ({runtime} {facts.get(runtime, '?')})"
+                      for title, key, runtime in PEER_VERSIONS)
     return (f"Conditions: {facts['cores']} cores ({facts['cpu']}), PostgreSQL "
-            f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.")
+            f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.\n"
+            f"Peers: {peers}; jobpool from this checkout (Python {facts.get('python', '?')}).")

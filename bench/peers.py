@@ -1,9 +1,12 @@
 """The peers doing the benchmark's work: PgQueuer and Procrastinate (pinned in requirements.txt).
 
-Run as a worker process: `python bench/peers.py SYSTEM MODE DSN CONCURRENCY [KIND]` with MODE
-`drain` (exit once the queue is empty) or `serve` (run until SIGTERM); KIND (`bench_noop`,
-the default, or `bench_write`) is served besides `bench_latency`. Procrastinate fetches by
-queue, not by task, so its worker has every task whatever KIND says.
+Run as a worker process: `python bench/peers.py SYSTEM MODE DSN CONCURRENCY [KIND [PROFILE]]`
+with MODE `drain` (exit once the queue is empty) or `serve` (run until SIGTERM); KIND
+(`bench_noop`, the default, or `bench_write`) is served besides `bench_latency`. PROFILE
+`bounded` caps PgQueuer's picked jobs at CONCURRENCY (`max_concurrent_tasks`, with batches of
+CONCURRENCY // 2, the largest it accepts); any other PROFILE runs PgQueuer with batch_size
+CONCURRENCY and no cap. Procrastinate fetches one job per free worker whatever PROFILE says,
+and by queue, not by task, so its worker has every task whatever KIND says.
 """
 
 from __future__ import annotations
@@ -65,9 +68,11 @@ class PgqueuerSingle:
         await self.queries.enqueue(kind, json.dumps(payload).encode())
 
 
-async def pgqueuer_worker(dsn: str, mode: str, batch_size: int, kind: str) -> None:
+async def pgqueuer_worker(dsn: str, mode: str, batch_size: int, kind: str,
+                          max_concurrent_tasks: int | None = None) -> None:
     """One PgQueuer QueueManager on one asyncpg connection (its documented setup) serving
-    `kind` and `bench_latency`.
+    `kind` and `bench_latency`, picking at most `max_concurrent_tasks` jobs at a time if given
+    (PgQueuer requires at least twice `batch_size`).
 
     `bench_write` inserts through an asyncpg pool (asyncpg's default size, 10) handed to the
     handlers as a shared resource, PgQueuer's documented way to give handlers a database: the
@@ -100,6 +105,7 @@ async def pgqueuer_worker(dsn: str, mode: str, batch_size: int, kind: str) -> No
     try:
         await qm.run(
             batch_size=batch_size, dequeue_timeout=timedelta(seconds=2),
+            max_concurrent_tasks=max_concurrent_tasks,
             mode=QueueExecutionMode.drain if mode == "drain" else QueueExecutionMode.continuous,
         )
     finally:
@@ -169,8 +175,11 @@ async def procrastinate_worker(dsn: str, mode: str, concurrency: int) -> None:
 def main(argv: Sequence[str]) -> int:
     system, mode, dsn, concurrency = argv[0], argv[1], argv[2], int(argv[3])
     kind = argv[4] if len(argv) > 4 else "bench_noop"
+    profile = argv[5] if len(argv) > 5 else "default"
     started = time.monotonic()
-    if system == "pgqueuer":
+    if system == "pgqueuer" and profile == "bounded":
+        asyncio.run(pgqueuer_worker(dsn, mode, max(1, concurrency // 2), kind, concurrency))
+    elif system == "pgqueuer":
         asyncio.run(pgqueuer_worker(dsn, mode, concurrency, kind))
     elif system == "procrastinate":
         asyncio.run(procrastinate_worker(dsn, mode, concurrency))

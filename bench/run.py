@@ -1,13 +1,14 @@
-"""Benchmark jobpool against PgQueuer and Procrastinate on one PostgreSQL.
+"""Benchmark jobpool against PgQueuer, Procrastinate, graphile-worker and River on one PostgreSQL.
 
     python3 bench/run.py                 # everything, 3 repetitions, medians
     python3 bench/run.py drain --repeat 1 --jobs 10000 --systems jobpool
 
 The first run creates bench/.venv (pinned peers from bench/requirements.txt plus this
-checkout) and re-executes itself there. Databases `jobpool_bench_*` are created on the
-server of JOBPOOL_BENCH_DSN, else on a private cluster with PostgreSQL's defaults that the run
-starts and removes (its settings are printed), and dropped afterwards. Raw figures go to
-bench/results/<time>.json; a summary table is printed.
+checkout) and re-executes itself there; graphile-worker (`npm ci`) and River (`go build` of
+bench/peers/river) are installed into bench/.peers on their first use. Databases
+`jobpool_bench_*` are created on the server of JOBPOOL_BENCH_DSN, else on a private cluster
+with PostgreSQL's defaults that the run starts and removes (its settings are printed), and
+dropped afterwards. Raw figures go to bench/results/<time>.json; a summary table is printed.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 VENV = BENCH / ".venv"
-SCENARIOS = ("drain", "best", "drain-write", "latency", "enqueue", "notify", "growth")
-INTERLEAVED = ("drain", "best", "drain-write", "latency", "enqueue")
+SCENARIOS = ("drain", "best", "bounded", "drain-write", "latency", "enqueue", "notify", "growth")
+INTERLEAVED = ("drain", "best", "bounded", "drain-write", "latency", "enqueue")
 """The scenarios run by every system in turn within each repeat, on a template per system."""
 
 
@@ -41,6 +43,25 @@ def bootstrap() -> None:
                         str(BENCH / "requirements.txt"), "-e", f"{BENCH.parent}[worker]"],
                        check=True)
     os.execv(str(interpreter), [str(interpreter), sys.argv[0], *sys.argv[1:]])
+
+
+def setting_notes(systems: Sequence[Any], best: dict[str, str]) -> list[str]:
+    """The lines under the table that say what each setting was, system by system."""
+    def line(title: str, profile: str, concurrency: Callable[[Any], int]) -> str:
+        return f"{title}: " + "; ".join(
+            f"{s.title} {s.setting(profile, concurrency(s))}" for s in systems) + "."
+
+    slots = (4, int(best.get("jobpool", 32)))
+    bounded = [s for s in systems if s.bounded_setting is not None]
+    lines = [line("Default", "default", lambda s: s.default_concurrency),
+             line("Best setting", "best", lambda s: int(best[s.name]))]
+    if bounded:
+        lines.append(f"Like-for-like at N = {slots[0]} and {slots[1]} (jobpool's slots at its "
+                     "default and best setting), each peer's jobs fetched ahead of its "
+                     "workers bounded as near jobpool's bound (no more than its free slots) as "
+                     "the peer allows: " + "; ".join(f"{s.title} {s.setting('bounded', 'N')}"
+                                              for s in bounded) + ".")
+    return lines
 
 
 def main() -> int:
@@ -68,8 +89,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=50_000, help="jobs per drain")
     parser.add_argument("--rate", type=float, default=200.0, help="latency: enqueues per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: seconds of load")
-    parser.add_argument("--best", default="jobpool=32,pgqueuer=100,procrastinate=50",
-                        help="system=concurrency of the 'best' drain")
+    parser.add_argument("--best", default="jobpool=32,pgqueuer=100,procrastinate=50,"
+                        "graphile=24,river=2000", help="system=concurrency of the 'best' drain")
     parser.add_argument("--processes", type=int, default=1,
                         help="worker processes per drain, for every system (jobpool: its "
                         "--processes; the peers: that many copies of their worker)")
@@ -90,8 +111,8 @@ def main() -> int:
         summary.append(f"| {key} | {shown} {unit} | n={len(rows)} | load {loads} |")
         print(summary[-1], flush=True)
 
-    table = SameRunTable(systems=[s.name for s in systems], best=best,
-                         processes=args.processes)
+    table = SameRunTable(systems=[s.name for s in systems], processes=args.processes,
+                         notes=setting_notes(systems, best))
     command = "python3 bench/run.py " + " ".join(sys.argv[1:])
 
     def measure(scenario: str, system: System, tpl: str) -> list[tuple[str, dict[str, Any]]]:
@@ -102,14 +123,24 @@ def main() -> int:
         if scenario == "best":
             conc = int(best[system.name])
             return [(f"drain/{{system}}/best={conc}", drain(
-                system, tpl, args.jobs, conc, args.processes))]
+                system, tpl, args.jobs, conc, args.processes, profile="best"))]
         if scenario == "drain-write":  # both settings, each handler inserting one row
             conc = int(best[system.name])
             default = drain(system, tpl, args.jobs, system.default_concurrency, args.processes,
                             "bench_write")
-            top = drain(system, tpl, args.jobs, conc, args.processes, "bench_write")
+            top = drain(system, tpl, args.jobs, conc, args.processes, "bench_write", "best")
             return [("drain-write/{system}/default", {**default, "setting": "default"}),
                     (f"drain-write/{{system}}/best={conc}", {**top, "setting": "best"})]
+        if scenario == "bounded":  # jobpool's two slot counts, prefetch bounded alike
+            if system.bounded_setting is None and system.name != "jobpool":
+                return []
+            pairs: list[tuple[str, dict[str, Any]]] = []
+            for conc in (SYSTEMS["jobpool"].default_concurrency, int(best["jobpool"])):
+                for kind, label in (("bench_noop", "drain"), ("bench_write", "drain-write")):
+                    row = drain(system, tpl, args.jobs, conc, args.processes, kind, "bounded")
+                    pairs.append((f"{label}/{{system}}/bounded={conc}",
+                                  {**row, "setting": "bounded"}))
+            return pairs
         if scenario == "latency":
             return [("latency/{system}", latency(system, tpl, args.rate, args.seconds))]
         return [("enqueue/{system}/single", enqueue_single(system, tpl, 2000)),

@@ -41,8 +41,10 @@ def fresh(system: System, tpl: str, label: str) -> tuple[str, str]:
 
 
 def drain(system: System, tpl: str, jobs: int, concurrency: int,
-          processes: int = 1, kind: str = "bench_noop") -> dict[str, Any]:
-    """Enqueue `jobs` jobs of `kind`, then time `processes` worker processes draining them.
+          processes: int = 1, kind: str = "bench_noop", profile: str = "default"
+          ) -> dict[str, Any]:
+    """Enqueue `jobs` jobs of `kind`, then time `processes` worker processes draining them,
+    configured by `profile` (`System.worker`).
 
     `kind` is `bench_noop` (payload `{}`) or `bench_write` (payload `{"n": i}`; each job inserts
     one row into `bench_writes`). Raises RuntimeError if a `bench_write` drain leaves other
@@ -54,17 +56,20 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     before = transactions(name)
     load_before = load()
     cpu_before, server_before = children_cpu(), server_cpu()
-    elapsed = run_children(system.workers(dsn, "drain", concurrency, processes, kind),
+    elapsed = run_children(system.workers(dsn, "drain", concurrency, processes, kind, profile),
                            child_env(), timeout=3600)
     worker_cpu, server_after = children_cpu() - cpu_before, server_cpu()
     after = transactions(name)
-    left = _left(system, dsn)
-    written = _written(dsn)
+    left = _count(dsn, system.unfinished_sql)
+    written = _count(dsn, "SELECT count(*) FROM bench_writes")
     drop_database(name)
     if kind == "bench_write" and written != jobs:
         raise RuntimeError(f"{system.name}: {jobs} bench_write jobs drained at concurrency "
-                           f"{concurrency} inserted {written} rows")
-    return {"system": system.name, "kind": kind, "concurrency": concurrency,
+                           f"{concurrency} ({profile}) inserted {written} rows")
+    if left:
+        raise RuntimeError(f"{system.name}: a drain of {jobs} {kind} jobs at concurrency "
+                           f"{concurrency} ({profile}) left {left} unfinished")
+    return {"system": system.name, "kind": kind, "concurrency": concurrency, "profile": profile,
             "processes": processes, "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
             "xacts_per_job": (after - before) / jobs, "left": left, "written": written,
@@ -74,27 +79,12 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
             "load": [load_before, load()]}
 
 
-def _left(system: System, dsn: str) -> int:
-    """Jobs not finished after a drain (must be 0)."""
+def _count(dsn: str, query: str) -> int:
+    """The count a `SELECT count(*) ...` query returns on `dsn`."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
-        if system.name == "jobpool":
-            row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'").fetchone()
-        elif system.name == "pgqueuer":
-            row = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
-        else:
-            row = conn.execute(
-                "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'").fetchone()
-    return int(row[0]) if row else -1
-
-
-def _written(dsn: str) -> int:
-    """Rows in bench_writes (one per drained `bench_write` job)."""
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM bench_writes").fetchone()
+        row = conn.execute(query).fetchone()
     return int(row[0]) if row else -1
 
 

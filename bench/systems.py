@@ -1,15 +1,18 @@
-"""The three systems behind one interface: schema, enqueue, and the worker command line."""
+"""The systems behind one interface: schema, enqueue, and the worker command line."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 import bench_kinds
+import peer_programs
 import peers
 import psycopg
 from common import BENCH, python
@@ -35,6 +38,17 @@ class System:
     default_concurrency: int
     concurrency_flag: str
     """What the concurrency number means for this system (slots, batch size, ...)."""
+    title: str
+    """The system's name in tables."""
+    default_setting: str
+    """Its configuration at default concurrency, for the note under a table."""
+    best_setting: str = "{flag} {n}"
+    """Its configuration at its best setting, `{n}` the concurrency."""
+    bounded_setting: str | None = None
+    """Its like-for-like configuration (prefetch bounded as jobpool's), `{n}` the concurrency;
+    None where it has none (jobpool itself claims no more than its free slots)."""
+    unfinished_sql: str = ""
+    """Counts the jobs a drain left unfinished (must be 0)."""
 
     async def install(self, dsn: str) -> None:
         """Create the schema and whatever the benchmark's jobs need."""
@@ -50,16 +64,26 @@ class System:
         raise NotImplementedError
 
     def worker(self, dsn: str, mode: str, concurrency: int,
-               kind: str = "bench_noop") -> list[str]:
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
         """argv of one worker process serving `kind` and `bench_latency`: `drain` exits when
         the queue is empty, `serve` runs until SIGTERM. Every run serves two kinds, so that a
-        drain of `bench_write` and one of `bench_noop` differ only in the handler."""
+        drain of `bench_write` and one of `bench_noop` differ only in the handler. `profile`
+        is `default`, `best` or `bounded` (see the `*_setting` fields): what the system is
+        configured with beyond its concurrency."""
         raise NotImplementedError
 
     def workers(self, dsn: str, mode: str, concurrency: int, processes: int,
-                kind: str = "bench_noop") -> list[list[str]]:
+                kind: str = "bench_noop", profile: str = "default") -> list[list[str]]:
         """argv of each process of a run with `processes` worker processes (copies of one)."""
-        return [self.worker(dsn, mode, concurrency, kind)] * processes
+        return [self.worker(dsn, mode, concurrency, kind, profile)] * processes
+
+    def setting(self, profile: str, concurrency: int | str) -> str:
+        """The configuration a `profile` stands for at `concurrency` (a number, or a name such
+        as "N"), in words."""
+        text = {"default": self.default_setting, "best": self.best_setting,
+                "bounded": self.bounded_setting or self.best_setting}[profile]
+        n1 = concurrency + 1 if isinstance(concurrency, int) else f"{concurrency} + 1"
+        return text.format(flag=self.concurrency_flag, n=concurrency, n1=n1)
 
 
 class Jobpool(System):
@@ -95,14 +119,14 @@ class Jobpool(System):
         return one, conn.close
 
     def worker(self, dsn: str, mode: str, concurrency: int,
-               kind: str = "bench_noop") -> list[str]:
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
         argv = [python(), "-m", "jobpool", "run", "--dsn", dsn, "--kinds",
                 f"{kind},bench_latency", "--slots", str(concurrency), "--import",
                 "bench_kinds", "--log-level", "warning", "--metrics-port", "0"]
         return [*argv, "--until-empty"] if mode == "drain" else argv
 
     def workers(self, dsn: str, mode: str, concurrency: int, processes: int,
-                kind: str = "bench_noop") -> list[list[str]]:
+                kind: str = "bench_noop", profile: str = "default") -> list[list[str]]:
         """One `jobpool run --processes N`: the worker's own multi-process mode."""
         return [[*self.worker(dsn, mode, concurrency, kind), "--processes", str(processes)]]
 
@@ -123,8 +147,9 @@ class Pgqueuer(System):
         return queue.enqueue, conn.close
 
     def worker(self, dsn: str, mode: str, concurrency: int,
-               kind: str = "bench_noop") -> list[str]:
-        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind]
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
+        return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind,
+                profile]
 
 
 class Procrastinate(System):
@@ -147,18 +172,97 @@ class Procrastinate(System):
         return one, app.close_async
 
     def worker(self, dsn: str, mode: str, concurrency: int,
-               kind: str = "bench_noop") -> list[str]:
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
         return [python(), str(BENCH / "peers.py"), "procrastinate", mode, dsn, str(concurrency),
                 kind]
 
 
+class Graphile(System):
+    """graphile-worker (Node.js), one `runOnce`/`run` process of bench/peers/graphile-worker;
+    jobs enqueued with its SQL functions `add_jobs` (batch) and `add_job` (single)."""
+
+    PROFILES: ClassVar[dict[str, str]] = {"default": "default", "best": "published",
+                                          "bounded": "bounded"}
+
+    async def install(self, dsn: str) -> None:
+        await asyncio.to_thread(peer_programs.graphile_migrate, dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(bench_kinds.WRITES_DDL)
+
+    async def enqueue(self, dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
+                      batch: int) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for start in range(0, len(payloads), batch):
+                chunk = payloads[start:start + batch]
+                if batch == 1:
+                    await conn.execute(peer_programs.ADD_JOB, (kind, json.dumps(chunk[0])))
+                else:
+                    specs = [{"identifier": kind, "payload": p} for p in chunk]
+                    await conn.execute(peer_programs.ADD_JOBS, (json.dumps(specs),))
+
+    async def single(self, dsn: str) -> tuple[Enqueue1, Callable[[], Awaitable[None]]]:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+
+        async def one(kind: str, payload: dict[str, Any]) -> None:
+            await conn.execute(peer_programs.ADD_JOB, (kind, json.dumps(payload)))
+
+        return one, conn.close
+
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
+        return peer_programs.graphile_argv(mode, dsn, self.PROFILES[profile], str(concurrency),
+                                           kind)
+
+
+class River(System):
+    """River (Go), the driver program of bench/peers/river: one client per process."""
+
+    PROFILES: ClassVar[dict[str, str]] = {"default": "default", "best": "fast", "bounded": "fast"}
+
+    async def install(self, dsn: str) -> None:
+        await asyncio.to_thread(peer_programs.river_migrate, dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(bench_kinds.WRITES_DDL)
+
+    async def enqueue(self, dsn: str, kind: str, payloads: Sequence[dict[str, Any]],
+                      batch: int) -> None:
+        await peer_programs.river_enqueue(dsn, kind, payloads, batch)
+
+    async def single(self, dsn: str) -> tuple[Enqueue1, Callable[[], Awaitable[None]]]:
+        return await peer_programs.river_single(dsn)
+
+    def worker(self, dsn: str, mode: str, concurrency: int,
+               kind: str = "bench_noop", profile: str = "default") -> list[str]:
+        return peer_programs.river_argv(mode, dsn, str(concurrency), self.PROFILES[profile],
+                                        kind)
+
+
 SYSTEMS: dict[str, System] = {
-    "jobpool": Jobpool("jobpool", 4, "--slots"),
-    "pgqueuer": Pgqueuer("pgqueuer", 10, "batch_size"),
-    "procrastinate": Procrastinate("procrastinate", 1, "concurrency"),
+    "jobpool": Jobpool(
+        "jobpool", 4, "--slots", "jobpool", "4 slots", "{n} slots",
+        unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'"),
+    "pgqueuer": Pgqueuer(
+        "pgqueuer", 10, "batch_size", "PgQueuer", "batch_size 10", "batch_size {n}",
+        "max_concurrent_tasks {n}, batch_size {n} / 2",
+        unfinished_sql="SELECT count(*) FROM pgqueuer"),
+    "procrastinate": Procrastinate(
+        "procrastinate", 1, "concurrency", "Procrastinate", "concurrency 1", "concurrency {n}",
+        "concurrency {n} (one job fetched per free worker)",
+        unfinished_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"),
+    "graphile": Graphile(
+        "graphile", 1, "-j", "graphile-worker", "-j 1, no local queue",
+        "-j {n}, localQueue 500, maxPoolSize {n1}, completion batching 0 ms (its published "
+        "setting)", "-j {n}, localQueue {n1}, maxPoolSize {n1}, completion batching 0 ms",
+        unfinished_sql="SELECT count(*) FROM graphile_worker._private_jobs"),
+    "river": River(
+        "river", 100, "MaxWorkers", "River", "MaxWorkers 100, FetchCooldown 100 ms, "
+        "FetchPollInterval 1 s", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms "
+        "(`river bench`)", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms",
+        unfinished_sql="SELECT count(*) FROM river_job WHERE state <> 'completed'"),
 }
 """Each system with its default concurrency (jobpool slots 4, PgQueuer batch_size 10,
-Procrastinate concurrency 1)."""
+Procrastinate concurrency 1, graphile-worker concurrentJobs 1, River MaxWorkers 100: River
+has no default, 100 is its documentation's) and the settings its profiles stand for."""
 
 
 def now() -> float:

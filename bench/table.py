@@ -12,6 +12,8 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
               ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+    "bounded": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
+                ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "drain-write": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
                     ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "latency": [("p50_ms", "ms"), ("p99_ms", "ms"), ("max_ms", "ms")],
@@ -19,7 +21,8 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
 }
 """The figures each scenario reports, with their units."""
 
-NAMES = {"jobpool": "jobpool", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate"}
+NAMES = {"jobpool": "jobpool", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate",
+         "graphile": "graphile-worker", "river": "River"}
 HIGHER_IS_BETTER = {"jobs_per_s"}
 
 
@@ -36,10 +39,11 @@ def spread(values: Sequence[float]) -> str:
 class SameRunTable:
     """Collects the runs of one `run.py` invocation and prints them as one Markdown table."""
 
-    def __init__(self, *, systems: Sequence[str], best: dict[str, str], processes: int) -> None:
+    def __init__(self, *, systems: Sequence[str], processes: int, notes: Sequence[str]) -> None:
+        """`notes`: the lines printed under the table (what each setting was)."""
         self.systems = list(systems)
-        self.best = best
         self.processes = processes
+        self.notes = list(notes)
         self.rows: list[tuple[str, str, dict[str, list[float]]]] = []
 
     def add(self, scenario: str, system: str, runs: Sequence[dict[str, Any]]) -> None:
@@ -59,11 +63,13 @@ class SameRunTable:
                 "server_cpu_us_per_job": "PostgreSQL CPU per job (µs)",
                 "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
                 "max_ms": "enqueue-to-start max (ms)"}.get(field, unit)
-        if scenario in ("drain", "best", "drain-write"):
+        if scenario in ("drain", "best", "bounded", "drain-write"):
             best = scenario == "best" or run.get("setting") == "best"
             setting = "best setting" if best else "default concurrency"
+            if run.get("setting") == "bounded":
+                setting = f"like-for-like at {run['concurrency']}"
             procs = f", {self.processes} processes" if self.processes > 1 else ""
-            writes = ", handler inserts a row" if scenario == "drain-write" else ""
+            writes = ", handler inserts a row" if run.get("kind") == "bench_write" else ""
             return f"drain{writes}, {setting}{procs}: {what}"
         if scenario == "enqueue":
             kind = "batch of 5,000" if "batch" in run else "single"
@@ -87,7 +93,4 @@ class SameRunTable:
                 else:
                     cells.append("")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        settings = ", ".join(f"{NAMES[s]} {self.best.get(s, '?')}" for s in self.systems)
-        lines += ["", f"Default concurrency: jobpool 4 slots, PgQueuer batch_size 10, "
-                  f"Procrastinate concurrency 1; best setting: {settings}."]
-        return lines
+        return [*lines, "", *self.notes]
