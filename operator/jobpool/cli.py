@@ -283,7 +283,7 @@ async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
         tenant_id = (await admin.resolve_tenant(conn, args.tenant))["id"] if args.tenant else None
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=args.kind, after=args.after,
                                     limit=args.limit)
-    columns = ["id", "tenant_key", "job_kind", "attempts", "dlq_at", "last_error"]
+    columns = ["id", "tenant_key", "job_kind", "attempts", "dlq_at", "last_error_preview"]
     _print_rows(rows, columns, args.json)
     return 0
 

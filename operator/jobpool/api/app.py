@@ -32,7 +32,7 @@ from jobpool import admin
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, Principal, TokenVerifier
 from jobpool.api.openapi import KIND_NAME, document
-from jobpool.api.overview import gather_overview, job_history
+from jobpool.api.overview import audit_entry, gather_overview, job_history
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
@@ -71,6 +71,10 @@ class BadRequest(JobpoolError):
     """A bad path or query parameter, or a body that cannot be read (400)."""
 
 
+class AuditEntryNotFound(JobpoolError):
+    """No audit row with that id among the token's tenants (404)."""
+
+
 def problem(status: int, detail: str, headers: Mapping[str, str] | None = None) -> web.Response:
     """An RFC 9457 problem response."""
     body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
@@ -107,7 +111,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         return problem(exc.status, exc.message, headers)
     except BadRequest as exc:
         return problem(400, str(exc))
-    except (JobNotFoundError, UnknownTenantError) as exc:
+    except (JobNotFoundError, UnknownTenantError, AuditEntryNotFound) as exc:
         return problem(404, str(exc))
     except JobStateError as exc:
         return problem(409, str(exc))
@@ -229,6 +233,17 @@ async def get_job_history(request: web.Request) -> web.Response:
     return ok({"items": rows})
 
 
+async def get_audit_entry(request: web.Request) -> web.Response:
+    """GET /v1/audit/entries/{id}: one audit row with its whole payload (a discard's snapshot
+    of the job); the history lists previews. 404 when the token may not see it."""
+    ident = _integer(request.match_info["id"], "audit entry id", 1, MAX_JOB_ID)
+    async with request.app[POOL].connection() as conn:
+        row = await audit_entry(conn, ident, tenants=_tenants(request))
+    if row is None:
+        raise AuditEntryNotFound(f"no audit entry with id {ident}")
+    return ok(row)
+
+
 def _action(action: Callable[..., Awaitable[None]]) -> Handler:
     """A POST handler: run `action` as the token's subject within its tenant scope, answer
     with the job after it."""
@@ -314,6 +329,7 @@ def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier,
     routes.add_get("/v1/dlq", list_dlq, allow_head=False)
     routes.add_get("/v1/jobs/{id}", get_job, allow_head=False)
     routes.add_get("/v1/audit/jobs/{id}", get_job_history, allow_head=False)
+    routes.add_get("/v1/audit/entries/{id}", get_audit_entry, allow_head=False)
     routes.add_delete("/v1/jobs/{id}", discard_job)
     routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
     routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))
