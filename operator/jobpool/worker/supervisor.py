@@ -137,12 +137,18 @@ class _Running:
 
 
 class _Stop:
-    """The pool's stop signals: how many came, and what each one does."""
+    """The pool's stop signals: how many came, and what each one does.
+
+    Each live lane process gets one SIGTERM per signal, up to two (the first stops it with
+    its grace period, the second ends that), also one started after the signal came.
+    """
 
     def __init__(self, running: Sequence[_Running], grace: float) -> None:
         self.running = running
         self.grace = grace
         self.count = 0
+        self.sent: dict[int, int] = {}
+        """SIGTERMs sent, by process id."""
 
     def __call__(self, _signum: int = 0, _frame: object = None) -> None:
         self.count += 1
@@ -154,10 +160,17 @@ class _Stop:
         else:
             log.warning("still handing back: waiting for %d worker(s) to exit", sum(
                 1 for r in self.running if r.child is not None and r.child.poll() is None))
-            return
+        self.forward()
+
+    def forward(self) -> None:
+        """Send each live lane process the SIGTERMs it is owed."""
+        owed = min(self.count, 2)
         for run in self.running:
-            if run.child is not None and run.child.poll() is None:
-                run.child.send_signal(signal.SIGTERM)
+            child = run.child
+            if child is not None and child.poll() is None:
+                while self.sent.get(child.pid, 0) < owed:
+                    child.send_signal(signal.SIGTERM)
+                    self.sent[child.pid] = self.sent.get(child.pid, 0) + 1
 
 
 def supervise(processes: Sequence[LaneProcess], *, grace: float, until_empty: bool,
@@ -190,6 +203,7 @@ def supervise(processes: Sequence[LaneProcess], *, grace: float, until_empty: bo
                     run.restart_at = None
                 elif run.restart_at is not None and time.monotonic() >= run.restart_at:
                     run.start()
+            stop.forward()  # to processes that started after a signal too
             time.sleep(CHILD_POLL)
     finally:
         for sig, handler in previous.items():
