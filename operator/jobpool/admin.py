@@ -1,5 +1,7 @@
 """Admin actions on jobs: DLQ list, replay, discard, stop, show, status.
 
+Lists carry bounded previews of payloads and errors; one job's own read carries them whole.
+
 Each takes a connection with dict rows and runs in the caller's transaction; each change
 writes its audit row with `actor` as `actor_principal_id`.
 
@@ -33,6 +35,23 @@ MAX_PAGE = 1000
 """Most DLQ rows one call lists (CLI and API)."""
 DEFAULT_PAGE = 100
 """DLQ rows listed when no limit is given."""
+
+PREVIEW_CHARS = 500
+"""Characters of a payload's JSON text that a list shows (DLQ, job history); the whole
+payload is the job's own (`get_job`). With MAX_PAGE, this bounds a page whatever the
+payloads hold."""
+ERROR_PREVIEW_CHARS = 500
+"""Characters of a last error that a list shows."""
+PREVIEW_READ_LIMIT = 32 * 1024
+"""Stored bytes (compressed, as jsonb keeps it) up to which a payload is read to cut its
+preview; a bigger one gets none (its size and `payload_truncated` only): cutting a preview
+means reading the whole value, 0.1 s and more for each of tens of megabytes."""
+
+
+def preview_params() -> dict[str, int]:
+    """The preview bounds, as the list queries' parameters."""
+    return {"preview_chars": PREVIEW_CHARS, "error_chars": ERROR_PREVIEW_CHARS,
+            "preview_read_limit": PREVIEW_READ_LIMIT}
 
 
 Tenants = Sequence[str] | None
@@ -104,10 +123,17 @@ async def list_dlq(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | None = None, kind: str | None = None,
     after: int = 0, limit: int = DEFAULT_PAGE, tenants: Tenants = None,
 ) -> list[Row]:
-    """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`."""
+    """DLQ jobs with id > `after` (keyset pagination), oldest first, at most `limit`.
+
+    Each row carries previews, not the big values: `payload_preview` (the first
+    PREVIEW_CHARS characters of the payload's JSON text; None for a payload stored in more
+    than PREVIEW_READ_LIMIT bytes), `payload_size` (bytes stored), `payload_truncated`,
+    `last_error_preview` (ERROR_PREVIEW_CHARS characters), `last_error_length` (characters),
+    `last_error_truncated`. The whole job is `get_job`'s.
+    """
     return await fetch_all(conn, "list_dlq", {
         "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
-        "tenants": _keys(tenants),
+        "tenants": _keys(tenants), **preview_params(),
     })
 
 

@@ -154,7 +154,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
     registry = load_kind_modules(args.imports)
     processes = process_count(settings.processes, cpu_count())
-    if processes > 1 and not args.status_file:
+    if processes > 1:
         return await _run_processes(args, settings, processes)
     config = WorkerConfig(
         kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
@@ -198,21 +198,28 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, group.stop)
     health = await start_worker_health(group, dsn, args.metrics_port)
+    reporting = (asyncio.create_task(group.report_status(Path(args.status_file)))
+                 if args.status_file else None)  # a lane process of a local pool
     try:
         return await group.run()
     finally:
+        if reporting is not None:
+            reporting.cancel()
         if health is not None:
             await health.stop()
 
 
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
-    from jobpool.core.poolspec import load_pool_file
+    from jobpool.core.poolspec import check_lane_kinds, load_pool_file
     from jobpool.core.process_group import process_count
+    from jobpool.registry import load_kind_modules
     from jobpool.worker.processes import cpu_count
     from jobpool.worker.supervisor import lane_processes, local_process_count, supervise
 
     pool = load_pool_file(args.pool)
     local_process_count(pool, cpu_count())
+    # every lane's kinds, before any lane starts (the lanes import the same modules)
+    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names())
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())
@@ -226,7 +233,7 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     processes = lane_processes(pool, settings, imports=args.imports,
                                until_empty=args.until_empty, metrics_port=args.metrics_port,
                                inherited=os.environ)
-    return supervise(processes)
+    return supervise(processes, grace=pool.grace_seconds, until_empty=args.until_empty)
 
 
 async def prepare_database(settings: Settings) -> str:
@@ -283,7 +290,7 @@ async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
         tenant_id = (await admin.resolve_tenant(conn, args.tenant))["id"] if args.tenant else None
         rows = await admin.list_dlq(conn, tenant_id=tenant_id, kind=args.kind, after=args.after,
                                     limit=args.limit)
-    columns = ["id", "tenant_key", "job_kind", "attempts", "dlq_at", "last_error"]
+    columns = ["id", "tenant_key", "job_kind", "attempts", "dlq_at", "last_error_preview"]
     _print_rows(rows, columns, args.json)
     return 0
 
@@ -445,7 +452,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                    help="exit once nothing runnable is left")
     add_setting(p, settings, "processes")
     add_setting(p, settings, "metrics_port")
-    p.add_argument("--status-file", help=argparse.SUPPRESS)  # a child of --processes N
+    # written by a child of --processes N, and by a lane process of a pool file
+    p.add_argument("--status-file", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run, extra="worker")
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")

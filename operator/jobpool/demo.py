@@ -97,7 +97,7 @@ async def report(conn: Any) -> None:
         print(f"  {row['tenant_key']:<10} {row['job_kind']:<12} {row['status']:<8} {row['jobs']}")
     dead = await admin.list_dlq(conn)
     for row in dead:
-        print(f"DLQ: job {row['id']} ({row['job_kind']}): {row['last_error']}")
+        print(f"DLQ: job {row['id']} ({row['job_kind']}): {row['last_error_preview']}")
     print("\nnext: `jobpool dlq list`, `jobpool jobs show ID`, `jobpool status`")
 
 
@@ -128,7 +128,8 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
         if not settings.dsn:  # the embedded server, started by prepare()
             settings = replace(settings, dsn=resolve_dsn(None, settings.data_dir))
         code = supervise(lane_processes(pool, settings, imports=(), until_empty=True,
-                                        metrics_port=0, inherited=os.environ))
+                                        metrics_port=0, inherited=os.environ),
+                         grace=pool.grace_seconds, until_empty=True)
 
         async def summary() -> None:
             async with await open_db(settings) as conn:

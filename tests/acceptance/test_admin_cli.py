@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from integration.helpers import job, prepare, scalar
+from psycopg.types.json import Jsonb
 
 import jobpool
 from acceptance.cli import env, worker_args
@@ -31,9 +32,17 @@ async def _dead_job(conn: Conn, tenant: uuid.UUID, dsn: str) -> int:
 async def test_dlq_list_replay_and_discard(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
     await prepare(conn)
     dead, other = await _dead_job(conn, tenant, dsn), await _dead_job(conn, tenant, dsn)
-    listed = json.loads(cli(dsn, "dlq", "list", "--tenant", "acme", "--json").stdout)
+    big = {"blob": os.urandom(1_000_000).hex()}  # hex: compression halves it at most
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s WHERE id = %s", (Jsonb(big), dead))
+    output = cli(dsn, "dlq", "list", "--tenant", "acme", "--json").stdout
+    assert len(output) < 4_000  # previews, not the 2 MB payload
+    listed = json.loads(output)
     assert [row["id"] for row in listed] == [dead, other]
-    assert listed[0]["last_error"] == "PermanentError: broken"
+    assert listed[0]["last_error_preview"] == "PermanentError: broken"
+    assert [(row["payload_preview"], row["payload_truncated"]) for row in listed] == [
+        (None, True), ('{"message": "broken", "permanent": true}', False)]
+    assert "PermanentError: broken" in cli(dsn, "dlq", "list").stdout
+    assert json.loads(cli(dsn, "jobs", "show", str(dead), "--json").stdout)["payload"] == big
     page = json.loads(cli(dsn, "dlq", "list", "--after", str(dead), "--json").stdout)
     assert [row["id"] for row in page] == [other]
 

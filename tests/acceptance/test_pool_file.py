@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -9,14 +14,16 @@ from typing import Any
 import psycopg
 import pytest
 from integration.helpers import prepare, scalar
+from pool_faults import BROKEN_LANE
 
 import jobpool
-from acceptance.cli import REPO
+from acceptance.cli import REPO, env
 from acceptance.cli import jobpool as cli
 from jobpool.core.poolspec import load_pool_file
 from jobpool.k8s.manifests import build_worker_env
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+DEADLINE = 60.0
 
 POOL = """
 apiVersion: jobs.mdm.io/v1alpha1
@@ -182,3 +189,155 @@ def test_quickstart_demo_on_the_embedded_postgres(tmp_path: Path) -> None:
     assert "DLQ: job" in result.stdout and "SMTP rejected the recipient" in result.stdout
     assert "suppressed" not in result.stderr
     assert (tmp_path / ".jobpool" / "postgres" / "PG_VERSION").exists()
+
+
+# -- lanes that fail, crash, and Ctrl-C ------------------------------------------------------
+
+FAULTY_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: local}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  worker: {graceSeconds: 30}
+  lanes:
+    - name: records
+      kinds: [test_record, test_crash_once]
+      workersPerPod: 2
+    - name: LANE
+      kinds: [test_sleep]
+      workersPerPod: 2
+"""
+
+
+def start_pool(dsn: str, pool: Path, *args: str) -> subprocess.Popen[str]:
+    """`jobpool run pool.yaml` in a session of its own, as a shell runs a foreground job:
+    `os.killpg(its pid, SIGINT)` is what Ctrl-C in the terminal sends."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobpool", "run", str(pool), "--import", "kinds_for_tests",
+         "--import", "pool_faults", "--metrics-port", "0", "--log-level", "warning", *args],
+        env=env(dsn), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        start_new_session=True)
+
+
+async def wait_for(conn: Conn, query: str, params: tuple[Any, ...], expected: Any) -> None:
+    for _ in range(int(DEADLINE / 0.1)):
+        if await scalar(conn, query, params) == expected:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{query} {params} never gave {expected!r}")
+
+
+async def job_status(conn: Conn, job: int, status: str) -> None:
+    await wait_for(conn, "SELECT status::text FROM mdm.aa_job WHERE id = %s", (job,), status)
+
+
+async def finish(pool: subprocess.Popen[str], timeout: float = DEADLINE) -> str:
+    _, err = await asyncio.to_thread(pool.communicate, timeout=timeout)
+    return err
+
+
+def faulty_pool(tmp_path: Path, lane: str = "sleepers") -> Path:
+    path = tmp_path / "pool.yaml"
+    path.write_text(FAULTY_POOL.replace("LANE", lane))
+    return path
+
+
+async def test_a_kind_no_module_registers_is_refused_before_any_lane_starts(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """A misspelt kind would leave the real one to the catch-all lane (it excludes only the
+    kinds other lanes list): the pool is refused, naming the lane, the kind and its likely
+    name, and nothing runs."""
+    await prepare(conn)
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(FAULTY_POOL.replace("kinds: [test_record, test_crash_once]",
+                                        "kinds: [test_recrod]").replace(
+        "LANE\n      kinds: [test_sleep]\n", "rest\n"))  # the second lane: a catch-all
+
+    result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+                 check=False)
+
+    assert result.returncode == 2, result.stderr
+    assert ("spec.lanes[0].kinds (lane 'records'): unknown job kind(s) 'test_recrod' (did you "
+            "mean 'test_record'?); registered kinds are ") in result.stderr
+    assert "starting" not in result.stderr
+    assert await scalar(conn, "SELECT status::text FROM mdm.aa_job WHERE id = %s",
+                        (job.id,)) == "pending"
+
+
+async def test_a_lane_that_fails_at_start_stops_the_pool_with_its_status(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    await prepare(conn)
+    pool = start_pool(dsn, faulty_pool(tmp_path, BROKEN_LANE))
+    err = await finish(pool)
+    assert pool.returncode == 2, err
+    assert "cannot import kind module 'pool_faults': RuntimeError: this lane cannot start" in err
+    assert "lane broken worker 0 failed at start (exit status 2); stopping the pool" in err
+
+
+async def test_a_lane_worker_that_crashes_later_is_restarted(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    await prepare(conn)
+    pool = start_pool(dsn, faulty_pool(tmp_path))
+    try:
+        first = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+        await job_status(conn, first.id, "done")  # the lane has started
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_crash_once",
+                              payload={"marker": str(tmp_path / "crashed")})
+        await wait_for(conn, "SELECT count(*) FROM mdm.aa_job WHERE job_kind = %s AND "
+                       "status = 'running'", ("test_crash_once",), 1)
+        later = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+        await job_status(conn, later.id, "done")
+        pids = await scalar(conn, "SELECT array_agg(DISTINCT worker_pid) FROM test_runs")
+        assert len(pids) == 2  # the restarted worker ran the later job
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        err = await finish(pool)
+    assert pool.returncode == 0, err
+    assert "lane records worker 0 exited with 3 after " in err
+    assert "restarting it in " in err
+
+
+async def test_ctrl_c_exits_0_after_the_running_jobs_finish(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    await prepare(conn)
+    pool = start_pool(dsn, faulty_pool(tmp_path))
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep", payload={"seconds": 2})
+    await job_status(conn, job.id, "running")
+
+    os.killpg(pool.pid, signal.SIGINT)
+
+    err = await finish(pool)
+    assert pool.returncode == 0, err
+    assert "running jobs get 30s to finish, then are handed back (Ctrl-C again hands them " \
+           "back now)" in err
+    assert "exited with" not in err
+    assert await scalar(conn, "SELECT status::text FROM mdm.aa_job WHERE id = %s",
+                        (job.id,)) == "done"
+
+
+async def test_a_second_ctrl_c_hands_back_at_once_and_exits_0(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    await prepare(conn)
+    pool = start_pool(dsn, faulty_pool(tmp_path))
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                payload={"seconds": 600})
+    await job_status(conn, job.id, "running")
+
+    os.killpg(pool.pid, signal.SIGINT)
+    await asyncio.sleep(1)
+    os.killpg(pool.pid, signal.SIGINT)
+
+    err = await finish(pool, timeout=20)  # not the 30 s grace period
+    assert pool.returncode == 0, err
+    assert "stopping the pool now: running jobs are handed back at once" in err
+    row = await scalar(conn, "SELECT row(status::text, claimed_by IS NULL)::text FROM mdm.aa_job"
+                       " WHERE id = %s", (job.id,))
+    assert row == "(pending,t)"

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
+import time
 
 import aiohttp
+import jwt
 import psycopg
 from integration.helpers import prepare, scalar
 from private_postgres import PrivateServer
@@ -95,3 +98,44 @@ async def test_run_waits_for_the_schema_to_be_migrated(empty_dsn: str) -> None:
     finally:
         err = await stop(worker)
     assert worker.returncode == 0, err
+
+
+API_SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret!"
+API_AUDIENCE = "jobpool-admin"
+
+
+async def dlq_page(port: int) -> tuple[int, str]:
+    bearer = jwt.encode({"sub": "oncall", "aud": API_AUDIENCE, "exp": int(time.time()) + 600,
+                         "permissions": ["manage_metadata"], "tenants": "*"}, API_SECRET)
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{port}/v1/dlq", headers={"Authorization": f"Bearer {bearer}"}
+    ) as response:
+        return response.status, await response.text()
+
+
+async def test_api_waits_for_its_database_at_start_and_after_an_outage(
+    private_server: PrivateServer,
+) -> None:
+    """`jobpool api` serves while its database is away (/healthz 200, /readyz and /v1 503
+    naming why) and serves the database as soon as it is back, at start and later."""
+    await asyncio.to_thread(private_server.stop)
+    port = free_port()
+    api = start(private_server.dsn(), "api", "--port", str(port), "--log-level", "warning",
+                JOBPOOL_API_JWT_SECRET=API_SECRET, JOBPOOL_API_JWT_AUDIENCE=API_AUDIENCE)
+    try:
+        for _ in range(2):  # down at start, then down again while serving
+            await wait_for_probe(port, "/readyz", 503, "database unreachable")
+            assert (await probe(port, "/healthz"))[0] == 200
+            status, body = await dlq_page(port)
+            assert status == 503 and "database unreachable" in body, body
+            assert api.poll() is None
+
+            await asyncio.to_thread(private_server.start)
+            await wait_for_probe(port, "/readyz", 200, '"ready"')
+            status, body = await dlq_page(port)
+            assert (status, json.loads(body)["items"]) == (200, []), body
+            await asyncio.to_thread(private_server.stop)
+    finally:
+        err = await stop(api)
+    assert api.returncode == 0, err
+    assert "database connection lost" in err or "trying again" in err, err

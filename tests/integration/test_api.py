@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -22,8 +23,10 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 import jobpool
+from jobpool.admin import ERROR_PREVIEW_CHARS, PREVIEW_CHARS, PREVIEW_READ_LIMIT
 from jobpool.api.app import build_app
 from jobpool.api.auth import TokenVerifier, load_verifier
 from jobpool.cli import main
@@ -198,7 +201,10 @@ async def test_dlq_pages_by_keyset_and_filters(api: Client, conn: Conn, tenant: 
     assert pages == [dead[0:2], dead[2:4], dead[4:5]]
     _, body, _ = await api.call("GET", f"/v1/dlq?tenant={tenant}&kind={KIND}", bearer=token())
     assert [item["id"] for item in body["items"]] == dead
-    assert body["items"][0]["last_error"] == "boom" and body["items"][0]["tenant_key"] == "acme"
+    first = body["items"][0]
+    assert (first["last_error_preview"], first["last_error_length"], first["tenant_key"]) == (
+        "boom", 4, "acme")
+    assert (first["payload_preview"], first["payload_truncated"]) == ('{"n": 0}', False)
     _, body, _ = await api.call("GET", "/v1/dlq?kind=no_such_kind", bearer=token())
     assert body == {"items": [], "next_after": None}
 
@@ -242,9 +248,10 @@ async def test_jobs_with_undecodable_data_are_served_not_500(
     assert status == 200
     items = {item["id"]: item for item in body["items"]}
     assert set(items) == {*dead, healthy}
-    assert "nested 980 levels deep" in items[dead[0]]["payload"]["undecodable"]
-    assert "4300 digits" in items[dead[1]]["payload"]["undecodable"]
-    assert items[healthy]["payload"] == {"n": 0}
+    assert items[dead[0]]["payload_preview"].startswith('{"a": {"a": ')
+    assert items[dead[1]]["payload_preview"] == '{"n": ' + "9" * (PREVIEW_CHARS - 6)
+    assert [items[i]["payload_truncated"] for i in (*dead, healthy)] == [True, True, False]
+    assert items[healthy]["payload_preview"] == '{"n": 0}'
 
     status, body, _ = await api.call("POST", f"/v1/jobs/{dead[0]}/replay", bearer=token())
     assert (status, body["status"]) == (200, "pending")
@@ -270,6 +277,71 @@ async def test_job_times_python_cannot_hold_are_served_as_infinity(
     items = {item["id"]: item for item in body["items"]}
     assert (items[dead[0]]["created_at"], items[dead[0]]["dlq_at"]) == ("-infinity", "infinity")
     assert items[dead[1]]["created_at"] not in ("-infinity", "infinity")
+
+
+# -- lists are bounded --------------------------------------------------------------------
+
+
+def incompressible(chars: int) -> str:
+    """Hex text that compression cannot shrink much (stored at about half its length)."""
+    return os.urandom(chars // 2).hex()
+
+
+async def test_a_dlq_page_carries_previews_whatever_the_payloads_hold(
+    api: Client, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Big payloads and errors stay in the database: a page is a few kilobytes per job, and
+    the whole payload is the job's own endpoint."""
+    dead = (await seed(conn, tenant, dlq=4, pending=0, running=0))["dlq"]
+    big = {"blob": incompressible(4_000_000)}
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s, last_error = %s WHERE id = ANY(%s)",
+                       (Jsonb(big), "E" * 4_000, dead[:3]))
+    medium = {"text": "ab" * 5_000}  # stored within the read limit: cut, not left out
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s WHERE id = %s",
+                       (Jsonb(medium), dead[3]))
+
+    status, body, response = await api.call("GET", "/v1/dlq?limit=50", bearer=token())
+
+    assert status == 200
+    assert int(response.headers["Content-Length"]) < 4 * 4_000  # 4 jobs, not 12 MB
+    items = {item["id"]: item for item in body["items"]}
+    for ident in dead[:3]:
+        item = items[ident]
+        assert (item["payload_preview"], item["payload_truncated"]) == (None, True)
+        assert item["payload_size"] > PREVIEW_READ_LIMIT
+        assert item["last_error_preview"] == "E" * ERROR_PREVIEW_CHARS
+        assert (item["last_error_length"], item["last_error_truncated"]) == (4_000, True)
+    assert items[dead[3]]["payload_preview"] == json.dumps(medium)[:PREVIEW_CHARS]
+    assert items[dead[3]]["payload_truncated"] is True
+    status, body, _ = await api.call("GET", f"/v1/jobs/{dead[0]}", bearer=token())
+    assert (status, body["payload"]) == (200, big)
+
+
+async def test_the_history_carries_previews_and_each_entry_is_whole_on_its_own(
+    api: Client, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """A discard's audit row holds the whole job: its history row shows a preview, its own
+    endpoint the snapshot."""
+    job = (await seed(conn, tenant, dlq=1, pending=0, running=0))["dlq"][0]
+    big = {"blob": incompressible(200_000)}
+    await conn.execute("UPDATE mdm.aa_job SET payload = %s WHERE id = %s", (Jsonb(big), job))
+    assert (await api.call("DELETE", f"/v1/jobs/{job}", bearer=token()))[0] == 204
+
+    status, body, response = await api.call("GET", f"/v1/audit/jobs/{job}", bearer=token())
+
+    assert status == 200 and int(response.headers["Content-Length"]) < 4_000
+    enqueued, discarded = body["items"]
+    assert (enqueued["action"], enqueued["payload_truncated"]) == ("job_enqueued", False)
+    assert json.loads(enqueued["payload_preview"])["kind"] == KIND
+    assert (discarded["action"], discarded["payload_preview"]) == ("job_discard", None)
+    assert discarded["payload_truncated"] is True
+    status, entry, _ = await api.call("GET", f"/v1/audit/entries/{discarded['id']}",
+                                      bearer=token())
+    assert status == 200
+    assert (entry["job_id"], entry["action"], entry["payload"]["payload"]) == (
+        job, "job_discard", big)
+    status, problem, _ = await api.call("GET", "/v1/audit/entries/999999999", bearer=token())
+    assert (status, problem["detail"]) == (404, "no audit entry with id 999999999")
 
 
 # -- bad input -----------------------------------------------------------------------------
@@ -559,4 +631,4 @@ def test_schemathesis_finds_no_error_against_the_live_server(dsn: str, tmp_path:
              "-H", f"Authorization: Bearer {token(expires_in=3600)}"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert "9 selected / 9 total" in run.stdout
+    assert "10 selected / 10 total" in run.stdout

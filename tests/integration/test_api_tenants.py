@@ -80,6 +80,12 @@ async def test_each_tenant_admin_acts_on_its_own_jobs_and_the_audit_records_the_
         status, body, _ = await api.call("GET", f"/v1/audit/jobs/{mine[1]}", bearer=bearer)
         assert status == 200
         assert [row["action"] for row in body["items"]] == ["job_enqueued", "job_discard"]
+        entry = body["items"][1]["id"]
+        status, body, _ = await api.call("GET", f"/v1/audit/entries/{entry}", bearer=bearer)
+        assert (status, body["payload"]["tenant_scope"]) == (200, [key])
+        other = GLOBEX if bearer is ACME else ACME
+        status, body, _ = await api.call("GET", f"/v1/audit/entries/{entry}", bearer=other)
+        assert (status, body["detail"]) == (404, f"no audit entry with id {entry}")
 
 
 async def test_the_platform_token_acts_on_every_tenant_and_is_recorded_as_such(

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 import jobpool
-from integration.helpers import job, prepare, run_until_empty, scalar
+from integration.helpers import job, prepare, run_until_empty, scalar, worker
 from jobpool.db.connect import open_pool
 from jobpool.db.store import QueueStore
 from jobpool.job import Job
@@ -236,3 +236,26 @@ async def test_tenant_restriction(conn: Conn, dsn: str, tenant: uuid.UUID) -> No
     await run_until_empty(dsn, "test_record", tenants=("globex",))
     assert (await job(conn, theirs))["status"] == "done"
     assert (await job(conn, mine))["status"] == "pending"
+
+
+async def test_a_second_stop_hands_running_jobs_back_at_once(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The first stop gives running jobs the grace period; a second one (Ctrl-C twice) ends
+    it: the job is handed back, its attempt not counted, long before the grace is over."""
+    await prepare(conn)
+    sleeper = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 600})
+    w = worker(dsn, ("test_sleep",), until_empty=False, grace=600.0)
+    running = asyncio.create_task(w.run())
+    for _ in range(600):
+        if (await job(conn, sleeper.id))["status"] == "running":
+            break
+        await asyncio.sleep(0.1)
+    w.stop()
+    await asyncio.sleep(0.5)
+    assert not running.done()  # the grace period runs
+    w.stop()
+    await asyncio.wait_for(running, 30)
+    row = await job(conn, sleeper.id)
+    assert (row["status"], row["claimed_by"], row["attempts"]) == ("pending", None, 0)

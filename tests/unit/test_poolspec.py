@@ -471,3 +471,26 @@ def test_keys_merged_in_with_an_alias_may_be_overridden() -> None:
     from jobpool.core.yamlfile import load_documents
     assert load_documents("base: &b {rps: 1, burst: 2}\nmine: {<<: *b, rps: 5}\n") == [
         {"base": {"rps": 1, "burst": 2}, "mine": {"rps": 5, "burst": 2}}]
+
+
+# -- kinds a lane names must exist -------------------------------------------------------
+
+
+def test_every_lanes_unknown_kinds_are_refused_naming_lane_kind_and_likely_name() -> None:
+    spec = load_pool(pool({"name": "mail", "kinds": ["email_sned", "email_send"]},
+                          {"name": "odd", "kinds": ["zzz"]}, {"name": "rest"}))
+    with pytest.raises(PoolSpecError) as caught:
+        poolspec.check_lane_kinds(spec, BUILTIN_KINDS)
+    message = str(caught.value)
+    assert message.startswith(
+        "spec.lanes[0].kinds (lane 'mail'): unknown job kind(s) 'email_sned' (did you mean "
+        "'email_send'?); spec.lanes[1].kinds (lane 'odd'): unknown job kind(s) 'zzz'; "
+        "registered kinds are ")
+    assert ", ".join(sorted(BUILTIN_KINDS)) in message
+
+
+def test_lanes_of_registered_kinds_and_catch_alls_pass() -> None:
+    spec = load_pool_file(EXAMPLE)
+    poolspec.check_lane_kinds(spec, BUILTIN_KINDS)  # raises nothing
+    with pytest.raises(PoolSpecError, match="'bulk_import'"):
+        poolspec.check_lane_kinds(spec, BUILTIN_KINDS - {"bulk_import"})

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import random
+import signal
+from typing import Any
+
 from jobpool.core.process_group import (
+    STABLE_AFTER,
+    LaneExit,
     ProcessStatus,
     group_beat,
     group_problems,
+    lane_exit,
     process_count,
     usable_cpus,
 )
@@ -51,3 +58,50 @@ def test_the_group_is_ready_only_when_every_process_is() -> None:
         "worker process 0: LISTEN connection down",
         "worker process 1: starting",
     ]
+
+
+# -- a local pool's lane processes -------------------------------------------------------
+
+
+def decide(code: int, **given: Any) -> LaneExit:
+    facts: dict[str, Any] = {"name": "lane a worker 0", "started": True, "uptime": 120.0,
+                             "stopping": False, "until_empty": False, "failures": 0}
+    return lane_exit(code, **{**facts, **given}, rng=random.Random(7))
+
+
+def test_a_lane_that_fails_at_start_stops_the_pool_with_its_status() -> None:
+    assert decide(2, started=False) == LaneExit(
+        "stop_pool", "lane a worker 0 failed at start (exit status 2); stopping the pool",
+        code=2)
+    assert decide(-9, started=False).code == 9  # killed by a signal: its number
+    assert decide(0, started=False).code == 1  # gone at start without a word is no success
+
+
+def test_a_crash_after_start_is_restarted_later_each_time_it_repeats() -> None:
+    delays = []
+    failures = 0
+    for _ in range(8):
+        decision = decide(-9, uptime=5.0, failures=failures)
+        assert decision.action == "restart"
+        assert decision.message.startswith("lane a worker 0 exited with -9 after 5s; "
+                                           "restarting it in ")
+        failures = decision.failures
+        delays.append(decision.delay)
+    assert failures == 8
+    assert 0.5 <= delays[0] <= 1.0 and 15.0 <= delays[-1] <= 30.0
+    assert decide(1, uptime=STABLE_AFTER, failures=7).failures == 1  # it had run a while
+
+
+def test_a_drain_stops_at_its_first_failure_and_ends_when_every_lane_is_done() -> None:
+    assert decide(0, until_empty=True).action == "done"
+    failed = decide(2, until_empty=True)
+    assert (failed.action, failed.code) == ("stop_pool", 2)
+    assert failed.message == "lane a worker 0 failed after 120s (exit status 2); stopping " \
+                             "the pool"
+
+
+def test_while_stopping_a_clean_exit_or_the_sigterm_itself_is_done() -> None:
+    assert decide(0, stopping=True) == LaneExit("done", "")
+    assert decide(-signal.SIGTERM, stopping=True, started=False) == LaneExit("done", "")
+    assert decide(-9, stopping=True) == LaneExit(
+        "done", "lane a worker 0 exited with -9 while stopping", code=9)

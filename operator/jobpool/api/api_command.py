@@ -31,28 +31,34 @@ def add_api_command(subparsers: Any, settings: Settings) -> None:
 
 
 async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    """Check the token keys, the pool file and the schema, then serve until a signal."""
+    """Check the token keys and the pool file, then serve until a signal.
+
+    The database need not answer yet: the API serves at once, its /v1 calls and /readyz
+    answering 503 with the reason until the database answers and is migrated
+    (`jobpool.api.database`), because exiting would only make Kubernetes restart it in a
+    crash loop.
+    """
     from aiohttp import web
+    from psycopg.conninfo import conninfo_to_dict
 
     from jobpool.api.app import build_app
     from jobpool.api.auth import load_verifier
-    from jobpool.db.connect import connect, open_pool, resolve_dsn
-    from jobpool.db.migrate import check_schema
+    from jobpool.api.database import DatabaseLink
+    from jobpool.db.connect import resolve_dsn
 
     verifier = load_verifier(secret=settings.api_jwt_secret,
                              public_key=settings.api_jwt_public_key,
                              audience=settings.api_jwt_audience)
     lanes = lane_summaries(_load_pool(settings.api_pool)) if settings.api_pool else []
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
-    async with await connect(dsn) as conn:
-        await check_schema(conn)
-    pool = open_pool(dsn, size=POOL_SIZE, name="jobpool-api")
-    await pool.open(wait=True, timeout=30)
-    runner = web.AppRunner(build_app(pool, verifier, lanes), access_log=log)
+    conninfo_to_dict(dsn)  # a malformed DSN is a mistake to report, not an outage to wait out
+    database = DatabaseLink(dsn, size=POOL_SIZE, name="jobpool-api")
+    runner = web.AppRunner(build_app(database, verifier, lanes), access_log=log)
     await runner.setup()
     host, port = settings.api_host, settings.api_port
     try:
         await web.TCPSite(runner, host, port).start()
+        database.start()
         log.info("admin API on http://%s:%d (console at /console/, OpenAPI at /openapi.json)",
                  host, port)
         await _wait_for_signal()
@@ -61,7 +67,7 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
                          "set --port / JOBPOOL_API_PORT") from None
     finally:
         await runner.cleanup()
-        await pool.close()
+        await database.close()
     return 0
 
 

@@ -31,8 +31,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobpool import admin
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, Principal, TokenVerifier
+from jobpool.api.database import DatabaseAway, DatabaseLink
 from jobpool.api.openapi import KIND_NAME, document
-from jobpool.api.overview import gather_overview, job_history
+from jobpool.api.overview import audit_entry, gather_overview, job_history
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
@@ -40,7 +41,7 @@ log = logging.getLogger("jobpool.api")
 
 MAX_BODY = 64 * 1024
 """Bytes; no endpoint takes a body, so anything larger is refused with 413."""
-PUBLIC_PATHS = frozenset({"/", "/console", "/openapi.json", "/healthz"})
+PUBLIC_PATHS = frozenset({"/", "/console", "/openapi.json", "/healthz", "/readyz"})
 CONSOLE_PATH = "/console/"
 """Where the console is served; its static files need no token (the API calls do)."""
 CONSOLE_FILES = Path(__file__).with_name("console")
@@ -57,7 +58,7 @@ SECURITY_HEADERS = {
 """On every response: the console runs only this server's files (no inline script or style,
 nothing from elsewhere), so injected markup cannot run, and no page may frame it."""
 
-POOL = web.AppKey("pool", AsyncConnectionPool)
+DATABASE = web.AppKey("database", DatabaseLink)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
 LANES: web.AppKey[tuple[Mapping[str, Any], ...]] = web.AppKey("lanes")
 """The lanes of the pool file given to `jobpool api --pool` (plain dicts), or ()."""
@@ -69,6 +70,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class BadRequest(JobpoolError):
     """A bad path or query parameter, or a body that cannot be read (400)."""
+
+
+class AuditEntryNotFound(JobpoolError):
+    """No audit row with that id among the token's tenants (404)."""
 
 
 def problem(status: int, detail: str, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -107,7 +112,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         return problem(exc.status, exc.message, headers)
     except BadRequest as exc:
         return problem(400, str(exc))
-    except (JobNotFoundError, UnknownTenantError) as exc:
+    except (JobNotFoundError, UnknownTenantError, AuditEntryNotFound) as exc:
         return problem(404, str(exc))
     except JobStateError as exc:
         return problem(409, str(exc))
@@ -116,6 +121,8 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
             raise
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
         return problem(exc.status, exc.reason, allow)
+    except DatabaseAway as exc:
+        return problem(503, f"{exc}; try again later")
     except (psycopg.OperationalError, PoolTimeout) as exc:
         log.warning("database unreachable: %s", exc)
         return problem(503, "the database is unreachable; try again later")
@@ -201,7 +208,7 @@ async def list_dlq(request: web.Request) -> web.Response:
     kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
     tenant = _query_tenant(request)
     scope = _tenants(request)
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         tenant_id = None
         if tenant:
             tenant_id = (await admin.resolve_tenant(conn, tenant, tenants=scope))["id"]
@@ -213,7 +220,7 @@ async def list_dlq(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     """GET /v1/jobs/{id}."""
     ident = job_id(request)
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         return ok(await admin.get_job(conn, ident, tenants=_tenants(request)))
 
 
@@ -222,11 +229,22 @@ async def get_job_history(request: web.Request) -> web.Response:
     audit log, not of /v1/jobs/{id}: the rows outlive the job); 404 when the
     token may see none."""
     ident = job_id(request)
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         rows = await job_history(conn, ident, tenants=_tenants(request))
     if not rows:
         raise JobNotFoundError(ident)
     return ok({"items": rows})
+
+
+async def get_audit_entry(request: web.Request) -> web.Response:
+    """GET /v1/audit/entries/{id}: one audit row with its whole payload (a discard's snapshot
+    of the job); the history lists previews. 404 when the token may not see it."""
+    ident = _integer(request.match_info["id"], "audit entry id", 1, MAX_JOB_ID)
+    async with request.app[DATABASE].connection() as conn:
+        row = await audit_entry(conn, ident, tenants=_tenants(request))
+    if row is None:
+        raise AuditEntryNotFound(f"no audit entry with id {ident}")
+    return ok(row)
 
 
 def _action(action: Callable[..., Awaitable[None]]) -> Handler:
@@ -236,7 +254,7 @@ def _action(action: Callable[..., Awaitable[None]]) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         ident = job_id(request)
         principal = request[PRINCIPAL]
-        async with request.app[POOL].connection() as conn:
+        async with request.app[DATABASE].connection() as conn:
             await action(conn, ident, actor=principal.subject, tenants=principal.tenants)
             return ok(await admin.get_job(conn, ident, tenants=principal.tenants))
 
@@ -247,7 +265,7 @@ async def discard_job(request: web.Request) -> web.Response:
     """DELETE /v1/jobs/{id}: 204, or 409 for a running job."""
     ident = job_id(request)
     principal = request[PRINCIPAL]
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         await admin.discard(conn, ident, actor=principal.subject, tenants=principal.tenants)
     return web.Response(status=204)
 
@@ -255,7 +273,7 @@ async def discard_job(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     """GET /v1/overview: live counts with the ready backlog's age, lanes, rate-limited pairs."""
     lanes = request.app[LANES]
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         return ok(await gather_overview(conn, tenants=_tenants(request), lanes=lanes))
 
 
@@ -267,7 +285,7 @@ async def whoami(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     """GET /v1/stats: counts per (tenant, kind, status) and totals per status."""
-    async with request.app[POOL].connection() as conn:
+    async with request.app[DATABASE].connection() as conn:
         rows = await admin.job_counts(conn, tenants=_tenants(request))
     counts = [{"tenant": r["tenant_key"], "tenant_id": r["tenant_id"], "kind": r["job_kind"],
                "status": r["status"], "jobs": int(r["jobs"])} for r in rows]
@@ -283,8 +301,18 @@ async def openapi(_: web.Request) -> web.Response:
 
 
 async def healthz(_: web.Request) -> web.Response:
-    """GET /healthz for the API's own liveness probe (no token needed)."""
+    """GET /healthz for the API's own liveness probe (no token needed): 200 while the process
+    answers, also while the database is away (a restart would not bring it back)."""
     return ok({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """GET /readyz (no token needed): 200 when the database answers and is migrated, else
+    503 with the reasons, as a worker's /readyz."""
+    problems = await request.app[DATABASE].check()
+    if problems:
+        return ok({"status": "not ready", "problems": problems}, status=503)
+    return ok({"status": "ready"})
 
 
 async def console_page(_: web.Request) -> web.FileResponse:
@@ -298,13 +326,15 @@ async def to_console(_: web.Request) -> web.Response:
     raise web.HTTPFound(CONSOLE_PATH)
 
 
-def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier,
+def build_app(database: DatabaseLink | AsyncConnectionPool[Any], verifier: TokenVerifier,
               lanes: Sequence[Mapping[str, Any]] = ()) -> web.Application:
-    """The admin API and console on `pool` (opened by the caller; dict rows), verifying with
-    `verifier`; `lanes` describe the pool's lanes for the overview (plain dicts with name,
-    kinds, exclude_kinds, tenants, workers_per_pod, min_replicas, max_replicas)."""
+    """The admin API and console on `database` (a link the caller started, or a pool it
+    opened: dict rows), verifying with `verifier`; `lanes` describe the pool's lanes for the
+    overview (plain dicts with name, kinds, exclude_kinds, tenants, workers_per_pod,
+    min_replicas, max_replicas). The caller closes `database`."""
     app = web.Application(middlewares=[problems, authenticate], client_max_size=MAX_BODY)
-    app[POOL] = pool
+    app[DATABASE] = (database if isinstance(database, DatabaseLink)
+                     else DatabaseLink.serving(database))
     app[VERIFIER] = verifier
     app[LANES] = tuple(lanes)
     app.on_response_prepare.append(_security_headers)
@@ -314,12 +344,14 @@ def build_app(pool: AsyncConnectionPool[Any], verifier: TokenVerifier,
     routes.add_get("/v1/dlq", list_dlq, allow_head=False)
     routes.add_get("/v1/jobs/{id}", get_job, allow_head=False)
     routes.add_get("/v1/audit/jobs/{id}", get_job_history, allow_head=False)
+    routes.add_get("/v1/audit/entries/{id}", get_audit_entry, allow_head=False)
     routes.add_delete("/v1/jobs/{id}", discard_job)
     routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
     routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))
     routes.add_get("/v1/stats", stats, allow_head=False)
     routes.add_get("/openapi.json", openapi, allow_head=False)
     routes.add_get("/healthz", healthz, allow_head=False)
+    routes.add_get("/readyz", readyz, allow_head=False)
     routes.add_get("/", to_console, allow_head=False)
     routes.add_get("/console", to_console, allow_head=False)
     routes.add_get(CONSOLE_PATH, console_page, allow_head=False)

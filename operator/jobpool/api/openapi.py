@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE, STATUSES
+from jobpool.admin import (
+    DEFAULT_PAGE,
+    ERROR_PREVIEW_CHARS,
+    MAX_JOB_ID,
+    MAX_PAGE,
+    PREVIEW_CHARS,
+    PREVIEW_READ_LIMIT,
+    STATUSES,
+)
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.tenants import TENANT_REF_PATTERN
 from jobpool.db.live_workers import MAX_RUNNING_SHOWN
@@ -43,21 +51,43 @@ _JOB = {
     "additionalProperties": True,
 }
 
+_PAYLOAD_PREVIEW = {
+    "payload_preview": {
+        "type": "string", "nullable": True, "maxLength": PREVIEW_CHARS,
+        "description": f"the first {PREVIEW_CHARS} characters of the payload's JSON text; "
+                       f"null when it is stored in more than {PREVIEW_READ_LIMIT} bytes"},
+    "payload_size": {"type": "integer", "minimum": 0,
+                     "description": "bytes the payload is stored in (compressed)"},
+    "payload_truncated": {"type": "boolean",
+                          "description": "the preview is not the whole payload"},
+}
+_PAYLOAD_PREVIEW_FIELDS = list(_PAYLOAD_PREVIEW)
+
 _DLQ_ITEM = {
     "type": "object",
-    "required": ["id", "tenant_id", "tenant_key", "job_kind", "attempts", "dlq_at"],
+    "description": "a DLQ job with previews of its payload and last error: a page's size does "
+                   "not depend on theirs; the whole job is GET /v1/jobs/{id}",
+    "required": ["id", "tenant_id", "tenant_key", "job_kind", "attempts", "dlq_at",
+                 *_PAYLOAD_PREVIEW_FIELDS, "last_error_preview", "last_error_length",
+                 "last_error_truncated"],
     "properties": {
         "id": {"type": "integer"},
         "tenant_id": {"type": "string", "format": "uuid"},
         "tenant_key": {"type": "string"},
         "job_kind": {"type": "string"},
-        "payload": {},
-        "last_error": _NULLABLE_TEXT,
+        **_PAYLOAD_PREVIEW,
+        "last_error_preview": {**_NULLABLE_TEXT, "maxLength": ERROR_PREVIEW_CHARS,
+                               "description": f"the first {ERROR_PREVIEW_CHARS} characters "
+                                              "of the last error"},
+        "last_error_length": {"type": "integer", "minimum": 0,
+                              "description": "characters of the whole last error"},
+        "last_error_truncated": {"type": "boolean"},
         "attempts": {"type": "integer"},
         "max_attempts": {"type": "integer"},
         "created_at": _TIME,
         "dlq_at": _NULLABLE_TIME,
     },
+    "additionalProperties": False,
 }
 
 _COUNT = {"type": "integer", "minimum": 0}
@@ -177,19 +207,31 @@ _OVERVIEW = {
     },
 }
 
+_AUDIT_FIELDS = {
+    "id": {"type": "integer"},
+    "at": _TIME,
+    "actor": {"type": "string"},
+    "action": {"type": "string"},
+}
+
 _HISTORY = {
     "type": "object",
     "required": ["items"],
     "properties": {"items": {"type": "array", "items": {
         "type": "object",
-        "required": ["id", "at", "actor", "action", "payload"],
-        "properties": {
-            "id": {"type": "integer"},
-            "at": _TIME,
-            "actor": {"type": "string"},
-            "action": {"type": "string"},
-            "payload": {},
-        }}}},
+        "description": "an audit row with a preview of its payload; the whole row is "
+                       "GET /v1/audit/entries/{id}",
+        "required": [*_AUDIT_FIELDS, *_PAYLOAD_PREVIEW_FIELDS],
+        "properties": {**_AUDIT_FIELDS, **_PAYLOAD_PREVIEW},
+        "additionalProperties": False,
+    }}},
+}
+
+_AUDIT_ENTRY = {
+    "type": "object",
+    "required": [*_AUDIT_FIELDS, "job_id", "payload"],
+    "properties": {**_AUDIT_FIELDS, "job_id": {"type": "integer", "nullable": True},
+                   "payload": {}},
 }
 
 _PRINCIPAL = {
@@ -255,6 +297,8 @@ _JOB_ERRORS = {
 
 _JOB_ID = {"name": "id", "in": "path", "required": True,
            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
+_AUDIT_ID = {"name": "id", "in": "path", "required": True,
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
 _JOB_REF = {"$ref": "#/components/schemas/Job"}
 
 
@@ -318,7 +362,18 @@ def document() -> dict[str, Any]:
             "/v1/audit/jobs/{id}": {"parameters": [_JOB_ID], "get": {
                 "operationId": "getJobHistory",
                 "summary": "the job's audit rows, oldest first (also after a discard)",
-                "responses": {"200": _ok("the audit rows", _HISTORY), **_JOB_ERRORS}}},
+                "responses": {"200": _ok("the audit rows", _HISTORY, {"GetAuditEntry": {
+                    "operationId": "getAuditEntry",
+                    "parameters": {"id": "$response.body#/items/0/id"}}}), **_JOB_ERRORS}}},
+            "/v1/audit/entries/{id}": {"parameters": [_AUDIT_ID], "get": {
+                "operationId": "getAuditEntry",
+                "summary": "one audit row with its whole payload (a discard's snapshot of "
+                           "the job)",
+                "responses": {"200": _ok("the audit row", _AUDIT_ENTRY), **_COMMON_ERRORS,
+                              "400": _problem("the id is not an integer from 1 to 2^63-1, "
+                                              f"or {_BODY}"),
+                              "404": _problem("no audit row with that id among the token's "
+                                              "tenants")}}},
             "/v1/jobs/{id}/replay": {"parameters": [_JOB_ID], "post": {
                 "operationId": "replayJob",
                 "summary": "put a DLQ job back to pending with attempts 0; audited",

@@ -7,6 +7,7 @@ lane) and `jobpool run pool.yaml` (local worker processes per lane).
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import importlib.resources
 import math
@@ -313,6 +314,32 @@ def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
         )
     _check_overlaps(lanes)
     return tuple(_with_exclusions(lane, lanes) for lane in lanes)
+
+
+def check_lane_kinds(pool: PoolSpec, registered: Iterable[str]) -> None:
+    """Refuse a pool whose lanes name a kind that is not registered, before any lane starts.
+
+    A misspelt kind would not only fail its own lane: the catch-all lane excludes the kinds
+    other lanes list, so it would exclude the misspelt name and serve the real kind itself.
+    Raises PoolSpecError naming every lane, unknown kind and its nearest registered name.
+    """
+    known = sorted(set(registered))
+    problems = []
+    for index, lane in enumerate(pool.lanes):
+        unknown = sorted(set(lane.kinds or ()) - set(known))
+        if unknown:
+            where = f"spec.lanes[{index}].kinds" if not lane.implicit else f"lane {lane.name!r}"
+            named = ", ".join(_with_nearest(kind, known) for kind in unknown)
+            problems.append(f"{where} (lane {lane.name!r}): unknown job kind(s) {named}")
+    if problems:
+        raise PoolSpecError(
+            f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "
+            "spec.worker.imports or --import MODULE)")
+
+
+def _with_nearest(kind: str, known: Sequence[str]) -> str:
+    nearest = difflib.get_close_matches(kind, known, n=1)
+    return f"{kind!r} (did you mean {nearest[0]!r}?)" if nearest else repr(kind)
 
 
 def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple[str, ...]:

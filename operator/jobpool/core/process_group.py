@@ -1,10 +1,16 @@
-"""How many worker processes `jobpool run` starts, and how their group reports its health."""
+"""How many worker processes `jobpool run` starts, how their group reports its health, and
+what a local pool does when one of its lane processes exits."""
 
 from __future__ import annotations
 
 import math
+import random
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from jobpool.core.retry import retry_pause
 
 
 def usable_cpus(affinity: int, cpu_max: str | None) -> int:
@@ -65,3 +71,67 @@ def group_problems(statuses: Mapping[int, ProcessStatus | None],
         else:
             problems += [f"worker process {n}: {problem}" for problem in status.problems]
     return problems
+
+
+# -- a local pool's lane processes -------------------------------------------------------
+
+RESTART_FIRST = 1.0
+"""Seconds before the first restart of a lane process that crashed."""
+RESTART_MAX = 30.0
+"""Cap on the pause before a restart, seconds, while a lane process keeps crashing."""
+STABLE_AFTER = 60.0
+"""Seconds a lane process must have run for its crashes before to be forgotten."""
+
+
+@dataclass(frozen=True)
+class LaneExit:
+    """What a local pool does about one of its lane processes that exited.
+
+    action: "done" (it finished: drained with --until-empty, or stopped with the pool),
+    "restart" (it crashed after it started: again after `delay` seconds), "stop_pool" (it
+    failed at start: the pool stops and exits with `code`). failures: the process's crashes
+    in a row so far (0 once it had run STABLE_AFTER seconds). message: what to log.
+    """
+
+    action: Literal["done", "restart", "stop_pool"]
+    message: str
+    code: int = 0
+    delay: float = 0.0
+    failures: int = 0
+
+
+def lane_exit(code: int, *, name: str, started: bool, uptime: float, stopping: bool,
+              until_empty: bool, failures: int, rng: random.Random) -> LaneExit:
+    """Decide about lane process `name` ("lane L worker i") that exited with `code`
+    (negative: killed by that signal) after `uptime` seconds.
+
+    started: it had started (its status file was written: its configuration was accepted and
+    its worker was running or waiting for the database); restarts count as started, so only
+    the first start can stop the pool (with `until_empty`, a one-off drain that nothing
+    restarts, any failure does). A process that fails at start would fail the same way
+    again (a bad flag, a module that does not import): the pool stops with its exit status
+    rather than running short of a lane that Kubernetes would also never start. A crash
+    later (killed, out of memory, an unexpected exception) is restarted after a pause
+    (`retry_pause`: RESTART_FIRST seconds doubling to RESTART_MAX, jittered).
+    """
+    if stopping:
+        # SIGTERM before its handlers were installed: it held no job yet
+        clean = code in (0, -signal.SIGTERM)
+        return LaneExit("done", "" if clean else f"{name} exited with {code} while stopping",
+                        code=0 if clean else exit_status(code))
+    if code == 0 and until_empty:
+        return LaneExit("done", "")
+    if not started or until_empty:  # a one-off drain stops at its first failure, as a worker
+        when = "at start" if not started else f"after {uptime:.0f}s"
+        return LaneExit("stop_pool", f"{name} failed {when} (exit status {code}); stopping "
+                        "the pool", code=exit_status(code) or 1)
+    failures = 1 if uptime >= STABLE_AFTER else failures + 1
+    delay = retry_pause(failures, first=RESTART_FIRST, cap=RESTART_MAX, rng=rng)
+    return LaneExit("restart", f"{name} exited with {code} after {uptime:.0f}s; restarting it "
+                    f"in {delay:.1f}s (crash {failures} in a row)", delay=delay,
+                    failures=failures)
+
+
+def exit_status(code: int) -> int:
+    """A child's return code as an exit status: a signal's number for a child it killed."""
+    return abs(code)

@@ -1,9 +1,20 @@
 -- The dead-letter queue: list, replay, discard.
 
 -- name: list_dlq :many
--- DLQ jobs after a keyset cursor, optionally for one tenant and kind, oldest first, of the
--- tenants with the given keys (NULL: any tenant).
-SELECT d.id, d.tenant_id, t.key AS tenant_key, d.job_kind, d.payload, d.last_error,
+-- DLQ jobs after a keyset cursor, optionally for one tenant and kind, oldest first, of the tenants with the given keys (NULL: any tenant), with previews of their payloads and errors.
+-- A row's size does not depend on its payload's: both texts are cut here, so big values
+-- never leave the server, and a payload is rendered only when it is stored in at most
+-- preview_read_limit bytes (a bigger one would be read whole to cut a preview from it; its
+-- preview is NULL). payload_size: the bytes it is stored in (compressed), read without it.
+SELECT d.id, d.tenant_id, t.key AS tenant_key, d.job_kind,
+       CASE WHEN pg_column_size(d.payload) <= %(preview_read_limit)s
+            THEN left(d.payload::text, %(preview_chars)s) END AS payload_preview,
+       pg_column_size(d.payload) AS payload_size,
+       CASE WHEN pg_column_size(d.payload) <= %(preview_read_limit)s
+            THEN length(d.payload::text) > %(preview_chars)s ELSE true END AS payload_truncated,
+       left(d.last_error, %(error_chars)s) AS last_error_preview,
+       coalesce(length(d.last_error), 0) AS last_error_length,
+       coalesce(length(d.last_error) > %(error_chars)s, false) AS last_error_truncated,
        d.attempts, d.max_attempts, d.created_at, d.dlq_at
   FROM mdm.v_job_dlq d JOIN mdm.aa_tenant t ON t.id = d.tenant_id
  WHERE d.id > %(after)s

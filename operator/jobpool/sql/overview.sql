@@ -42,11 +42,26 @@ SELECT t.key AS tenant, j.job_kind AS kind, count(*)::bigint AS waiting,
  GROUP BY t.key, j.job_kind;
 
 -- name: job_history :many
--- The audit rows of one job, oldest first, if its tenant is among the given keys (NULL: any tenant).
-SELECT a.id, a.at, a.actor_principal_id AS actor, a.action::text AS action, a.payload
+-- The audit rows of one job, oldest first, with previews of their payloads, if its tenant is among the given keys (NULL: any tenant).
+-- Previews as list_dlq's: a discard's payload holds the whole job (its own payload too).
+SELECT a.id, a.at, a.actor_principal_id AS actor, a.action::text AS action,
+       CASE WHEN pg_column_size(a.payload) <= %(preview_read_limit)s
+            THEN left(a.payload::text, %(preview_chars)s) END AS payload_preview,
+       pg_column_size(a.payload) AS payload_size,
+       CASE WHEN pg_column_size(a.payload) <= %(preview_read_limit)s
+            THEN length(a.payload::text) > %(preview_chars)s ELSE true END AS payload_truncated
   FROM mdm.aa_audit_log a
  WHERE a.job_id = %(id)s
    AND (%(tenants)s::text[] IS NULL
         OR a.tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])))
  ORDER BY a.id
  LIMIT %(limit)s;
+
+-- name: audit_entry :one
+-- One audit row with its whole payload, if its tenant is among the given keys (NULL: any tenant).
+SELECT a.id, a.at, a.actor_principal_id AS actor, a.action::text AS action, a.job_id,
+       a.payload
+  FROM mdm.aa_audit_log a
+ WHERE a.id = %(id)s
+   AND (%(tenants)s::text[] IS NULL
+        OR a.tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])));

@@ -4,7 +4,9 @@ One Python process runs its jobs on one core; a pod (or host) with more cores ru
 worker processes, each with its own slots, pool and worker id. The parent starts them, serves
 the probes and the metrics of all of them on the one port, forwards SIGTERM/SIGINT (each
 child finishes or hands back its jobs within the grace period) and exits with the worst exit
-code. A child that dies while the group is not stopping stops the group (exit code 1 or
+code (a second signal: each child hands back its jobs at once). The children run in process
+groups of their own, so that a terminal's Ctrl-C reaches them only through the parent. A child
+that dies while the group is not stopping stops the group (exit code 1 or
 the child's), so that Kubernetes restarts the pod rather than running it short of processes.
 
 Health: every child writes its fetch loop's beat and its readiness problems to a status file
@@ -113,12 +115,28 @@ class ProcessGroup:
         """What keeps any child from being ready (/readyz); [] when all are."""
         return group_problems(self._statuses(), self._exited())
 
+    def all_started(self) -> bool:
+        """Whether every child has started (written its status)."""
+        statuses = self._statuses()
+        return len(statuses) == self.count and None not in statuses.values()
+
+    async def report_status(self, path: Path) -> None:
+        """Once every child has started, write the group's status to `path` as a worker
+        does (a local pool's lane process is such a group): a child that fails at start
+        fails the group at start."""
+        while not self.all_started():
+            await asyncio.sleep(CHILD_POLL)
+        await report_status(self, path)
+
     # -- running ---------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Pass SIGTERM on to every child still running."""
+        """Pass SIGTERM on to every child still running (again: they hand back their jobs
+        at once)."""
         if not self.stopping:
             log.info("stopping %d worker process(es)", self.count)
+        else:
+            log.warning("stopped again: the worker processes hand back their jobs now")
         self.stopping = True
         self._signal(signal.SIGTERM)
 
@@ -133,7 +151,9 @@ class ProcessGroup:
             for n in range(self.count):
                 argv = [sys.executable, "-m", "jobpool", *self.run_args,
                         "--status-file", str(self._status_file(n))]
-                self.children[n] = subprocess.Popen(argv, env=self.env)
+                # a process group of its own: a terminal's Ctrl-C reaches the parent alone,
+                # which passes one SIGTERM on (a second one would end the grace period)
+                self.children[n] = subprocess.Popen(argv, env=self.env, process_group=0)
             log.info("started %d worker process(es): %s", self.count,
                      ", ".join(str(c.pid) for c in self.children.values()))
             while any(child.poll() is None for child in self.children.values()):

@@ -162,6 +162,8 @@ class Worker:
         self.completions: list[tuple[Completion, asyncio.Future[bool]]] = []
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
+        self.hurry = asyncio.Event()
+        """Set by a second `stop()`: the grace period ends at once."""
         self.online = asyncio.Event()
         self.claiming = asyncio.Lock()
         self.database_problem: str | None = "waiting for the database"
@@ -190,8 +192,14 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop claiming; running jobs get `config.grace` seconds to finish."""
-        if not self.stopping.is_set():
+        """Stop claiming; running jobs get `config.grace` seconds to finish. Called again
+        (a second SIGTERM or Ctrl-C): hand the running jobs back now."""
+        if self.stopping.is_set():
+            if not self.hurry.is_set():
+                log.warning("worker %s: stopped again; handing back %d running job(s) now",
+                            self.worker_id, len(self.in_flight))
+            self.hurry.set()
+        else:
             log.info("worker %s stopping", self.worker_id)
         self.stopping.set()
         self.wake.set()
@@ -449,7 +457,7 @@ class Worker:
         log.info("waiting up to %.0fs for %d running job(s)", self.config.grace, len(tasks))
         flusher = asyncio.create_task(self._flush_completions(), name="completions")
         try:
-            _, unfinished = await asyncio.wait(tasks, timeout=self.config.grace)
+            unfinished = await self._grace(tasks)
             self.releasing = True
             for task in unfinished:
                 task.cancel()
@@ -460,6 +468,21 @@ class Worker:
         finally:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
+
+    async def _grace(self, tasks: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+        """Wait for `tasks` up to `config.grace` seconds, or until `stop()` is called again;
+        return those still running."""
+        hurry: asyncio.Task[Any] = asyncio.create_task(self.hurry.wait(), name="hurry")
+        waiting: set[asyncio.Task[Any]] = set(tasks)
+        deadline = time.monotonic() + self.config.grace
+        try:
+            while waiting and not hurry.done() and (left := deadline - time.monotonic()) > 0:
+                _, waiting = await asyncio.wait({*waiting, hurry}, timeout=left,
+                                                return_when=asyncio.FIRST_COMPLETED)
+                waiting.discard(hurry)
+        finally:
+            hurry.cancel()
+        return {task for task in tasks if not task.done()}
 
     # -- running one job -----------------------------------------------------------------
 

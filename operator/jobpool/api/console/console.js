@@ -373,8 +373,8 @@
       el("td", {}, job.job_kind),
       el("td", {}, job.tenant_key),
       el("td", {className: "num"}, `${job.attempts}/${job.max_attempts}`),
-      el("td", {className: "error-text", title: job.last_error || ""},
-         (job.last_error || "").slice(0, ERROR_CHARS)),
+      el("td", {className: "error-text", title: job.last_error_preview || ""},
+         (job.last_error_preview || "").slice(0, ERROR_CHARS)),
       el("td", {title: `created ${time(job.created_at)}, in the DLQ since ${time(job.dlq_at)}`},
          since(job.created_at)),
       el("td", {className: "row-actions"},
@@ -537,7 +537,9 @@
     body.push(el("h2", {}, "History"), table(["When", "Action", "Actor", "Details"],
       history.map((row) => el("tr", {"data-action": row.action},
         el("td", {}, time(row.at)), el("td", {}, row.action), el("td", {}, row.actor),
-        el("td", {}, el("code", {}, JSON.stringify(row.payload).slice(0, 300))))),
+        el("td", {}, el("code", {}, row.payload_preview === null
+          ? `(${row.payload_size.toLocaleString()} bytes stored, not shown)`
+          : row.payload_preview.slice(0, 300))))),
       "No audit rows."));
     fill("job-body", body);
   }

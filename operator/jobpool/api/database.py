@@ -1,0 +1,154 @@
+"""The admin API's link to its database: it waits for the database, as a worker does.
+
+`jobpool api` serves from its start, whether the database answers or not: while it does not
+(down, refusing, not migrated yet) every /v1 call is a 503 naming the reason, `/readyz` says
+why it is not ready and `/healthz` stays 200 (a restart would not bring the database back).
+A background task probes with a fresh connection (every 0.1 s growing to 1 s, logging every
+30 s) and opens the pool once the database answers. A connection lost later starts the same
+probe; the pool is then replaced, because its dead connections would be found one request at
+a time and replaced only with the pool's own backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from jobpool.core.retry import retry_pause
+from jobpool.db.connect import lost_connection, open_live_pool, probe
+from jobpool.errors import JobpoolError, SchemaNotMigratedError
+from jobpool.sql import QUERIES
+
+log = logging.getLogger("jobpool.api")
+
+PROBE_FIRST = 0.1
+"""Seconds between the first probes of a database that does not answer."""
+PROBE_MAX = 1.0
+"""Cap on the pause between probes, seconds: the API serves within about this long after the
+database answers again."""
+PROBE_TIMEOUT = 10.0
+"""Seconds a probe (or opening the pool) may take before it counts as failed."""
+STILL_DOWN_LOG_EVERY = 30.0
+"""Seconds between log lines while the database stays away."""
+READY_CHECK_TIMEOUT = 5.0
+"""Seconds /readyz's check of a pooled connection may take."""
+
+
+class DatabaseAway(JobpoolError):
+    """The API's database does not answer (or is not migrated) now: a 503 naming why."""
+
+
+class DatabaseLink:
+    """The pool of the API's connections to `dsn`, and why there is none while there is none.
+
+    `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAway
+    at once (never waits for a database that is away); `close()` ends it all.
+    """
+
+    def __init__(self, dsn: str, *, size: int, name: str,
+                 rng: random.Random | None = None) -> None:
+        self.dsn = dsn
+        self.size = size
+        self.name = name
+        self.rng = rng or random.Random()
+        self.pool: AsyncConnectionPool[Any] | None = None
+        self.problem: str | None = "waiting for the database"
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def serving(cls, pool: AsyncConnectionPool[Any]) -> DatabaseLink:
+        """A link that serves from `pool` (opened by the caller, who closes it) at once, and
+        replaces it with pools of the same settings after a lost connection."""
+        if not isinstance(pool.conninfo, str):
+            raise TypeError("the API's pool must be made from a connection string")
+        link = cls(pool.conninfo, size=pool.max_size, name=pool.name)
+        link.pool, link.problem = pool, None
+        return link
+
+    def start(self) -> None:
+        """Probe in the background until the database answers, then open the pool."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._connect(),
+                                                                name="api-database")
+
+    def not_ready(self) -> list[str]:
+        """Why the API cannot serve now, one sentence each; [] when it can."""
+        return [self.problem] if self.problem else []
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection (dict rows). Raises DatabaseAway while the database is away;
+        a connection that fails on the way (psycopg.OperationalError, raised) starts the
+        probe again."""
+        if self.problem is not None or self.pool is None:
+            raise DatabaseAway(self.problem or "waiting for the database")
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            if lost_connection(exc):
+                self.lost(exc)
+            raise
+
+    async def check(self) -> list[str]:
+        """`not_ready()`, after one round trip on a pooled connection when it looks ready (a
+        database gone while nobody called is found here, by /readyz)."""
+        if self.problem is None:
+            # a pool busy with other calls is not an outage: only a failed connection counts
+            with contextlib.suppress(psycopg.OperationalError, TimeoutError):
+                async with asyncio.timeout(READY_CHECK_TIMEOUT), self.connection() as conn:
+                    await conn.execute(QUERIES["ping"].text)
+        return self.not_ready()
+
+    def lost(self, exc: BaseException) -> None:
+        """A connection failed with `exc`: refuse calls and probe until the database answers."""
+        if self.problem is None:
+            log.warning("database connection lost (%s); answering 503 until it answers", exc)
+            self.problem = f"database unreachable: {exc}"
+        self.start()
+
+    async def close(self) -> None:
+        """Stop probing and close the pool."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    async def _connect(self) -> None:
+        """Probe until the database answers and is migrated, then open a fresh pool."""
+        lost_at = logged = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                await probe(self.dsn, timeout=PROBE_TIMEOUT)
+                pool = await open_live_pool(self.dsn, size=self.size, name=self.name,
+                                            timeout=PROBE_TIMEOUT)
+                break
+            except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
+                failures += 1
+                self.problem = (f"database unreachable: {exc}"
+                                if isinstance(exc, psycopg.OperationalError) else str(exc))
+                if failures == 1 or time.monotonic() - logged >= STILL_DOWN_LOG_EVERY:
+                    logged = time.monotonic()
+                    log.warning("%s; trying again (%.0fs so far)", self.problem,
+                                logged - lost_at)
+                await asyncio.sleep(retry_pause(failures, first=PROBE_FIRST, cap=PROBE_MAX,
+                                                rng=self.rng))
+        retired, self.pool = self.pool, pool
+        self.problem = None
+        if failures:
+            log.info("database answers after %.1fs", time.monotonic() - lost_at)
+        if retired is not None:
+            await retired.close()  # connections in use close when they come back
