@@ -292,6 +292,13 @@ class PoolController:
                     "ReconcileFailed", f"{action.verb} {action.kind} {action.name!r} "
                                        f"failed: {exc}"))
             else:
+                if action.seen is not None and action.seen == (
+                        applied.get("metadata") or {}).get("resourceVersion"):
+                    # nothing changed: what the plan took for drift is how the server (or
+                    # an admission policy) writes the field; no Event for a non-change
+                    log.info("%s %s/%s: the server changed nothing", action.kind, namespace,
+                             action.name)
+                    continue
                 outcome.done.append(action)
 
     async def _children(
