@@ -671,8 +671,14 @@ async def test_a_deployment_deleted_by_hand_comes_back(cluster: Cluster) -> None
         bulk = (await deployments(cluster)).get("mdm-jobs-bulk")
         return bulk if bulk is not None and bulk["metadata"]["uid"] != uid else None
 
-    bulk = await eventually(recreated, "mdm-jobs-bulk made again")
-    assert bulk["spec"]["replicas"] == 0  # the lane's minReplicas, not the server's default 1
+    await eventually(recreated, "mdm-jobs-bulk made again")
+
+    async def at_min_replicas() -> bool:  # set right after the create, in a call of its own
+        return await replicas_of(cluster, "mdm-jobs-bulk") == 0
+
+    # the lane's minReplicas, not the server's default 1 (which the scaler would keep for
+    # the lane's 300 s scale-down window)
+    await eventually(at_min_replicas, "mdm-jobs-bulk at its lane's minReplicas 0")
 
 
 async def test_an_image_changed_by_hand_is_restored(cluster: Cluster) -> None:
