@@ -42,7 +42,6 @@ from jobpool.core.scaling import (
 )
 from jobpool.db.lane_counts import LaneCounter
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
-from jobpool.k8s.health import Health
 from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
@@ -52,6 +51,7 @@ from jobpool.k8s.manifests import (
     pool_selector,
     trigger_authentication_name,
 )
+from jobpool.k8s.probes import Health
 from jobpool.k8s.reconcile import (
     Action,
     KedaChildren,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from jobpool.k8s.health import Health
+from jobpool.k8s.probes import Health
 
 
 async def get(url: str) -> tuple[int, dict[str, object]]:
