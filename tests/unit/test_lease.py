@@ -58,6 +58,17 @@ def test_a_standby_judges_the_lease_by_its_own_clock_never_by_the_holders(skew: 
     assert next_move(renewed, "me", later, 528.9) == "wait"
 
 
+def test_a_renewal_with_the_same_times_is_still_a_change() -> None:
+    # the holder's clock is frozen (or stepped back): only the resourceVersion moves
+    lease = held("other", NOW)
+    seen = observe(None, lease, 500.0)
+    renewed = copy.deepcopy(lease)
+    renewed["metadata"]["resourceVersion"] = "10"
+    later = observe(seen, renewed, 512.0)
+    assert later is not None and later.since == 512.0
+    assert next_move(renewed, "me", later, 516.0) == "wait"
+
+
 def test_a_leader_acts_until_its_renew_deadline_and_writes_end_before_the_lease_can_expire(
 ) -> None:
     assert may_act(100.0, 109.9, TIMING) and not may_act(100.0, 110.0, TIMING)

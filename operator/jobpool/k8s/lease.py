@@ -54,8 +54,8 @@ class LeaseTiming:
 
 @dataclass(frozen=True)
 class Observation:
-    """The Lease's record as a replica last saw it change, and when (`since`, by its own
-    monotonic clock)."""
+    """The Lease's record (its resourceVersion and spec) as a replica last saw it change,
+    and when (`since`, by its own monotonic clock)."""
 
     record: tuple[Any, ...]
     since: float
@@ -71,9 +71,11 @@ def observe(seen: Observation | None, lease: Mapping[str, Any] | None,
     if lease is None:
         return None
     spec = lease.get("spec") or {}
-    record = tuple(spec.get(key) for key in (
-        "holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime",
-        "leaseTransitions"))
+    # the resourceVersion moves with every write, even one whose times a frozen or
+    # stepped-back clock wrote the same as before
+    record = (((lease.get("metadata") or {}).get("resourceVersion")),
+              *(spec.get(key) for key in ("holderIdentity", "leaseDurationSeconds",
+                                          "acquireTime", "renewTime", "leaseTransitions")))
     if seen is not None and seen.record == record:
         return seen
     return Observation(record, now)
