@@ -5,7 +5,9 @@ writes bookkeeping onto a pool), so a pool (or its namespace) can be deleted whi
 operator is down: the children go with it through their ownerReferences.
 
 One loop, in the replica that holds the Lease `jobpool-operator` (k8s.leader), syncs every
-pool each scale interval, and a changed pool at once: it applies the lanes' children
+pool each scale interval (listing them first, so that a pool deleted while the watch was
+cut is forgotten, never given children again), and a changed pool at once: it applies the
+lanes' children
 (server-side apply; missing or hand-changed children are restored), deletes the children
 of removed lanes, counts each lane's jobs and scales its Deployment (scale subresource),
 and patches the status only when it changed. Decisions live in core.scaling, k8s.reconcile,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 import os
 import socket
@@ -24,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import kopf
 from lightkube.config.kubeconfig import SingleConfig
@@ -38,8 +41,8 @@ from jobpool.core.scaling import (
     fixed_replicas,
 )
 from jobpool.db.lane_counts import LaneCounter
-from jobpool.k8s.client import ApiError, ChildKind, KubeApi, load_config
-from jobpool.k8s.leader import Leader
+from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
+from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
     GROUP,
@@ -48,6 +51,7 @@ from jobpool.k8s.manifests import (
     pool_selector,
     trigger_authentication_name,
 )
+from jobpool.k8s.probes import Health
 from jobpool.k8s.reconcile import (
     Action,
     KedaChildren,
@@ -82,6 +86,7 @@ log = logging.getLogger(__name__)
 
 CountJobs = Callable[[str, Sequence[Any]], Awaitable[dict[str, LaneJobs]]]
 PoolKey = tuple[str, str]
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -109,27 +114,64 @@ class OperatorConfig:
 
 
 class PoolIndex:
-    """The pools as kopf last saw them, by (namespace, name); marks new and changed specs."""
+    """The pools as last seen, by (namespace, name); marks new and changed specs.
+
+    Fed by the watch (`seen`) and, each full round, by a fresh list (`resync`): a watch
+    that was cut and listed again yields the pools that exist but no DELETED for one
+    deleted in the gap, so only a list tells that a pool is gone.
+    """
 
     def __init__(self) -> None:
         self._pools: dict[PoolKey, dict[str, Any]] = {}
         self._changed: set[PoolKey] = set()
         self._wake = asyncio.Event()
+        self._events = 0
+        self._touched: dict[PoolKey, int] = {}
 
     def seen(self, event: str | None, body: Mapping[str, Any]) -> None:
         """Record a watch event (`DELETED` forgets the pool)."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
+        self._events += 1
+        self._touched[key] = self._events
         if event == "DELETED":
-            self._pools.pop(key, None)
-            self._changed.discard(key)
+            self._forget(key)
             return
+        self._store(key, body)
+
+    def mark(self) -> int:
+        """A point in the stream of watch events: take it before sending a list."""
+        return self._events
+
+    def resync(self, listed: Sequence[Mapping[str, Any]], since: int) -> list[PoolKey]:
+        """Make the index what a list sent at mark `since` found; the pools forgotten.
+
+        A pool the watch reported on after `since` keeps the watch's (newer) view: one
+        created or deleted while the list was under way is neither forgotten nor revived.
+        """
+        found = {(str((obj.get("metadata") or {}).get("namespace")),
+                  str((obj.get("metadata") or {}).get("name"))): obj for obj in listed}
+        fresh = {key for key, event in self._touched.items() if event > since}
+        gone = [key for key in self.keys() if key not in found and key not in fresh]
+        for key in gone:
+            self._forget(key)
+        for key, body in found.items():
+            if key not in fresh:
+                self._store(key, body)
+        self._touched = {key: event for key, event in self._touched.items() if event > since}
+        return gone
+
+    def _store(self, key: PoolKey, body: Mapping[str, Any]) -> None:
         old = self._pools.get(key)
         self._pools[key] = copy.deepcopy(dict(body))
         if old is None or old.get("spec") != body.get("spec") or (
-            old.get("metadata") or {}).get("uid") != meta.get("uid"):
+            old.get("metadata") or {}).get("uid") != (body.get("metadata") or {}).get("uid"):
             self._changed.add(key)
             self._wake.set()
+
+    def _forget(self, key: PoolKey) -> None:
+        self._pools.pop(key, None)
+        self._changed.discard(key)
 
     def wrote_status(self, key: PoolKey, status: Mapping[str, Any]) -> None:
         """Remember a status just written (the watch event may come after the next sync)."""
@@ -177,9 +219,13 @@ class PoolController:
         *,
         clock: Callable[[], datetime] = utcnow,
         count_jobs: CountJobs | None = None,
+        namespaces: Sequence[str] = (),
+        write_budget: Callable[[], float | None] = lambda: REQUEST_TIMEOUT,
     ) -> None:
         self.api = api
         self.clock = clock
+        self.namespaces = tuple(namespaces)
+        self.write_budget = write_budget
         # default: capped counts on a kept connection per database, under a statement timeout
         self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
 
@@ -196,10 +242,42 @@ class PoolController:
             if loop.time() >= next_round:
                 pools.take_changed()
                 next_round = loop.time() + interval
-                await self._sync_all(pools, pools.keys())
+                if await self._refresh(pools):
+                    await self._sync_all(pools, pools.keys())
             else:
                 await self._sync_all(pools, pools.take_changed())
             await pools.wait(min(next_round - loop.time(), leader.timing.retry_every))
+
+    async def _write(self, call: Awaitable[T]) -> T:
+        """Await the write `call` if this replica leads, within the seconds it may take.
+
+        Raises NotLeading (the write never goes out) when it does not lead any more, which
+        a round of many requests can outlast, and ApiError 504 when the write took too
+        long (a standby may lead by then)."""
+        budget = self.write_budget()
+        if budget is None:
+            if inspect.iscoroutine(call):
+                call.close()
+            raise NotLeading("this replica does not lead: writes stop")
+        try:
+            async with asyncio.timeout(budget):
+                return await call
+        except TimeoutError:
+            raise ApiError(504, "Timeout", f"no answer within {budget:.1f} s, the time this "
+                           "replica may still lead") from None
+
+    async def _refresh(self, pools: PoolIndex) -> bool:
+        """List the pools into the index (forgetting those gone); False if the list failed,
+        for then no pool's existence is known and the round is left out."""
+        since = pools.mark()
+        try:
+            listed = await self.api.list_pools(self.namespaces)
+        except Exception as exc:  # the API is unwell: try again next round
+            log.warning("listing JobWorkerPools failed, this round is left out: %s", exc)
+            return False
+        for key in pools.resync(listed, since):
+            log.info("JobWorkerPool %s/%s is gone (no watch event told): forgotten", *key)
+        return True
 
     async def _sync_all(self, pools: PoolIndex, keys: Sequence[PoolKey]) -> None:
         for key in keys:
@@ -208,6 +286,9 @@ class PoolController:
                 continue
             try:
                 written = await self.sync(body)
+            except NotLeading:
+                log.warning("leadership ended during a round: its other syncs are left out")
+                return
             except Exception:  # one pool's failure must not stop the others
                 log.exception("syncing JobWorkerPool %s/%s failed", *key)
             else:
@@ -274,16 +355,18 @@ class PoolController:
             log.info("%s %s %s/%s", action.verb, action.kind, namespace, action.name)
             try:
                 if action.verb == "delete":
-                    await self.api.delete_child(action.kind, namespace, action.name)
+                    await self._write(self.api.delete_child(action.kind, namespace, action.name))
                     if action.kind == "Deployment":
                         own.pop(action.name, None)
                     outcome.done.append(action)
                     continue
-                applied = await self.api.apply_child(action.kind, namespace, action.body or {})
+                applied = await self._write(
+                    self.api.apply_child(action.kind, namespace, action.body or {}))
                 if action.kind == "Deployment":
                     if action.creates:  # the server gave it 1 replica: the lane's first count
                         replicas = first_replicas[action.name]
-                        await self.api.scale_deployment(namespace, action.name, replicas)
+                        await self._write(
+                            self.api.scale_deployment(namespace, action.name, replicas))
                         applied["spec"]["replicas"] = replicas
                         applied.pop("status", None)  # of the 1 replica, not known yet
                     own[action.name] = applied
@@ -292,6 +375,13 @@ class PoolController:
                     "ReconcileFailed", f"{action.verb} {action.kind} {action.name!r} "
                                        f"failed: {exc}"))
             else:
+                if action.seen is not None and action.seen == (
+                        applied.get("metadata") or {}).get("resourceVersion"):
+                    # nothing changed: what the plan took for drift is how the server (or
+                    # an admission policy) writes the field; no Event for a non-change
+                    log.info("%s %s/%s: the server changed nothing", action.kind, namespace,
+                             action.name)
+                    continue
                 outcome.done.append(action)
 
     async def _children(
@@ -380,7 +470,8 @@ class PoolController:
                 current = int((deployment.get("spec") or {}).get("replicas") or 0)
                 if decision.changes(current):
                     try:
-                        await self.api.scale_deployment(namespace, name, decision.replicas)
+                        await self._write(
+                            self.api.scale_deployment(namespace, name, decision.replicas))
                     except ApiError as exc:
                         log.warning("scaling %s/%s failed: %s", namespace, name, exc)
                         decision = None
@@ -411,7 +502,7 @@ class PoolController:
         if not status_changed(previous, status):
             return None
         meta = body["metadata"]
-        await self.api.patch_pool_status(meta["namespace"], meta["name"], status)
+        await self._write(self.api.patch_pool_status(meta["namespace"], meta["name"], status))
         return status
 
     async def _event(
@@ -419,7 +510,8 @@ class PoolController:
         message: str, now: datetime,
     ) -> None:
         try:
-            await self.api.post_event(body, kind, reason, message, timestamp(now))
+            await self._write(
+                self.api.post_event(body, kind, reason, message, timestamp(now)))
         except ApiError as exc:  # an event is a courtesy: never fail a sync for it
             log.warning("posting event %s failed: %s", reason, exc)
 
@@ -545,6 +637,46 @@ def replica_identity() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
+def _is_set(flag: Any) -> bool:
+    """Whether a kopf stop flag (threading or asyncio Event, Future; None: never) is set."""
+    if flag is None:
+        return False
+    if isinstance(flag, asyncio.Future):
+        return flag.done()
+    return bool(flag.is_set())
+
+
+async def wait_for_pools_api(
+    api: KubeApi, namespaces: Sequence[str], *, pause: float, stop_flag: Any = None,
+    health: Health | None = None,
+) -> bool:
+    """Until a list of JobWorkerPools answers (the CRD is established, the operator may
+    list them), each `pause` seconds; False if `stop_flag` was set first.
+
+    kopf looks for the pools' API once, when it starts: started before the CRD is
+    established, it would never watch them. Meanwhile `health` reports why it is not ready.
+    """
+    told = None
+    while not _is_set(stop_flag):
+        try:
+            await api.list_pools(namespaces)
+        except Exception as exc:  # 404: no CRD (yet); 403: no RBAC (yet); no connection
+            if isinstance(exc, ApiError) and exc.status == 404:
+                reason = (f"the CRD {PLURAL}.{GROUP} is not established (the API serves no "
+                          f"{PLURAL} in {GROUP}/{VERSION})")
+            else:
+                reason = f"listing JobWorkerPools failed: {exc}"
+            if health is not None:
+                health.waiting(reason)
+            if reason != told:
+                log.warning("waiting before serving pools: %s", reason)
+                told = reason
+            await asyncio.sleep(pause)
+        else:
+            return True
+    return False
+
+
 async def run_operator(
     config: OperatorConfig,
     *,
@@ -553,26 +685,40 @@ async def run_operator(
     count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
-    on the way out. Raises NoCredentials when there is no cluster to talk to."""
+    on the way out. Raises NoCredentials when there is no cluster to talk to, ValueError
+    for a health endpoint that is not http://.
+
+    It serves pools once their API answers (see wait_for_pools_api); until then its
+    liveness endpoint answers and its readiness endpoint (/readyz) says what it waits for.
+    """
     kube = load_config(config.kubeconfig)
     api = KubeApi(kube)
+    health = Health(config.liveness_endpoint) if config.liveness_endpoint else None
     pools = PoolIndex()
     leader = Leader(api, lease_namespace(config), config.identity or replica_identity(),
                     clock=utcnow, timing=config.lease)
-    controller = PoolController(api, count_jobs=count_jobs)
+    controller = PoolController(api, count_jobs=count_jobs, namespaces=config.namespaces,
+                                write_budget=leader.write_budget)
     settings = kopf.OperatorSettings()
     operator_settings(settings)
-    loops = [asyncio.create_task(leader.run(), name="leader election"),
-             asyncio.create_task(controller.run(pools, leader, config.scale_interval),
-                                 name="pool sync")]
+    loops: list[asyncio.Task[None]] = []
     try:
+        if health is not None:
+            await health.start()
+        if not await wait_for_pools_api(api, config.namespaces, pause=config.lease.retry_every,
+                                        stop_flag=stop_flag, health=health):
+            return
+        loops += [asyncio.create_task(leader.run(), name="leader election"),
+                  asyncio.create_task(controller.run(pools, leader, config.scale_interval),
+                                      name="pool sync")]
+        if health is not None:
+            health.serving()
         await kopf.operator(
             registry=build_registry(pools, kube),
             settings=settings,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             standalone=True,
-            liveness_endpoint=config.liveness_endpoint,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
@@ -581,9 +727,12 @@ async def run_operator(
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await leader.release()
+        if health is not None:
+            await health.stop()
         await api.close()
         if isinstance(controller.count_jobs, LaneCounter):
             await controller.count_jobs.close()
 
 
-__all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator"]
+__all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator",
+           "wait_for_pools_api"]
