@@ -247,7 +247,8 @@ async def test_a_worker_killed_halfway_resumes_and_commits_each_row_once(
     await conn.execute("UPDATE mdm.aa_job_kind SET stale_ttl = '1 second'"
                        " WHERE name = 'bulk_import'")
     await conn.execute("UPDATE mdm.aa_job SET claimed_at = claimed_at - interval '1 hour',"
-                       " heartbeat_at = heartbeat_at - interval '1 hour' WHERE id = %s",
+                       " heartbeat_at = heartbeat_at - interval '1 hour',"
+                       " lease_expires_at = claimed_at - interval '59 minutes' WHERE id = %s",
                        (job["id"],))
     recovered = await recover_stale_claims(conn, actor="test")
     assert [r["id"] for r in recovered] == [job["id"]]
