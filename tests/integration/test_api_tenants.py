@@ -74,9 +74,9 @@ async def test_each_tenant_admin_acts_on_its_own_jobs_and_the_audit_records_the_
         replay = [a for a in await audit(conn, mine[0]) if a["action"] == "job_replay"]
         discard = [a for a in await audit(conn, mine[1]) if a["action"] == "job_discard"]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in replay] == [
-            (sub, [key])]
+            (f"token:{sub}", [key])]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in discard] == [
-            (sub, [key])]
+            (f"token:{sub}", [key])]
         status, body, _ = await api.call("GET", f"/v1/audit/jobs/{mine[1]}", bearer=bearer)
         assert status == 200
         assert [row["action"] for row in body["items"]] == ["job_enqueued", "job_discard"]
@@ -91,7 +91,7 @@ async def test_the_platform_token_acts_on_every_tenant_and_is_recorded_as_such(
         assert (status, body["status"]) == (200, "failed")
         stop = [a for a in await audit(conn, job) if a["action"] == "job_stop"]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in stop] == [
-            ("oncall@platform", "*")]
+            ("token:oncall@platform", "*")]
 
 
 async def test_lists_and_counts_show_only_the_tokens_tenants(

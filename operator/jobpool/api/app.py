@@ -33,6 +33,7 @@ from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, Principal, TokenVerifier
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.api.overview import gather_overview, job_history
+from jobpool.core.actors import token_subject
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
@@ -237,7 +238,8 @@ def _action(action: Callable[..., Awaitable[None]]) -> Handler:
         ident = job_id(request)
         principal = request[PRINCIPAL]
         async with request.app[POOL].connection() as conn:
-            await action(conn, ident, actor=principal.subject, tenants=principal.tenants)
+            await action(conn, ident, actor=token_subject(principal.subject),
+                         tenants=principal.tenants)
             return ok(await admin.get_job(conn, ident, tenants=principal.tenants))
 
     return handle
@@ -248,7 +250,8 @@ async def discard_job(request: web.Request) -> web.Response:
     ident = job_id(request)
     principal = request[PRINCIPAL]
     async with request.app[POOL].connection() as conn:
-        await admin.discard(conn, ident, actor=principal.subject, tenants=principal.tenants)
+        await admin.discard(conn, ident, actor=token_subject(principal.subject),
+                            tenants=principal.tenants)
     return web.Response(status=204)
 
 

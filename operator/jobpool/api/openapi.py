@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE, STATUSES
+from jobpool.core.actors import ActorKind
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.tenants import TENANT_REF_PATTERN
 
@@ -114,11 +115,15 @@ _HISTORY = {
     "required": ["items"],
     "properties": {"items": {"type": "array", "items": {
         "type": "object",
-        "required": ["id", "at", "actor", "action", "payload"],
+        "required": ["id", "at", "actor", "actor_kind", "actor_name", "action", "payload"],
         "properties": {
             "id": {"type": "integer"},
             "at": _TIME,
-            "actor": {"type": "string"},
+            "actor": {"type": "string", "description":
+                      "as stored: user:NAME (a person at the CLI), token:SUBJECT (an admin "
+                      "API token), else a service account"},
+            "actor_kind": {"type": "string", "enum": list(get_args(ActorKind))},
+            "actor_name": {"type": "string", "description": "the actor without its prefix"},
             "action": {"type": "string"},
             "payload": {},
         }}}},

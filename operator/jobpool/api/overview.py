@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from jobpool.core.actors import actor_kind, actor_name
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.store import fetch_all, fetch_one
 
@@ -44,10 +45,14 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
 async def job_history(conn: AsyncConnection[Any], job_id: int, *,
                       tenants: Sequence[str] | None) -> list[Row]:
     """The audit rows of job `job_id` (oldest first, at most MAX_HISTORY) that `tenants` may
-    see; empty for a job of another tenant or one that never existed."""
-    return await fetch_all(conn, "job_history", {
+    see, each with its actor's kind (`actor_kind`: person, token or service account) and name
+    (`actor_name`, the actor without the kind's prefix); empty for a job of another tenant or
+    one that never existed."""
+    rows = await fetch_all(conn, "job_history", {
         "id": job_id, "tenants": None if tenants is None else list(tenants),
         "limit": MAX_HISTORY})
+    return [{**row, "actor_kind": actor_kind(row["actor"]), "actor_name": actor_name(row["actor"])}
+            for row in rows]
 
 
 def rate_limited_pairs(limits: Sequence[Mapping[str, Any]],
