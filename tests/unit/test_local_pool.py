@@ -65,5 +65,6 @@ def test_a_local_pool_larger_than_four_processes_per_cpu_is_refused() -> None:
     """minReplicas 1000 is a cluster's figure: a local run refuses to start 1000 processes."""
     assert local_process_count(_pool_with(7), cpus=2) == 8  # and the heavy lane's one
     with pytest.raises(ValueError, match=r"asks for 1001 local worker processes \(all: 1000, "
-                                         r"heavy: 1\), more than 4 per CPU of this machine \(8\)"):
+                                         r"heavy: 1\), more than the cap of 8 on this machine "
+                                         r"\(4 per CPU, 2 CPUs\)"):
         local_process_count(_pool_with(1000), cpus=2)
