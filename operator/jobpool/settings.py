@@ -121,15 +121,23 @@ class Choice(Text):
 
 @dataclass(frozen=True)
 class Url(Text):
-    """A URL whose port, if any, is 0..65535; checked at start, not first when a job needs it.
+    """A URL of one of `schemes` whose port, if any, is 0..65535; checked at start, not first
+    when a job needs it.
 
     The message leaves the URL out: it may hold a password.
     """
 
+    schemes: tuple[str, ...]
+
     def check(self, value: Any) -> None:
         super().check(value)
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in self.schemes:
+            shown = " or ".join(f"{scheme}://" for scheme in self.schemes)
+            given = f"{parts.scheme[:20]}://" if parts.scheme else "no scheme"
+            raise ValueError(f"must start with {shown}, got {given}")
         try:
-            _ = urlsplit(value).port
+            _ = parts.port
         except ValueError as exc:
             raise ValueError(f"is not a usable URL: {exc}") from None
 
@@ -244,13 +252,14 @@ class Settings:
         "operator and by `jobpool run pool.yaml`")
     # the kinds
     smtp_url: str | None = _setting(
-        None, Url(), "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for "
-        "email_send")
+        None, Url(("smtp", "smtps")),
+        "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for email_send")
     smtp_from: str = _setting(
         "jobpool@localhost.localdomain", Text(),
         "sender of email_send when the payload has no `from` (a bare address)")
     clamd_url: str | None = _setting(
-        None, Url(), "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
+        None, Url(("tcp", "unix")),
+        "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
     clamd_stream_max_length: int = _setting(
         26_214_400, Whole(1, MAX_CLAMD_STREAM),
         "bytes; set it to clamd's StreamMaxLength (used to judge a stream clamd cut off)")

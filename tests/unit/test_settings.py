@@ -150,6 +150,9 @@ def test_values_are_parsed_into_their_types() -> None:
     ("JOBPOOL_LOG_LEVEL", "verbose",
      "JOBPOOL_LOG_LEVEL must be one of debug, info, warning, error, got 'verbose'"),
     ("JOBPOOL_DSN", "not a dsn", "JOBPOOL_DSN is not a libpq connection string: missing"),
+    ("JOBPOOL_SMTP_URL", "http://mail:25", "JOBPOOL_SMTP_URL must start with smtp:// or "
+     "smtps://, got http://"),
+    ("JOBPOOL_CLAMD_URL", "clamd:3310", "JOBPOOL_CLAMD_URL must start with tcp:// or unix://"),
     ("JOBPOOL_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/8, intranet",
      "JOBPOOL_WEBHOOK_ALLOW_NETWORKS must be comma-separated CIDR networks (e.g. 127.0.0.0/8, "
      "::1/128), got 'intranet'"),
