@@ -158,7 +158,8 @@ def add_actor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--actor", type=_argument_type(cli_actor), default=None,
         help="who the audit log names for this command's changes (default: you, "
-             f"{command_user()}; `service:NAME` for a machine, e.g. a cron job)")
+             f"{command_user().replace('%', '%%')}; `service:NAME` for a machine, e.g. a cron "
+             "job)")
 
 
 def actor_of(args: argparse.Namespace) -> str:
