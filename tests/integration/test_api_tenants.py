@@ -196,7 +196,7 @@ def test_jobpool_api_with_an_unreadable_pool_file_exits_naming_it(
     bad.write_text("kind: JobWorkerPool\nspec: {lanes: 3}\n")
     for path in (tmp_path / "missing.yaml", bad):
         assert main(["api", "--pool", str(path), "--dsn", "postgresql://unused@127.0.0.1:1/x"]) == 2
-        assert f"jobpool: error: {path}: " in capsys.readouterr().err
+        assert f"jobpool: error: --pool / JOBPOOL_API_POOL: {path}: " in capsys.readouterr().err
 
 
 def test_the_lanes_of_a_pool_file_are_what_the_overview_shows() -> None:
