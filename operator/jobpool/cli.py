@@ -27,6 +27,8 @@ import psycopg
 from jobpool import admin
 from jobpool.api.api_command import add_api_command
 from jobpool.cli_arguments import (
+    CommandParser,
+    actor_of,
     add_actor,
     add_common_arguments,
     add_setting,
@@ -39,7 +41,7 @@ from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
 from jobpool.db.connect import connect, open_database, resolve_dsn
 from jobpool.db.migrate import migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
-from jobpool.errors import JobpoolError
+from jobpool.errors import JobpoolError, UnknownKindError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
@@ -264,7 +266,13 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
                    args.idempotency_key, args.max_attempts)
             for _ in range(args.count)
         ]
-        results = await enqueue_many(conn, jobs, actor=args.actor)
+        try:
+            results = await enqueue_many(conn, jobs, actor=actor_of(args))
+        except UnknownKindError as exc:
+            await conn.rollback()
+            cur = await conn.execute(QUERIES["list_kinds"].text)
+            raise UnknownKindError(exc.kind, [row["name"] for row in await cur.fetchall()]) \
+                from None
         await conn.commit()
     for result in results[:20]:
         print(f"job {result.id} {'enqueued' if result.created else 'exists (idempotency key)'}")
@@ -277,7 +285,7 @@ async def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.worker.maintenance import recover_stale_claims
 
     async with await open_database(settings) as conn:
-        rows = await recover_stale_claims(conn, actor=args.actor)
+        rows = await recover_stale_claims(conn, actor=actor_of(args))
         await conn.commit()
     for row in rows:
         print(f"job {row['id']} ({row['job_kind']}): stale claim recovered -> {row['status']}")
@@ -298,7 +306,7 @@ async def cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
 def _admin_action(action: Callable[..., Awaitable[None]], verb: str) -> Command:
     async def run(args: argparse.Namespace, settings: Settings) -> int:
         async with await open_database(settings) as conn:
-            await action(conn, args.id, actor=args.actor)
+            await action(conn, args.id, actor=actor_of(args))
             await conn.commit()
         print(f"job {args.id} {verb}")
         return 0
@@ -425,7 +433,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The `jobpool` parser; flags default to `settings` (else those of the environment)."""
     settings = Settings.from_env(os.environ) if settings is None else settings
-    parser = argparse.ArgumentParser(prog="jobpool", description=__doc__)
+    parser = CommandParser(prog="jobpool", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or update the mdm schema")
@@ -458,7 +466,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")
     add_common_arguments(p, settings)
-    add_actor(p, settings)
+    add_actor(p)
     p.add_argument("kind")
     p.add_argument("--tenant", required=True, help="tenant key or id")
     p.add_argument("--payload", type=_json_arg("payload"), default={}, help="JSON payload")
@@ -478,7 +486,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("recover",
                        help="recover lapsed claims now (workers do so every few seconds)")
     add_common_arguments(p, settings)
-    add_actor(p, settings)
+    add_actor(p)
     p.set_defaults(func=cmd_recover)
 
     dlq = sub.add_parser("dlq", help="list, replay or discard dead-lettered jobs")
@@ -498,7 +506,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     ):
         p = dsub.add_parser(name, help=text)
         add_common_arguments(p, settings)
-        add_actor(p, settings)
+        add_actor(p)
         p.add_argument("id", type=_job_id)
         p.set_defaults(func=_admin_action(action, verb))
 
@@ -511,7 +519,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_jobs_show)
     p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
     add_common_arguments(p, settings)
-    add_actor(p, settings)
+    add_actor(p)
     p.add_argument("id", type=_job_id)
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
@@ -546,9 +554,12 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
     add_common_arguments(p, settings)
-    p.add_argument("pool", nargs="?", default="examples/pool.yaml")
+    p.add_argument("pool", nargs="?", default=None,
+                   help="a JobWorkerPool YAML file (default: the example pool shipped with "
+                        "jobpool, the repository's examples/pool.yaml)")
     p.add_argument("--emails", type=whole_number(1, MAX_DEMO_EMAILS), default=10,
                    help="demo emails to enqueue")
+    add_actor(p)
     p.set_defaults(func=cmd_demo, blocking=True, extra="local")
 
     # subcommands defined next to what they run; their frameworks load only when they run

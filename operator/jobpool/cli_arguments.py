@@ -1,17 +1,84 @@
 """Flags shared by the `jobpool` command and its subcommand modules (api, operator, import).
 
 A setting's flag takes its default from `Settings`, checks its value as the `JOBPOOL_*`
-variable's is checked, and names the variable in --help.
+variable's is checked, and names the variable and its default in --help. Every parser is a
+`CommandParser`: no abbreviated long options, defaults in --help, "did you mean" for a
+command or choice that is none.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
+from jobpool.core.actors import cli_actor
+from jobpool.core.suggestions import did_you_mean
 from jobpool.settings import LOG_LEVELS, Seconds, Settings, Whole, parser_of, setting_of, variable
+
+
+def _worth_showing(default: Any) -> bool:
+    """Whether --help shows `default` (not for None, False, an empty value, or none at all)."""
+    if default is None or default is False or default is argparse.SUPPRESS:
+        return False
+    return not (isinstance(default, str | tuple | list) and not default)
+
+
+class DefaultsInHelp(argparse.HelpFormatter):
+    """Appends "(default: X)" to an argument's help when it has a default worth showing
+    (not None, False or empty); a setting's flag says its own (`add_setting`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        said = "%(default)" in text or "[env " in text or text == argparse.SUPPRESS
+        if said or not _worth_showing(action.default):
+            return action.help
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text.strip()} (default: %(default)s)".lstrip()
+        return action.help
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of `jobpool` and of each of its subcommands (argparse makes the subparsers
+    of the same class).
+
+    Long options are never abbreviated: `--slot 8` is an error, not `--slots 8`, so that a
+    flag added later cannot change what an old command line means. A command or choice that
+    is none gets the known ones that look like it ("did you mean 'status'?").
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", DefaultsInHelp)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """As argparse's; an argument given no help still shows its default."""
+        if _worth_showing(kwargs.get("default")) and kwargs.get("help") is None:
+            kwargs["help"] = "default: %(default)s"
+        return super().add_argument(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown option is an error here, where this (sub)command's
+        options are known to suggest from: `--slot` (did you mean '--slots'?)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [arg.split("=", 1)[0] for arg in extras if arg.startswith("-")]
+        if unknown:
+            hint = did_you_mean(unknown[0], self._option_string_actions)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            choices = action.choices or ()
+            hint = did_you_mean(str(value), (str(choice) for choice in choices))
+            raise argparse.ArgumentError(action, f"{exc.message}{hint}") from None
 
 
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -53,7 +120,10 @@ def add_setting(parser: argparse.ArgumentParser, settings: Settings, name: str,
     kwargs.setdefault("default", getattr(settings, name))
     if kwargs.get("action") is None:
         kwargs.setdefault("type", _argument_type(parser_of(name)))
-    parser.add_argument(declared.flag, help=f"{meaning} [env {variable(name)}]", **kwargs)
+    default = kwargs["default"]
+    shown = "" if declared.secret or default in (None, (), "") else f", default {default}"
+    parser.add_argument(declared.flag, help=f"{meaning} [env {variable(name)}"
+                        f"{shown.replace('%', '%%')}]", **kwargs)
 
 
 def settings_with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
@@ -72,8 +142,27 @@ def add_common_arguments(parser: argparse.ArgumentParser, settings: Settings) ->
     add_setting(parser, settings, "log_level", metavar="{" + ",".join(LOG_LEVELS) + "}")
 
 
-def add_actor(parser: argparse.ArgumentParser, settings: Settings,
-              default: str | None = None) -> None:
-    """--actor: the principal this command writes to the audit log."""
-    add_setting(parser, settings, "service_account", dest="actor",
-                default=default or settings.service_account)
+def command_user() -> str:
+    """`user@host` of the person running this command: the login name (`getpass.getuser`,
+    from LOGNAME/USER or the password database; the uid when neither has one) and the host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid without a passwd entry
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def add_actor(parser: argparse.ArgumentParser) -> None:
+    """--actor: who this command's changes are audited as (a person by default, never the
+    workers' service account: a person's replay or discard must be told from a machine's)."""
+    parser.add_argument(
+        "--actor", type=_argument_type(cli_actor), default=None,
+        help="who the audit log names for this command's changes (default: you, "
+             f"{command_user().replace('%', '%%')}; `service:NAME` for a machine, e.g. a cron "
+             "job)")
+
+
+def actor_of(args: argparse.Namespace) -> str:
+    """The audit actor of a command given `args` (its --actor, else the person running it)."""
+    given: str | None = args.actor
+    return given if given is not None else cli_actor(command_user())

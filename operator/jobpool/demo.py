@@ -9,15 +9,20 @@ import os
 import socket
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from jobpool import admin
+from jobpool.cli_arguments import actor_of
 from jobpool.core.poolspec import PoolSpec, load_pool_file
 from jobpool.core.tenants import tenant_id_of
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
+EXAMPLE_POOL = Path(__file__).parent / "examples" / "pool.yaml"
+"""The repository's examples/pool.yaml, shipped with the package: `jobpool demo` runs it from
+any folder (a test keeps the two copies equal)."""
 UNKNOWN_MAILBOX = "nobody@example.com"
 """The one recipient the demo's SMTP server refuses for good (550), so that a job shows the DLQ."""
 
@@ -71,7 +76,7 @@ def lane_tenant_keys(pool: PoolSpec) -> set[str]:
     return {ref for lane in pool.lanes for ref in lane.tenants if tenant_id_of(ref) is None}
 
 
-async def seed(conn: Any, pool: PoolSpec, count: int) -> None:
+async def seed(conn: Any, pool: PoolSpec, count: int, actor: str) -> None:
     from psycopg.types.json import Jsonb
 
     tenants: dict[str, uuid.UUID] = {}
@@ -85,7 +90,7 @@ async def seed(conn: Any, pool: PoolSpec, count: int) -> None:
     from jobpool.registry import load_kind_modules
 
     await register_kinds(conn, load_kind_modules().specs())
-    results = await enqueue_many(conn, demo_jobs(tenants, count), actor="demo")
+    results = await enqueue_many(conn, demo_jobs(tenants, count), actor=actor)
     await conn.commit()
     print(f"enqueued {len(results)} email_send jobs for tenants {', '.join(sorted(tenants))}",
           flush=True)
@@ -112,7 +117,7 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
     from jobpool.db.connect import resolve_dsn
     from jobpool.worker.supervisor import lane_processes, supervise
 
-    pool = load_pool_file(args.pool)
+    pool = load_pool_file(args.pool or str(EXAMPLE_POOL))
     inbox = PrintingInbox()
     port = _free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
@@ -122,7 +127,7 @@ def run_demo(args: argparse.Namespace, settings: Settings, open_db: Any) -> int:
     try:
         async def prepare() -> None:
             async with await open_db(settings) as conn:
-                await seed(conn, pool, args.emails)
+                await seed(conn, pool, args.emails, actor_of(args))
 
         asyncio.run(prepare())
         if not settings.dsn:  # the embedded server, started by prepare()

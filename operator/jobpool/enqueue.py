@@ -284,7 +284,7 @@ def _translate(exc: psycopg.errors.ForeignKeyViolation) -> Exception:
     match = _FK_DETAIL.search(exc.diag.message_detail or "")
     value = match["value"] if match else "?"
     if match and match["column"] == "job_kind":
-        return UnknownKindError(value)
+        return UnknownKindError(value, REGISTRY.names())
     if match and match["column"] == "tenant_id":
         return UnknownTenantError(value)
     return exc

@@ -9,6 +9,9 @@ ValueError jobpool raises for a bad argument.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+
+from jobpool.core.suggestions import did_you_mean
 
 
 class JobpoolError(Exception):
@@ -52,9 +55,10 @@ class RetryAfter(JobpoolError):
 class UnknownKindError(JobpoolError, LookupError):
     """A job kind that no worker has registered."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, known: Iterable[str] = ()) -> None:
+        """known: the kinds that are registered, for a "did you mean" among them."""
         super().__init__(
-            f"unknown job kind {kind!r}: no worker has registered it "
+            f"unknown job kind {kind!r}{did_you_mean(kind, known)}: no worker has registered it "
             "(start a worker that serves it, run `jobpool migrate` where the worker extra is "
             "installed for the built-in kinds, or register yours with `jobpool kinds list "
             "--import MODULE`)"

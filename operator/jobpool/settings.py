@@ -123,17 +123,42 @@ class Choice(Text):
 
 @dataclass(frozen=True)
 class Url(Text):
-    """A URL whose port, if any, is 0..65535; checked at start, not first when a job needs it.
+    """A URL of one of `schemes` whose port, if any, is 0..65535; checked at start, not first
+    when a job needs it.
 
     The message leaves the URL out: it may hold a password.
     """
 
+    schemes: tuple[str, ...]
+
     def check(self, value: Any) -> None:
         super().check(value)
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in self.schemes:
+            shown = " or ".join(f"{scheme}://" for scheme in self.schemes)
+            given = f"{parts.scheme[:20]}://" if parts.scheme else "no scheme"
+            raise ValueError(f"must start with {shown}, got {given}")
         try:
-            _ = urlsplit(value).port
+            _ = parts.port
         except ValueError as exc:
             raise ValueError(f"is not a usable URL: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Dsn(Text):
+    """A libpq connection string or URI, parsed as libpq parses it; checked at start, so the
+    refusal names the variable or flag it came from. The message leaves the text out: it may
+    hold a password."""
+
+    def check(self, value: Any) -> None:
+        super().check(value)
+        from psycopg import conninfo
+        from psycopg import errors as pg_errors
+
+        try:
+            conninfo.conninfo_to_dict(value)
+        except pg_errors.ProgrammingError as exc:
+            raise ValueError(f"is not a libpq connection string: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -172,10 +197,13 @@ class Setting:
     kind: Text
     doc: str
     flag: str | None = None
+    secret: bool = False
+    """--help leaves its value out (a password, a key)."""
 
 
-def _setting(default: Any, kind: Text, doc: str, flag: str | None = None) -> Any:
-    return field(default=default, metadata={"setting": Setting(kind, doc, flag)})
+def _setting(default: Any, kind: Text, doc: str, flag: str | None = None, *,
+             secret: bool = False) -> Any:
+    return field(default=default, metadata={"setting": Setting(kind, doc, flag, secret)})
 
 
 @dataclass(frozen=True)
@@ -187,15 +215,15 @@ class Settings:
 
     # where the database is
     dsn: str | None = _setting(
-        None, Text(), "libpq connection string; unset: an embedded PostgreSQL in the data folder",
-        "--dsn")
+        None, Dsn(), "libpq connection string; unset: an embedded PostgreSQL in the data folder",
+        "--dsn", secret=True)
     data_dir: str = _setting(".jobpool", Text(), "folder of the embedded PostgreSQL", "--data-dir")
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")
     service_account: str = _setting(
         "jobpool-worker", Text(),
-        "principal written to the audit log for machine transitions and CLI actions "
-        "(`jobpool import` says jobpool-cli while this is unset)", "--actor")
+        "the workers' service account, the audit log's principal of what they do (a CLI "
+        "command names the person running it, see [Audit actors](#audit-actors))")
     # a worker
     slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots")
     grace: float = _setting(
@@ -232,13 +260,14 @@ class Settings:
         "`jobpool run pool.yaml`")
     # the kinds
     smtp_url: str | None = _setting(
-        None, Url(), "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for "
-        "email_send")
+        None, Url(("smtp", "smtps")),
+        "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for email_send")
     smtp_from: str = _setting(
         "jobpool@localhost.localdomain", Text(),
         "sender of email_send when the payload has no `from` (a bare address)")
     clamd_url: str | None = _setting(
-        None, Url(), "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
+        None, Url(("tcp", "unix")),
+        "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
     clamd_stream_max_length: int = _setting(
         26_214_400, Whole(1, MAX_CLAMD_STREAM),
         "bytes; set it to clamd's StreamMaxLength (used to judge a stream clamd cut off)")
@@ -253,7 +282,7 @@ class Settings:
     api_port: int = _setting(8080, Whole(0, 65535), "port the admin API listens on", "--port")
     api_jwt_secret: str | None = _setting(
         None, Text(), "HS256 secret of the admin API's tokens, >= 32 bytes (prefer the "
-        "variable: flags show in ps)", "--jwt-secret")
+        "variable: flags show in ps)", "--jwt-secret", secret=True)
     api_jwt_public_key: str | None = _setting(
         None, Text(), "RS256/ES256 key of the admin API's tokens: a PEM public key file, a "
         "JWKS file, or inline PEM", "--jwt-public-key")

@@ -37,6 +37,9 @@ def start(dsn: str, *args: str, **extra: str) -> subprocess.Popen[str]:
 
 
 def worker_args(*kinds: str, slots: int = 4, **flags: Any) -> list[str]:
+    """`jobpool run` of `kinds`; without metrics_port, no metrics server (a taken port stops
+    a worker at its start, and tests run side by side)."""
+    flags.setdefault("metrics_port", 0)
     args = ["run", "--kinds", ",".join(kinds), "--slots", str(slots), "--import",
             "kinds_for_tests", "--log-level", "warning"]
     for name, value in flags.items():

@@ -50,7 +50,7 @@ async def test_dlq_list_replay_and_discard(conn: Conn, dsn: str, tenant: uuid.UU
     row = await job(conn, dead)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
     assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log"
-                        " WHERE action = 'job_replay' AND job_id = %s", (dead,)) == "alice"
+                        " WHERE action = 'job_replay' AND job_id = %s", (dead,)) == "user:alice"
 
     cli(dsn, "dlq", "discard", str(other), "--actor", "bob")
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = %s", (other,)) == 0

@@ -22,6 +22,10 @@ from acceptance.cli import jobpool as cli
 from jobpool.core.poolspec import load_pool_file
 from jobpool.k8s.manifests import build_worker_env
 
+POD_ONLY = ("JOBPOOL_METRICS_PORT", "JOBPOOL_SERVICE_ACCOUNT")
+"""A pod's own: its metrics port (a local process n gets port + n) and its service account
+(from the downward API; a local process is audited as the settings' service account)."""
+
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 DEADLINE = 60.0
 
@@ -107,7 +111,7 @@ async def test_local_lane_processes_get_the_environment_the_operator_gives_pods(
     pool.write_text(CAPPED_POOL)
     spec = load_pool_file(pool)
     pod_env = {item["name"]: item["value"] for item in build_worker_env(spec, spec.lane("capped"))
-               if "value" in item and item["name"] != "JOBPOOL_METRICS_PORT"}
+               if "value" in item and item["name"] not in POD_ONLY}
     job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_env",
                                 payload={"names": sorted(pod_env)})
     cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",

@@ -79,7 +79,7 @@ def test_sign_in_replay_a_dlq_job_and_see_its_audit_row(
     screenshot(page, "job")
     replays = [(actor, payload["tenant_scope"]) for action, actor, payload
                in audit_rows(dsn, bounced) if action == "job_replay"]
-    assert replays == [("oncall@example.com", "*")]
+    assert replays == [("token:oncall@example.com", "*")]
 
 
 def test_a_payload_with_markup_shows_as_text_and_never_runs(
@@ -148,7 +148,7 @@ def test_a_tenant_scoped_token_sees_and_changes_only_its_tenant(
     expect(page.locator("#flash")).to_have_text(f"Discarded job #{seeded.ids['import']}.")
     discards = [(actor, payload["tenant_scope"]) for action, actor, payload
                 in audit_rows(dsn, seeded.ids["import"]) if action == "job_discard"]
-    assert discards == [("admin@globex.example", ["globex"])]
+    assert discards == [("token:admin@globex.example", ["globex"])]
 
 
 def test_select_several_jobs_filter_and_discard_them(

@@ -45,6 +45,18 @@ OPTIONS: dict[str, list[str]] = {
     "crds-not-kept": ["--set", "crds.keep=false"],
     "alerts": ["--set", "alerts.enabled=true"],
     "no-dashboards": ["--set", "dashboards.enabled=false"],
+    "api": ["--set", "api.enabled=true", "--set", "database.secretName=jobpool-db",
+            "--set", "api.jwt.secretName=jobpool-api-jwt", "--set", "api.jwt.secretKey=secret"],
+    "api-public-key": ["--set", "api.enabled=true", "--set", "database.secretName=jobpool-db",
+                       "--set", "api.jwt.secretName=idp", "--set", "api.jwt.publicKeyKey=jwks.json",
+                       "--set", "api.poolConfigMap.name=mdm-jobs-pool"],
+    "api-ingress": ["--set", "api.enabled=true", "--set", "database.secretName=jobpool-db",
+                    "--set", "api.jwt.secretName=jobpool-api-jwt",
+                    "--set", "api.jwt.secretKey=secret", "--set", "api.ingress.enabled=true",
+                    "--set", "api.ingress.className=nginx",
+                    "--set", "api.ingress.host=jobs.example.com",
+                    "--set", "api.ingress.tls[0].hosts[0]=jobs.example.com",
+                    "--set", "api.ingress.tls[0].secretName=jobs-tls"],
     "pod-settings": ["--set", "operator.nodeSelector.disk=ssd",
                      "--set", "operator.priorityClassName=system-cluster-critical",
                      "--set", "image.repository=registry.example.com/jobpool",
@@ -52,7 +64,8 @@ OPTIONS: dict[str, list[str]] = {
                      "--set", "imagePullSecrets[0].name=registry"],
 }
 EVERY_OPTION = [arg for name, args in OPTIONS.items() if name not in (
-    "no-rbac", "watched-secret-namespaces", "watched-pod-monitor") for arg in args]
+    "no-rbac", "watched-secret-namespaces", "watched-pod-monitor", "api-public-key")
+    for arg in args]
 
 
 def template(helm: str, *args: str, chart: Path = CHART) -> list[dict[str, Any]]:
@@ -63,8 +76,14 @@ def by_kind(objects: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]
     return [obj for obj in objects if obj["kind"] == kind]
 
 
+def component(objects: Iterable[dict[str, Any]], kind: str, name: str) -> list[dict[str, Any]]:
+    """The objects of `kind` labelled app.kubernetes.io/component `name`."""
+    return [obj for obj in by_kind(objects, kind)
+            if obj["metadata"]["labels"].get("app.kubernetes.io/component") == name]
+
+
 def operator_deployment(objects: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    (deployment,) = by_kind(objects, "Deployment")
+    (deployment,) = component(objects, "Deployment", "operator")
     return deployment
 
 

@@ -69,6 +69,9 @@ TYPOS = [
     "operator.podDisruptionBudget.maxUnavailable=half",
     "networkPolicy.databasePorts={70000}",
     "image.pullPolicy=Sometimes",
+    "api.jwt.secretKy=jwt",  # misspelt: the API would start without its key
+    "api.port=80",  # below 1024: the image's user cannot bind it
+    "api.logLevel=verbose",
 ]
 
 

@@ -143,7 +143,7 @@ async def test_replay_of_a_dlq_job_is_audited_with_the_token_subject(
     row = await job_row(conn, job)
     assert row is not None and (row["status"], row["attempts"]) == ("pending", 0)
     replays = [a for a in await audit(conn, job) if a["action"] == "job_replay"]
-    assert [a["actor_principal_id"] for a in replays] == ["steward@acme"]
+    assert [a["actor_principal_id"] for a in replays] == ["token:steward@acme"]
 
 
 async def test_replay_of_a_pending_job_is_409_and_changes_nothing(
@@ -173,7 +173,7 @@ async def test_discard_snapshots_the_row_and_refuses_a_running_job(
     assert (status, body) == (204, None)
     assert await job_row(conn, dead) is None
     discard = [a for a in await audit(conn, dead) if a["action"] == "job_discard"]
-    assert len(discard) == 1 and discard[0]["actor_principal_id"] == "bob"
+    assert len(discard) == 1 and discard[0]["actor_principal_id"] == "token:bob"
     assert discard[0]["payload"]["payload"] == {"n": 0}
     assert discard[0]["payload"]["last_error"] == "boom"
     assert (await api.call("GET", f"/v1/jobs/{dead}", bearer=token()))[0] == 404
@@ -513,7 +513,7 @@ async def test_rs256_tokens_verify_with_the_public_key(api: Client, conn: Conn,
                                   bearer=token(key=RSA_KEY, algorithm="RS256", sub="carol"))
     assert status == 200
     assert [a["actor_principal_id"] for a in await audit(conn, job)
-            if a["action"] == "job_replay"] == ["carol"]
+            if a["action"] == "job_replay"] == ["token:carol"]
 
 
 def test_es256_tokens_verify_with_a_jwks_file(tmp_path: Path) -> None:

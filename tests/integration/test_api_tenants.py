@@ -74,9 +74,9 @@ async def test_each_tenant_admin_acts_on_its_own_jobs_and_the_audit_records_the_
         replay = [a for a in await audit(conn, mine[0]) if a["action"] == "job_replay"]
         discard = [a for a in await audit(conn, mine[1]) if a["action"] == "job_discard"]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in replay] == [
-            (sub, [key])]
+            (f"token:{sub}", [key])]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in discard] == [
-            (sub, [key])]
+            (f"token:{sub}", [key])]
         status, body, _ = await api.call("GET", f"/v1/audit/jobs/{mine[1]}", bearer=bearer)
         assert status == 200
         assert [row["action"] for row in body["items"]] == ["job_enqueued", "job_discard"]
@@ -97,7 +97,7 @@ async def test_the_platform_token_acts_on_every_tenant_and_is_recorded_as_such(
         assert (status, body["status"]) == (200, "failed")
         stop = [a for a in await audit(conn, job) if a["action"] == "job_stop"]
         assert [(a["actor_principal_id"], a["payload"]["tenant_scope"]) for a in stop] == [
-            ("oncall@platform", "*")]
+            ("token:oncall@platform", "*")]
 
 
 async def test_lists_and_counts_show_only_the_tokens_tenants(
@@ -202,7 +202,7 @@ def test_jobpool_api_with_an_unreadable_pool_file_exits_naming_it(
     bad.write_text("kind: JobWorkerPool\nspec: {lanes: 3}\n")
     for path in (tmp_path / "missing.yaml", bad):
         assert main(["api", "--pool", str(path), "--dsn", "postgresql://unused@127.0.0.1:1/x"]) == 2
-        assert f"jobpool: error: {path}: " in capsys.readouterr().err
+        assert f"jobpool: error: --pool / JOBPOOL_API_POOL: {path}: " in capsys.readouterr().err
 
 
 def test_the_lanes_of_a_pool_file_are_what_the_overview_shows() -> None:

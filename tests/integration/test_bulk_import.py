@@ -226,7 +226,8 @@ async def test_a_worker_killed_halfway_resumes_and_commits_each_row_once(
 
     env = {**os.environ, "JOBPOOL_DSN": dsn}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "jobpool", "run", "--kinds", "bulk_import", "--until-empty"],
+        [sys.executable, "-m", "jobpool", "run", "--kinds", "bulk_import", "--until-empty",
+         "--metrics-port", "0"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

@@ -11,6 +11,10 @@ from jobpool.k8s.manifests import build_worker_container, build_worker_env
 from jobpool.settings import Settings
 from jobpool.worker.supervisor import lane_processes, local_process_count
 
+POD_ONLY = ("JOBPOOL_METRICS_PORT", "JOBPOOL_SERVICE_ACCOUNT")
+"""A pod's own: its metrics port (a local process n gets port + n) and its service account
+(from the downward API; a local process is audited as the settings' service account)."""
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
 
 
@@ -23,7 +27,7 @@ def test_each_local_process_gets_its_lanes_pod_environment() -> None:
     assert {proc.lane for proc in processes} == {lane.name for lane in pool.lanes}
     for proc in processes:
         pod = {item["name"]: item["value"] for item in build_worker_env(pool, pool.lane(proc.lane))
-               if "value" in item and item["name"] != "JOBPOOL_METRICS_PORT"}
+               if "value" in item and item["name"] not in POD_ONLY}
         assert {name: proc.env.get(name) for name in pod} == pod
         assert ("JOBPOOL_RATE_LIMITS" in proc.env) == ("JOBPOOL_RATE_LIMITS" in pod)
         assert (proc.env["PATH"], proc.env["JOBPOOL_DSN"]) == ("/usr/bin", "postgresql://db/mdm")
@@ -65,5 +69,6 @@ def test_a_local_pool_larger_than_four_processes_per_cpu_is_refused() -> None:
     """minReplicas 1000 is a cluster's figure: a local run refuses to start 1000 processes."""
     assert local_process_count(_pool_with(7), cpus=2) == 8  # and the heavy lane's one
     with pytest.raises(ValueError, match=r"asks for 1001 local worker processes \(all: 1000, "
-                                         r"heavy: 1\), more than 4 per CPU of this machine \(8\)"):
+                                         r"heavy: 1\), more than the cap of 8 on this machine "
+                                         r"\(4 per CPU, 2 CPUs\)"):
         local_process_count(_pool_with(1000), cpus=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from jobpool.cli import build_parser, main
-from jobpool.cli_arguments import settings_with_flags
+from jobpool.cli_arguments import actor_of, settings_with_flags
 from jobpool.core.poolspec import load_pool_file
 from jobpool.settings import Settings, setting_of, variable
 from jobpool.worker.config import WorkerConfig
@@ -78,7 +79,7 @@ def _help_flags(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
             for sub in action.choices.values():
                 for name, flags in _help_flags(sub).items():
                     found.setdefault(name, set()).update(flags)
-        for name in re.findall(r"\[env (JOBPOOL_\w+)\]", action.help or ""):
+        for name in re.findall(r"\[env (JOBPOOL_\w+)[,\]]", action.help or ""):
             found.setdefault(name, set()).update(action.option_strings)
     return found
 
@@ -96,15 +97,30 @@ def test_flags_default_to_the_settings_and_fold_back_into_them() -> None:
     args = parser.parse_args(["run", "--poll-interval", "0.5"])
     assert (args.slots, args.grace, args.poll_interval) == (9, 4.5, 0.5)
     assert settings_with_flags(settings, args) == replace(settings, poll_interval=0.5)
-    assert parser.parse_args(["recover"]).actor == "svc"
     assert parser.parse_args(["api"]).api_port == 9000
 
 
-def test_import_says_jobpool_cli_unless_a_service_account_is_set() -> None:
-    assert build_parser(Settings()).parse_args(
-        ["import", "f.csv", "--tenant", "t", "--type", "k"]).actor == "jobpool-cli"
-    assert build_parser(Settings(service_account="svc")).parse_args(
-        ["import", "f.csv", "--tenant", "t", "--type", "k"]).actor == "svc"
+@pytest.mark.parametrize("command", [
+    ["recover"], ["enqueue", "k", "--tenant", "t"], ["dlq", "replay", "1"],
+    ["dlq", "discard", "1"], ["jobs", "stop", "1"], ["import", "f.csv", "--tenant", "t",
+                                                     "--type", "k"], ["demo"],
+])
+def test_a_command_is_audited_as_the_person_running_it_never_the_service_account(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`jobpool dlq discard 57` was audited as jobpool-worker, a person's act as a machine's."""
+    monkeypatch.setenv("LOGNAME", "alice")
+    args = build_parser(Settings(service_account="svc")).parse_args(command)
+    assert actor_of(args) == f"user:alice@{socket.gethostname()}"
+    given = build_parser(Settings()).parse_args([*command, "--actor", "bob"])
+    assert actor_of(given) == "user:bob"
+    machine = build_parser(Settings()).parse_args([*command, "--actor", "service:nightly"])
+    assert actor_of(machine) == "nightly"
+
+
+def test_an_empty_actor_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        build_parser(Settings()).parse_args(["recover", "--actor", " "])
 
 
 # -- from_env ---------------------------------------------------------------------------
@@ -133,6 +149,10 @@ def test_values_are_parsed_into_their_types() -> None:
     ("JOBPOOL_API_PORT", "65536", "JOBPOOL_API_PORT must be a whole number from 0 to 65535"),
     ("JOBPOOL_LOG_LEVEL", "verbose",
      "JOBPOOL_LOG_LEVEL must be one of debug, info, warning, error, got 'verbose'"),
+    ("JOBPOOL_DSN", "not a dsn", "JOBPOOL_DSN is not a libpq connection string: missing"),
+    ("JOBPOOL_SMTP_URL", "http://mail:25", "JOBPOOL_SMTP_URL must start with smtp:// or "
+     "smtps://, got http://"),
+    ("JOBPOOL_CLAMD_URL", "clamd:3310", "JOBPOOL_CLAMD_URL must start with tcp:// or unix://"),
     ("JOBPOOL_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/8, intranet",
      "JOBPOOL_WEBHOOK_ALLOW_NETWORKS must be comma-separated CIDR networks (e.g. 127.0.0.0/8, "
      "::1/128), got 'intranet'"),

@@ -85,7 +85,8 @@ def _load_pool(path: str) -> PoolSpec:
         return load_pool_file(path)
     except ValueError as exc:
         message = str(exc)
-        raise ValueError(message if message.startswith(path) else f"{path}: {message}") from None
+        named = message if message.startswith(path) else f"{path}: {message}"
+        raise ValueError(f"--pool / JOBPOOL_API_POOL: {named}") from None
 
 
 def pool_file_lanes(path: str) -> list[dict[str, Any]]:

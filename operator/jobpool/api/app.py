@@ -34,6 +34,7 @@ from jobpool.api.auth import AuthError, Principal, TokenVerifier
 from jobpool.api.database import DatabaseAway, DatabaseLink
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.api.overview import audit_entry, gather_overview, job_history
+from jobpool.core.actors import token_subject
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
 
@@ -255,7 +256,8 @@ def _action(action: Callable[..., Awaitable[None]]) -> Handler:
         ident = job_id(request)
         principal = request[PRINCIPAL]
         async with request.app[DATABASE].connection() as conn:
-            await action(conn, ident, actor=principal.subject, tenants=principal.tenants)
+            await action(conn, ident, actor=token_subject(principal.subject),
+                         tenants=principal.tenants)
             return ok(await admin.get_job(conn, ident, tenants=principal.tenants))
 
     return handle
@@ -266,7 +268,8 @@ async def discard_job(request: web.Request) -> web.Response:
     ident = job_id(request)
     principal = request[PRINCIPAL]
     async with request.app[DATABASE].connection() as conn:
-        await admin.discard(conn, ident, actor=principal.subject, tenants=principal.tenants)
+        await admin.discard(conn, ident, actor=token_subject(principal.subject),
+                            tenants=principal.tenants)
     return web.Response(status=204)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from jobpool.admin import (
     DEFAULT_PAGE,
@@ -13,6 +13,7 @@ from jobpool.admin import (
     PREVIEW_READ_LIMIT,
     STATUSES,
 )
+from jobpool.core.actors import ActorKind
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.tenants import TENANT_REF_PATTERN
 from jobpool.db.live_workers import MAX_RUNNING_SHOWN
@@ -210,7 +211,11 @@ _OVERVIEW = {
 _AUDIT_FIELDS = {
     "id": {"type": "integer"},
     "at": _TIME,
-    "actor": {"type": "string"},
+    "actor": {"type": "string", "description":
+              "as stored: user:NAME (a person at the CLI), token:SUBJECT (an admin "
+              "API token), else a service account"},
+    "actor_kind": {"type": "string", "enum": list(get_args(ActorKind))},
+    "actor_name": {"type": "string", "description": "the actor without its prefix"},
     "action": {"type": "string"},
 }
 

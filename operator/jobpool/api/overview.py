@@ -13,6 +13,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from jobpool.admin import preview_params
+from jobpool.core.actors import actor_kind, actor_name
 from jobpool.core.lane_activity import lane_activity
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.live_workers import live_workers, running_jobs
@@ -56,21 +57,31 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
 async def job_history(conn: AsyncConnection[Any], job_id: int, *,
                       tenants: Sequence[str] | None) -> list[Row]:
     """The audit rows of job `job_id` (oldest first, at most MAX_HISTORY) that `tenants` may
-    see; empty for a job of another tenant or one that never existed.
+    see, each with its actor's kind (`actor_kind`: person, token or service account) and name
+    (`actor_name`, the actor without the kind's prefix); empty for a job of another tenant or
+    one that never existed.
 
     Each row carries a preview of its payload (`payload_preview`, `payload_size`,
     `payload_truncated`, as `admin.list_dlq`): a discard's payload holds the whole job.
     """
-    return await fetch_all(conn, "job_history", {
+    rows = await fetch_all(conn, "job_history", {
         "id": job_id, "tenants": None if tenants is None else list(tenants),
         "limit": MAX_HISTORY, **preview_params()})
+    return [with_actor(row) for row in rows]
+
+
+def with_actor(row: Row) -> Row:
+    """An audit row with its actor's kind and name beside the stored actor."""
+    return {**row, "actor_kind": actor_kind(row["actor"]), "actor_name": actor_name(row["actor"])}
 
 
 async def audit_entry(conn: AsyncConnection[Any], entry_id: int, *,
                       tenants: Sequence[str] | None) -> Row | None:
-    """Audit row `entry_id` with its whole payload, if `tenants` may see it (else None)."""
-    return await fetch_one(conn, "audit_entry", {
+    """Audit row `entry_id` with its whole payload and its actor's kind and name, if `tenants`
+    may see it (else None)."""
+    row = await fetch_one(conn, "audit_entry", {
         "id": entry_id, "tenants": None if tenants is None else list(tenants)})
+    return None if row is None else with_actor(row)
 
 
 def rate_limited_pairs(limits: Sequence[Mapping[str, Any]],

@@ -104,7 +104,8 @@ def _image_version(image: str) -> str | None:
 
 
 def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
-    """The worker container's environment: DSN from the Secret, metrics port, rate limits."""
+    """The worker container's environment: DSN from the Secret, metrics port, the pod's
+    service account as the audit actor, rate limits, `spec.worker.env`."""
     env: list[dict[str, Any]] = [
         {
             "name": "JOBPOOL_DSN",
@@ -114,8 +115,24 @@ def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
         },
         {"name": "JOBPOOL_METRICS_PORT", "value": str(pool.metrics_port)},
     ]
-    env += [{"name": name, "value": value} for name, value in pool.lane_env(lane).items()]
+    lane_env = pool.lane_env(lane)
+    if "JOBPOOL_SERVICE_ACCOUNT" not in lane_env:  # one entry per name (server-side apply)
+        env += _service_account_env()
+    env += [{"name": name, "value": value} for name, value in lane_env.items()]
     return env
+
+
+def _service_account_env() -> list[dict[str, Any]]:
+    """JOBPOOL_SERVICE_ACCOUNT as Kubernetes names the pod's service account
+    (`system:serviceaccount:NAMESPACE:NAME`, from the downward API), so that the audit log
+    names the account the workers run as."""
+    return [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_SERVICE_ACCOUNT",
+         "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+        {"name": "JOBPOOL_SERVICE_ACCOUNT",
+         "value": "system:serviceaccount:$(POD_NAMESPACE):$(POD_SERVICE_ACCOUNT)"},
+    ]
 
 
 def build_worker_container(pool: PoolSpec, lane: Lane) -> dict[str, Any]:

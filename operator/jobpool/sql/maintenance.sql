@@ -32,11 +32,18 @@ WITH stale AS (
      WHERE j.id = stale.id
     RETURNING j.id, j.tenant_id, j.job_kind, j.status::text AS status, j.attempts, j.last_error
 ), audited AS (
+    -- a recovered attempt is one of the job's attempts, as a retried one is
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
-    SELECT %(actor)s, tenant_id, id, 'job_dlq',
-           jsonb_build_object('kind', job_kind, 'last_error', last_error, 'attempts', attempts)
+    SELECT %(actor)s, tenant_id, id,
+           CASE WHEN status = 'dlq' THEN 'job_dlq' ELSE 'job_retry' END::mdm.audit_action,
+           CASE WHEN status = 'dlq'
+                THEN jsonb_build_object('kind', job_kind, 'last_error', last_error,
+                                        'attempts', attempts)
+                ELSE jsonb_build_object('kind', job_kind, 'error', 'stale claim recovered: '
+                                        || 'the worker stopped renewing its lease',
+                                        'attempt', attempts, 'delay_seconds', 0)
+           END
       FROM recovered
-     WHERE status = 'dlq'
 ), notified AS (
     -- wake idle workers at commit, as an enqueue does: the jobs are runnable now
     SELECT pg_notify('jobpool', job_kind)

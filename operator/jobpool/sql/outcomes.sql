@@ -51,14 +51,25 @@ SELECT j.id
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: retry_job :one
--- Back to pending after a transient failure; the delay counts from now, not the transaction start.
-UPDATE mdm.aa_job
-   SET status = 'pending', available_at = clock_timestamp() + make_interval(secs => %(delay)s),
-       last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL,
-       lease_expires_at = NULL
- WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
-   AND attempts = %(attempts)s
-RETURNING id;
+-- Back to pending after a transient failure, audited with its error (the job row keeps only
+-- the last); the delay counts from now, not the transaction start.
+WITH retried AS (
+    UPDATE mdm.aa_job
+       SET status = 'pending',
+           available_at = clock_timestamp() + make_interval(secs => %(delay)s),
+           last_error = %(error)s, claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL,
+           lease_expires_at = NULL
+     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
+       AND attempts = %(attempts)s
+    RETURNING id, tenant_id, job_kind, attempts
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
+    SELECT %(actor)s, tenant_id, id, 'job_retry',
+           jsonb_build_object('kind', job_kind, 'error', %(error)s::text, 'attempt', attempts,
+                              'delay_seconds', %(delay)s::float8)
+      FROM retried
+)
+SELECT id FROM retried;
 
 -- name: dead_letter_job :one
 -- Park a job in the DLQ and audit it with its last error.

@@ -7,6 +7,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from jobpool.core.suggestions import did_you_mean
 from jobpool.core.tenants import tenant_ref
 
 
@@ -66,8 +67,9 @@ def resolve_kinds(
     """The kinds a worker serves; raises ValueError naming a kind that is not registered."""
     unknown = sorted(set(kinds or ()) - set(registered))
     if unknown:
+        hint = did_you_mean(unknown[0], registered) if len(unknown) == 1 else ""
         raise ValueError(
-            f"unknown job kind(s) {', '.join(unknown)}: registered kinds are "
+            f"unknown job kind(s) {', '.join(unknown)}{hint}: registered kinds are "
             f"{', '.join(registered)} (load more with --import MODULE)"
         )
     chosen = registered if kinds is None else kinds

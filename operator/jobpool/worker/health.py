@@ -154,8 +154,9 @@ class HealthServer:
 async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> HealthServer | None:
     """Serve `worker`'s /metrics (with queue gauges from `dsn`) and probes on `port`.
 
-    port 0: no server (None). A port that is taken is logged, not fatal: the worker's jobs
-    matter more than its metrics (on Kubernetes the failing probes make it visible).
+    port 0: no server (None). Raises HealthServerError naming the port and its setting when
+    the port is taken: a worker without its probes and metrics would run unseen (and on
+    Kubernetes be restarted by its failing probes), so it stops at its start instead.
     """
     if not port:
         return None
@@ -163,9 +164,8 @@ async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> He
     server = HealthServer(worker, worker.metrics)
     try:
         bound = await server.start(port=port)
-    except HealthServerError as exc:
-        log.error("%s; running without them", exc)
+    except HealthServerError:
         await server.stop()
-        return None
+        raise
     log.info("metrics and probes on :%d (/metrics, /healthz, /readyz)", bound)
     return server

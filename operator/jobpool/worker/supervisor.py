@@ -72,9 +72,10 @@ def local_process_count(pool: PoolSpec, cpus: int) -> int:
     if total > cap:
         lanes = ", ".join(f"{name}: {count}" for name, count in counts.items())
         raise ValueError(
-            f"the pool file asks for {total} local worker processes ({lanes}), more than "
-            f"{PROCESSES_PER_CPU} per CPU of this machine ({cap}); lower minReplicas for a "
-            "local run, or run the pool on Kubernetes")
+            f"the pool file asks for {total} local worker processes ({lanes}), more than the "
+            f"cap of {cap} on this machine ({PROCESSES_PER_CPU} per CPU, {max(1, cpus)} "
+            f"CPU{'s' if cpus > 1 else ''}); lower minReplicas for a local run, or run the "
+            "pool on Kubernetes")
     return total
 
 

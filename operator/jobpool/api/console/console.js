@@ -11,7 +11,7 @@
   const REFRESH_MS = 5000;
   const PAGE = 50;
   const OPEN_PAYLOAD_CHARS = 2000;   // larger payloads start collapsed
-  const ERROR_CHARS = 200;           // last errors in the DLQ table are cut to this
+  const SUMMARY_CHARS = 120;         // an error or snapshot longer than this opens on a click
 
   const $ = (id) => document.getElementById(id);
   let principal = null;
@@ -68,10 +68,17 @@
     return node;
   }
 
+  // A heading made with num() is right-aligned, as its column's numbers are.
+  function num(text) {
+    return {num: text};
+  }
+
   function table(headings, rows, emptyText) {
     if (!rows.length) return el("p", {className: "empty"}, emptyText);
+    const heading = (h) => h !== null && typeof h === "object" && "num" in h
+      ? el("th", {className: "num"}, h.num) : el("th", {}, h);
     return el("table", {},
-      el("thead", {}, el("tr", {}, headings.map((h) => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, headings.map(heading))),
       el("tbody", {}, rows));
   }
 
@@ -102,8 +109,26 @@
     return iso ? duration(((now || Date.now()) - Date.parse(iso)) / 1000) : "";
   }
 
+  // A time in the browser's zone, named (e.g. "12/1/2026, 9:14:03 PM UTC").
   function time(iso) {
-    return iso ? new Date(iso).toLocaleString() : "—";
+    return iso ? new Date(iso).toLocaleString(undefined, {timeZoneName: "short"}) : "—";
+  }
+
+  // A time as above, with the exact instant in UTC on hover.
+  function timeCell(iso, props) {
+    return el("td", {...props, title: iso ? new Date(iso).toISOString() : null}, time(iso));
+  }
+
+  // Long text behind an expander: its first line (cut) as the summary, the whole text that
+  // the API sent below, and a mark when the API sent only a preview of a longer text.
+  function expander(text, cut, className) {
+    const firstLine = text.split("\n", 1)[0];
+    const short = firstLine.length > SUMMARY_CHARS
+      ? `${firstLine.slice(0, SUMMARY_CHARS)}…` : firstLine;
+    const mark = cut ? el("p", {className: "cut"}, cut) : null;
+    if (!cut && short === text) return el("span", {className}, text);
+    return el("details", {className: `expander ${className || ""}`},
+      el("summary", {}, short), el("pre", {}, text), mark);
   }
 
   function jobLink(id) {
@@ -227,7 +252,8 @@
            String(p.dlq))
       : "0";
     fill("overview-counts", table(
-      ["Tenant", "Kind", "Pending", "Ready", "Oldest ready", "Running", "DLQ"],
+      ["Tenant", "Kind", num("Pending"), num("Ready"), num("Oldest ready"), num("Running"),
+       num("DLQ")],
       [...pairs.values()].map((p) => el("tr", {},
         el("td", {}, p.tenant), el("td", {}, p.kind), el("td", {className: "num"}, p.pending),
         el("td", {className: "num"}, p.ready),
@@ -236,7 +262,7 @@
       "No pending, running or DLQ jobs."));
     renderLanes(data);
     fill("overview-limits", table(
-      ["Tenant", "Kind", "Limit", "Waiting", "Next due"],
+      ["Tenant", "Kind", "Limit", num("Waiting"), "Next due"],
       data.rate_limits.map((r) => el("tr", {},
         el("td", {}, r.tenant), el("td", {}, r.kind),
         el("td", {}, `${r.rps}/s, burst ${r.burst}`),
@@ -244,7 +270,8 @@
         el("td", {}, r.next_due_at
           ? `in ${duration((Date.parse(r.next_due_at) - now) / 1000)}` : "—"))),
       "No tenant sets a rate limit."));
-    $("overview-updated").textContent = `Updated ${new Date().toLocaleTimeString()}.`;
+    $("overview-updated").textContent =
+      `Updated ${new Date().toLocaleTimeString(undefined, {timeZoneName: "short"})}.`;
   }
 
   // -- lanes: live workers, running jobs and why a backlog waits ----------------------------
@@ -373,20 +400,33 @@
       el("td", {}, job.job_kind),
       el("td", {}, job.tenant_key),
       el("td", {className: "num"}, `${job.attempts}/${job.max_attempts}`),
-      el("td", {className: "error-text", title: job.last_error_preview || ""},
-         (job.last_error_preview || "").slice(0, ERROR_CHARS)),
-      el("td", {title: `created ${time(job.created_at)}, in the DLQ since ${time(job.dlq_at)}`},
-         since(job.created_at)),
+      el("td", {className: "error-text"}, lastError(job)),
+      el("td", {className: "num",
+                title: `in the DLQ since ${time(job.dlq_at)}; created ${time(job.created_at)}`},
+         since(job.dlq_at)),
       el("td", {className: "row-actions"},
          el("button", {type: "button", onclick: () => askReplay([job.id])}, "Replay"),
          el("button", {type: "button", className: "danger",
                        onclick: () => askDiscard([job.id])}, "Discard"))));
     fill("dlq-table", table(
-      [pickAll, "Job", "Kind", "Tenant", "Attempts", "Last error", "Age", ""], rows,
+      [pickAll, "Job", "Kind", "Tenant", num("Attempts"), "Last error", num("In the DLQ for"),
+       ""], rows,
       "The DLQ is empty for this filter."));
     $("dlq-next").hidden = page.next_after === null;
     $("dlq-first").hidden = !params.get("after");
     updateSelection();
+  }
+
+  // A DLQ row's last error: what the list sent (a bounded preview where the API sends
+  // one), marked when the job holds more.
+  function lastError(job) {
+    const text = job.last_error_preview ?? job.last_error ?? "";
+    const cut = job.last_error_truncated
+      ? `Cut at ${text.length.toLocaleString()} of ` +
+        `${(job.last_error_length ?? 0).toLocaleString()} characters: job #${job.id}'s ` +
+        "page shows it whole."
+      : "";
+    return expander(text, cut, "error-text");
   }
 
   function dlqHash(params) {
@@ -536,12 +576,53 @@
     }
     body.push(el("h2", {}, "History"), table(["When", "Action", "Actor", "Details"],
       history.map((row) => el("tr", {"data-action": row.action},
-        el("td", {}, time(row.at)), el("td", {}, row.action), el("td", {}, row.actor),
-        el("td", {}, el("code", {}, row.payload_preview === null
-          ? `(${row.payload_size.toLocaleString()} bytes stored, not shown)`
-          : row.payload_preview.slice(0, 300))))),
+        timeCell(row.at), el("td", {}, row.action), actorCell(row),
+        el("td", {}, historyDetails(row)))),
       "No audit rows."));
     fill("job-body", body);
+  }
+
+  // Who did it, and what kind of principal that is (a person at the command line, an admin
+  // API token's subject, a service account such as the workers').
+  function actorCell(row) {
+    const kind = row.actor_kind || "service account";
+    return el("td", {className: "actor"}, row.actor_name ?? row.actor, " ",
+              el("span", {className: `badge actor-${kind.replace(" ", "-")}`}, kind));
+  }
+
+  // An audit row's payload: the object when the API sent it whole, else the preview's text.
+  function auditPayload(row) {
+    if (!("payload_preview" in row)) return {value: row.payload, text: json(row.payload), cut: ""};
+    if (row.payload_preview === null) {
+      return {value: null, text: "",
+              cut: `${(row.payload_size ?? 0).toLocaleString()} bytes stored, not shown here.`};
+    }
+    if (!row.payload_truncated) {
+      const value = JSON.parse(row.payload_preview);
+      return {value, text: json(value), cut: ""};
+    }
+    return {value: null, text: row.payload_preview,
+            cut: `Cut at ${row.payload_preview.length.toLocaleString()} characters of ` +
+                 `${(row.payload_size ?? 0).toLocaleString()} bytes stored.`};
+  }
+
+  // What an audit row says: an attempt's error for a retry or the DLQ, a discard's snapshot
+  // of the job, else its payload; long ones behind an expander.
+  function historyDetails(row) {
+    const {value, text, cut} = auditPayload(row);
+    if (value && row.action === "job_retry") {
+      return [el("span", {}, `Attempt ${value.attempt} failed; retried in ` +
+                             `${duration(value.delay_seconds)}: `),
+              expander(String(value.error ?? ""), "", "error-text")];
+    }
+    if (value && row.action === "job_dlq") {
+      return [el("span", {}, `Attempt ${value.attempts} failed; moved to the DLQ: `),
+              expander(String(value.last_error ?? ""), "", "error-text")];
+    }
+    if (value && row.action === "job_discard") {
+      return [el("span", {}, "Deleted; the job as it was: "), expander(text, cut, "snapshot")];
+    }
+    return expander(value ? JSON.stringify(value) : text, cut, "snapshot");
   }
 
   // -- wiring -------------------------------------------------------------------------------

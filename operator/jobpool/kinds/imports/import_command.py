@@ -7,11 +7,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from jobpool.cli_arguments import add_actor, add_common_arguments
+from jobpool.cli_arguments import actor_of, add_actor, add_common_arguments
 from jobpool.settings import Settings
-
-IMPORT_ACTOR = "jobpool-cli"
-"""The audit log's principal of `jobpool import` while JOBPOOL_SERVICE_ACCOUNT is unset."""
 
 
 def add_import_command(subparsers: Any, settings: Settings) -> None:
@@ -29,8 +26,7 @@ def add_import_command(subparsers: Any, settings: Settings) -> None:
                    help="fields that are not attributes of the type: reject the record "
                         "(default) or ignore the field")
     p.add_argument("--batch-size", type=int, help="records per committed batch (default 1000)")
-    unset = settings.service_account == Settings().service_account
-    add_actor(p, settings, default=IMPORT_ACTOR if unset else None)
+    add_actor(p)
     p.set_defaults(func=cmd_import)
 
 
@@ -54,7 +50,7 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         staged = await stage_import(
             conn, read_file(path, fmt), tenant_id=tenant["id"], type_key=args.type_key,
             source_name=path.name, fmt=fmt, key_field=args.key_field,
-            unknown_keys=args.unknown_keys, batch_size=args.batch_size, actor=args.actor)
+            unknown_keys=args.unknown_keys, batch_size=args.batch_size, actor=actor_of(args))
         await conn.commit()
     print(f"staged {staged.rows} record(s) from {path.name} as import {staged.import_job_id}; "
           f"enqueued bulk_import job {staged.job_id}")

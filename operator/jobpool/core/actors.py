@@ -1,0 +1,62 @@
+"""Who an audit row's actor is: a person, an API token's subject, or a service account.
+
+The audit log's `actor_principal_id` is text. A person (a CLI command's user) is written
+`user:NAME`, an admin API token's subject `token:SUBJECT`; any other text is a service
+account: a worker's `JOBPOOL_SERVICE_ACCOUNT`, or the database role of a statement that names
+no actor (an enqueue from a service, the SQL function `mdm.enqueue_job`, the outbox trigger).
+So the rows written before the prefixes existed read as service accounts too.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ActorKind = Literal["person", "token", "service account"]
+
+PERSON_PREFIX = "user:"
+TOKEN_PREFIX = "token:"
+SERVICE_PREFIX = "service:"
+"""Accepted from `--actor` (a CLI command a machine runs, e.g. from cron) and dropped: bare text
+is a service account."""
+_PREFIXES: tuple[tuple[str, ActorKind], ...] = (
+    (PERSON_PREFIX, "person"), (TOKEN_PREFIX, "token"))
+
+
+def cli_actor(name: str) -> str:
+    """The actor of a CLI command given `--actor name`: a person (`alice@host` ->
+    `user:alice@host`), unless `name` already says its kind (`user:`, `token:`, or
+    `service:NAME` for a machine, written as the bare NAME).
+
+    Raises ValueError for an empty name: an audit row must name someone.
+    """
+    bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
+    if not (bare if bare is not None else name).strip():
+        raise ValueError(f"--actor must name someone, got {name!r}")
+    if bare is not None:
+        return bare
+    return name if _prefixed(name) else PERSON_PREFIX + name
+
+
+def token_subject(subject: str) -> str:
+    """The actor of an admin API request: its token's `sub`."""
+    return TOKEN_PREFIX + subject
+
+
+def actor_kind(actor: str) -> ActorKind:
+    """Which kind of principal `actor` names (text without a known prefix: a service account)."""
+    for prefix, kind in _PREFIXES:
+        if actor.startswith(prefix):
+            return kind
+    return "service account"
+
+
+def actor_name(actor: str) -> str:
+    """`actor` without its kind's prefix (what a person reads next to the kind)."""
+    for prefix, _ in _PREFIXES:
+        if actor.startswith(prefix):
+            return actor[len(prefix):]
+    return actor
+
+
+def _prefixed(name: str) -> bool:
+    return any(name.startswith(prefix) for prefix, _ in _PREFIXES)
