@@ -43,7 +43,8 @@ async def test_history_names_the_person_the_service_account_and_every_attempt(
         ("job_dlq", WORKERS, "service account"),
         ("job_replay", person, "person"),
     ]
-    retry = rows[1]["payload"]
+    retry = json.loads(rows[1]["payload_preview"])  # a small payload: the preview is whole
+    assert rows[1]["payload_truncated"] is False
     assert (retry["attempt"], retry["error"], retry["delay_seconds"]) == (
         1, "RuntimeError: smtp said no", 2.0)
     assert rows[0]["actor_name"] == f"alice@{socket.gethostname()}"
