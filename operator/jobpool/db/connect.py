@@ -376,7 +376,8 @@ def transaction_conflict(exc: BaseException) -> bool:
     """Whether `exc`, or an exception it came from, is a transaction the server rolled back
     for a conflict with another (SQLSTATE class 40: a serialization failure, a deadlock): the
     same transaction may well succeed when run again."""
-    return any(isinstance(e, psycopg.errors.TransactionRollback) for e in _chain(exc))
+    return any(isinstance(e, psycopg.Error) and (e.sqlstate or "").startswith("40")
+               for e in _chain(exc))
 
 
 def interrupted_by_connection(exc: BaseException) -> bool:
