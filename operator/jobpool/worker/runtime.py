@@ -664,8 +664,8 @@ class Worker:
                     log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
                                 job.id, job.job_kind, job.attempts, error)
         except psycopg.Error as db_exc:
-            log.error("job %d: could not record its failure (%s); its lease will expire",
-                      job.id, db_exc)
+            log.error("job %d: could not record its failure (%s); handed back at exit, else "
+                      "by stale-claim recovery", job.id, db_exc)
             return "error"
         if not held:
             log.warning("job %d (%s): claim lost, failure not recorded", job.id, job.job_kind)
@@ -675,12 +675,15 @@ class Worker:
     async def _hand_back_interrupted(self, job: Job, exc: Exception) -> Outcome:
         """Hand back a job that the database, not its handler, stopped: its connection failed
         (a restart, a switchover, a pooler), or the server rolled its transaction back for a
-        conflict with another. The attempt is not used: the job runs again as soon as the
-        database answers (a conflict after `CONFLICT_PAUSE`)."""
+        conflict with another, or no slot connection was ready after an outage. The attempt
+        is not used: the job runs again as soon as the database answers (the others after
+        `CONFLICT_PAUSE`)."""
         store = self.store
         assert store is not None
         conflict = transaction_conflict(exc)
-        delay = self.rng.uniform(*CONFLICT_PAUSE) if conflict else 0.0
+        # a dead connection is replaced by the time the database answers; a conflict or a
+        # missing slot connection may not have cleared yet
+        delay = 0.0 if interrupted_by_connection(exc) else self.rng.uniform(*CONFLICT_PAUSE)
         try:
             held = await self._record(lambda: store.release(job.id, job.attempts, delay=delay))
         except psycopg.Error as db_exc:
@@ -692,7 +695,7 @@ class Worker:
         self._wake_in(delay)
         log.info("job %d (%s) attempt %d handed back, not counted (%s): %s", job.id,
                  job.job_kind, job.attempts,
-                 "a transaction conflict" if conflict else "its connection failed",
+                 "a transaction conflict" if conflict else "the database connection failed",
                  error_text(exc))
         return "released"
 
