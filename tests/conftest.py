@@ -133,7 +133,7 @@ def pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
     binary = find_pgbouncer()
     if binary is None:
         pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
-    bouncer = PgBouncer(binary, private_server)
+    bouncer = PgBouncer(binary, server_port=private_server.port, run_as=private_server.user)
     try:
         bouncer.start()
         yield bouncer

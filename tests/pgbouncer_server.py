@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from private_postgres import PrivateServer
 from psycopg.conninfo import make_conninfo
 
 
@@ -34,15 +33,18 @@ def _free_port() -> int:
 class PgBouncer:
     """pgbouncer -d with a config of its own: transaction pooling, trust, TCP only."""
 
-    def __init__(self, binary: str, server: PrivateServer, *, pool_size: int = 20) -> None:
+    def __init__(self, binary: str, *, server_port: int, run_as: str | None,
+                 pool_size: int = 20) -> None:
+        """In front of PostgreSQL on 127.0.0.1:`server_port`; `run_as`: the user it runs as
+        (needed as root), None: this process's."""
         self.binary = binary
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pgb-"))
         self.port = _free_port()
-        self.user = server.user
+        self.user = run_as
         (self.folder / "users.txt").write_text('"postgres" ""\n')
         (self.folder / "pgb.ini").write_text(f"""\
 [databases]
-* = host=127.0.0.1 port={server.port}
+* = host=127.0.0.1 port={server_port}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
