@@ -27,6 +27,7 @@ from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
+from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,11 @@ def with_tcp_liveness(dsn: str) -> str:
 
 async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:
     """One async connection returning rows as dicts, json read with `load_json`, with TCP
-    keepalives (`TCP_LIVENESS`)."""
+    keepalives (`TCP_LIVENESS`), nothing prepared on the server behind a transaction pooler
+    (`prepare_threshold`)."""
     return await AsyncConnection.connect(with_tcp_liveness(dsn), autocommit=autocommit,
-                                         row_factory=dict_row, context=ADAPTERS)
+                                         row_factory=dict_row, context=ADAPTERS,
+                                         prepare_threshold=prepare_threshold())
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -287,19 +290,23 @@ def adapters_changed(conn: AsyncConnection[Any]) -> bool:
             or any(mine._dumpers[fmt] is not table for fmt, table in pristine._dumpers.items()))
 
 
-def prepare_threshold(*, transaction_pooler: bool) -> int | None:
+def prepare_threshold(*, transaction_pooler: bool | None = None) -> int | None:
     """psycopg's `prepare_threshold` for jobpool's connections: 5 (psycopg's default: a query
     run that often is prepared on the server), None behind a transaction pooler, where the
     next transaction may run on another server connection, which lacks the statement or has
-    another of the same name (`DuplicatePreparedStatement "_pg3_0"`)."""
+    another of the same name (`DuplicatePreparedStatement "_pg3_0"`). `transaction_pooler`
+    None: as `JOBPOOL_POOLER` says."""
+    if transaction_pooler is None:
+        transaction_pooler = current_settings().pooler == "transaction"
     return None if transaction_pooler else 5
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool",
-              transaction_pooler: bool = False) -> AsyncConnectionPool[Any]:
+              transaction_pooler: bool | None = None) -> AsyncConnectionPool[Any]:
     """A pool of `size` JobConnections (dict rows, json read with `load_json`, TCP keepalives
     as `TCP_LIVENESS`, transactions at `OWN_ISOLATION`, no server-side prepared statements
-    with `transaction_pooler`); call `await pool.open()` before use."""
+    with `transaction_pooler`, None: as `JOBPOOL_POOLER` says); call `await pool.open()`
+    before use."""
     return AsyncConnectionPool(
         with_tcp_liveness(dsn),
         min_size=size,
@@ -321,7 +328,7 @@ async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
 
 
 async def open_live_pool(
-    dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool = False,
+    dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool | None = None,
 ) -> AsyncConnectionPool[Any]:
     """`open_pool`, opened, once one of its connections answers (the others follow in the
     background, so a server near its connection limit still gets a working pool).
