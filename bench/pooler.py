@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,7 @@ async def main(jobs: int, rate: float, listen_direct: bool) -> None:
                                      "RETURNING id")
             tenant = (await cur.fetchone() or {})["id"]
         bouncer = PgBouncer(binary, server_port=int(params.get("port") or 5432),
-                            run_as="postgres")
+                            run_as="postgres" if os.geteuid() == 0 else None)
         bouncer.start()
         try:
             pooled = make_conninfo(bouncer.dsn(params["dbname"]))
