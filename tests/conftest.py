@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pgbouncer_server import PgBouncer, find_pgbouncer
 from private_postgres import TEST_SETTINGS, PrivateServer, find_bin
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -211,3 +212,17 @@ def private_server() -> Iterator[PrivateServer]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture
+def pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction pooling mode in front of `private_server`."""
+    binary = find_pgbouncer()
+    if binary is None:
+        pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
+    bouncer = PgBouncer(binary, server_port=private_server.port, run_as=private_server.user)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.remove()

@@ -11,12 +11,14 @@ Public API, all on the base install (`pip install jobpool`, README "Install"):
 - the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError` and
   `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
   `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
-  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`.
+  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`,
+  `ConnectionBudgetError`.
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
 from jobpool.errors import (
     AttachmentNotFoundError,
+    ConnectionBudgetError,
     DatabaseUnavailableError,
     FetchError,
     InvalidPayloadError,
@@ -48,11 +50,12 @@ from jobpool.kinds.webhooks.signing import WebhookVerificationError, verify_webh
 from jobpool.registry import kind
 
 __all__ = [
-    "AttachmentNotFoundError", "CommittedUpload", "DatabaseUnavailableError", "Enqueued",
-    "FetchError", "InvalidPayloadError", "Job", "JobNotFoundError", "JobStateError",
-    "JobpoolError", "NewJob", "PermanentError", "PublishedEvent", "RetryAfter",
-    "SchemaNotMigratedError", "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
-    "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",
-    "enqueue_many_sync", "enqueue_sync", "kind", "publish_event", "publish_event_sync",
-    "register_fetcher", "subscribe_webhook", "verify_webhook",
+    "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",
+    "DatabaseUnavailableError", "Enqueued", "FetchError", "InvalidPayloadError", "Job",
+    "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob", "PermanentError",
+    "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "Subscription", "UnknownKindError",
+    "UnknownTenantError", "Upload", "WebhookVerificationError", "commit_upload",
+    "commit_upload_sync", "enqueue", "enqueue_many", "enqueue_many_sync", "enqueue_sync", "kind",
+    "publish_event", "publish_event_sync", "register_fetcher", "subscribe_webhook",
+    "verify_webhook",
 ]

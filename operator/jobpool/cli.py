@@ -161,7 +161,8 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = WorkerConfig(
         kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
         slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
-        lease_ttl=args.lease_ttl, until_empty=args.until_empty,
+        lease_ttl=args.lease_ttl, until_empty=args.until_empty, pooler=settings.pooler,
+        listen_dsn=settings.listen_dsn,
     )
     # a server of your own may be down or not migrated yet: the worker waits for it, serving
     # its probes; the embedded one is started (and migrated) here

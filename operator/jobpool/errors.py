@@ -90,6 +90,12 @@ class DatabaseUnavailableError(JobpoolError):
     """The embedded PostgreSQL could not be started (bad data folder, no permission, ...)."""
 
 
+class ConnectionBudgetError(JobpoolError):
+    """The database lets a worker open too few connections for even one slot (the role's
+    CONNECTION LIMIT or the server's max_connections); the message names the limit and the
+    need."""
+
+
 class SchemaNotMigratedError(JobpoolError):
     """The database lacks the jobpool schema, or an older version of it."""
 

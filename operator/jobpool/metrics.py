@@ -21,14 +21,15 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import psycopg
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
-from jobpool.db.connect import with_tcp_liveness
+from jobpool.db.connect import prepare_threshold, with_tcp_liveness
 from jobpool.db.live_workers import DEAD_AFTER
+from jobpool.db.store import OWN_ISOLATION
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool.metrics")
@@ -43,6 +44,12 @@ DURATION_BUCKETS = (
 
 GAUGE_MAX_AGE = 5.0
 """Seconds a queue gauge snapshot is served before one worker of the pool takes a new one."""
+
+GAUGE_SETTINGS = ("SELECT set_config('statement_timeout', '10000', true) AS statement_timeout,"
+                  " set_config('jit', 'off', true) AS jit")
+"""The gauge transaction's own settings (SET LOCAL, which a transaction pooler passes, unlike
+startup options): the grouped count stops after 10 s, and JIT compiling it would cost more
+than the count itself."""
 
 QUEUE_GAUGES = (
     ("mdm_jobs_pending", "pending", "Jobs in status pending (runnable now or later)."),
@@ -113,6 +120,17 @@ class WorkerMetrics(MetricsExposition):
         self.processing = Histogram(
             "mdm_jobs_processing_seconds", "Seconds a claimed job ran, whatever its outcome.",
             ["kind"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.slots = Gauge(
+            "mdm_worker_slots_running", "Slots this worker runs with: fewer than configured when "
+            "the database's connection limits leave too few connections (README \"Production "
+            "databases\").", registry=self.registry, multiprocess_mode="livesum")
+        self.configured_slots = Gauge(
+            "mdm_worker_slots_configured", "Slots the worker was configured with.",
+            registry=self.registry, multiprocess_mode="livesum")
+        self.poll_only = Gauge(
+            "mdm_worker_poll_only", "1 when the worker has no LISTEN connection by design "
+            "(behind a transaction pooler without JOBPOOL_LISTEN_DSN) and claims every poll "
+            "interval instead.", registry=self.registry, multiprocess_mode="livemax")
         self.rate_limit_hits = Counter(
             "mdm_jobs_rate_limit_hits", "Claimed jobs requeued for want of a token; limit is "
             "the empty bucket (tenant or provider).",
@@ -151,13 +169,19 @@ class QueueGauges(Collector):
     fails after the worker stopped. Between reads the rows are served from memory for up to
     `max_age` seconds; a read finding the snapshot older than that recomputes it, unless
     another process is doing so (then the previous snapshot is served). On a database error
-    the last values stay, and `mdm_jobs_gauges_age_seconds` shows how old they are.
-    `computed` counts the snapshots this process took.
+    the last values stay, `mdm_jobs_gauges_age_seconds` shows how old they are and
+    `mdm_jobs_gauges_stale` is 1 (`stale()`, which /readyz reports) until a read succeeds.
+    `computed` counts the snapshots this process took. Behind a transaction pooler
+    (`transaction_pooler`) nothing is prepared on the server.
     """
 
     def __init__(self, dsn: str, *, max_age: float = GAUGE_MAX_AGE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 transaction_pooler: bool = False) -> None:
         self.dsn = dsn
+        self.transaction_pooler = transaction_pooler
+        self.failure: str | None = None
+        """Why the last read failed (None after one succeeded)."""
         self.max_age = max_age
         self.clock = clock
         self.rows: list[dict[str, Any]] = []
@@ -176,16 +200,21 @@ class QueueGauges(Collector):
                 return
             try:
                 conn = await self._connection()
-                cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
-                                         {"max_age": self.max_age})
+                async with conn.pipeline():
+                    await conn.execute(GAUGE_SETTINGS)
+                    cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
+                                             {"max_age": self.max_age})
+                    await conn.commit()
                 row = await cur.fetchone()
                 cur = await conn.execute(QUERIES["live_worker_gauges"].text,
                                          {"dead_after": DEAD_AFTER})
                 workers = await cur.fetchone()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
+                self.failure = str(exc) or type(exc).__name__
                 await self.close()
                 return
+            self.failure = None
             if row is None:  # the snapshot row is made by the migrations
                 log.warning("queue gauges not refreshed: no snapshot row (run `jobpool migrate`)")
                 return
@@ -199,12 +228,21 @@ class QueueGauges(Collector):
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         if self.conn is None or self.conn.closed:
-            self.conn = await psycopg.AsyncConnection.connect(
-                with_tcp_liveness(self.dsn), autocommit=True, row_factory=dict_row,
-                connect_timeout=5, application_name="jobpool-metrics",
-                # JIT compiling the grouped count costs more than the count itself
-                options="-c statement_timeout=10000 -c jit=off")
+            conn = await psycopg.AsyncConnection.connect(
+                with_tcp_liveness(self.dsn), row_factory=dict_row, connect_timeout=5,
+                application_name="jobpool-metrics",
+                prepare_threshold=prepare_threshold(transaction_pooler=self.transaction_pooler))
+            await conn.set_isolation_level(OWN_ISOLATION)
+            self.conn = conn
         return self.conn
+
+    def stale(self) -> str | None:
+        """Why the gauges served are stale (their last read failed), or None."""
+        if self.failure is None:
+            return None
+        age = "never read" if self.taken_at is None else (
+            f"{max(0.0, self.clock() - self.taken_at):.0f}s old")
+        return f"queue gauges stale ({age}): {self.failure}"
 
     async def close(self) -> None:
         """Close the connection (a later refresh reconnects)."""
@@ -235,6 +273,11 @@ class QueueGauges(Collector):
         if self.taken_at is not None:
             age.add_metric([], max(0.0, self.clock() - self.taken_at))
         yield age
+        stale = GaugeMetricFamily("mdm_jobs_gauges_stale",
+                                  "1 while the queue gauges could not be read from the database "
+                                  "(the last values are served).")
+        stale.add_metric([], float(self.failure is not None))
+        yield stale
 
     def describe(self) -> Iterable[Metric]:
         """No samples: the families are known only at collect time."""

@@ -34,6 +34,9 @@ MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL = 1.0, 3600.0
 MAX_CLAMD_STREAM = 4 * 1024**3
 """clamd's StreamMaxLength is at most 4 GiB."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
+POOLERS = ("none", "transaction")
+"""What stands between the workers and PostgreSQL: nothing (or a session-pooling PgBouncer),
+or a transaction-pooling one."""
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 
 
@@ -217,6 +220,15 @@ class Settings:
     dsn: str | None = _setting(
         None, Dsn(), "libpq connection string; unset: an embedded PostgreSQL in the data folder",
         "--dsn", secret=True)
+    pooler: str = _setting(
+        "none", Choice(POOLERS), "`transaction`: the DSN goes through a transaction-pooling "
+        "PgBouncer (no server-side prepared statements or session settings, LISTEN only on "
+        "JOBPOOL_LISTEN_DSN, else poll-only); `none`: a direct connection or session pooling, see "
+        "[Production databases](#production-databases)")
+    listen_dsn: str | None = _setting(
+        None, Dsn(), "libpq connection string of the worker's LISTEN connection, straight to "
+        "PostgreSQL past a transaction pooler; unset: the DSN (poll-only with "
+        "JOBPOOL_POOLER=transaction)", secret=True)
     data_dir: str = _setting(".jobpool", Text(), "folder of the embedded PostgreSQL", "--data-dir")
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")

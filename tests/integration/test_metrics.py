@@ -184,6 +184,27 @@ async def test_gauges_survive_an_unreachable_database() -> None:
     assert samples["mdm_jobs_gauges_age_seconds"] == []
 
 
+async def test_stale_gauges_show_on_readyz_and_as_a_metric() -> None:
+    """Gauges that cannot be read make the worker not ready, with the reason, and
+    `mdm_jobs_gauges_stale` 1; a ready worker's notes come with its answer."""
+    metrics = WorkerMetrics()
+    metrics.add_queue_gauges(QueueGauges("postgresql://nobody@127.0.0.1:1/none", max_age=0))
+    source = NotedSource([], loop_beat=10**9, notes=["poll-only: no LISTEN connection"])
+    server = HealthServer(source, metrics)
+    port = await server.start(port=0, host="127.0.0.1")
+    try:
+        assert (await scrape(port, "/readyz"))[0] == 200  # not read yet: nothing stale
+        _, text = await scrape(port)
+        assert parse(text)["mdm_jobs_gauges_stale"][0][1] == 1.0
+        status, body = await scrape(port, "/readyz")
+    finally:
+        await server.stop()
+    answer = json.loads(body)
+    assert status == 503
+    assert answer["problems"][0].startswith("queue gauges stale (never read): ")
+    assert answer["notes"] == ["poll-only: no LISTEN connection"]
+
+
 class FakeSource:
     """A worker as the probes see it: its problems and its fetch loop's last beat."""
 
@@ -193,6 +214,17 @@ class FakeSource:
 
     def not_ready(self) -> list[str]:
         return self.problems
+
+
+class NotedSource(FakeSource):
+    """A ready worker with notes (fewer slots, poll-only)."""
+
+    def __init__(self, problems: list[str], loop_beat: float, notes: list[str]) -> None:
+        super().__init__(problems, loop_beat)
+        self.notes = notes
+
+    def readiness_notes(self) -> list[str]:
+        return self.notes
 
 
 async def test_readyz_names_what_is_down_and_healthz_a_stuck_loop() -> None:

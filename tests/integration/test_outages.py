@@ -80,6 +80,8 @@ async def all_done(conn: Conn, total: int) -> bool:
 async def started(w: Worker) -> asyncio.Task[None]:
     task = asyncio.create_task(w.run())
     await wait_until(lambda: w.listening, "worker listening")
+    # the listener's catch-up claim (woken as it starts listening) is over
+    await wait_until(lambda: not w.wake.is_set() and not w.claiming.locked(), "worker idle")
     return task
 
 

@@ -19,12 +19,15 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.core.connection_budget import Allowance
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema, migrate
+from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
+from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -95,9 +98,11 @@ def with_tcp_liveness(dsn: str) -> str:
 
 async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:
     """One async connection returning rows as dicts, json read with `load_json`, with TCP
-    keepalives (`TCP_LIVENESS`)."""
+    keepalives (`TCP_LIVENESS`), nothing prepared on the server behind a transaction pooler
+    (`prepare_threshold`)."""
     return await AsyncConnection.connect(with_tcp_liveness(dsn), autocommit=autocommit,
-                                         row_factory=dict_row, context=ADAPTERS)
+                                         row_factory=dict_row, context=ADAPTERS,
+                                         prepare_threshold=prepare_threshold())
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -110,6 +115,8 @@ class JobConnection(AsyncConnection[Any]):
     """
 
     job_scope: bool = False
+    pristine_prepare_threshold: int | None = 5
+    """The `prepare_threshold` its pool gave it (None behind a transaction pooler)."""
     sent_statements: bool = False
     """Whether anything was sent since the worker last cleared it: a handler that sent nothing
     cannot have changed the session, so its connection needs no reset (`reset_session`)."""
@@ -132,9 +139,10 @@ class JobConnection(AsyncConnection[Any]):
             yield tx
 
 
-PRISTINE = {"autocommit": False, "read_only": None, "isolation_level": None, "deferrable": None,
-            "row_factory": dict_row, "prepare_threshold": 5}
-"""The attributes of a pooled connection as `open_pool` makes it; a handler may change them."""
+PRISTINE = {"autocommit": False, "read_only": None, "isolation_level": OWN_ISOLATION,
+            "deferrable": None, "row_factory": dict_row}
+"""The attributes of a pooled connection as `open_pool` makes it; a handler may change them
+(and its `prepare_threshold`, checked against `JobConnection.pristine_prepare_threshold`)."""
 
 
 async def reset_session(conn: AsyncConnection[Any]) -> None:
@@ -209,6 +217,8 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
 def _client_changes(conn: AsyncConnection[Any]) -> list[str]:
     """What a handler changed on the psycopg side of `conn` (attributes, adapters)."""
     changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
+    if conn.prepare_threshold != getattr(conn, "pristine_prepare_threshold", 5):
+        changed.append("prepare_threshold")
     if adapters_changed(conn):
         changed.append("adapters (a loader or dumper of its own)")
     return changed
@@ -280,9 +290,23 @@ def adapters_changed(conn: AsyncConnection[Any]) -> bool:
             or any(mine._dumpers[fmt] is not table for fmt, table in pristine._dumpers.items()))
 
 
-def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionPool[Any]:
+def prepare_threshold(*, transaction_pooler: bool | None = None) -> int | None:
+    """psycopg's `prepare_threshold` for jobpool's connections: 5 (psycopg's default: a query
+    run that often is prepared on the server), None behind a transaction pooler, where the
+    next transaction may run on another server connection, which lacks the statement or has
+    another of the same name (`DuplicatePreparedStatement "_pg3_0"`). `transaction_pooler`
+    None: as `JOBPOOL_POOLER` says."""
+    if transaction_pooler is None:
+        transaction_pooler = current_settings().pooler == "transaction"
+    return None if transaction_pooler else 5
+
+
+def open_pool(dsn: str, *, size: int, name: str = "jobpool",
+              transaction_pooler: bool | None = None) -> AsyncConnectionPool[Any]:
     """A pool of `size` JobConnections (dict rows, json read with `load_json`, TCP keepalives
-    as `TCP_LIVENESS`); call `await pool.open()` before use."""
+    as `TCP_LIVENESS`, transactions at `OWN_ISOLATION`, no server-side prepared statements
+    with `transaction_pooler`, None: as `JOBPOOL_POOLER` says); call `await pool.open()`
+    before use."""
     return AsyncConnectionPool(
         with_tcp_liveness(dsn),
         min_size=size,
@@ -290,19 +314,28 @@ def open_pool(dsn: str, *, size: int, name: str = "jobpool") -> AsyncConnectionP
         name=name,
         open=False,
         connection_class=JobConnection,
-        kwargs={"row_factory": dict_row, "context": ADAPTERS},
+        kwargs={"row_factory": dict_row, "context": ADAPTERS,
+                "prepare_threshold": prepare_threshold(transaction_pooler=transaction_pooler)},
+        configure=_configure_pooled,
     )
 
 
+async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
+    """Set a new pooled connection up (client side only: no round trip)."""
+    await conn.set_isolation_level(OWN_ISOLATION)
+    if isinstance(conn, JobConnection):
+        conn.pristine_prepare_threshold = conn.prepare_threshold
+
+
 async def open_live_pool(
-    dsn: str, *, size: int, name: str, timeout: float
+    dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool | None = None,
 ) -> AsyncConnectionPool[Any]:
     """`open_pool`, opened, once one of its connections answers (the others follow in the
     background, so a server near its connection limit still gets a working pool).
 
     Raises psycopg.OperationalError (PoolTimeout after `timeout` seconds), the pool closed.
     """
-    pool = open_pool(dsn, size=size, name=name)
+    pool = open_pool(dsn, size=size, name=name, transaction_pooler=transaction_pooler)
     await pool.open()
     try:
         async with pool.connection(timeout=timeout) as conn:
@@ -326,6 +359,48 @@ async def probe(dsn: str, *, timeout: float) -> None:
                 await check_schema(conn)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
+
+
+async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:
+    """What the role and the server of `dsn` let it open now (`connection_allowance`, read on
+    a fresh connection, counted as this worker's own).
+
+    Raises psycopg.OperationalError (unreachable, or no answer within `timeout` seconds).
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            async with await connect(dsn, autocommit=True) as conn:
+                cur = await conn.execute(QUERIES["connection_allowance"].text, prepare=False)
+                row = await cur.fetchone()
+    except TimeoutError:
+        raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
+    if row is None:
+        raise psycopg.OperationalError("the connection's role is not in pg_roles")
+    return Allowance(**row)
+
+
+def transaction_conflict(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it came from, is a transaction the server rolled back
+    for a conflict with another (SQLSTATE class 40: a serialization failure, a deadlock): the
+    same transaction may well succeed when run again."""
+    return any(isinstance(e, psycopg.Error) and (e.sqlstate or "").startswith("40")
+               for e in _chain(exc))
+
+
+def interrupted_by_connection(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it came from, is a lost connection (`lost_connection`):
+    a handler that wrapped the error in its own still counts as interrupted."""
+    return any(lost_connection(e) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or during (cycles cut)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and not any(current is e for e in seen) and len(seen) < 20:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
 
 
 def lost_connection(exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -19,6 +19,14 @@ from jobpool.registry import KindSpec
 from jobpool.sql import QUERIES
 
 Row = dict[str, Any]
+
+OWN_ISOLATION = IsolationLevel.READ_COMMITTED
+"""The isolation of every transaction a worker opens, sent with its BEGIN (so that it holds
+behind a transaction pooler too), whatever the database's default_transaction_isolation:
+claims, `done`s, retries, lease renewals, token leases, and a job's own transaction, which
+carries the worker's `done` of the job and meets its lease renewals on the same row (under
+SERIALIZABLE that renewal alone would fail the `done`). A handler may ask for another level
+(README "Production databases"); `jobpool.db.connect.open_pool` sets it."""
 
 CLAIM_APPLICATION_NAME = "jobpool-claims"
 """The claim connection's name in pg_stat_activity (when the DSN gives none)."""
@@ -72,8 +80,10 @@ class QueueStore:
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str,
-                 lease: float = DEFAULT_LEASE) -> None:
+                 lease: float = DEFAULT_LEASE, transaction_pooler: bool = False) -> None:
         self.pool = pool
+        self.transaction_pooler = transaction_pooler
+        """Behind a transaction pooler: the claim settings go with each claim transaction."""
         self.worker_id = worker_id
         self.actor = actor
         self.lease = lease
@@ -110,8 +120,9 @@ class QueueStore:
         within a priority level tenants take turns (README "Scaling").
 
         It runs on the store's own claim connection (`claim_session`: a generic plan, commits
-        that do not wait for the WAL flush), as one pipeline: the statements go out together
-        and form one implicit transaction, so a statement that fails undoes the others. Any
+        that do not wait for the WAL flush; behind a transaction pooler `claim_transaction`
+        in each transaction instead), as one pipeline: BEGIN at `OWN_ISOLATION`, the
+        statements and COMMIT go out together, so a statement that fails undoes the others. Any
         error closes that connection (the next call opens a fresh one) and is raised:
         psycopg.OperationalError when the server cannot be reached within
         `CLAIM_CONNECT_TIMEOUT` seconds.
@@ -119,6 +130,8 @@ class QueueStore:
         conn = await self._claim_connection()
         try:
             async with conn.pipeline():
+                if self.transaction_pooler:
+                    await conn.execute(QUERIES["claim_transaction"].text)
                 done = await conn.execute(QUERIES["complete_jobs"].text,
                                           self._completions(completions)) if completions else None
                 resent = [c for c in completions if c.resent]
@@ -130,6 +143,7 @@ class QueueStore:
                     "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
                     "lease": self.lease,
                 }) if limit > 0 else None
+                await conn.commit()
             held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
             if before:
                 held |= {row["id"] for row in await before.fetchall()}
@@ -140,18 +154,21 @@ class QueueStore:
         return held, claimed
 
     async def _claim_connection(self) -> AsyncConnection[Any]:
-        """The claim connection, opened (autocommit, `claim_session`) on first use or after
-        it failed, like the pool's own (`jobpool.db.connect.open_pool`: dict rows, jobpool's
-        loaders, TCP keepalives)."""
+        """The claim connection, opened (`claim_session`, transactions at `OWN_ISOLATION`) on
+        first use or after it failed, like the pool's own (`jobpool.db.connect.open_pool`:
+        dict rows, jobpool's loaders, TCP keepalives, its `prepare_threshold`)."""
         conn = self._claimer
         if conn is not None and not conn.closed:
             return conn
         try:
             async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
-                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=True,
+                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=False,
                                                      **self._pool_kwargs())
                 self._claimer = conn  # closed by `_drop_claim_connection` if the next fails
-                await conn.execute(QUERIES["claim_session"].text)
+                await conn.set_isolation_level(OWN_ISOLATION)
+                if not self.transaction_pooler:
+                    await conn.execute(QUERIES["claim_session"].text)
+                    await conn.commit()
         except BaseException as exc:
             await self._drop_claim_connection()
             if isinstance(exc, TimeoutError):

@@ -124,7 +124,7 @@ first_turns AS (
 SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
 
 -- name: claim_session :one
--- Settings of the worker's claim connection (autocommit; set once when it opens).
+-- Settings of the worker's claim connection (set once when it opens).
 -- The claim's shape fixes its plan (index descents per pair, look-ups by key), so the generic
 -- plan of the prepared statement serves every parameter: planning its CTEs on every call would
 -- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
@@ -145,6 +145,16 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_
 -- and is tried again, rather than holding up the renewal of every other lease.
 SELECT set_config('lock_timeout', %(timeout_ms)s::text, false) AS lock_timeout,
        set_config('statement_timeout', %(timeout_ms)s::text, false) AS statement_timeout;
+
+-- name: claim_transaction :one
+-- `claim_session`'s settings for one claim transaction only (SET LOCAL), for a claim
+-- connection behind a transaction pooler, where a session setting would stay on whichever
+-- server connection ran it, under other clients. No prepared statements there, so no plan
+-- cache to steer.
+SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       set_config('jit', 'off', true) AS jit,
+       set_config('synchronous_commit', 'off', true) AS synchronous_commit;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs for %(lease)s seconds from now; returns the ids

@@ -32,3 +32,21 @@ DEALLOCATE {name};
 -- name: database_now :one
 -- The database's clock (all job times come from it).
 SELECT now() AS now;
+
+-- name: connection_allowance :one
+-- What the role and the server let this session's role open (`core.connection_budget`):
+-- the role's CONNECTION LIMIT and its sessions across databases, the server's
+-- max_connections, the connections a role without superuser may not use, and every client
+-- session now (this one included).
+SELECT r.rolname AS role, r.rolconnlimit AS role_limit,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a
+         WHERE a.usename = r.rolname AND a.backend_type = 'client backend')::int AS role_in_use,
+       pg_catalog.current_setting('max_connections')::int AS server_max,
+       CASE WHEN r.rolsuper THEN 0
+            ELSE pg_catalog.current_setting('superuser_reserved_connections')::int
+                 + coalesce(pg_catalog.current_setting('reserved_connections', true)::int, 0)
+       END AS reserved,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a
+         WHERE a.backend_type = 'client backend')::int AS server_in_use
+  FROM pg_catalog.pg_roles r
+ WHERE r.rolname = current_user;

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 from jobpool.core.suggestions import did_you_mean
 from jobpool.core.tenants import tenant_ref
+from jobpool.settings import POOLERS
+
+POLL_ONLY_INTERVAL = 0.5
+"""Seconds between claims, at most, of a worker without a LISTEN connection (behind a
+transaction pooler with no `listen_dsn`): a new job waits at most this long for a free slot
+to claim it."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,10 @@ class WorkerConfig:
         fetch loop's transaction (False: one transaction per job, as for every other job).
     completion_delay: seconds a batched `done` may wait for more to join it (it goes at once
         when half the slots or all running jobs wait on one).
+    pooler: "none" or "transaction" (`jobpool.settings.POOLERS`): a transaction pooler gets
+        no server-side prepared statements and no session settings.
+    listen_dsn: where the LISTEN connection goes (None: the worker's DSN, or no LISTEN at
+        all behind a transaction pooler: poll-only, `POLL_ONLY_INTERVAL`).
     """
 
     kinds: tuple[str, ...] | None = None
@@ -43,12 +53,16 @@ class WorkerConfig:
     until_empty: bool = False
     batch_completions: bool = True
     completion_delay: float = 0.002
+    pooler: str = "none"
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         for ref in self.tenants:
             tenant_ref(ref)  # ValueError naming it: no database query could ever find it
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.pooler not in POOLERS:
+            raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
         if self.completion_delay < 0:
             raise ValueError(f"completion_delay must be >= 0 seconds, got {self.completion_delay}")
         for name in ("grace", "poll_interval", "lease_ttl", "cleanup_every"):

@@ -4,7 +4,9 @@
 It beats also while waiting for the database: a restart would not bring the database back.
 Served from a thread of its own, so it answers while a handler blocks the worker's loop.
 /readyz: the worker reports no problem (else 503 with the list): the database answers, the
-LISTEN connection is up, no background task is failing.
+LISTEN connection is up (unless poll-only by design), no background task is failing, the
+queue gauges are not stale. Its `notes` say what a ready worker runs with short of its
+configuration (fewer slots for the connection budget, poll-only wake-ups).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiohttp import web
 
 from jobpool.errors import JobpoolError
 from jobpool.metrics import CONTENT_TYPE, MetricsExposition, QueueGauges
+from jobpool.settings import current as current_settings
 
 log = logging.getLogger("jobpool.worker")
 
@@ -72,9 +75,16 @@ def build_app(source: HealthSource, metrics: MetricsExposition, *,
 
     async def readyz(_: web.Request) -> web.Response:
         problems = source.not_ready()
+        stale = metrics.gauges.stale() if metrics.gauges is not None else None
+        if stale:
+            problems = [*problems, stale]
+        notes_of = getattr(source, "readiness_notes", None)
+        notes: list[str] = notes_of() if notes_of is not None else []
+        extra = {"notes": notes} if notes else {}
         if problems:
-            return web.json_response({"status": "not ready", "problems": problems}, status=503)
-        return web.json_response({"status": "ready"})
+            return web.json_response({"status": "not ready", "problems": problems, **extra},
+                                     status=503)
+        return web.json_response({"status": "ready", **extra})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_view)
@@ -160,7 +170,8 @@ async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> He
     """
     if not port:
         return None
-    worker.metrics.add_queue_gauges(QueueGauges(dsn))
+    worker.metrics.add_queue_gauges(QueueGauges(
+        dsn, transaction_pooler=current_settings().pooler == "transaction"))
     server = HealthServer(worker, worker.metrics)
     try:
         bound = await server.start(port=port)

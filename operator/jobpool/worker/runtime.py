@@ -4,7 +4,11 @@ Outages: whoever sees the connection fail calls `_database_error`; claiming paus
 background task probes with a fresh connection until the database answers (every 0.1 s
 growing to 1 s), renews the pool, settles this worker's leftovers (renews its leases, hands
 back claims it never ran) and resumes. Outcomes that could not be written are written again
-then, on a fresh connection.
+then, on a fresh connection. A job whose connection failed under its handler, or whose
+transaction the server rolled back for a conflict (serialization failure, deadlock), is
+handed back without using an attempt. Before each new pool the worker fits its slots to the
+connections the database allows (`core.connection_budget`). At a clean exit every job still
+claimed under its id is handed back.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed
 
+from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.jsondata import UndecodableJson, to_json_text
 from jobpool.core.ratelimit import Denied
 from jobpool.core.retry import (
@@ -36,13 +41,17 @@ from jobpool.core.retry import (
 )
 from jobpool.db.connect import (
     JobConnection,
+    connection_allowance,
+    interrupted_by_connection,
     lost_connection,
     open_live_pool,
     probe,
+    transaction_conflict,
     with_tcp_liveness,
 )
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
+    ConnectionBudgetError,
     JobpoolError,
     PermanentError,
     SchemaNotMigratedError,
@@ -54,14 +63,21 @@ from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
-from jobpool.worker.config import WorkerConfig, make_worker_id, resolve_kinds
+from jobpool.worker.config import (
+    POLL_ONLY_INTERVAL,
+    WorkerConfig,
+    make_worker_id,
+    resolve_kinds,
+)
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import keep_maintained
-from jobpool.worker.slot_connections import LazyConnection, SlotConnections
+from jobpool.worker.slot_connections import LazyConnection, NoSlotConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
+
+T = TypeVar("T")
 
 RECONNECT_FIRST = 0.1
 """Seconds between the first probes of a database that stopped answering."""
@@ -87,6 +103,19 @@ CLAIM_RETRY_MAX = 30.0
 
 SHUTDOWN_WRITE_TIMEOUT = 5.0
 """Seconds a job cancelled at the end of the grace period may take to be handed back."""
+
+SHUTDOWN_SETTLE_TIMEOUT = 10.0
+"""Seconds a stopping worker keeps trying to hand back the jobs still claimed under its id
+(outcomes it could not write), waiting for the database meanwhile."""
+
+CONFLICT_PAUSE = (0.05, 1.0)
+"""Seconds (drawn at random between the two) before a job whose transaction the server
+rolled back for a conflict runs again: long enough for the other transaction to end, and
+spread so that the two do not meet again."""
+
+BUDGET_RETRY = 5.0
+"""Seconds between checks of the connection budget while it leaves no slot (after the start:
+at the start the worker refuses instead)."""
 
 
 def pool_size(slots: int) -> int:
@@ -175,9 +204,19 @@ class Worker:
         self.started = False
         self.claim_failures = 0
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
+        self.refusal: ConnectionBudgetError | None = None
+        """Why the worker refused to start (its connection budget leaves no slot)."""
         self.limiter = limiter or TokenStore.from_settings(current_settings())
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
+        self.slots = config.slots
+        """Slots the worker runs with: `config.slots`, or fewer for the connection budget."""
+        self.budget_note: str | None = None
+        self.transaction_pooler = config.pooler == "transaction"
+        self.listen_dsn = config.listen_dsn or (None if self.transaction_pooler else dsn)
+        """Where LISTEN goes; None: poll-only (a transaction pooler without a direct DSN)."""
+        self.poll_interval = (config.poll_interval if self.listen_dsn is not None
+                              else min(config.poll_interval, POLL_ONLY_INTERVAL))
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
         self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
@@ -188,6 +227,9 @@ class Worker:
         self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
                                    kinds=self.kinds, tenants=config.tenants, slots=config.slots,
                                    busy=lambda: len(self.in_flight))
+        self.metrics.configured_slots.set(config.slots)
+        self.metrics.slots.set(config.slots)
+        self.metrics.poll_only.set(int(self.listen_dsn is None))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -223,8 +265,11 @@ class Worker:
         self.background.start("reconnect", self._reconnect)
         try:
             if not await self._wait_online():
+                if self.refusal is not None:
+                    raise self.refusal
                 return
-            self.background.start("listen", self._listen)
+            if self.listen_dsn is not None:
+                self.background.start("listen", self._listen)
             self.leases.start()
             self.background.start("loop-watch", self.leases.watch_loop)
             self.background.start("heartbeat", self._beat)
@@ -233,6 +278,7 @@ class Worker:
                 self.background.start("maintenance", self._maintain)
             await self._fetch_loop()
             await self._drain()
+            await self._hand_back_leftovers()
         finally:
             await self.background.stop()
             await asyncio.to_thread(self.leases.stop)
@@ -245,11 +291,19 @@ class Worker:
     def not_ready(self) -> list[str]:
         """What keeps this worker from being ready (/readyz); [] when ready."""
         problems = [self.database_problem] if self.database_problem else []
-        if not self.listening:
+        if not self.listening and self.listen_dsn is not None:
             problems.append("LISTEN connection down")
         if self.leases.problem:
             problems.append(self.leases.problem)
         return problems + self.background.problems()
+
+    def readiness_notes(self) -> list[str]:
+        """What a ready worker runs with short of its configuration (/readyz's notes)."""
+        notes = [self.budget_note] if self.budget_note else []
+        if self.listen_dsn is None:
+            notes.append(f"poll-only: no LISTEN connection behind the transaction pooler "
+                         f"(set JOBPOOL_LISTEN_DSN); claiming every {self.poll_interval:g}s")
+        return notes
 
     async def _start_up(self) -> None:
         """Register the kinds and this worker (before its first claim, so that its jobs
@@ -272,7 +326,7 @@ class Worker:
         log.info(
             "worker %s%s: %d slot(s), kinds %s, tenants %s", self.worker_id,
             f" (pool {where.pool}, lane {where.lane})" if where.pool and where.lane else "",
-            self.config.slots, ",".join(self.kinds), ",".join(self.config.tenants) or "all",
+            self.slots, ",".join(self.kinds), ",".join(self.config.tenants) or "all",
         )
         self.started = True
 
@@ -312,7 +366,7 @@ class Worker:
             self.wake.clear()
             await self._gather_completions()
             batch, self.completions = self.completions, []
-            free = self.config.slots - len(self.in_flight) + len(batch)
+            free = self.slots - len(self.in_flight) + len(batch)
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await self._complete_and_claim(batch, free)
                 self.heartbeat.claimed(claimed)
@@ -328,7 +382,7 @@ class Worker:
             if free > 0 and len(claimed) == free:
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.config.poll_interval)
+                await asyncio.wait_for(self.wake.wait(), self.poll_interval)
 
     async def _complete_and_claim(
         self, batch: list[tuple[Completion, asyncio.Future[bool]]], limit: int
@@ -385,18 +439,25 @@ class Worker:
         self, batch: list[tuple[Completion, asyncio.Future[bool]]]
     ) -> None:
         """Record each `done` of a refused batch in its own transaction, so that only the job
-        whose `done` the database refuses fails (ResultRefused: to the DLQ)."""
+        whose `done` the database refuses fails: refuses its value (a DataError or an
+        IntegrityError: ResultRefused, to the DLQ). Any other refusal (a lost connection, a
+        conflict, what a pooler or a session refuses) says nothing about the job: the rest
+        of the batch goes with a later claim, as after a failed claim."""
         assert self.store is not None
         for index, (completion, done) in enumerate(batch):
             try:
                 done.set_result(await self.store.complete_alone(completion))
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
+                    done.set_exception(ResultRefused(exc))
+                    continue
+                rest = batch[index:]
                 if lost_connection(exc):  # the rest go with the next claim, on a fresh connection
-                    self.completions[:0] = [(c._replace(resent=True), d)
-                                            for c, d in batch[index:]]
+                    self.completions[:0] = [(c._replace(resent=True), d) for c, d in rest]
                     self._database_error(exc)
-                    return
-                done.set_exception(ResultRefused(exc))
+                else:
+                    self._claim_failed(exc, rest)
+                return
 
     async def _gather_completions(self) -> None:
         """Let jobs that are finishing right now queue their `done` too, so that one
@@ -411,7 +472,7 @@ class Worker:
         """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
         running job does, else at most `config.completion_delay` seconds later."""
         waiting = len(self.completions)
-        if waiting >= len(self.in_flight) or waiting * 2 >= self.config.slots:
+        if waiting >= len(self.in_flight) or waiting * 2 >= self.slots:
             self.wake.set()
         elif waiting == 1:
             asyncio.get_running_loop().call_later(self.config.completion_delay, self.wake.set)
@@ -509,7 +570,11 @@ class Worker:
             self.observe(job, "released", started)
             raise
         except Exception as exc:
-            outcome = await self._fail(job, spec, exc)
+            if transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
+                    exc, NoSlotConnection):
+                outcome = await self._hand_back_interrupted(job, exc)
+            else:
+                outcome = await self._fail(job, spec, exc)
             self.observe(job, outcome, started)
         else:
             if log.isEnabledFor(logging.INFO):
@@ -646,13 +711,59 @@ class Worker:
                     log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
                                 job.id, job.job_kind, job.attempts, error)
         except psycopg.Error as db_exc:
-            log.error("job %d: could not record its failure (%s); its lease will expire",
-                      job.id, db_exc)
+            log.error("job %d: could not record its failure (%s); handed back at exit, else "
+                      "by stale-claim recovery", job.id, db_exc)
             return "error"
         if not held:
             log.warning("job %d (%s): claim lost, failure not recorded", job.id, job.job_kind)
             return "lost_claim"
         return outcome
+
+    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> Outcome:
+        """Hand back a job that the database, not its handler, stopped: its connection failed
+        (a restart, a switchover, a pooler), or the server rolled its transaction back for a
+        conflict with another, or no slot connection was ready after an outage. The attempt
+        is not used: the job runs again as soon as the database answers (the others after
+        `CONFLICT_PAUSE`)."""
+        store = self.store
+        assert store is not None
+        conflict = transaction_conflict(exc)
+        # a dead connection is replaced by the time the database answers; a conflict or a
+        # missing slot connection may not have cleared yet
+        delay = 0.0 if interrupted_by_connection(exc) else self.rng.uniform(*CONFLICT_PAUSE)
+        try:
+            held = await self._record(lambda: store.release(job.id, job.attempts, delay=delay))
+        except psycopg.Error as db_exc:
+            log.error("job %d: could not hand back (%s); handed back at exit or by recovery",
+                      job.id, db_exc)
+            return "error"
+        if not held:
+            return "lost_claim"
+        self._wake_in(delay)
+        log.info("job %d (%s) attempt %d handed back, not counted (%s): %s", job.id,
+                 job.job_kind, job.attempts,
+                 "a transaction conflict" if conflict else "the database connection failed",
+                 error_text(exc))
+        return "released"
+
+    async def _hand_back_leftovers(self) -> None:
+        """At a clean exit: hand back every job still claimed under this worker's id (an
+        outcome that could not be written), waiting for the database up to
+        `SHUTDOWN_SETTLE_TIMEOUT` seconds. Their attempt is not counted."""
+        store = self.store
+        if store is None or not self.started:
+            return
+        try:
+            async with asyncio.timeout(SHUTDOWN_SETTLE_TIMEOUT):
+                released = await self._record(
+                    lambda: store.release_unrun_claims(list(self.in_flight)))
+        except (TimeoutError, psycopg.Error) as exc:
+            log.error("could not hand back this worker's leftover claims (%s); they wait for "
+                      "stale-claim recovery", str(exc) or "the database did not answer")
+            return
+        if released:
+            log.warning("handed back %d job(s) whose outcome could not be written: %s",
+                        len(released), ", ".join(str(row["id"]) for row in released))
 
     async def _hand_back(self, job: Job) -> None:
         store = self.store
@@ -687,18 +798,22 @@ class Worker:
         log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
         self.observe(job, "rate_limited", started)
 
-    async def _record(self, write: Callable[[], Awaitable[bool]]) -> bool:
+    async def _record(self, write: Callable[[], Awaitable[T]]) -> T:
         """Write a job's outcome with `write` (a compare-and-set: False means the claim is
-        lost). When the connection fails, write it again once the database answers; other
-        errors are raised."""
+        lost). When the connection fails, write it again once the database answers; after a
+        conflict (serialization failure, deadlock) again after a pause; other errors are
+        raised."""
         failures = 0
         while True:
             try:
                 return await write()
             except psycopg.OperationalError as exc:
+                failures += 1
+                if transaction_conflict(exc):
+                    await asyncio.sleep(self._reconnect_pause(failures))
+                    continue
                 if not lost_connection(exc):
                     raise
-                failures += 1
                 self._database_error(exc)
                 await self.online.wait()
                 if failures > 1:  # not a dead pooled connection: do not hammer
@@ -763,9 +878,21 @@ class Worker:
         while True:
             try:
                 await probe(self.dsn, timeout=PROBE_TIMEOUT)
+                if self.store is None or failures > 0:
+                    await self._fit_budget()
                 await self._renew_pool(replace=replace or failures > 0)
                 await (self._settle_leftovers() if self.started else self._start_up())
                 break
+            except ConnectionBudgetError as exc:
+                self.database_problem = f"connection budget: {exc}"
+                if not self.started:
+                    log.error("refusing to start: %s", exc)
+                    self.refusal = exc
+                    self.stop()
+                    return
+                failures += 1
+                log.error("%s; checking again in %gs", self.database_problem, BUDGET_RETRY)
+                await asyncio.sleep(BUDGET_RETRY)
             except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
                 failures += 1
                 self.database_problem = (f"database unreachable: {exc}"
@@ -787,16 +914,44 @@ class Worker:
         if self.store is not None and not replace:
             await self.slot_connections.fill(self.store.pool, timeout=PROBE_TIMEOUT)  # checks them
             return
-        pool = await open_live_pool(self.dsn, size=pool_size(self.config.slots),
-                                    name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT)
+        pool = await open_live_pool(self.dsn, size=pool_size(self.slots),
+                                    name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT,
+                                    transaction_pooler=self.transaction_pooler)
         if self.store is None:
             self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor,
-                                    lease=self.lease)
+                                    lease=self.lease, transaction_pooler=self.transaction_pooler)
             await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
             return
         retired = await self.store.replace_pool(pool)
         await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
         await retired.close()  # waiting clients get PoolClosed; used connections close on return
+
+    async def _fit_budget(self) -> None:
+        """Fit the slots to the connections the role and the server allow now
+        (`core.connection_budget.plan_slots`), before a new pool opens: all configured slots
+        when they fit, else fewer (logged, in /readyz's notes and `mdm_worker_slots_running`).
+
+        Behind a transaction pooler the server's counts say nothing of the pooler's client
+        connections: its own pool_size and max_client_conn are the budget there. Raises
+        ConnectionBudgetError when not one slot fits, psycopg.OperationalError.
+        """
+        if self.transaction_pooler:
+            return
+        allowance = await connection_allowance(self.dsn, timeout=PROBE_TIMEOUT)
+        need = Need(self.config.slots, listener=self.listen_dsn is not None,
+                    gauges=self.metrics.gauges is not None,
+                    maintenance=not self.config.until_empty)
+        budget = plan_slots(need, allowance)
+        note = budget.shortfall()
+        if note != self.budget_note:
+            if note:
+                log.warning("%s", note)
+            else:
+                log.info("running all %d slot(s): the connection budget allows them again",
+                         self.config.slots)
+        self.budget_note = note
+        self.slots = self.slot_connections.count = budget.slots
+        self.metrics.slots.set(budget.slots)
 
     async def _settle_leftovers(self) -> None:
         """Renew the leases of the running jobs and hand back claims this worker never ran."""
@@ -847,7 +1002,8 @@ class Worker:
         while True:
             await self.online.wait()
             try:
-                async with await AsyncConnection.connect(with_tcp_liveness(self.dsn),
+                assert self.listen_dsn is not None
+                async with await AsyncConnection.connect(with_tcp_liveness(self.listen_dsn),
                                                          autocommit=True) as conn:
                     await conn.execute(QUERIES["listen_for_jobs"].text)
                     self.listening, failures = True, 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, assert_never
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.configfile import read_config_file
@@ -41,7 +42,6 @@ from jobpool.core.ratelimit import (
     wait_time,
 )
 from jobpool.core.yamlfile import provider_caps_from_text
-from jobpool.db.store import fetch_all
 from jobpool.settings import Settings
 from jobpool.sql import QUERIES
 
@@ -212,8 +212,10 @@ class TokenStore:
     async def _lease_statement(
         self, pool: AsyncConnectionPool[Any], needs: Sequence[Need]
     ) -> list[dict[str, Any]]:
-        """One statement, in autocommit: no BEGIN and COMMIT around it, and a lease commits
-        at once, so a peer waits on the bucket's row for this statement only."""
+        """One statement in a transaction of its own, sent with its BEGIN and COMMIT in one
+        pipeline (one round trip, at the pool's READ COMMITTED whatever the database's
+        default): a lease commits at once, so a peer waits on the bucket's row for this
+        statement only."""
         self.lease_statements += 1
         params = {
             "keys": [n.key for n in needs],
@@ -222,12 +224,12 @@ class TokenStore:
             "wants": [lease_size(n.limit) for n in needs],
         }
         async with pool.connection() as conn:
-            await conn.set_autocommit(True)
-            try:
-                return await fetch_all(conn, "lease_tokens", params)
-            finally:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.set_autocommit(False)  # as the pool hands it out
+            async with conn.pipeline():
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(QUERIES["lease_tokens"].text, params)
+                await conn.commit()
+            rows: list[dict[str, Any]] = await cur.fetchall()
+            return rows
 
     # -- tenant limits ---------------------------------------------------------------------
 

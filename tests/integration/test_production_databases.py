@@ -1,0 +1,275 @@
+"""Databases as DBAs configure them: behind a transaction-pooling PgBouncer, with a
+serializable default isolation, restarted under running jobs, with a role's connection
+limit below what the worker would open (README "Production databases")."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from pgbouncer_server import PgBouncer
+from private_postgres import PrivateServer
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+
+import jobpool
+from integration.helpers import prepare, scalar, worker
+from jobpool.job import Job
+from jobpool.worker.config import POLL_ONLY_INTERVAL
+from jobpool.worker.runtime import Worker
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+DEADLINE = 90.0
+"""Seconds a test waits for a state (no kind here has a stale TTL below an hour)."""
+
+
+@jobpool.kind("test_counter_serializable", max_attempts=1, stale_ttl=3600.0)
+async def counter_serializable(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Read-modify-write one shared row at SERIALIZABLE: concurrent runs conflict (40001)."""
+    await tx.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    cur = await tx.execute("SELECT n FROM test_counter")
+    row = await cur.fetchone()
+    assert row is not None
+    await asyncio.sleep(0.005)
+    await tx.execute("UPDATE test_counter SET n = %s", (row["n"] + 1,))
+
+
+@jobpool.kind("test_slow_write", max_attempts=1, stale_ttl=3600.0)
+async def slow_write(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Wait `payload.seconds` on the first claim, then record this run."""
+    if job.attempts == 1 and not await _ran_before(tx, job.id):
+        await asyncio.sleep(float(job.payload.get("seconds", 0)))
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
+                     (job.id, job.attempts))
+
+
+async def _ran_before(tx: psycopg.AsyncConnection[Any], job_id: int) -> bool:
+    cur = await tx.execute("SELECT count(*) FROM test_slow_starts WHERE job_id = %s", (job_id,))
+    row = await cur.fetchone()
+    seen = bool(row and row["count"])
+    async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True) as side:
+        await side.execute("INSERT INTO test_slow_starts VALUES (%s)", (job_id,))
+    return seen
+
+
+async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
+    for _ in range(int(DEADLINE / 0.1)):
+        answer = check()
+        if await answer if inspect.isawaitable(answer) else answer:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {DEADLINE:.0f}s: {what}")
+
+
+async def connect(dsn: str) -> Conn:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row)
+
+
+async def statuses(dsn: str) -> dict[str, int]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                     row_factory=dict_row) as conn:
+        cur = await conn.execute("SELECT status::text AS status, count(*)::int AS n"
+                                 " FROM mdm.aa_job WHERE job_kind LIKE 'test%' GROUP BY 1")
+        return {row["status"]: row["n"] for row in await cur.fetchall()}
+
+
+async def set_up(dsn: str, jobs: list[tuple[str, dict[str, Any]]]) -> uuid.UUID:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                     row_factory=dict_row) as conn:
+        await prepare(conn)
+        await conn.execute("CREATE TABLE IF NOT EXISTS test_counter (n int NOT NULL);"
+                           "INSERT INTO test_counter SELECT 0 WHERE NOT EXISTS"
+                           " (SELECT FROM test_counter);"
+                           "CREATE TABLE IF NOT EXISTS test_slow_starts (job_id bigint)")
+        tenant = uuid.UUID(str(await scalar(conn, "INSERT INTO mdm.aa_tenant (key)"
+                                            " VALUES ('acme') RETURNING id")))
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, kind, payload)
+                                          for kind, payload in jobs])
+    return tenant
+
+
+async def run_until_done(dsn: str, workers: list[Worker], total: int) -> None:
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await wait_until(lambda: _all_done(dsn, total), "every job done")
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE)
+
+
+async def _all_done(dsn: str, total: int) -> bool:
+    return await statuses(dsn) == {"done": total}
+
+
+async def attempts_used(dsn: str) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT DISTINCT attempts FROM mdm.aa_job"
+                                 " WHERE job_kind LIKE 'test%' ORDER BY 1")
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def test_a_transaction_pooler_runs_every_job_once_with_no_attempt_burned(
+    private_server: PrivateServer, pgbouncer: PgBouncer,
+) -> None:
+    """No server-side prepared statement reaches PgBouncer: batched `done`s (test_noop,
+    max_attempts 1: a refused one would go to the DLQ) and writing jobs all finish at their
+    first attempt; without a LISTEN connection the worker polls, and says so."""
+    total = 400
+    await set_up(private_server.dsn(), [("test_record", {}), ("test_noop", {})] * (total // 2))
+    w = worker(pgbouncer.dsn(), ("test_record", "test_noop"), until_empty=False, slots=8,
+               pooler="transaction", poll_interval=5.0)
+    assert w.poll_interval == POLL_ONLY_INTERVAL
+    await run_until_done(private_server.dsn(), [w], total)
+    assert await attempts_used(private_server.dsn()) == [1]
+    async with await connect(private_server.dsn()) as conn:
+        assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total // 2
+        assert await scalar(conn, "SELECT count(*) FROM test_runs") == total // 2
+    assert w.not_ready() == []
+    assert [note.split(":")[0] for note in w.readiness_notes()] == ["poll-only"]
+    assert w.metrics.poll_only._value.get() == 1
+    assert "prepared statement" not in pgbouncer.log()
+
+
+async def test_behind_a_transaction_pooler_listen_goes_to_the_direct_dsn(
+    private_server: PrivateServer, pgbouncer: PgBouncer,
+) -> None:
+    tenant = await set_up(private_server.dsn(), [])
+    w = worker(pgbouncer.dsn(), ("test_record",), until_empty=False, pooler="transaction",
+               listen_dsn=private_server.dsn(), poll_interval=3600.0)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: w.listening, "the worker listening on the direct DSN")
+        assert w.readiness_notes() == [] and w.not_ready() == []
+        async with await psycopg.AsyncConnection.connect(pgbouncer.dsn(), autocommit=True,
+                                                         prepare_threshold=None) as conn:
+            await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+        await wait_until(lambda: _all_done(private_server.dsn(), 1),
+                         "the job woken by NOTIFY done long before the hour's poll")
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_a_serializable_default_sends_nothing_to_the_dlq_and_strands_nothing(
+    dsn: str,
+) -> None:
+    """The database defaults to SERIALIZABLE: the worker's own transactions are READ
+    COMMITTED regardless; a handler that asks for SERIALIZABLE and conflicts is handed back
+    and runs again, its attempt not counted (its kind allows one)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        name = conn.info.dbname
+        await conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation"
+                                   " = serializable").format(sql.Identifier(name)))
+    conflicting = 60
+    jobs = ([("test_record", {}), ("test_noop", {})] * 170
+            + [("test_counter_serializable", {})] * conflicting)
+    await set_up(dsn, jobs)
+    workers = [worker(dsn, ("test_record", "test_noop", "test_counter_serializable"),
+                      until_empty=False, slots=4, poll_interval=0.2) for _ in range(2)]
+    await run_until_done(dsn, workers, len(jobs))
+    assert await statuses(dsn) == {"done": len(jobs)}
+    assert await attempts_used(dsn) == [1]
+    async with await connect(dsn) as conn:
+        assert await scalar(conn, "SHOW default_transaction_isolation") == "serializable"
+        assert await scalar(conn, "SELECT n FROM test_counter") == conflicting
+
+
+async def test_a_restart_under_running_jobs_hands_them_back_unspent(
+    private_server: PrivateServer,
+) -> None:
+    """Jobs whose connection died with the server run again once it is back, without using
+    an attempt (their kind allows one) and without a retry's backoff."""
+    running = 4
+    await set_up(private_server.dsn(), [("test_slow_write", {"seconds": 2.0})] * running)
+    w = worker(private_server.dsn(), ("test_slow_write",), until_empty=False, slots=running,
+               poll_interval=0.2)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _running(private_server.dsn(), running), "all jobs running")
+        await asyncio.to_thread(private_server.restart)
+        await wait_until(lambda: _all_done(private_server.dsn(), running), "every job done")
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+    assert await attempts_used(private_server.dsn()) == [1]
+    async with await connect(private_server.dsn()) as conn:
+        assert await scalar(conn, "SELECT count(*) FROM test_runs") == running
+        assert await scalar(conn, "SELECT count(*) FROM test_slow_starts") >= running
+
+
+async def _running(dsn: str, count: int) -> bool:
+    return (await statuses(dsn)).get("running", 0) == count
+
+
+def role_dsn(dsn: str, role: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["user"] = role
+    return make_conninfo(**params)
+
+
+@pytest.fixture
+async def limited_role(dsn: str) -> Any:
+    """A role of the test's own (no superuser: CONNECTION LIMIT binds it), granted the
+    schema; yields a function setting its limit and returning its DSN."""
+    role = f"jobpool_limited_{uuid.uuid4().hex[:8]}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await prepare(conn)
+        ident = sql.Identifier(role)
+        await conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        for grant in ("GRANT USAGE ON SCHEMA mdm TO {}",
+                      "GRANT ALL ON ALL TABLES IN SCHEMA mdm TO {}",
+                      "GRANT ALL ON ALL SEQUENCES IN SCHEMA mdm TO {}",
+                      "GRANT ALL ON test_runs TO {}"):
+            await conn.execute(sql.SQL(grant).format(ident))
+
+        async def limit(connections: int) -> str:
+            await conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(
+                ident, sql.Literal(connections)))
+            return role_dsn(dsn, role)
+
+        try:
+            yield limit
+        finally:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,))
+            await conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            await conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+async def test_a_role_limit_below_the_need_starts_fewer_slots_and_runs_everything(
+    dsn: str, limited_role: Any, tenant: uuid.UUID,
+) -> None:
+    """CONNECTION LIMIT 8 against 4 slots (10 connections wanted): the worker starts with the
+    2 slots that fit, says so, and runs every job, instead of holding all 8 connections
+    while claiming nothing."""
+    limited = await limited_role(8)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 10)
+    w = worker(limited, ("test_record",), until_empty=False, slots=4, poll_interval=0.2)
+    await run_until_done(dsn, [w], 10)
+    assert w.slots == 2
+    assert w.metrics.slots._value.get() == 2
+    assert w.metrics.configured_slots._value.get() == 4
+    assert w.readiness_notes() == [
+        "running 2 of 4 slot(s): the worker needs 10 (4 slot(s) + own writes + claims + leases "
+        "+ probe + LISTEN + maintenance) connections, role "
+        f"{conninfo_to_dict(limited)['user']}'s CONNECTION LIMIT 8 - 0 in use by others "
+        "leaves 8"]
+
+
+async def test_a_role_limit_too_small_for_one_slot_is_refused_naming_it(
+    dsn: str, limited_role: Any,
+) -> None:
+    limited = await limited_role(6)
+    w = worker(limited, ("test_record",), until_empty=False, slots=4)
+    with pytest.raises(jobpool.ConnectionBudgetError, match=r"CONNECTION LIMIT 6 .* needs 10"):
+        await asyncio.wait_for(w.run(), DEADLINE)
