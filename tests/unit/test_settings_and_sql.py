@@ -88,6 +88,6 @@ def test_every_query_has_a_description_and_the_claim_is_the_spec_form() -> None:
     assert "ORDER BY j.priority, j.available_at, j.id" in claim
 
 
-def test_migrations_are_numbered_in_order_each_number_once() -> None:
+def test_migrations_are_numbered_without_gaps() -> None:
     versions = [version for version, _, _ in migrations()]
-    assert versions == sorted(set(versions)) and versions[0] == 1
+    assert versions == list(range(1, len(versions) + 1))

@@ -82,9 +82,7 @@ QUERIES: dict[str, Query] = load_queries()
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """The migrations as (version, name, sql), in order; raise ValueError when two share a
-    version. A gap in the numbers is allowed: numbers may be taken ahead by changes made side
-    by side, and `check_schema` compares the applied versions with these, not a count."""
+    """The migrations as (version, name, sql), in order; raise ValueError on a gap."""
     folder = resources.files(__package__).joinpath("migrations")
     found: list[tuple[int, str, str]] = []
     for entry in folder.iterdir():
@@ -92,8 +90,8 @@ def migrations() -> list[tuple[int, str, str]]:
         if match:
             found.append((int(match[1]), match[2], entry.read_text("utf-8")))
     found.sort()
-    for (version, name, _), (before, other, _) in zip(found[1:], found, strict=False):
-        if version == before:
-            raise ValueError(f"migrations {before:04d}_{other} and {version:04d}_{name} share "
-                             "a version")
+    for expected, (version, name, _) in enumerate(found, start=1):
+        if version != expected:
+            raise ValueError(
+                f"migration {version:04d}_{name} is out of sequence (expected {expected:04d})")
     return found
