@@ -694,6 +694,19 @@ class KubernetesApi(k8s.KubernetesEmulator):
         await self._collect_garbage(raw["metadata"].get("uid"))
         return raw
 
+    async def delete_in_watch_gap(self, path: str) -> None:
+        """Delete the object at `path` (e.g. /apis/g/v/namespaces/ns/plural/name) as a real
+        server does while a client's watch is cut: the object and what it owns go, and the
+        watch, listed again, sends no DELETED for it."""
+        *prefix, plural, name = path.strip("/").split("/")
+        namespace = prefix[prefix.index("namespaces") + 1] if "namespaces" in prefix else None
+        (resource,) = [r for r in self.resources if r.plural == plural]
+        async with self._lock:
+            obj = self._objects[(resource, namespace, name)]
+            uid = obj.raw["metadata"].get("uid")
+            obj.delete()
+            await self._collect_garbage(uid)
+
     # writes
 
     def _admit(self, resource: Any, obj: dict[str, Any], current: dict[str, Any] | None,

@@ -729,6 +729,36 @@ async def test_a_pool_is_deleted_while_the_operator_is_down(
         assert await deployments(cluster) == {}  # the owner references took them
 
 
+async def test_a_pool_deleted_while_the_watch_is_cut_gets_no_children_again(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    # the watch, listed again after the gap, sends no DELETED: only the operator's own list
+    # of the pools tells it the pool is gone; pool "other" shows that rounds go on
+    counts = 0
+
+    async def counting(dsn: str, lanes: Sequence[Any]) -> dict[str, Any]:
+        nonlocal counts
+        counts += 1
+        return await count_lane_jobs_at(dsn, lanes)
+
+    async with fake_cluster(dsn, operator_account(chart_objects(helm))) as cluster, \
+            operator_process(cluster, tmp_path / "kubeconfig", count_jobs=counting):
+        await apply_example(cluster)
+        second = example_pool()
+        second["metadata"]["name"] = "other"
+        await cluster.api.request("POST", POOLS, body=second)
+        await eventually(lambda: _has(cluster, "other-default"), "pool other's Deployments")
+        await cluster.server.delete_in_watch_gap(f"{POOLS}/mdm-jobs")
+        assert not [name for name in await deployments(cluster) if name.startswith("mdm-jobs")]
+        seen = counts
+
+        async def rounds_went_on() -> bool:
+            return counts >= seen + 4  # one count per pool and round: rounds went on
+
+        await eventually(rounds_went_on, "more syncs of pool other")
+        assert not [name for name in await deployments(cluster) if name.startswith("mdm-jobs")]
+
+
 async def test_the_finalizer_of_older_versions_is_removed(cluster: Cluster) -> None:
     document = example_pool()
     document["metadata"]["finalizers"] = ["jobs.mdm.io/finalizer"]

@@ -37,3 +37,46 @@ def test_a_written_status_is_what_the_next_sync_starts_from() -> None:
     index.wrote_status(("mdm", "p"), {"readyJobs": 5})
     found = index.get(("mdm", "p"))
     assert found is not None and found["status"] == {"laneCount": 1, "readyJobs": 5}
+
+
+def other(name: str, uid: str = "u2") -> dict[str, Any]:
+    return {"metadata": {"namespace": "mdm", "name": name, "uid": uid}, "spec": {"image": "x"}}
+
+
+def test_a_pool_deleted_in_a_watch_gap_is_forgotten_by_the_next_list() -> None:
+    # the watch was cut, the pool deleted, the watch listed again: no DELETED came
+    index = PoolIndex()
+    index.seen("ADDED", pool())
+    index.seen("ADDED", other("q"))
+    index.take_changed()
+    since = index.mark()
+    assert index.resync([other("q")], since) == [("mdm", "p")]
+    assert index.keys() == [("mdm", "q")] and index.get(("mdm", "p")) is None
+    assert index.take_changed() == []  # q as listed is q as seen
+
+
+def test_a_list_never_undoes_what_the_watch_told_while_it_ran() -> None:
+    index = PoolIndex()
+    index.seen("ADDED", pool())
+    since = index.mark()  # the list is sent ...
+    index.seen("ADDED", other("new"))  # ... a pool is created and one deleted meanwhile
+    index.seen("DELETED", pool())
+    assert index.resync([pool()], since) == []  # the list saw p, not "new"
+    assert index.keys() == [("mdm", "new")]
+
+
+def test_a_list_brings_what_the_watch_missed() -> None:
+    index = PoolIndex()
+    index.seen("ADDED", pool())
+    index.take_changed()
+    deleting = pool(image="jobpool:2")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T20:00:00Z"
+    since = index.mark()
+    index.resync([deleting, other("q")], since)
+    assert index.take_changed() == [("mdm", "p"), ("mdm", "q")]
+    found = index.get(("mdm", "p"))
+    assert found is not None and found["metadata"]["deletionTimestamp"]
+    recreated = pool()
+    recreated["metadata"]["uid"] = "u9"  # deleted and made again under the same name
+    index.resync([recreated], index.mark())
+    assert index.take_changed() == [("mdm", "p")]

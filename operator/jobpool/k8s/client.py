@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 import httpx2
@@ -170,6 +171,16 @@ class KubeApi:
         await _call(lambda: self._client.patch(
             Deployment.Scale, name, {"spec": {"replicas": replicas}}, namespace=namespace,
             patch_type=PatchType.MERGE, field_manager=SCALER))
+
+    async def list_pools(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+        """Every JobWorkerPool in `namespaces` (empty: in every namespace), as stored now."""
+        async def listing(namespace: str) -> list[dict[str, Any]]:
+            return [_as_dict(obj) async for obj in self._client.list(
+                JobWorkerPool, namespace=namespace)]
+        found: list[dict[str, Any]] = []
+        for namespace in namespaces or (lightkube.ALL_NS,):
+            found += await _call(functools.partial(listing, namespace))
+        return found
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
         """The decoded value of `key` in Secret `name`; ApiError 404 or KeyError if missing."""

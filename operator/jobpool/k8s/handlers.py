@@ -5,7 +5,9 @@ writes bookkeeping onto a pool), so a pool (or its namespace) can be deleted whi
 operator is down: the children go with it through their ownerReferences.
 
 One loop, in the replica that holds the Lease `jobpool-operator` (k8s.leader), syncs every
-pool each scale interval, and a changed pool at once: it applies the lanes' children
+pool each scale interval (listing them first, so that a pool deleted while the watch was
+cut is forgotten, never given children again), and a changed pool at once: it applies the
+lanes' children
 (server-side apply; missing or hand-changed children are restored), deletes the children
 of removed lanes, counts each lane's jobs and scales its Deployment (scale subresource),
 and patches the status only when it changed. Decisions live in core.scaling, k8s.reconcile,
@@ -109,27 +111,64 @@ class OperatorConfig:
 
 
 class PoolIndex:
-    """The pools as kopf last saw them, by (namespace, name); marks new and changed specs."""
+    """The pools as last seen, by (namespace, name); marks new and changed specs.
+
+    Fed by the watch (`seen`) and, each full round, by a fresh list (`resync`): a watch
+    that was cut and listed again yields the pools that exist but no DELETED for one
+    deleted in the gap, so only a list tells that a pool is gone.
+    """
 
     def __init__(self) -> None:
         self._pools: dict[PoolKey, dict[str, Any]] = {}
         self._changed: set[PoolKey] = set()
         self._wake = asyncio.Event()
+        self._events = 0
+        self._touched: dict[PoolKey, int] = {}
 
     def seen(self, event: str | None, body: Mapping[str, Any]) -> None:
         """Record a watch event (`DELETED` forgets the pool)."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
+        self._events += 1
+        self._touched[key] = self._events
         if event == "DELETED":
-            self._pools.pop(key, None)
-            self._changed.discard(key)
+            self._forget(key)
             return
+        self._store(key, body)
+
+    def mark(self) -> int:
+        """A point in the stream of watch events: take it before sending a list."""
+        return self._events
+
+    def resync(self, listed: Sequence[Mapping[str, Any]], since: int) -> list[PoolKey]:
+        """Make the index what a list sent at mark `since` found; the pools forgotten.
+
+        A pool the watch reported on after `since` keeps the watch's (newer) view: one
+        created or deleted while the list was under way is neither forgotten nor revived.
+        """
+        found = {(str((obj.get("metadata") or {}).get("namespace")),
+                  str((obj.get("metadata") or {}).get("name"))): obj for obj in listed}
+        fresh = {key for key, event in self._touched.items() if event > since}
+        gone = [key for key in self.keys() if key not in found and key not in fresh]
+        for key in gone:
+            self._forget(key)
+        for key, body in found.items():
+            if key not in fresh:
+                self._store(key, body)
+        self._touched = {key: event for key, event in self._touched.items() if event > since}
+        return gone
+
+    def _store(self, key: PoolKey, body: Mapping[str, Any]) -> None:
         old = self._pools.get(key)
         self._pools[key] = copy.deepcopy(dict(body))
         if old is None or old.get("spec") != body.get("spec") or (
-            old.get("metadata") or {}).get("uid") != meta.get("uid"):
+            old.get("metadata") or {}).get("uid") != (body.get("metadata") or {}).get("uid"):
             self._changed.add(key)
             self._wake.set()
+
+    def _forget(self, key: PoolKey) -> None:
+        self._pools.pop(key, None)
+        self._changed.discard(key)
 
     def wrote_status(self, key: PoolKey, status: Mapping[str, Any]) -> None:
         """Remember a status just written (the watch event may come after the next sync)."""
@@ -177,9 +216,11 @@ class PoolController:
         *,
         clock: Callable[[], datetime] = utcnow,
         count_jobs: CountJobs | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.api = api
         self.clock = clock
+        self.namespaces = tuple(namespaces)
         # default: capped counts on a kept connection per database, under a statement timeout
         self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
 
@@ -196,10 +237,24 @@ class PoolController:
             if loop.time() >= next_round:
                 pools.take_changed()
                 next_round = loop.time() + interval
-                await self._sync_all(pools, pools.keys())
+                if await self._refresh(pools):
+                    await self._sync_all(pools, pools.keys())
             else:
                 await self._sync_all(pools, pools.take_changed())
             await pools.wait(min(next_round - loop.time(), leader.timing.retry_every))
+
+    async def _refresh(self, pools: PoolIndex) -> bool:
+        """List the pools into the index (forgetting those gone); False if the list failed,
+        for then no pool's existence is known and the round is left out."""
+        since = pools.mark()
+        try:
+            listed = await self.api.list_pools(self.namespaces)
+        except Exception as exc:  # the API is unwell: try again next round
+            log.warning("listing JobWorkerPools failed, this round is left out: %s", exc)
+            return False
+        for key in pools.resync(listed, since):
+            log.info("JobWorkerPool %s/%s is gone (no watch event told): forgotten", *key)
+        return True
 
     async def _sync_all(self, pools: PoolIndex, keys: Sequence[PoolKey]) -> None:
         for key in keys:
@@ -292,6 +347,13 @@ class PoolController:
                     "ReconcileFailed", f"{action.verb} {action.kind} {action.name!r} "
                                        f"failed: {exc}"))
             else:
+                if action.seen is not None and action.seen == (
+                        applied.get("metadata") or {}).get("resourceVersion"):
+                    # nothing changed: what the plan took for drift is how the server (or
+                    # an admission policy) writes the field; no Event for a non-change
+                    log.info("%s %s/%s: the server changed nothing", action.kind, namespace,
+                             action.name)
+                    continue
                 outcome.done.append(action)
 
     async def _children(
@@ -559,7 +621,7 @@ async def run_operator(
     pools = PoolIndex()
     leader = Leader(api, lease_namespace(config), config.identity or replica_identity(),
                     clock=utcnow, timing=config.lease)
-    controller = PoolController(api, count_jobs=count_jobs)
+    controller = PoolController(api, count_jobs=count_jobs, namespaces=config.namespaces)
     settings = kopf.OperatorSettings()
     operator_settings(settings)
     loops = [asyncio.create_task(leader.run(), name="leader election"),

@@ -2,8 +2,9 @@
 
 A child is applied (server-side apply) when it is missing, when the operator's template
 hash on it differs from the spec's, or when a field the operator sets has another value
-live (changed by hand: drift). Replicas belong to the scaler and are never in a plan, so a
-new image or any other template change never resets a lane's scale.
+live (changed by hand: drift, as k8s.drift compares it: what other field managers add is
+theirs, quantities count by value). Replicas belong to the scaler and are never in a plan,
+so a new image or any other template change never resets a lane's scale.
 
 A child name can be taken by an object the pool does not own (pool `mdm` with lane
 `jobs-acme` and pool `mdm-jobs` with lane `acme` both want `mdm-jobs-acme`, or a
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from jobpool.core.poolspec import KIND, PoolSpec
+from jobpool.k8s.drift import in_sync
 from jobpool.k8s.manifests import (
     GROUP,
     LANE_LABEL,
@@ -40,6 +42,8 @@ class Action:
     """One API call: `verb` the child `kind` called `name`; `body` to apply.
 
     creates: the child is missing (a new Deployment then gets its lane's first replicas).
+    seen: the resourceVersion of the live child the plan compared (None if it is missing):
+    an apply answered with the same one changed nothing on the server.
     """
 
     verb: Verb
@@ -47,6 +51,7 @@ class Action:
     name: str
     body: Mapping[str, Any] | None = None
     creates: bool = False
+    seen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,19 +114,6 @@ def desired_trigger_authentications(
     return {body["metadata"]["name"]: body}
 
 
-def in_sync(live: Any, desired: Any) -> bool:
-    """Whether `live` holds every field of `desired` with the same value (what the server
-    added, defaults and other managers' fields, does not count). Lists must match item by
-    item."""
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(
-            key in live and in_sync(live[key], value) for key, value in desired.items())
-    if isinstance(desired, list):
-        return isinstance(live, list) and len(live) == len(desired) and all(
-            in_sync(one, other) for one, other in zip(live, desired, strict=True))
-    return bool(live == desired)
-
-
 def desired_scaled_objects(
     pool: PoolSpec, owner: Mapping[str, Any], count_query: str
 ) -> dict[str, dict[str, Any]]:
@@ -169,8 +161,8 @@ def plan_children(
 
     live: the objects found, the pool's own (a list call) and whatever holds a desired
     name; those that do not belong to the pool are never changed. A child whose template
-    hash or ownerReferences differ, or whose live fields differ from the desired ones (a
-    hand edit), is applied again (so an orphan is adopted and drift is repaired).
+    hash differs, or whose live fields differ from the desired ones (a hand edit, a missing
+    ownerReference), is applied again (so an orphan is adopted and drift is repaired).
     """
     found = {obj["metadata"]["name"]: obj for obj in live}
     actions: list[Action] = []
@@ -183,11 +175,10 @@ def plan_children(
         elif not belongs_to(current, pool):
             lane = body["metadata"]["labels"].get(LANE_LABEL)
             conflicts.append(Conflict(kind, name, lane, holder_of(current)))
-        elif (_hash_of(current) == _hash_of(body) and _owners(current) == _owners(body)
-              and in_sync(current, body)):
+        elif _hash_of(current) == _hash_of(body) and in_sync(current, body):
             unchanged.append(name)
         else:
-            actions.append(Action("apply", kind, name, body))
+            actions.append(Action("apply", kind, name, body, seen=_version_of(current)))
     actions += [
         Action("delete", kind, name) for name, obj in sorted(found.items())
         if name not in desired and belongs_to(obj, pool)
@@ -257,8 +248,9 @@ def plan_reconcile(
     )
 
 
-def _owners(obj: Mapping[str, Any]) -> list[Any]:
-    return list((obj.get("metadata") or {}).get("ownerReferences") or [])
+def _version_of(obj: Mapping[str, Any]) -> str | None:
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
 
 
 def _hash_of(obj: Mapping[str, Any]) -> str | None:
