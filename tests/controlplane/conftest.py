@@ -123,10 +123,11 @@ class Operator:
     of the chart's ServiceAccount (so every call goes through the chart's RBAC)."""
 
     def __init__(self, plane: ControlPlane, folder: Path, name: str = "operator",
-                 extra_env: dict[str, str] | None = None, prefix: list[str] | None = None):
+                 extra_env: dict[str, str] | None = None, prefix: list[str] | None = None,
+                 server: str | None = None):
         self.plane, self.name = plane, name
         token = plane.service_account_token(OPERATOR_NAMESPACE, SERVICE_ACCOUNT)
-        self.kubeconfig = plane.write_kubeconfig(folder / f"{name}.kubeconfig", token)
+        self.kubeconfig = plane.write_kubeconfig(folder / f"{name}.kubeconfig", token, server)
         self.log = folder / f"{name}.log"
         self.env = {**os.environ, "JOBPOOL_LOG_LEVEL": "info", **(extra_env or {})}
         self.prefix = prefix or []

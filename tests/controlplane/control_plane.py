@@ -220,6 +220,10 @@ class ControlPlane:
         """Stop the API server (every watch and connection ends); etcd keeps the data."""
         self.processes["kube-apiserver"].stop()
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
             process.stop()
@@ -247,12 +251,13 @@ class ControlPlane:
                 raise ControlPlaneError(f"gave up waiting for {what} (logs in {self.workdir})")
             time.sleep(0.5)
 
-    def write_kubeconfig(self, path: Path, token: str) -> Path:
-        """A kubeconfig for this API server (its CA) with a bearer `token`."""
+    def write_kubeconfig(self, path: Path, token: str, server: str | None = None) -> Path:
+        """A kubeconfig for this API server (its CA; at `server`, e.g. a proxy's URL, if
+        given) with a bearer `token`."""
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "controlplane",
             "clusters": [{"name": "controlplane", "cluster": {
-                "server": self.url, "certificate-authority": str(self.ca_file)}}],
+                "server": server or self.url, "certificate-authority": str(self.ca_file)}}],
             "users": [{"name": "user", "user": {"token": token}}],
             "contexts": [{"name": "controlplane",
                           "context": {"cluster": "controlplane", "user": "user"}}],
