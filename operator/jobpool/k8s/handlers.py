@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import kopf
 from lightkube.config.kubeconfig import SingleConfig
@@ -40,8 +41,8 @@ from jobpool.core.scaling import (
     fixed_replicas,
 )
 from jobpool.db.lane_counts import LaneCounter
-from jobpool.k8s.client import ApiError, ChildKind, KubeApi, load_config
-from jobpool.k8s.leader import Leader
+from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
+from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
     GROUP,
@@ -84,6 +85,7 @@ log = logging.getLogger(__name__)
 
 CountJobs = Callable[[str, Sequence[Any]], Awaitable[dict[str, LaneJobs]]]
 PoolKey = tuple[str, str]
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -217,10 +219,12 @@ class PoolController:
         clock: Callable[[], datetime] = utcnow,
         count_jobs: CountJobs | None = None,
         namespaces: Sequence[str] = (),
+        write_budget: Callable[[], float | None] = lambda: REQUEST_TIMEOUT,
     ) -> None:
         self.api = api
         self.clock = clock
         self.namespaces = tuple(namespaces)
+        self.write_budget = write_budget
         # default: capped counts on a kept connection per database, under a statement timeout
         self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
 
@@ -243,6 +247,24 @@ class PoolController:
                 await self._sync_all(pools, pools.take_changed())
             await pools.wait(min(next_round - loop.time(), leader.timing.retry_every))
 
+    async def _write(self, call: Awaitable[T]) -> T:
+        """Await the write `call` if this replica leads, within the seconds it may take.
+
+        Raises NotLeading (the write never goes out) when it does not lead any more, which
+        a round of many requests can outlast, and ApiError 504 when the write took too
+        long (a standby may lead by then)."""
+        budget = self.write_budget()
+        if budget is None:
+            if inspect.iscoroutine(call):
+                call.close()
+            raise NotLeading("this replica does not lead: writes stop")
+        try:
+            async with asyncio.timeout(budget):
+                return await call
+        except TimeoutError:
+            raise ApiError(504, "Timeout", f"no answer within {budget:.1f} s, the time this "
+                           "replica may still lead") from None
+
     async def _refresh(self, pools: PoolIndex) -> bool:
         """List the pools into the index (forgetting those gone); False if the list failed,
         for then no pool's existence is known and the round is left out."""
@@ -263,6 +285,9 @@ class PoolController:
                 continue
             try:
                 written = await self.sync(body)
+            except NotLeading:
+                log.warning("leadership ended during a round: its other syncs are left out")
+                return
             except Exception:  # one pool's failure must not stop the others
                 log.exception("syncing JobWorkerPool %s/%s failed", *key)
             else:
@@ -329,16 +354,18 @@ class PoolController:
             log.info("%s %s %s/%s", action.verb, action.kind, namespace, action.name)
             try:
                 if action.verb == "delete":
-                    await self.api.delete_child(action.kind, namespace, action.name)
+                    await self._write(self.api.delete_child(action.kind, namespace, action.name))
                     if action.kind == "Deployment":
                         own.pop(action.name, None)
                     outcome.done.append(action)
                     continue
-                applied = await self.api.apply_child(action.kind, namespace, action.body or {})
+                applied = await self._write(
+                    self.api.apply_child(action.kind, namespace, action.body or {}))
                 if action.kind == "Deployment":
                     if action.creates:  # the server gave it 1 replica: the lane's first count
                         replicas = first_replicas[action.name]
-                        await self.api.scale_deployment(namespace, action.name, replicas)
+                        await self._write(
+                            self.api.scale_deployment(namespace, action.name, replicas))
                         applied["spec"]["replicas"] = replicas
                         applied.pop("status", None)  # of the 1 replica, not known yet
                     own[action.name] = applied
@@ -442,7 +469,8 @@ class PoolController:
                 current = int((deployment.get("spec") or {}).get("replicas") or 0)
                 if decision.changes(current):
                     try:
-                        await self.api.scale_deployment(namespace, name, decision.replicas)
+                        await self._write(
+                            self.api.scale_deployment(namespace, name, decision.replicas))
                     except ApiError as exc:
                         log.warning("scaling %s/%s failed: %s", namespace, name, exc)
                         decision = None
@@ -473,7 +501,7 @@ class PoolController:
         if not status_changed(previous, status):
             return None
         meta = body["metadata"]
-        await self.api.patch_pool_status(meta["namespace"], meta["name"], status)
+        await self._write(self.api.patch_pool_status(meta["namespace"], meta["name"], status))
         return status
 
     async def _event(
@@ -481,7 +509,8 @@ class PoolController:
         message: str, now: datetime,
     ) -> None:
         try:
-            await self.api.post_event(body, kind, reason, message, timestamp(now))
+            await self._write(
+                self.api.post_event(body, kind, reason, message, timestamp(now)))
         except ApiError as exc:  # an event is a courtesy: never fail a sync for it
             log.warning("posting event %s failed: %s", reason, exc)
 
@@ -621,7 +650,8 @@ async def run_operator(
     pools = PoolIndex()
     leader = Leader(api, lease_namespace(config), config.identity or replica_identity(),
                     clock=utcnow, timing=config.lease)
-    controller = PoolController(api, count_jobs=count_jobs, namespaces=config.namespaces)
+    controller = PoolController(api, count_jobs=count_jobs, namespaces=config.namespaces,
+                                write_budget=leader.write_budget)
     settings = kopf.OperatorSettings()
     operator_settings(settings)
     loops = [asyncio.create_task(leader.run(), name="leader election"),

@@ -8,34 +8,58 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from jobpool.errors import JobpoolError
 from jobpool.k8s.client import ApiError, KubeApi
-from jobpool.k8s.lease import LEASE_NAME, LeaseTiming, lease_body, next_move, released
+from jobpool.k8s.lease import (
+    LEASE_NAME,
+    LeaseTiming,
+    Observation,
+    lease_body,
+    may_act,
+    next_move,
+    observe,
+    released,
+    write_budget,
+)
 
 log = logging.getLogger(__name__)
+
+
+class NotLeading(JobpoolError):
+    """A write was about to go out from a replica that does not (or no longer) lead."""
 
 
 class Leader:
     """Holds (or waits for) the Lease `jobpool-operator` in `namespace` as `identity`.
 
     `leading()` is true while this replica renewed the Lease less than
-    `timing.renew_deadline` seconds ago; the operator acts only then.
+    `timing.renew_deadline` seconds ago by `monotonic` (seconds, never set back); the
+    operator writes only then, and each write within `write_budget()` seconds. `clock`
+    gives the times written into the Lease for people to read; no decision uses it.
     """
 
     def __init__(
         self, api: KubeApi, namespace: str, identity: str, *,
         clock: Callable[[], datetime], timing: LeaseTiming,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.identity = identity
         self.clock = clock
         self.timing = timing
+        self.monotonic = monotonic
         self._renewed_at: float | None = None
+        self._seen: Observation | None = None
 
     def leading(self) -> bool:
         """Whether this replica may act now."""
-        return (self._renewed_at is not None
-                and time.monotonic() - self._renewed_at < self.timing.renew_deadline)
+        return may_act(self._renewed_at, self.monotonic(), self.timing)
+
+    def write_budget(self) -> float | None:
+        """Seconds a write starting now may take (it ends before a standby may lead);
+        None: this replica must not write."""
+        return write_budget(self._renewed_at, self.monotonic(), self.timing)
 
     async def run(self) -> None:
         """Take and renew the Lease until cancelled."""
@@ -48,27 +72,33 @@ class Leader:
             await asyncio.sleep(pause)
 
     async def attempt(self) -> float:
-        """One read and, unless another replica holds the Lease, one write; the seconds to
-        wait before the next attempt."""
+        """One read and, unless another replica holds the Lease, one conditional write;
+        the seconds to wait before the next attempt. Each request ends within
+        `timing.request_timeout` seconds."""
         was_leading = self.leading()
         try:
-            lease = await self.api.read_lease(self.namespace, LEASE_NAME)
-            now = self.clock()
-            move = next_move(lease, self.identity, now)
+            async with asyncio.timeout(self.timing.request_timeout):
+                lease = await self.api.read_lease(self.namespace, LEASE_NAME)
+            now = self.monotonic()
+            self._seen = observe(self._seen, lease, now)
+            move = next_move(lease, self.identity, self._seen, now)
             if move == "wait":
                 self._renewed_at = None
                 return self.timing.retry_every
             body = lease_body(lease, name=LEASE_NAME, namespace=self.namespace,
-                              me=self.identity, now=now, timing=self.timing, move=move)
-            started = time.monotonic()
-            if move == "create":
-                await self.api.create_lease(body)
-            else:
-                await self.api.replace_lease(body)
+                              me=self.identity, now=self.clock(), timing=self.timing, move=move)
+            started = self.monotonic()
+            async with asyncio.timeout(self.timing.request_timeout):
+                if move == "create":
+                    await self.api.create_lease(body)
+                else:
+                    await self.api.replace_lease(body)
             self._renewed_at = started
-        except ApiError as exc:  # 409: another replica wrote first; else the API is unwell
-            log.warning("leader election: %s", exc)
-            if not self.leading() and was_leading:
+        except (ApiError, TimeoutError) as exc:
+            if isinstance(exc, ApiError) and exc.status == 409:
+                self._renewed_at = None  # another replica wrote the Lease first: it leads
+            log.warning("leader election: %s", exc or "no answer in time")
+            if was_leading and not self.leading():
                 log.warning("lost the Lease %s/%s: standing by", self.namespace, LEASE_NAME)
             return self.timing.retry_every
         if not was_leading:
@@ -81,10 +111,11 @@ class Leader:
             return
         self._renewed_at = None
         try:
-            lease = await self.api.read_lease(self.namespace, LEASE_NAME)
-            if lease is not None and (lease.get("spec") or {}).get(
-                "holderIdentity"
-            ) == self.identity:
-                await self.api.replace_lease(released(lease))
-        except ApiError as exc:
-            log.warning("could not release the Lease: %s", exc)
+            async with asyncio.timeout(self.timing.request_timeout):
+                lease = await self.api.read_lease(self.namespace, LEASE_NAME)
+                if lease is not None and (lease.get("spec") or {}).get(
+                    "holderIdentity"
+                ) == self.identity:
+                    await self.api.replace_lease(released(lease))
+        except (ApiError, TimeoutError) as exc:
+            log.warning("could not release the Lease: %s", exc or "no answer in time")
