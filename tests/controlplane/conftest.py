@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from helm_binary import CHART, require_helm
 
-from .control_plane import ADMIN_TOKEN, ControlPlane, binaries_folder, run, started
+from .control_plane import ADMIN_TOKEN, ControlPlane, binaries_folder, free_port, run, started
 from .helpers import OPERATOR_NAMESPACE, RELEASE, SERVICE_ACCOUNT
 
 _namespaces = itertools.count(1)
@@ -118,27 +119,37 @@ def namespace(release: Tools, dsn: str) -> str:
     return restricted_namespace(release.plane, dsn)
 
 
+def credential_id(token: str) -> str:
+    """How the audit log names a ServiceAccount token (its JWT id), to tell two operator
+    processes of the same account apart."""
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return f"JTI={claims['jti']}"
+
+
 class Operator:
     """`jobpool operator` in a process of its own, out-of-cluster, with a TokenRequest token
     of the chart's ServiceAccount (so every call goes through the chart's RBAC)."""
 
     def __init__(self, plane: ControlPlane, folder: Path, name: str = "operator",
-                 extra_env: dict[str, str] | None = None, prefix: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None,
                  server: str | None = None):
         self.plane, self.name = plane, name
         token = plane.service_account_token(OPERATOR_NAMESPACE, SERVICE_ACCOUNT)
+        self.credential = credential_id(token)
         self.kubeconfig = plane.write_kubeconfig(folder / f"{name}.kubeconfig", token, server)
         self.log = folder / f"{name}.log"
+        self.health = f"http://127.0.0.1:{free_port()}/healthz"
         self.env = {**os.environ, "JOBPOOL_LOG_LEVEL": "info", **(extra_env or {})}
-        self.prefix = prefix or []
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
         jobpool = str(Path(sys.executable).with_name("jobpool"))
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [*self.prefix, jobpool, "operator", "--kubeconfig", str(self.kubeconfig),
-                 "--scale-interval", "1", "--lease-namespace", OPERATOR_NAMESPACE],
+                [jobpool, "operator", "--kubeconfig", str(self.kubeconfig),
+                 "--scale-interval", "1", "--lease-namespace", OPERATOR_NAMESPACE,
+                 "--liveness", self.health],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
         return self
 
@@ -158,6 +169,11 @@ class Operator:
                 self.popen.kill()
                 self.popen.wait(timeout=30)
         self.popen = None
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

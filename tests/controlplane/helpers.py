@@ -59,10 +59,14 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 def operator_writes(plane: ControlPlane, namespace: str | None = None,
-                    user: str = OPERATOR_USER) -> list[dict[str, Any]]:
-    """The writes the API server answered for `user` (in `namespace`, if given)."""
+                    user: str = OPERATOR_USER,
+                    credential: str | None = None) -> list[dict[str, Any]]:
+    """The writes the API server answered for `user` (in `namespace`, if given; with the
+    token `credential`, as conftest.credential_id names it, if given)."""
     return [event for event in plane.audit_events()
             if event["user"].get("username") == user
+            and (credential is None or credential in (event["user"].get("extra") or {}).get(
+                "authentication.kubernetes.io/credential-id", []))
             and event["verb"] in ("create", "update", "patch", "delete")
             and (namespace is None or event.get("objectRef", {}).get("namespace") == namespace)]
 
