@@ -972,11 +972,18 @@ KEDA: dict[str, dict[str, Any]] = {
 }
 
 
-def declare(api: KubernetesApi, keda: bool = False) -> None:
-    """Declare the resources the operator uses, the JobWorkerPool CRD from crds/ (and KEDA's
-    ScaledObjects and TriggerAuthentications if `keda`)."""
+def declare(api: KubernetesApi, keda: bool = False, crd: bool = True) -> None:
+    """Declare the resources the operator uses, the JobWorkerPool CRD from crds/ unless not
+    `crd` (see install_pool_crd), and KEDA's ScaledObjects and TriggerAuthentications if
+    `keda`."""
     for key, info in (RESOURCES | (KEDA if keda else {})).items():
         api.resources[key] = kmock.ResourceInfo(**info)
+    if crd:
+        install_pool_crd(api)
+
+
+def install_pool_crd(api: KubernetesApi) -> None:
+    """The JobWorkerPool CRD from crds/, established at once."""
     api.install_crd(yaml.safe_load(CRD.read_text()))
 
 

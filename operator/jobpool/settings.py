@@ -269,8 +269,8 @@ class Settings:
         "operator replica; unset: the operator's own (its ServiceAccount's) namespace",
         "--lease-namespace")
     operator_liveness: str = _setting(
-        DEFAULT_LIVENESS, Text(), "where the operator serves its health check (the flag "
-        "takes '' for nowhere)", "--liveness")
+        DEFAULT_LIVENESS, Text(), "where the operator serves its liveness check, with "
+        "/readyz on the same port (the flag takes '' for nowhere)", "--liveness")
 
     def __post_init__(self) -> None:
         for item in fields(self):

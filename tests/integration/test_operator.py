@@ -14,6 +14,7 @@ import asyncio
 import base64
 import copy
 import functools
+import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import kmock
 import psycopg
 import pytest
@@ -33,6 +35,7 @@ from k8s_emulator import (
     RawClient,
     User,
     declare,
+    install_pool_crd,
     service_account,
     write_kubeconfig,
 )
@@ -88,12 +91,14 @@ def helm() -> str:
 
 
 @asynccontextmanager
-async def fake_cluster(dsn: str, operator: User, *, keda: bool = False) -> AsyncIterator[Cluster]:
-    """A fake API server (with KEDA's API if `keda`) whose OPERATOR_TOKEN is `operator`, and
-    the DSN Secret in namespace mdm."""
+async def fake_cluster(
+    dsn: str, operator: User, *, keda: bool = False, crd: bool = True
+) -> AsyncIterator[Cluster]:
+    """A fake API server (with KEDA's API if `keda`, without the JobWorkerPool CRD unless
+    `crd`) whose OPERATOR_TOKEN is `operator`, and the DSN Secret in namespace mdm."""
     server = KubernetesApi(tokens={ADMIN_TOKEN: User("admin"), OPERATOR_TOKEN: operator})
     async with server, kmock.Server(server) as http:
-        declare(server, keda=keda)
+        declare(server, keda=keda, crd=crd)
         api = RawClient(f"http://{http.host}:{http.port}", ADMIN_TOKEN)
         try:
             await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body={
@@ -110,15 +115,17 @@ async def fake_cluster(dsn: str, operator: User, *, keda: bool = False) -> Async
 async def operator_process(
     cluster: Cluster, kubeconfig: Path, *, token: str = OPERATOR_TOKEN,
     identity: str | None = None, lease: LeaseTiming = QUICK_LEASE,
-    count_jobs: CountJobs | None = None,
+    count_jobs: CountJobs | None = None, health: str | None = None, wait: bool = True,
 ) -> AsyncIterator[None]:
-    """The operator running against `cluster` with `token`, as in a process of its own."""
+    """The operator running against `cluster` with `token`, as in a process of its own;
+    serving its health at `health` (a URL) if given; started once kopf runs if `wait`."""
     write_kubeconfig(kubeconfig, cluster.url, token)
     # kopf gets a thread and event loop of its own, as in a real process: on stopping it
     # cancels every task its loop started after it, which must not be the test's.
     stop, ready = threading.Event(), threading.Event()
     config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig),
-                            lease_namespace=OPERATOR_NAMESPACE, lease=lease, identity=identity)
+                            lease_namespace=OPERATOR_NAMESPACE, lease=lease, identity=identity,
+                            liveness_endpoint=health)
     extra = {} if count_jobs is None else {"count_jobs": count_jobs}
     thread = threading.Thread(
         target=asyncio.run,
@@ -127,7 +134,8 @@ async def operator_process(
     )
     thread.start()
     try:
-        assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
+        if wait:
+            assert await asyncio.to_thread(ready.wait, WAIT), "the operator did not start"
         yield
     finally:
         stop.set()
@@ -771,6 +779,46 @@ async def test_the_finalizer_of_older_versions_is_removed(cluster: Cluster) -> N
     await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
     with pytest.raises(Failure):
         await pool_object(cluster)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def health_of(url: str) -> tuple[int, dict[str, Any]] | None:
+    """The status and body of `url`; None while nothing listens there."""
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as answer:
+            return answer.status, await answer.json()
+    except aiohttp.ClientConnectionError:
+        return None
+
+
+async def test_an_operator_started_before_its_crd_serves_pools_once_it_is_established(
+    tmp_path: Path, dsn: str, helm: str
+) -> None:
+    port = free_port()
+    live, ready = f"http://127.0.0.1:{port}/healthz", f"http://127.0.0.1:{port}/readyz"
+    async with fake_cluster(dsn, operator_account(chart_objects(helm)), crd=False) as cluster, \
+            operator_process(cluster, tmp_path / "kubeconfig", health=live, wait=False):
+
+        async def waiting() -> tuple[int, dict[str, Any]] | None:
+            found = await health_of(ready)
+            return found if found is not None and "waiting" in found[1] else None
+
+        code, body = await eventually(waiting, "the operator saying what it waits for")
+        assert code == 503 and "jobworkerpools.jobs.mdm.io is not established" in body[
+            "waiting"]
+        assert await health_of(live) == (200, {"alive": True})  # alive: no restart helps
+        install_pool_crd(cluster.server)
+
+        async def serving() -> bool:
+            return await health_of(ready) == (200, {"ready": True})
+
+        await eventually(serving, "the operator ready")
+        await apply_example(cluster)  # served: its Deployments appear
 
 
 # -- two replicas -------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from jobpool.core.scaling import (
 )
 from jobpool.db.lane_counts import LaneCounter
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
+from jobpool.k8s.health import Health
 from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
@@ -636,6 +637,46 @@ def replica_identity() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
+def _is_set(flag: Any) -> bool:
+    """Whether a kopf stop flag (threading or asyncio Event, Future; None: never) is set."""
+    if flag is None:
+        return False
+    if isinstance(flag, asyncio.Future):
+        return flag.done()
+    return bool(flag.is_set())
+
+
+async def wait_for_pools_api(
+    api: KubeApi, namespaces: Sequence[str], *, pause: float, stop_flag: Any = None,
+    health: Health | None = None,
+) -> bool:
+    """Until a list of JobWorkerPools answers (the CRD is established, the operator may
+    list them), each `pause` seconds; False if `stop_flag` was set first.
+
+    kopf looks for the pools' API once, when it starts: started before the CRD is
+    established, it would never watch them. Meanwhile `health` reports why it is not ready.
+    """
+    told = None
+    while not _is_set(stop_flag):
+        try:
+            await api.list_pools(namespaces)
+        except Exception as exc:  # 404: no CRD (yet); 403: no RBAC (yet); no connection
+            if isinstance(exc, ApiError) and exc.status == 404:
+                reason = (f"the CRD {PLURAL}.{GROUP} is not established (the API serves no "
+                          f"{PLURAL} in {GROUP}/{VERSION})")
+            else:
+                reason = f"listing JobWorkerPools failed: {exc}"
+            if health is not None:
+                health.waiting(reason)
+            if reason != told:
+                log.warning("waiting before serving pools: %s", reason)
+                told = reason
+            await asyncio.sleep(pause)
+        else:
+            return True
+    return False
+
+
 async def run_operator(
     config: OperatorConfig,
     *,
@@ -644,9 +685,15 @@ async def run_operator(
     count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
-    on the way out. Raises NoCredentials when there is no cluster to talk to."""
+    on the way out. Raises NoCredentials when there is no cluster to talk to, ValueError
+    for a health endpoint that is not http://.
+
+    It serves pools once their API answers (see wait_for_pools_api); until then its
+    liveness endpoint answers and its readiness endpoint (/readyz) says what it waits for.
+    """
     kube = load_config(config.kubeconfig)
     api = KubeApi(kube)
+    health = Health(config.liveness_endpoint) if config.liveness_endpoint else None
     pools = PoolIndex()
     leader = Leader(api, lease_namespace(config), config.identity or replica_identity(),
                     clock=utcnow, timing=config.lease)
@@ -654,17 +701,24 @@ async def run_operator(
                                 write_budget=leader.write_budget)
     settings = kopf.OperatorSettings()
     operator_settings(settings)
-    loops = [asyncio.create_task(leader.run(), name="leader election"),
-             asyncio.create_task(controller.run(pools, leader, config.scale_interval),
-                                 name="pool sync")]
+    loops: list[asyncio.Task[None]] = []
     try:
+        if health is not None:
+            await health.start()
+        if not await wait_for_pools_api(api, config.namespaces, pause=config.lease.retry_every,
+                                        stop_flag=stop_flag, health=health):
+            return
+        loops += [asyncio.create_task(leader.run(), name="leader election"),
+                  asyncio.create_task(controller.run(pools, leader, config.scale_interval),
+                                      name="pool sync")]
+        if health is not None:
+            health.serving()
         await kopf.operator(
             registry=build_registry(pools, kube),
             settings=settings,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             standalone=True,
-            liveness_endpoint=config.liveness_endpoint,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
@@ -673,9 +727,12 @@ async def run_operator(
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await leader.release()
+        if health is not None:
+            await health.stop()
         await api.close()
         if isinstance(controller.count_jobs, LaneCounter):
             await controller.count_jobs.close()
 
 
-__all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator"]
+__all__ = ["OperatorConfig", "PoolController", "PoolIndex", "build_registry", "run_operator",
+           "wait_for_pools_api"]
