@@ -81,14 +81,16 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
     refused = [e for e in events(plane, namespace) if e.get("reason") == "FailedCreate"]
     assert refused == [], [e["message"] for e in refused]
 
-    def reconciled() -> dict[str, Any] | None:
+    def ready() -> dict[str, Any] | None:
+        # Ready follows the lane's ready pod at the next sync after it
         found_pool = pool_object(plane, namespace)
-        ok = condition(found_pool, "Reconciled").get("status") == "True"
+        ok = all(condition(found_pool, kind).get("status") == "True"
+                 for kind in ("Reconciled", "Ready"))
         return found_pool if ok and (found_pool or {}).get("status", {}).get("lanes") else None
 
-    status = eventually(reconciled, "a Reconciled status", logs=operator)["status"]
+    status = eventually(ready, "a Reconciled and Ready status", logs=operator)["status"]
     assert status["observedGeneration"] == 1
-    assert condition({"status": status}, "Ready").get("status") == "True", status
+    assert condition({"status": status}, "Degraded").get("status") != "True", status
     reasons = [e["reason"] for e in events(plane, namespace)
                if e["involvedObject"].get("kind") == "JobWorkerPool"]
     assert "Reconciled" in reasons
