@@ -6,5 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/controlplane/build.sh >/dev/null
+# libfaketime for the clock-skew tests (Debian's faketime).
+if [ ! -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends faketime >/dev/null
+fi
 export JOBPOOL_CONTROLPLANE_REQUIRED=1
 pytest tests/controlplane -m controlplane -p no:cacheprovider "$@"
