@@ -1,7 +1,7 @@
 """Two operator processes share the Lease jobpool-operator: one leads at a time. The leader
 killed: the standby takes over (failover measured, within 30 s). The leader paused (SIGSTOP)
 past its Lease: the standby takes over, and the paused one writes nothing once it resumes.
-Clocks 10 s apart (faketime) give no second leader."""
+Clocks 10 s or 30 s apart (libfaketime) give no second leader."""
 
 from __future__ import annotations
 
@@ -99,25 +99,27 @@ def test_failover_after_the_leader_is_killed_or_paused(
                 operator.stop()
 
 
-@pytest.mark.parametrize("skew", ["+10s", "-10s"])
-def test_clocks_ten_seconds_apart_give_one_leader(
+# 10 s: the most the operator promises to bear; 30 s: beyond the Lease's duration, which a
+# leader election by the standby's clock against the holder's renewTime could not bear
+@pytest.mark.parametrize("skew", ["+10s", "-10s", "+30s", "-30s"])
+def test_skewed_clocks_give_one_leader(
     release: Tools, dsn: str, tmp_path: Path, skew: str
 ) -> None:
     if not LIBFAKETIME.is_file():
         pytest.skip(f"libfaketime not installed ({LIBFAKETIME}; Debian package faketime)")
     plane = release.plane
-    # the leader runs on the true clock with "+10s" (the standby's runs ahead, so the Lease
-    # looks old to it), on a skewed one with "-10s" (it writes renewTimes in the past);
+    # the leader runs on the true clock with "+" (the standby's runs ahead, so the Lease
+    # looks old to it), on a skewed one with "-" (it writes renewTimes in the past);
     # preloaded into the operator's own process (the faketime command would be a parent
     # process), on the wall clock alone, as a host's skew is
     skewed = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": skew, "DONT_FAKE_MONOTONIC": "1"}
     leader = Operator(plane, tmp_path, "leader",
-                      extra_env=skewed if skew == "-10s" else None).start()
+                      extra_env=skewed if skew.startswith("-") else None).start()
     standby = None
     try:
         eventually(lambda: led_by(plane, leader), "the leader to lead", logs=leader)
         standby = Operator(plane, tmp_path, "standby",
-                           extra_env=skewed if skew == "+10s" else None).start()
+                           extra_env=skewed if skew.startswith("+") else None).start()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert led_by(plane, leader), f"the Lease moved to {holder(plane)}"
