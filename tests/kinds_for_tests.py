@@ -251,7 +251,9 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
         raise jobpool.PermanentError(f"inherited autocommit {tx.autocommit}, read_only "
                                      f"{tx.read_only}")
     cur = await tx.execute(
-        "SELECT array(SELECT name FROM pg_settings WHERE source = 'session') AS settings,"
+        # transaction_isolation is the job's own transaction's, set by the worker's BEGIN
+        "SELECT array(SELECT name FROM pg_settings WHERE source = 'session'"
+        " AND name <> 'transaction_isolation') AS settings,"
         " array(SELECT pg_listening_channels()) AS channels,"
         " array(SELECT name FROM pg_cursors WHERE name <> '') AS cursors")
     row = await cur.fetchone()
