@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kinds_for_tests
@@ -45,3 +48,15 @@ async def scalar(conn: psycopg.AsyncConnection[Any], query: Any, params: Any = N
     row = await cur.fetchone()
     assert row is not None
     return next(iter(row.values()))
+
+
+async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str,
+                     deadline: float) -> None:
+    """Poll `check` (sync or async) every 0.1 s until it is true; AssertionError naming `what`
+    after `deadline` seconds."""
+    for _ in range(int(deadline / 0.1)):
+        answer = check()
+        if await answer if inspect.isawaitable(answer) else answer:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {deadline:.0f}s: {what}")

@@ -4,7 +4,6 @@ answers again, so no job waits for a stale TTL because of an outage."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +13,7 @@ from private_postgres import PrivateServer
 from psycopg.rows import dict_row
 
 import jobpool
+from integration import helpers
 from integration.helpers import prepare, scalar, worker
 from jobpool.db.connect import open_pool
 from jobpool.db.store import QueueStore
@@ -58,12 +58,7 @@ async def retry_soon(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
-    for _ in range(int(DEADLINE / 0.1)):
-        answer = check()
-        if await answer if inspect.isawaitable(answer) else answer:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {DEADLINE:.0f}s: {what}")
+    await helpers.wait_until(check, what, DEADLINE)
 
 
 async def statuses(conn: Conn) -> dict[str, int]:

@@ -5,7 +5,6 @@ limit below what the worker would open (README "Production databases")."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 import jobpool
+from integration import helpers
 from integration.helpers import prepare, scalar, worker
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
@@ -60,12 +60,7 @@ async def _ran_before(tx: psycopg.AsyncConnection[Any], job_id: int) -> bool:
 
 
 async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
-    for _ in range(int(DEADLINE / 0.1)):
-        answer = check()
-        if await answer if inspect.isawaitable(answer) else answer:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {DEADLINE:.0f}s: {what}")
+    await helpers.wait_until(check, what, DEADLINE)
 
 
 async def connect(dsn: str) -> Conn:
