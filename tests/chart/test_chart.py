@@ -16,6 +16,7 @@ from helm_binary import render_chart
 
 from jobpool.core.poolspec import load_pool_file
 from jobpool.k8s.manifests import build_pod_template
+from jobpool.k8s.probes import READINESS_PATH, Health
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "jobpool"
@@ -134,6 +135,19 @@ def test_default_render(helm: str) -> None:
     for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
                 "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
         assert key in labels
+
+
+def test_probes_ask_the_paths_the_operator_serves(helm: str) -> None:
+    container = operator_deployment(template(helm))["spec"]["template"]["spec"]["containers"][0]
+    (liveness,) = [arg.split("=", 1)[1] for arg in container["args"]
+                   if arg.startswith("--liveness=")]
+    health = Health(liveness)
+    for probe in ("livenessProbe", "readinessProbe"):
+        path = container[probe]["httpGet"]["path"]
+        assert container[probe]["httpGet"]["port"] == "health"
+        assert health.answer("GET", path)[0] in (200, 503), (probe, path)
+    assert container["readinessProbe"]["httpGet"]["path"] == READINESS_PATH
+    assert container["livenessProbe"]["httpGet"]["path"] == health.path
 
 
 def test_replicas_value_runs_a_standby_and_rolls_without_a_gap(helm: str) -> None:
