@@ -78,7 +78,8 @@ class PrivateServer:
     `TEST_SETTINGS`; without them the cluster runs with PostgreSQL's defaults.
     """
 
-    def __init__(self, bin_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(self, bin_dir: Path, settings: Mapping[str, str] | None = None, *,
+                 primary: PrivateServer | None = None) -> None:
         self.settings = dict(settings or {})
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pg-"))
         self.data = self.folder / "data"
@@ -86,12 +87,12 @@ class PrivateServer:
         self.user: str | None = None
         self.bin_dir = bin_dir
         try:
-            self._init()
+            self._init(primary)
         except BaseException:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
 
-    def _init(self) -> None:
+    def _init(self, primary: PrivateServer | None) -> None:
         if os.geteuid() == 0:
             self.user = "postgres" if _user_exists("postgres") else "nobody"
             entry = pwd.getpwnam(self.user)
@@ -99,8 +100,17 @@ class PrivateServer:
             if not _others_can_reach(self.bin_dir):
                 self.bin_dir = self._copy_install(self.bin_dir)
         self.folder.chmod(0o755)
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                  "--no-sync", "-E", "UTF8")
+        if primary is None:
+            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                      "--no-sync", "-E", "UTF8")
+        else:  # a copy of the running primary that streams its WAL (standby.signal, -R)
+            self._run("pg_basebackup", "-D", str(self.data), "-h", "127.0.0.1", "-p",
+                      str(primary.port), "-U", "postgres", "-R", "-X", "stream", "--no-sync")
+
+    def standby(self) -> PrivateServer:
+        """A streaming standby of this running cluster, with its settings, not yet started:
+        `start()` it, `promote()` it to take over."""
+        return PrivateServer(self.bin_dir, self.settings, primary=self)
 
     def _copy_install(self, bin_dir: Path) -> Path:
         """A copy, inside the folder, of the installation holding `bin_dir` (bin, lib, share)
@@ -132,6 +142,10 @@ class PrivateServer:
     def restart(self) -> None:
         """Stop (ending every session, as a real restart does) and start again."""
         self._pg_ctl("restart", "-m", "fast")
+
+    def promote(self) -> None:
+        """End recovery: this standby becomes a primary and takes writes (waits for it)."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "promote")
 
     def remove(self) -> None:
         subprocess.run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "stop", "-m",

@@ -56,12 +56,15 @@ class UnknownKindError(JobpoolError, LookupError):
     """A job kind that no worker has registered."""
 
     def __init__(self, kind: str, known: Iterable[str] = ()) -> None:
-        """known: the kinds that are registered, for a "did you mean" among them."""
+        """known: the kinds registered in this process, for a "did you mean" among them (a
+        kind of this process that the database lacks is said to be so)."""
+        known = tuple(known)
+        where = (" is registered in this process but not in the database" if kind in known
+                 else f"{did_you_mean(kind, known)}: no worker has registered it")
         super().__init__(
-            f"unknown job kind {kind!r}{did_you_mean(kind, known)}: no worker has registered it "
-            "(start a worker that serves it, run `jobpool migrate` where the worker extra is "
-            "installed for the built-in kinds, or register yours with `jobpool kinds list "
-            "--import MODULE`)"
+            f"unknown job kind {kind!r}{where} (start a worker that "
+            "serves it, run `jobpool migrate` where the worker extra is installed for the "
+            "built-in kinds, or register yours with `jobpool kinds list --import MODULE`)"
         )
         self.kind = kind
 

@@ -186,3 +186,58 @@ async def test_two_restarts_during_a_drain_lose_and_strand_nothing(
     async with await connect() as conn:
         assert await scalar(conn, "SELECT count(*) FROM test_runs") == total
         assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total
+
+
+async def test_a_primary_switchover_during_a_drain_loses_duplicates_and_burns_nothing(
+    private_server: PrivateServer,
+) -> None:
+    """A planned switchover: the primary stops (its last WAL reaches the standby first), the
+    standby is promoted, and the worker, whose DSN names both hosts with
+    target_session_attrs=read-write, carries on against the new primary. The jobs whose
+    connection died mid-run are handed back: none uses an attempt for it."""
+    total = 400
+    async with await psycopg.AsyncConnection.connect(
+        private_server.dsn(), autocommit=True, row_factory=dict_row
+    ) as setup:
+        await prepare(setup)
+        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
+                              " RETURNING id")
+        await jobpool.enqueue_many(setup, [jobpool.NewJob(tenant, "test_outage_step")] * total)
+    standby = private_server.standby()
+    try:
+        standby.start()
+        both = (f"host=127.0.0.1,127.0.0.1 port={private_server.port},{standby.port}"
+                " user=postgres dbname=postgres target_session_attrs=read-write")
+
+        async def connect() -> Conn:
+            return await psycopg.AsyncConnection.connect(both, autocommit=True,
+                                                         row_factory=dict_row)
+
+        async def done_at_least(n: int) -> bool:
+            async with await connect() as conn:
+                return int(await scalar(conn, "SELECT count(*) FROM test_runs")) >= n
+
+        async def all_finished() -> bool:
+            async with await connect() as conn:
+                return await all_done(conn, total)
+
+        w = worker(both, ("test_outage_step",), until_empty=False, slots=8, poll_interval=0.5)
+        task = await started(w)
+        try:
+            await wait_until(lambda: done_at_least(total // 4), "progress")
+            await asyncio.to_thread(private_server.stop)
+            await asyncio.to_thread(standby.promote)
+            async with await connect() as conn:  # the drain goes on on the new primary
+                assert await scalar(conn, "SELECT count(*) FROM test_runs") < total
+            await wait_until(all_finished, "every job done on the promoted standby")
+            await wait_until(lambda: w.not_ready() == [], "the worker ready again")
+        finally:
+            await stopped(w, task)
+        async with await connect() as conn:
+            assert await scalar(conn, "SELECT pg_is_in_recovery()") is False
+            assert await scalar(conn, "SELECT count(*) FROM test_runs") == total
+            assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total
+            assert await scalar(conn, "SELECT max(attempts) FROM mdm.aa_job"
+                                      " WHERE job_kind = 'test_outage_step'") == 1
+    finally:
+        standby.remove()

@@ -110,6 +110,9 @@ def test_an_unknown_kind_suggests_the_registered_one_it_looks_like() -> None:
     message = str(UnknownKindError("emial_send", ["email_send", "virus_scan"]))
     assert message.startswith("unknown job kind 'emial_send' (did you mean 'email_send'?):")
     assert "did you mean" not in str(UnknownKindError("zzz", ["email_send"]))
+    local = str(UnknownKindError("email_send", ["email_send"]))
+    assert "did you mean" not in local
+    assert "'email_send' is registered in this process but not in the database" in local
     assert did_you_mean("stauts", ["status", "migrate"]) == " (did you mean 'status'?)"
 
 
