@@ -1,5 +1,5 @@
-"""The one settings object: every `JOBPOOL_*` variable, its parsing, its flag, its README row,
-and the environment child processes get from it."""
+"""The one settings object: every `JOBPOOL_*` variable, its parsing, its flag, its pool file
+fields, its row in the configuration reference, and the environment child processes get."""
 
 from __future__ import annotations
 
@@ -13,41 +13,23 @@ from typing import Any
 import pytest
 
 from jobpool.cli import build_parser, main
-from jobpool.cli_arguments import actor_of, settings_with_flags
+from jobpool.cli_arguments import actor_of, settings_with_flags, worker_command
 from jobpool.core.poolspec import load_pool_file
-from jobpool.settings import Settings, setting_of, variable
+from jobpool.settings import Settings, reference_table, setting_of, variable
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.supervisor import lane_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "jobpool"
 EXAMPLE = REPO / "examples" / "pool.yaml"
+CONFIGURATION_REFERENCE = REPO / "docs" / "configuration.md"
+"""The page whose table is `reference_table()`."""
 
 
-def _default_text(value: Any) -> str:
-    if value in (None, ()):
-        return "unset"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value) if isinstance(value, int) else f"`{value}`"
-
-
-def configuration_table() -> str:
-    """The README's "Configuration" table, one row per field of `Settings`."""
-    rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
-    for item in fields(Settings):
-        declared = setting_of(item)
-        flag = f"`{declared.flag}`" if declared.flag else ""
-        rows.append(f"| `{variable(item.name)}` | {flag} | {_default_text(item.default)} | "
-                    f"{declared.doc} |")
-    return "\n".join(rows) + "\n"
-
-
-def test_the_readme_table_is_every_setting() -> None:
-    """Paste the expected table (printed on failure) into README.md "Configuration"."""
-    readme = (REPO / "README.md").read_text("utf-8")
-    section = readme.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    assert configuration_table() in section, "\n" + configuration_table()
+def test_the_configuration_reference_is_every_setting() -> None:
+    """Paste the expected table (printed on failure) into the configuration reference."""
+    documented = CONFIGURATION_REFERENCE.read_text("utf-8")
+    assert reference_table() in documented, "\n" + reference_table()
 
 
 def test_every_jobpool_variable_the_package_names_is_a_setting() -> None:
@@ -200,8 +182,8 @@ def test_lane_processes_get_the_settings_not_the_parents_jobpool_variables() -> 
         assert proc.env["PATH"] == "/usr/bin"
         assert "JOBPOOL_SLOT" not in proc.env
         assert proc.env["JOBPOOL_LANE"] == proc.lane
-        assert proc.env.get("JOBPOOL_RATE_LIMITS") == pool.lane_env(
-            pool.lane(proc.lane)).get("JOBPOOL_RATE_LIMITS")
+        pods = worker_command(pool.worker_run(pool.lane(proc.lane)))[1]
+        assert proc.env.get("JOBPOOL_RATE_LIMITS") == pods.get("JOBPOOL_RATE_LIMITS")
 
 
 # -- the command line -----------------------------------------------------------------------
