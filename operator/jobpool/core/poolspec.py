@@ -239,9 +239,10 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     metadata = document.get("metadata") or {}
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
-        raise PoolSpecError("metadata.name: a pool needs a name")
+        raise PoolSpecError(f"metadata.name: a pool needs a name{_setting_named('metadata.name')}")
     if len(name) > MAX_POOL_NAME:
-        raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got {len(name)}")
+        raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
+                            f"{len(name)}{_setting_named('metadata.name')}")
     spec = document["spec"]
     worker = spec.get("worker") or {}
     env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
