@@ -27,6 +27,7 @@ import psycopg
 from jobpool import admin
 from jobpool.api.api_command import add_api_command
 from jobpool.cli_arguments import (
+    IMPORT,
     CommandParser,
     actor_of,
     add_actor,
@@ -195,7 +196,8 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     pool = load_pool_file(args.pool)
     local_process_count(pool, cpu_count())
     # every lane's kinds, before any lane starts (the lanes import the same modules)
-    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names())
+    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names(),
+                     loaded_by=("spec.worker.imports", f"{IMPORT} MODULE"))
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())

@@ -4,6 +4,7 @@ fields, its row in the configuration reference, and the environment child proces
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import socket
 from collections.abc import Iterator
@@ -352,3 +353,27 @@ def test_a_worker_config_is_its_settings() -> None:
                if hasattr(defaults, item.name))
     with pytest.raises(TypeError, match="slots come from the settings"):
         WorkerConfig.from_settings(settings, slots=2)
+
+
+def _code_strings(path: Path) -> Iterator[str]:
+    """The string constants of a module's code, its docstrings left out."""
+    tree = ast.parse(path.read_text("utf-8"))
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings:
+            yield node.value
+
+
+def test_the_pure_decisions_know_no_flag_of_the_command() -> None:
+    """A pool plan yields typed values; the command line that carries them is made at the
+    edge (`worker_command`), so a renamed flag is changed in one place."""
+    flags = {flag for _, sub in _subparsers(build_parser(Settings()))
+             for flag in sub._option_string_actions if flag.startswith("--") and flag != "--help"}
+    pure = [*(PACKAGE / "core").rglob("*.py"), PACKAGE / "k8s" / "manifests.py"]
+    spoken = {
+        f"{path.relative_to(PACKAGE)}: {flag}" for path in pure for text in _code_strings(path)
+        for flag in flags if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)
+    }
+    assert spoken == set()

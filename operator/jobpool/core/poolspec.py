@@ -315,12 +315,14 @@ def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
     return tuple(_with_exclusions(lane, lanes) for lane in lanes)
 
 
-def check_lane_kinds(pool: PoolSpec, registered: Iterable[str]) -> None:
+def check_lane_kinds(pool: PoolSpec, registered: Iterable[str], *,
+                     loaded_by: Sequence[str] = ("spec.worker.imports",)) -> None:
     """Refuse a pool whose lanes name a kind that is not registered, before any lane starts.
 
     A misspelt kind would not only fail its own lane: the catch-all lane excludes the kinds
     other lanes list, so it would exclude the misspelt name and serve the real kind itself.
-    Raises PoolSpecError naming every lane, unknown kind and its nearest registered name.
+    Raises PoolSpecError naming every lane, unknown kind and its nearest registered name,
+    and what loads more kinds (`loaded_by`: the pool's field, and the runner's own ways).
     """
     known = sorted(set(registered))
     problems = []
@@ -333,7 +335,7 @@ def check_lane_kinds(pool: PoolSpec, registered: Iterable[str]) -> None:
     if problems:
         raise PoolSpecError(
             f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "
-            "spec.worker.imports or --import MODULE)")
+            f"{' or '.join(loaded_by)})")
 
 
 def _with_nearest(kind: str, known: Sequence[str]) -> str:
