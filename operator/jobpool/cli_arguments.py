@@ -12,7 +12,7 @@ import argparse
 import getpass
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from jobpool.core.worker_run import WorkerRun
 from jobpool.settings import (
     LOG_LEVELS,
     Names,
+    Scope,
     Seconds,
     Settings,
     Whole,
@@ -180,9 +181,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser, settings: Settings) ->
                         help="import MODULE to register more kinds (repeatable)")
     parser.add_argument(UNTIL_EMPTY, action="store_true",
                         help="exit once nothing runnable is left")
-    for name in names_of("worker"):
+    add_settings(parser, settings, "worker")
+
+
+def add_settings(parser: argparse.ArgumentParser, settings: Settings, scope: Scope,
+                 **options: Mapping[str, Any]) -> None:
+    """Add the flag of every setting that applies to `scope` and has one, in the declared
+    order; `options` gives one's more `add_setting` arguments by its name (metavar, action)."""
+    for name in names_of(scope):
         if declaration(name).flag is not None:
-            add_setting(parser, settings, name)
+            add_setting(parser, settings, name, **options.get(name, {}))
 
 
 def worker_command(run: WorkerRun, *, until_empty: bool = False,
