@@ -269,8 +269,8 @@ class Settings:
                                        "spec.heavyLane.workersPerPod"))
     grace: float = _setting(
         30.0, Seconds(MIN_GRACE, MAX_GRACE),
-        "seconds running jobs get after SIGTERM before they are handed back (a pool file's "
-        "lanes get its spec.worker.graceSeconds)", "--grace", applies=("worker",),
+        "seconds running jobs get after SIGTERM before they are handed back", "--grace",
+        applies=("worker",),
         pool_fields=("spec.worker.graceSeconds",))
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
