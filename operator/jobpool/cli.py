@@ -27,17 +27,20 @@ import psycopg
 from jobpool import admin
 from jobpool.api.api_command import add_api_command
 from jobpool.cli_arguments import (
+    IMPORT,
     CommandParser,
     actor_of,
     add_actor,
     add_common_arguments,
-    add_setting,
+    add_worker_arguments,
     seconds,
     settings_with_flags,
     whole_number,
+    worker_command,
 )
 from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
 from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
+from jobpool.core.worker_run import WorkerRun
 from jobpool.db.connect import connect, open_database, resolve_dsn
 from jobpool.db.migrate import migrate, migration_script
 from jobpool.enqueue import NewJob, enqueue_many
@@ -45,31 +48,10 @@ from jobpool.errors import JobpoolError, UnknownKindError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
-from jobpool.settings import (
-    PREFIX,
-    Names,
-    Settings,
-    configure,
-)
+from jobpool.settings import PREFIX, Settings, configure
 from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool")
-
-_names = Names().parse
-
-
-def _tenant_refs(text: str) -> tuple[str, ...]:
-    """--tenants: at least one tenant key or id, each checked (an invalid one names no
-    tenant, so a worker waiting for it would never start)."""
-    from jobpool.core.tenants import tenant_ref
-
-    refs = _names(text)
-    if not refs:
-        raise argparse.ArgumentTypeError(f"give at least one tenant key or id, got {text!r}")
-    try:
-        return tuple(tenant_ref(ref) for ref in refs)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
@@ -158,12 +140,9 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     processes = process_count(settings.processes, cpu_count())
     if processes > 1:
         return await _run_processes(args, settings, processes)
-    config = WorkerConfig(
-        kinds=args.kinds, exclude_kinds=args.exclude_kinds or (), tenants=args.tenants or (),
-        slots=args.slots, grace=args.grace, poll_interval=args.poll_interval,
-        lease_ttl=args.lease_ttl, until_empty=args.until_empty, pooler=settings.pooler,
-        listen_dsn=settings.listen_dsn,
-    )
+    config = WorkerConfig.from_settings(
+        settings, kinds=args.kinds, exclude_kinds=args.exclude_kinds or (),
+        tenants=args.tenants or (), until_empty=args.until_empty)
     # a server of your own may be down or not migrated yet: the worker waits for it, serving
     # its probes; the embedded one is started (and migrated) here
     dsn = settings.dsn or await prepare_database(settings)
@@ -186,15 +165,10 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
     from jobpool.worker.processes import ProcessGroup
 
     dsn = settings.dsn or await prepare_database(settings)
-    run_args = ["run", "--processes", "1", "--metrics-port", "0"]
-    for flag, names in (("--kinds", args.kinds), ("--exclude-kinds", args.exclude_kinds),
-                        ("--tenants", args.tenants)):
-        if names:
-            run_args += [flag, ",".join(names)]
-    for module in args.imports:
-        run_args += ["--import", module]
-    if args.until_empty:
-        run_args.append("--until-empty")
+    serves = WorkerRun(kinds=args.kinds, exclude_kinds=args.exclude_kinds or (),
+                       tenants=args.tenants or (), imports=tuple(args.imports))
+    run_args, _ = worker_command(serves, until_empty=args.until_empty, processes=1,
+                                 metrics_port=0)
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
     group = ProcessGroup(run_args, count, inherited | replace(settings, dsn=dsn).to_env())
     loop = asyncio.get_running_loop()
@@ -222,7 +196,8 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     pool = load_pool_file(args.pool)
     local_process_count(pool, cpu_count())
     # every lane's kinds, before any lane starts (the lanes import the same modules)
-    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names())
+    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names(),
+                     loaded_by=("spec.worker.imports", f"{IMPORT} MODULE"))
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())
@@ -447,20 +422,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")
     add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
-    p.add_argument("--kinds", type=_names, help="comma-separated kinds to serve (default: all)")
-    p.add_argument("--exclude-kinds", type=_names, help="comma-separated kinds not to serve")
-    p.add_argument("--tenants", type=_tenant_refs,
-                   help="comma-separated tenant keys or ids (default: all)")
-    add_setting(p, settings, "slots")
-    add_setting(p, settings, "grace")
-    add_setting(p, settings, "poll_interval")
-    add_setting(p, settings, "lease_ttl")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import MODULE to register more kinds (repeatable)")
-    p.add_argument("--until-empty", action="store_true",
-                   help="exit once nothing runnable is left")
-    add_setting(p, settings, "processes")
-    add_setting(p, settings, "metrics_port")
+    add_worker_arguments(p, settings)
     # written by a child of --processes N, and by a lane process of a pool file
     p.add_argument("--status-file", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run, extra="worker")

@@ -12,13 +12,28 @@ import argparse
 import getpass
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
 from jobpool.core.actors import cli_actor
 from jobpool.core.suggestions import did_you_mean
-from jobpool.settings import LOG_LEVELS, Seconds, Settings, Whole, parser_of, setting_of, variable
+from jobpool.core.tenants import tenant_ref
+from jobpool.core.worker_run import WorkerRun
+from jobpool.settings import (
+    LOG_LEVELS,
+    Names,
+    Scope,
+    Seconds,
+    Settings,
+    Whole,
+    command_line,
+    declaration,
+    names_of,
+    parser_of,
+    setting_of,
+    variable,
+)
 
 
 def _worth_showing(default: Any) -> bool:
@@ -133,6 +148,75 @@ def settings_with_flags(settings: Settings, args: argparse.Namespace) -> Setting
         item.name: given[item.name] for item in fields(Settings)
         if setting_of(item).flag and item.name in given
     })
+
+
+_names = Names().parse
+
+
+def _tenant_refs(text: str) -> tuple[str, ...]:
+    """--tenants: at least one tenant key or id, each checked (an invalid one names no
+    tenant, so a worker waiting for it would never start)."""
+    refs = _names(text)
+    if not refs:
+        raise argparse.ArgumentTypeError(f"give at least one tenant key or id, got {text!r}")
+    try:
+        return tuple(tenant_ref(ref) for ref in refs)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+KINDS, EXCLUDE_KINDS, TENANTS, IMPORT, UNTIL_EMPTY = (
+    "--kinds", "--exclude-kinds", "--tenants", "--import", "--until-empty")
+"""The flags of `jobpool run` that are no setting (what a worker serves), here once for its
+parser and for the command lines that start workers (`worker_command`)."""
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    """The flags of `jobpool run`: what it serves, and every worker setting that has a flag."""
+    parser.add_argument(KINDS, type=_names, help="comma-separated kinds to serve (default: all)")
+    parser.add_argument(EXCLUDE_KINDS, type=_names, help="comma-separated kinds not to serve")
+    parser.add_argument(TENANTS, type=_tenant_refs,
+                        help="comma-separated tenant keys or ids (default: all)")
+    parser.add_argument(IMPORT, dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE to register more kinds (repeatable)")
+    parser.add_argument(UNTIL_EMPTY, action="store_true",
+                        help="exit once nothing runnable is left")
+    add_settings(parser, settings, "worker")
+
+
+def add_settings(parser: argparse.ArgumentParser, settings: Settings, scope: Scope,
+                 **options: Mapping[str, Any]) -> None:
+    """Add the flag of every setting that applies to `scope` and has one, in the declared
+    order; `options` gives one's more `add_setting` arguments by its name (metavar, action)."""
+    for name in names_of(scope):
+        if declaration(name).flag is not None:
+            add_setting(parser, settings, name, **options.get(name, {}))
+
+
+def worker_command(run: WorkerRun, *, until_empty: bool = False,
+                   **settings: Any) -> tuple[list[str], dict[str, str]]:
+    """The `jobpool` arguments and the environment variables that start a worker as `run`
+    says: the run's settings, what it serves, then `settings` (setting name -> value, what
+    the starting process adds), a setting as its flag if it has one, else as its variable;
+    then `run.env`. The arguments of a run begin with those of the same run without
+    `settings`, so a local lane's command line reads as its pods' does.
+
+    Raises ValueError naming a setting whose value it refuses (`slots must be ...`).
+    """
+    flags, env = command_line(run.settings)
+    args = ["run", *flags]
+    if run.kinds is not None:
+        args += [KINDS, ",".join(run.kinds)]
+    for flag, names in ((EXCLUDE_KINDS, run.exclude_kinds), (TENANTS, run.tenants)):
+        if names:
+            args += [flag, ",".join(names)]
+    for module in run.imports:
+        args += [IMPORT, module]
+    more_flags, more_env = command_line(settings)
+    args += more_flags
+    if until_empty:
+        args.append(UNTIL_EMPTY)
+    return args, env | more_env | dict(run.env)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, settings: Settings) -> None:

@@ -3,8 +3,10 @@
 Each field is one variable, `JOBPOOL_<FIELD>`, declared once with its type, default, allowed
 values and a one-line meaning (`Setting`). `Settings.from_env` reads them from a mapping and
 refuses a bad value naming the variable; the CLI's flags take their defaults from the same
-object and are checked by the same parsers; child processes get `Settings.to_env()`. The
-README's "Configuration" table is this module's fields, row for row (a unit test keeps it so).
+object and are checked by the same parsers; child processes get `Settings.to_env()`; a
+pool file's fields that set one are declared with it, and the command lines and environments
+that start workers are made from the declarations (`command_line`). The configuration
+reference (docs/configuration.md) is `reference_table()` (a unit test keeps it so).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 PREFIX = "JOBPOOL_"
@@ -107,7 +109,8 @@ class Seconds(Text):
             raise ValueError(self._refusal(repr(value)))
 
     def format(self, value: Any) -> str:
-        return repr(float(value))
+        text = repr(float(value))  # exact; a whole number without its ".0" (30, not 30.0)
+        return text.removesuffix(".0")
 
     def _refusal(self, shown: str) -> str:
         return f"must be from {self.low:.10g} to {self.high:.10g} seconds, got {shown}"
@@ -193,20 +196,42 @@ class Names(Text):
         return ",".join(value)
 
 
+Scope = Literal["commands", "worker", "api", "operator"]
+"""Where a setting applies: every command that opens the database, a worker (`jobpool run`,
+and the kinds' handlers it runs), the admin API (`jobpool api`), the operator."""
+SCOPE_NAMES: Mapping[Scope, str] = {
+    "commands": "every command", "worker": "worker", "api": "api", "operator": "operator"}
+
+
 @dataclass(frozen=True)
 class Setting:
-    """What the README and --help say of one field: its meaning, and its CLI flag if any."""
+    """The declaration of one field of `Settings`, from which its variable, flag, pool file
+    field, --help line and configuration reference row are derived.
+
+    kind: how its text is parsed and a value checked. doc: its meaning, one line.
+    flag: its command-line flag, if any. unit: what its number counts (seconds, bytes), if
+    it is one. applies: where it takes effect. pool_fields: the JobWorkerPool fields that
+    set it for a pool's workers (`[]` for any list index), if any; the CRD allows no value
+    the setting refuses (a unit test keeps it so).
+    """
 
     kind: Text
     doc: str
     flag: str | None = None
     secret: bool = False
     """--help leaves its value out (a password, a key)."""
+    unit: str | None = None
+    applies: tuple[Scope, ...] = ("commands",)
+    pool_fields: tuple[str, ...] = ()
 
 
 def _setting(default: Any, kind: Text, doc: str, flag: str | None = None, *,
-             secret: bool = False) -> Any:
-    return field(default=default, metadata={"setting": Setting(kind, doc, flag, secret)})
+             secret: bool = False, unit: str | None = None,
+             applies: tuple[Scope, ...] = ("commands",), pool_fields: tuple[str, ...] = ()) -> Any:
+    if unit is None and isinstance(kind, Seconds):
+        unit = "seconds"
+    declared = Setting(kind, doc, flag, secret, unit, applies, pool_fields)
+    return field(default=default, metadata={"setting": declared})
 
 
 @dataclass(frozen=True)
@@ -224,102 +249,119 @@ class Settings:
         "none", Choice(POOLERS), "`transaction`: the DSN goes through a transaction-pooling "
         "PgBouncer (no server-side prepared statements or session settings, LISTEN only on "
         "JOBPOOL_LISTEN_DSN, else poll-only); `none`: a direct connection or session pooling, see "
-        "[Production databases](#production-databases)")
+        "[Production databases](../README.md#production-databases)")
     listen_dsn: str | None = _setting(
         None, Dsn(), "libpq connection string of the worker's LISTEN connection, straight to "
         "PostgreSQL past a transaction pooler; unset: the DSN (poll-only with "
-        "JOBPOOL_POOLER=transaction)", secret=True)
+        "JOBPOOL_POOLER=transaction)", secret=True, applies=("worker",))
     data_dir: str = _setting(".jobpool", Text(), "folder of the embedded PostgreSQL", "--data-dir")
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")
     service_account: str = _setting(
         "jobpool-worker", Text(),
         "the workers' service account, the audit log's principal of what they do (a CLI "
-        "command names the person running it, see [Audit actors](#audit-actors))")
+        "command names the person running it, see [Audit actors](../README.md#audit-actors))",
+        applies=("worker",))
     # a worker
-    slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots")
+    slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots",
+                          unit="jobs", applies=("worker",),
+                          pool_fields=("spec.lanes[].workersPerPod",
+                                       "spec.heavyLane.workersPerPod"))
     grace: float = _setting(
         30.0, Seconds(MIN_GRACE, MAX_GRACE),
-        "seconds running jobs get after SIGTERM before they are handed back (a pool file's "
-        "lanes get its spec.worker.graceSeconds)", "--grace")
+        "seconds running jobs get after SIGTERM before they are handed back", "--grace",
+        applies=("worker",),
+        pool_fields=("spec.worker.graceSeconds",))
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
-        "seconds between claims when no notification arrives", "--poll-interval")
+        "seconds between claims when no notification arrives", "--poll-interval",
+        applies=("worker",))
     lease_ttl: float = _setting(
         30.0, Seconds(MIN_LEASE_TTL, MAX_LEASE_TTL),
         "seconds a running job's claim holds without renewal (renewed every third of that, "
         "from a thread of the worker's own): a dead worker's jobs run again about this long "
-        "after it died; capped at the kinds' stale TTLs", "--lease-ttl")
+        "after it died; capped at the kinds' stale TTLs", "--lease-ttl", applies=("worker",))
     processes: int = _setting(
         1, Whole(0, MAX_PROCESSES),
         "worker processes of one `jobpool run` (and of each lane process of a pool file), each "
         "with its own slots, behind one /metrics, /healthz, /readyz; 0: one per CPU the "
-        "process may use (affinity and cgroup quota)", "--processes")
+        "process may use (affinity and cgroup quota)", "--processes", unit="processes",
+        applies=("worker",))
     metrics_port: int = _setting(
         DEFAULT_METRICS_PORT, Whole(0, 65535),
         "port of a worker's /metrics, /healthz, /readyz (0: off; with a pool file, worker i of "
-        "the pool gets port + i)", "--metrics-port")
+        "the pool gets port + i)", "--metrics-port", applies=("worker",),
+        pool_fields=("spec.worker.metricsPort",))
     rate_limits: str | None = _setting(
         None, Text(), "provider caps as JSON or `@/path/file.yaml`, see "
-        "[Rate limits](#rate-limits); on Kubernetes and in a local run of a pool file, from "
-        "the lane's rateLimits")
+        "[Rate limits](../README.md#rate-limits); on Kubernetes and in a local run of a pool "
+        "file, from the lane's rateLimits", applies=("worker",),
+        pool_fields=("spec.lanes[].rateLimits",))
     pool: str | None = _setting(
         None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line and "
-        "its row among the live workers; set by the operator and by `jobpool run pool.yaml`")
+        "its row among the live workers; set by the operator and by `jobpool run pool.yaml`",
+        applies=("worker",), pool_fields=("metadata.name",))
     lane: str | None = _setting(
         None, Text(), "the lane a worker belongs to, named in its start log line and its row "
         "among the live workers (the console groups workers by it); set by the operator and by "
-        "`jobpool run pool.yaml`")
+        "`jobpool run pool.yaml`", applies=("worker",), pool_fields=("spec.lanes[].name",))
     # the kinds
     smtp_url: str | None = _setting(
         None, Url(("smtp", "smtps")),
-        "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for email_send")
+        "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for email_send",
+        applies=("worker",))
     smtp_from: str = _setting(
         "jobpool@localhost.localdomain", Text(),
-        "sender of email_send when the payload has no `from` (a bare address)")
+        "sender of email_send when the payload has no `from` (a bare address)", applies=("worker",))
     clamd_url: str | None = _setting(
         None, Url(("tcp", "unix")),
-        "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses")
+        "`tcp://host:port` or `unix:///path` of the clamd virus_scan uses", applies=("worker",))
     clamd_stream_max_length: int = _setting(
         26_214_400, Whole(1, MAX_CLAMD_STREAM),
-        "bytes; set it to clamd's StreamMaxLength (used to judge a stream clamd cut off)")
+        "set it to clamd's StreamMaxLength (used to judge a stream clamd cut off)", unit="bytes",
+        applies=("worker",))
     attachment_file_root: str | None = _setting(
         None, Text(), "folder that `file://` attachment URIs must lie under (unset: `file://` "
-        "refused)")
+        "refused)", applies=("worker",))
     webhook_allow_networks: str | None = _setting(
         None, Networks(), "comma-separated CIDRs that webhook targets may resolve to even when "
-        "loopback, private, link-local or metadata addresses")
+        "loopback, private, link-local or metadata addresses", applies=("worker",))
     # `jobpool api`
-    api_host: str = _setting("0.0.0.0", Text(), "address the admin API listens on", "--host")
-    api_port: int = _setting(8080, Whole(0, 65535), "port the admin API listens on", "--port")
+    api_host: str = _setting("0.0.0.0", Text(), "address the admin API listens on", "--host",
+                             applies=("api",))
+    api_port: int = _setting(8080, Whole(0, 65535), "port the admin API listens on", "--port",
+                            applies=("api",))
     api_jwt_secret: str | None = _setting(
         None, Text(), "HS256 secret of the admin API's tokens, >= 32 bytes (prefer the "
-        "variable: flags show in ps)", "--jwt-secret", secret=True)
+        "variable: flags show in ps)", "--jwt-secret", secret=True, applies=("api",))
     api_jwt_public_key: str | None = _setting(
         None, Text(), "RS256/ES256 key of the admin API's tokens: a PEM public key file, a "
-        "JWKS file, or inline PEM", "--jwt-public-key")
+        "JWKS file, or inline PEM", "--jwt-public-key", applies=("api",))
     api_jwt_audience: str | None = _setting(
-        None, Text(), "the aud every admin API token must carry (required)", "--jwt-audience")
+        None, Text(), "the aud every admin API token must carry (required)", "--jwt-audience",
+        applies=("api",))
     api_pool: str | None = _setting(
         None, Text(), "a JobWorkerPool file whose lanes the console's overview shows (unset: "
-        "no lanes shown)", "--pool")
+        "no lanes shown)", "--pool", applies=("api",))
     # `jobpool operator`
     operator_namespaces: tuple[str, ...] = _setting(
         (), Names(), "namespaces the operator watches, comma-separated (the flag is "
-        "repeatable); unset: every namespace", "--namespace")
+        "repeatable); unset: every namespace", "--namespace", applies=("operator",))
     scale_interval: float = _setting(
         15.0, Seconds(MIN_SCALE_INTERVAL, MAX_SCALE_INTERVAL),
-        "seconds between the operator's job counts per pool", "--scale-interval")
+        "seconds between the operator's job counts per pool", "--scale-interval",
+        applies=("operator",))
     kubeconfig: str | None = _setting(
         None, Text(), "the operator's kubeconfig file; unset: in-cluster, then KUBECONFIG or "
-        "~/.kube/config", "--kubeconfig")
+        "~/.kube/config", "--kubeconfig", applies=("operator",))
     lease_namespace: str | None = _setting(
         None, Text(), "namespace of the Lease 'jobpool-operator' that elects the one active "
         "operator replica; unset: the operator's own (its ServiceAccount's) namespace",
-        "--lease-namespace")
+        "--lease-namespace", applies=("operator",))
     operator_liveness: str = _setting(
         DEFAULT_LIVENESS, Text(), "where the operator serves its liveness check, with "
-        "/readyz on the same port (the flag takes '' for nowhere)", "--liveness")
+        "/readyz on the same port (the flag takes '' for nowhere)", "--liveness",
+        applies=("operator",))
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -372,6 +414,87 @@ def setting_of(item: Field[Any]) -> Setting:
     return declared
 
 
+def declaration(name: str) -> Setting:
+    """The `Setting` declared for the field `name`; KeyError if no field has that name."""
+    for item in fields(Settings):
+        if item.name == name:
+            return setting_of(item)
+    raise KeyError(f"no setting {name!r}")
+
+
+def default_of(name: str) -> Any:
+    """The default value of the setting `name` (as `Settings()` holds it)."""
+    return getattr(_DEFAULTS, name)
+
+
+def names_of(scope: Scope) -> tuple[str, ...]:
+    """The settings that apply to `scope`, in their declared order."""
+    return tuple(item.name for item in fields(Settings) if scope in setting_of(item).applies)
+
+
+def setting_of_pool_field(path: str) -> str | None:
+    """The setting a JobWorkerPool field sets (`spec.lanes[2].workersPerPod` -> `slots`), or
+    that a field lies within (`spec.lanes[0].rateLimits.providers` -> `rate_limits`)."""
+    general = re.sub(r"\[[0-9]+\]", "[]", path)
+    for item in fields(Settings):
+        for field_path in setting_of(item).pool_fields:
+            if general == field_path or general.startswith((f"{field_path}.", f"{field_path}[")):
+                return item.name
+    return None
+
+
+def command_line(values: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """How a command is given `values` (setting name -> value, e.g. from a pool file): a
+    setting with a flag as that flag and its value, in the order of `values`, one without
+    as its variable.
+
+    Raises KeyError for a name that is no setting and ValueError naming the setting for a
+    value it refuses, so no process starts with an argument it would refuse itself.
+    """
+    arguments: list[str] = []
+    variables: dict[str, str] = {}
+    for name, value in values.items():
+        declared = declaration(name)
+        try:
+            declared.kind.check(value)
+        except ValueError as exc:
+            raise ValueError(f"{name} {exc}") from None
+        text = declared.kind.format(value)
+        if declared.flag is not None:
+            arguments += [declared.flag, text]
+        else:
+            variables[variable(name)] = text
+    return arguments, variables
+
+
+def reference_table() -> str:
+    """The configuration reference: a Markdown table, one row per field of `Settings` (its
+    variable, flag, pool file fields, default, unit, where it applies, meaning)."""
+    rows = ["| variable | flag | pool file | default | unit | applies to | meaning |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for item in fields(Settings):
+        declared = setting_of(item)
+        cells = (
+            f"`{variable(item.name)}`",
+            f"`{declared.flag}`" if declared.flag else "",
+            ", ".join(f"`{path}`" for path in declared.pool_fields),
+            _default_text(item.default),
+            declared.unit or "",
+            ", ".join(SCOPE_NAMES[scope] for scope in declared.applies),
+            declared.doc,
+        )
+        rows.append(f"| {' | '.join(cells)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _default_text(value: Any) -> str:
+    if value in (None, ()):
+        return "unset"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value) if isinstance(value, int) else f"`{value}`"
+
+
 def parser_of(name: str) -> Callable[[str], Any]:
     """The parser of the field `name` (ValueError with a message starting "must be"/"is")."""
     return setting_of(_field(name)).kind.parse
@@ -381,6 +504,7 @@ def _field(name: str) -> Field[Any]:
     return next(item for item in fields(Settings) if item.name == name)
 
 
+_DEFAULTS = Settings()
 _current: Settings | None = None
 
 

@@ -134,5 +134,5 @@ def test_token_subjects_and_service_accounts_are_told_apart() -> None:
     assert actor_kind("system:serviceaccount:mdm:jobpool-worker") == "service account"
     assert actor_kind("jobpool-worker") == "service account"  # rows from before the prefixes
     for empty in ("", " ", "service:", "service: "):
-        with pytest.raises(ValueError, match="--actor must name someone"):
+        with pytest.raises(ValueError, match="an actor must name someone"):
             cli_actor(empty)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jobpool.cli_arguments import worker_command
 from jobpool.core import poolspec
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.poolspec import PoolSpecError, load_pool, load_pool_file
@@ -297,19 +298,36 @@ def test_defaults_apply_when_fields_are_left_out() -> None:
 # -- worker command and rate limits --------------------------------------------------------
 
 
+def test_a_lane_gives_its_workers_typed_values() -> None:
+    """The plan names settings and values, never a flag: the command line is the runner's."""
+    spec = load_pool(pool(
+        {"name": "default", "workersPerPod": 3},
+        {"name": "t", "kinds": ["email_send", "reindex"], "tenants": ["acme", "beta"]},
+        worker={"graceSeconds": 45, "imports": ["mdm.kinds"]},
+    ))
+    run = spec.worker_run(spec.lane("default"), imports=("extra", "mdm.kinds"))
+    assert run.settings == {"slots": 3, "grace": 45.0, "pool": "p", "lane": "default"}
+    assert (run.kinds, run.exclude_kinds) == (None, ("gin_backfill", "index_sync"))
+    assert run.imports == ("mdm.kinds", "extra")
+    tenant_lane = spec.worker_run(spec.lane("t"))
+    assert (tenant_lane.kinds, tenant_lane.tenants) == (("email_send", "reindex"), ("acme", "beta"))
+
+
 def test_worker_args_use_the_worker_cli_flags() -> None:
     spec = load_pool(pool(
         {"name": "default", "workersPerPod": 3},
         {"name": "t", "kinds": ["email_send", "reindex"], "tenants": ["acme", "beta"]},
         worker={"graceSeconds": 45, "imports": ["mdm.kinds"]},
     ))
-    assert spec.lane("default").worker_args(spec.grace_seconds, spec.imports) == [
+    args, env = worker_command(spec.worker_run(spec.lane("default")))
+    assert args == [
         "run", "--slots", "3", "--grace", "45", "--exclude-kinds", "gin_backfill,index_sync",
         "--import", "mdm.kinds",
     ]
-    assert spec.lane("t").worker_args(45) == [
+    assert env == {"JOBPOOL_POOL": "p", "JOBPOOL_LANE": "default"}
+    assert worker_command(spec.worker_run(spec.lane("t")))[0] == [
         "run", "--slots", "4", "--grace", "45", "--kinds", "email_send,reindex",
-        "--tenants", "acme,beta",
+        "--tenants", "acme,beta", "--import", "mdm.kinds",
     ]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jobpool.cli_arguments import worker_command
 from jobpool.core.poolspec import load_pool_file
 from jobpool.core.ratelimit import (
     STORE_RETRY,
@@ -374,7 +375,7 @@ def test_pool_spec_to_env_to_worker_is_the_identity(tmp_path: Path,
     spec = load_pool_file(path)
     lane = spec.lane("a")
     assert lane.rate_limits is not None
-    written = spec.lane_env(lane)["JOBPOOL_RATE_LIMITS"]
+    written = worker_command(spec.worker_run(lane))[1]["JOBPOOL_RATE_LIMITS"]
     assert load_provider_caps(written) == lane.rate_limits
     assert load_provider_caps(written).to_json() == written
 

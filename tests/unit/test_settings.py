@@ -1,53 +1,54 @@
-"""The one settings object: every `JOBPOOL_*` variable, its parsing, its flag, its README row,
-and the environment child processes get from it."""
+"""The one settings object: every `JOBPOOL_*` variable, its parsing, its flag, its pool file
+fields, its row in the configuration reference, and the environment child processes get."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import socket
+from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from jobpool.cli import build_parser, main
-from jobpool.cli_arguments import actor_of, settings_with_flags
-from jobpool.core.poolspec import load_pool_file
-from jobpool.settings import Settings, setting_of, variable
+from jobpool.cli_arguments import actor_of, settings_with_flags, worker_command
+from jobpool.core.poolspec import PoolSpecError, crd_document, load_pool, load_pool_file
+from jobpool.core.worker_run import WorkerRun
+from jobpool.settings import (
+    Choice,
+    Dsn,
+    Names,
+    Networks,
+    Seconds,
+    Settings,
+    Text,
+    Url,
+    Whole,
+    declaration,
+    reference_table,
+    setting_of,
+    setting_of_pool_field,
+    variable,
+)
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.supervisor import lane_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "jobpool"
 EXAMPLE = REPO / "examples" / "pool.yaml"
+CONFIGURATION_REFERENCE = REPO / "docs" / "configuration.md"
+"""The page whose table is `reference_table()`."""
 
 
-def _default_text(value: Any) -> str:
-    if value in (None, ()):
-        return "unset"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value) if isinstance(value, int) else f"`{value}`"
-
-
-def configuration_table() -> str:
-    """The README's "Configuration" table, one row per field of `Settings`."""
-    rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
-    for item in fields(Settings):
-        declared = setting_of(item)
-        flag = f"`{declared.flag}`" if declared.flag else ""
-        rows.append(f"| `{variable(item.name)}` | {flag} | {_default_text(item.default)} | "
-                    f"{declared.doc} |")
-    return "\n".join(rows) + "\n"
-
-
-def test_the_readme_table_is_every_setting() -> None:
-    """Paste the expected table (printed on failure) into README.md "Configuration"."""
-    readme = (REPO / "README.md").read_text("utf-8")
-    section = readme.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    assert configuration_table() in section, "\n" + configuration_table()
+def test_the_configuration_reference_is_every_setting() -> None:
+    """Paste the expected table (printed on failure) into the configuration reference."""
+    documented = CONFIGURATION_REFERENCE.read_text("utf-8")
+    assert reference_table() in documented, "\n" + reference_table()
 
 
 def test_every_jobpool_variable_the_package_names_is_a_setting() -> None:
@@ -200,8 +201,8 @@ def test_lane_processes_get_the_settings_not_the_parents_jobpool_variables() -> 
         assert proc.env["PATH"] == "/usr/bin"
         assert "JOBPOOL_SLOT" not in proc.env
         assert proc.env["JOBPOOL_LANE"] == proc.lane
-        assert proc.env.get("JOBPOOL_RATE_LIMITS") == pool.lane_env(
-            pool.lane(proc.lane)).get("JOBPOOL_RATE_LIMITS")
+        pods = worker_command(pool.worker_run(pool.lane(proc.lane)))[1]
+        assert proc.env.get("JOBPOOL_RATE_LIMITS") == pods.get("JOBPOOL_RATE_LIMITS")
 
 
 # -- the command line -----------------------------------------------------------------------
@@ -220,3 +221,159 @@ def test_a_refused_variable_stops_every_command_naming_it(
 def test_a_worker_config_refuses_tenants_no_query_could_find(tenants: tuple[str, ...]) -> None:
     with pytest.raises(ValueError, match="is neither a tenant key"):
         WorkerConfig(tenants=tenants)
+
+
+# -- every bad value names its setting and where it came from --------------------------------
+
+
+def _refused_text(kind: Text) -> str | None:
+    """A text the kind refuses, or None for a kind that takes any text (free text, names)."""
+    if type(kind) in (Text, Names):
+        return None
+    examples: dict[type[Text], str] = {
+        Whole: str(getattr(kind, "high", 0) + 1), Seconds: "soon", Choice: "loud",
+        Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet",
+    }
+    return examples[type(kind)]  # KeyError: a new kind needs a refused example here
+
+
+REFUSABLE = [item.name for item in fields(Settings)
+             if _refused_text(setting_of(item).kind) is not None]
+
+
+def test_every_kind_that_can_refuse_a_text_is_tested() -> None:
+    assert {type(setting_of(item).kind) for item in fields(Settings)} - {Text, Names} == {
+        type(declaration(name).kind) for name in REFUSABLE}
+
+
+@pytest.mark.parametrize("name", REFUSABLE)
+def test_a_refused_variable_names_it(name: str) -> None:
+    text = _refused_text(declaration(name).kind)
+    assert text is not None
+    with pytest.raises(ValueError, match=f"^{variable(name)} (must|is) "):
+        Settings.from_env({variable(name): text})
+
+
+def _subparsers(parser: argparse.ArgumentParser,
+                path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
+                                                             argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                yield from _subparsers(sub, (*path, command))
+
+
+@pytest.mark.parametrize("name", [name for name in REFUSABLE if declaration(name).flag])
+def test_a_refused_flag_names_it_on_every_command_that_has_it(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flag, text = declaration(name).flag, _refused_text(declaration(name).kind)
+    assert flag is not None and text is not None
+    commands = [path for path, sub in _subparsers(build_parser(Settings()))
+                if flag in sub._option_string_actions]
+    assert commands
+    for path in commands:
+        with pytest.raises(SystemExit):
+            build_parser(Settings()).parse_args([*path, f"{flag}={text}"])
+        assert re.search(f"argument {flag}: (must|is) ", capsys.readouterr().err), path
+
+
+def _pool_with(path: str, value: Any) -> dict[str, Any]:
+    """The example pool file with the field `path` (`[]`: the first item) set to `value`."""
+    document: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text("utf-8"))
+    *parents, last = path.replace("[]", ".0").split(".")
+    node: Any = document
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+    node[last] = value
+    return document
+
+
+POOL_FIELDS_REFUSED = {
+    "spec.lanes[].workersPerPod": 0, "spec.heavyLane.workersPerPod": 65,
+    "spec.worker.graceSeconds": 0, "spec.worker.metricsPort": 80,
+    "spec.lanes[].rateLimits": {"providers": {"smtp": {"rps": -1}}},
+    "metadata.name": "p" * 39, "spec.lanes[].name": "Not A Name",
+}
+
+
+def test_every_pool_field_of_a_setting_has_a_refused_example() -> None:
+    declared = {path for item in fields(Settings) for path in setting_of(item).pool_fields}
+    assert set(POOL_FIELDS_REFUSED) == declared
+
+
+@pytest.mark.parametrize(("path", "value"), POOL_FIELDS_REFUSED.items())
+def test_a_refused_pool_field_names_it_and_its_setting(path: str, value: Any) -> None:
+    with pytest.raises(PoolSpecError) as refused:
+        load_pool(_pool_with(path, value))
+    message = str(refused.value)
+    assert message.startswith(path.replace("[]", "[0]")), message
+    assert f"(the setting {variable(setting_of_pool_field(path) or '?')})" in message
+
+
+def test_a_pool_field_allows_no_value_its_setting_refuses() -> None:
+    """The CRD's bounds and defaults lie within the setting's, so what the API server
+    accepts, the worker it starts accepts too."""
+    root = crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for item in fields(Settings):
+        declared = setting_of(item)
+        for path in declared.pool_fields:
+            if path.startswith("metadata."):
+                continue  # Kubernetes' own field
+            node = root
+            for part in path.split("."):
+                many = part.endswith("[]")
+                node = node["properties"][part.removesuffix("[]")]
+                node = node["items"] if many else node
+            for bound in ("minimum", "maximum", "default"):
+                if bound in node and node["type"] in ("integer", "number"):
+                    declared.kind.check(node[bound])  # ValueError naming the value
+            if "default" in node and path != "spec.heavyLane.workersPerPod":  # one slot: heavy
+                assert node["default"] == item.default, path
+
+
+def test_a_command_line_refuses_what_the_worker_would_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"^slots must be a whole number from 1 to 256"):
+        worker_command(WorkerRun(settings={"slots": 0}))
+    with pytest.raises(ValueError, match=r"^metrics_port must be a whole number from 0 to 65535"):
+        worker_command(WorkerRun(), metrics_port=70000)
+
+
+def test_a_worker_config_is_its_settings() -> None:
+    settings = Settings(slots=9, grace=1.5, poll_interval=0.25, lease_ttl=5.0,
+                        pooler="transaction", listen_dsn="host=db")
+    config = WorkerConfig.from_settings(settings, kinds=("a",), until_empty=True)
+    assert (config.slots, config.grace, config.poll_interval, config.lease_ttl) == (
+        9, 1.5, 0.25, 5.0)
+    assert (config.pooler, config.listen_dsn, config.kinds, config.until_empty) == (
+        "transaction", "host=db", ("a",), True)
+    defaults = WorkerConfig()
+    assert all(getattr(defaults, item.name) == item.default for item in fields(Settings)
+               if hasattr(defaults, item.name))
+    with pytest.raises(TypeError, match="slots come from the settings"):
+        WorkerConfig.from_settings(settings, slots=2)
+
+
+def _code_strings(path: Path) -> Iterator[str]:
+    """The string constants of a module's code, its docstrings left out."""
+    tree = ast.parse(path.read_text("utf-8"))
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings:
+            yield node.value
+
+
+def test_the_pure_decisions_know_no_flag_of_the_command() -> None:
+    """A pool plan yields typed values; the command line that carries them is made at the
+    edge (`worker_command`), so a renamed flag is changed in one place."""
+    flags = {flag for _, sub in _subparsers(build_parser(Settings()))
+             for flag in sub._option_string_actions if flag.startswith("--") and flag != "--help"}
+    pure = [*(PACKAGE / "core").rglob("*.py"), PACKAGE / "k8s" / "manifests.py"]
+    spoken = {
+        f"{path.relative_to(PACKAGE)}: {flag}" for path in pure for text in _code_strings(path)
+        for flag in flags if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)
+    }
+    assert spoken == set()

@@ -8,7 +8,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING, Any
 
-from jobpool.cli_arguments import add_common_arguments, add_setting
+from jobpool.cli_arguments import add_common_arguments, add_settings
 from jobpool.settings import Settings
 
 if TYPE_CHECKING:
@@ -24,9 +24,7 @@ def add_api_command(subparsers: Any, settings: Settings) -> None:
     p = subparsers.add_parser(
         "api", help="serve the admin REST API (DLQ, jobs, stats) and the console at /console/")
     add_common_arguments(p, settings)
-    for name in ("api_host", "api_port", "api_jwt_secret", "api_jwt_public_key",
-                 "api_jwt_audience", "api_pool"):
-        add_setting(p, settings, name)
+    add_settings(p, settings, "api")
     p.set_defaults(func=cmd_api, extra="api")
 
 

@@ -31,7 +31,7 @@ def cli_actor(name: str) -> str:
     """
     bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
     if not (bare if bare is not None else name).strip():
-        raise ValueError(f"--actor must name someone, got {name!r}")
+        raise ValueError(f"an actor must name someone, got {name!r}")
     if bare is not None:
         return bare
     return name if _prefixed(name) else PERSON_PREFIX + name

@@ -22,8 +22,10 @@ import yaml
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.tenants import tenant_ref
+from jobpool.core.worker_run import WorkerRun
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
+from jobpool.settings import default_of, setting_of_pool_field, variable
 
 API_VERSION = "jobs.mdm.io/v1alpha1"
 KIND = "JobWorkerPool"
@@ -34,10 +36,12 @@ HEAVY_LANE = "heavy"
 
 MAX_POOL_NAME = 38
 MAX_DEPLOYMENT_NAME = 63
-RESERVED_ENV = frozenset({"JOBPOOL_DSN", "JOBPOOL_RATE_LIMITS", "JOBPOOL_METRICS_PORT"})
+RESERVED_ENV = frozenset(variable(name) for name in ("dsn", "rate_limits", "metrics_port"))
+"""The variables `spec.worker.env` may not set: the pods get them from other fields."""
 
-# Defaults; the CRD declares the same values (a test keeps them equal).
-DEFAULT_WORKERS_PER_POD = 4
+# Defaults; the CRD declares the same values (a test keeps them equal). A lane's workers get
+# the settings' defaults, so a pool file's fields default to them.
+DEFAULT_WORKERS_PER_POD: int = default_of("slots")
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 10
 DEFAULT_HEAVY_WORKERS_PER_POD = 1
@@ -46,8 +50,8 @@ DEFAULT_HEAVY_MAX_REPLICAS = 1
 DEFAULT_TARGET_UTILIZATION = 1.0
 DEFAULT_STABILIZATION_SECONDS = 300
 DEFAULT_SCALE_DOWN_MAX_STEP = 1
-DEFAULT_GRACE_SECONDS = 30
-DEFAULT_METRICS_PORT = 9108
+DEFAULT_GRACE_SECONDS = int(default_of("grace"))
+DEFAULT_METRICS_PORT: int = default_of("metrics_port")
 DEFAULT_SECRET_KEY = "dsn"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 
@@ -103,18 +107,6 @@ class Lane:
         tenant_ok = not self.tenants or tenant is None or tenant in self.tenants
         return kind_ok and tenant_ok
 
-    def worker_args(self, grace_seconds: float, imports: Sequence[str] = ()) -> list[str]:
-        """Arguments of `jobpool` that run one worker process of this lane."""
-        args = ["run", "--slots", str(self.workers_per_pod), "--grace", f"{grace_seconds:g}"]
-        if self.kinds is not None:
-            args += ["--kinds", ",".join(self.kinds)]
-        if self.exclude_kinds:
-            args += ["--exclude-kinds", ",".join(self.exclude_kinds)]
-        if self.tenants:
-            args += ["--tenants", ",".join(self.tenants)]
-        for module in imports:
-            args += ["--import", module]
-        return args
 
 
 @dataclass(frozen=True)
@@ -156,15 +148,21 @@ class PoolSpec:
                 return lane
         raise KeyError(name)
 
-    def lane_env(self, lane: Lane) -> dict[str, str]:
-        """The environment a worker of `lane` gets besides its DSN and metrics port, on
-        Kubernetes and in a local run alike: the pool and lane names, the lane's provider
-        caps as JOBPOOL_RATE_LIMITS (only if it has `rateLimits`), then `spec.worker.env`."""
-        env = {"JOBPOOL_POOL": self.name, "JOBPOOL_LANE": lane.name}
+    def worker_run(self, lane: Lane, imports: Sequence[str] = ()) -> WorkerRun:
+        """What a worker of `lane` is given, on Kubernetes and in a local run alike: the
+        lane's kinds and tenants, the pool's imports (then `imports`, each once), the settings
+        its fields set (slots, grace, pool and lane names, the lane's provider caps if it has
+        `rateLimits`), then `spec.worker.env`. Its DSN and metrics port come from its runner."""
+        settings: dict[str, Any] = {
+            "slots": lane.workers_per_pod, "grace": float(self.grace_seconds),
+            "pool": self.name, "lane": lane.name,
+        }
         if lane.rate_limits is not None:
-            env["JOBPOOL_RATE_LIMITS"] = lane.rate_limits.to_json()
-        env.update(self.env)
-        return env
+            settings["rate_limits"] = lane.rate_limits.to_json()
+        return WorkerRun(
+            kinds=lane.kinds, exclude_kinds=lane.exclude_kinds, tenants=lane.tenants,
+            imports=tuple(dict.fromkeys((*self.imports, *imports))), settings=settings,
+            env=self.env)
 
 
 @functools.cache
@@ -241,9 +239,10 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     metadata = document.get("metadata") or {}
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
-        raise PoolSpecError("metadata.name: a pool needs a name")
+        raise PoolSpecError(f"metadata.name: a pool needs a name{_setting_named('metadata.name')}")
     if len(name) > MAX_POOL_NAME:
-        raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got {len(name)}")
+        raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
+                            f"{len(name)}{_setting_named('metadata.name')}")
     spec = document["spec"]
     worker = spec.get("worker") or {}
     env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
@@ -316,12 +315,14 @@ def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
     return tuple(_with_exclusions(lane, lanes) for lane in lanes)
 
 
-def check_lane_kinds(pool: PoolSpec, registered: Iterable[str]) -> None:
+def check_lane_kinds(pool: PoolSpec, registered: Iterable[str], *,
+                     loaded_by: Sequence[str] = ("spec.worker.imports",)) -> None:
     """Refuse a pool whose lanes name a kind that is not registered, before any lane starts.
 
     A misspelt kind would not only fail its own lane: the catch-all lane excludes the kinds
     other lanes list, so it would exclude the misspelt name and serve the real kind itself.
-    Raises PoolSpecError naming every lane, unknown kind and its nearest registered name.
+    Raises PoolSpecError naming every lane, unknown kind and its nearest registered name,
+    and what loads more kinds (`loaded_by`: the pool's field, and the runner's own ways).
     """
     known = sorted(set(registered))
     problems = []
@@ -334,7 +335,7 @@ def check_lane_kinds(pool: PoolSpec, registered: Iterable[str]) -> None:
     if problems:
         raise PoolSpecError(
             f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "
-            "spec.worker.imports or --import MODULE)")
+            f"{' or '.join(loaded_by)})")
 
 
 def _with_nearest(kind: str, known: Sequence[str]) -> str:
@@ -394,7 +395,15 @@ def _check_schema(document: Mapping[str, Any]) -> None:
     errors = sorted(_validator().iter_errors(document), key=_error_order)
     if errors:
         error = errors[0]
-        raise PoolSpecError(f"{_json_path(error.absolute_path)}: {error.message}")
+        path = _json_path(error.absolute_path)
+        raise PoolSpecError(f"{path}: {error.message}{_setting_named(path)}")
+
+
+def _setting_named(path: str) -> str:
+    """` (the setting JOBPOOL_SLOTS)` for a field that sets one, so a refusal of the pool
+    file names the setting as one of the variable or the flag does; else ``."""
+    name = setting_of_pool_field(path)
+    return f" (the setting {variable(name)})" if name is not None else ""
 
 
 def _error_order(error: jsonschema.ValidationError) -> tuple[int, str]:
@@ -428,7 +437,7 @@ def _rate_limits(raw: Mapping[str, Any] | None, path: str) -> ProviderCaps | Non
     try:
         return parse_provider_caps(raw, f"{path}.rateLimits")
     except ValueError as exc:
-        raise PoolSpecError(str(exc)) from None
+        raise PoolSpecError(f"{exc}{_setting_named(f'{path}.rateLimits')}") from None
 
 
 def _bounds(

@@ -11,8 +11,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jobpool.cli_arguments import worker_command
 from jobpool.core.poolspec import API_VERSION, KIND, Lane, PoolSpec
 from jobpool.core.scaling import lane_count_cap
+from jobpool.settings import variable
 
 GROUP = "jobs.mdm.io"
 POOL_LABEL = f"{GROUP}/pool"
@@ -103,20 +105,26 @@ def _image_version(image: str) -> str | None:
     return tag if _LABEL_VALUE.fullmatch(tag) else None
 
 
+def worker_command_of(pool: PoolSpec, lane: Lane) -> tuple[list[str], dict[str, str]]:
+    """The arguments of a lane's worker container, and the variables the pool gives it
+    (`PoolSpec.worker_run`: its settings without a flag, then `spec.worker.env`)."""
+    return worker_command(pool.worker_run(lane))
+
+
 def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
     """The worker container's environment: DSN from the Secret, metrics port, the pod's
-    service account as the audit actor, rate limits, `spec.worker.env`."""
+    service account as the audit actor, pool and lane names, rate limits, `spec.worker.env`."""
     env: list[dict[str, Any]] = [
         {
-            "name": "JOBPOOL_DSN",
+            "name": variable("dsn"),
             "valueFrom": {
                 "secretKeyRef": {"name": pool.dsn_secret.name, "key": pool.dsn_secret.key}
             },
         },
-        {"name": "JOBPOOL_METRICS_PORT", "value": str(pool.metrics_port)},
+        {"name": variable("metrics_port"), "value": str(pool.metrics_port)},
     ]
-    lane_env = pool.lane_env(lane)
-    if "JOBPOOL_SERVICE_ACCOUNT" not in lane_env:  # one entry per name (server-side apply)
+    _, lane_env = worker_command_of(pool, lane)
+    if variable("service_account") not in lane_env:  # one entry per name (server-side apply)
         env += _service_account_env()
     env += [{"name": name, "value": value} for name, value in lane_env.items()]
     return env
@@ -130,7 +138,7 @@ def _service_account_env() -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_SERVICE_ACCOUNT",
          "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
-        {"name": "JOBPOOL_SERVICE_ACCOUNT",
+        {"name": variable("service_account"),
          "value": "system:serviceaccount:$(POD_NAMESPACE):$(POD_SERVICE_ACCOUNT)"},
     ]
 
@@ -142,7 +150,7 @@ def build_worker_container(pool: PoolSpec, lane: Lane) -> dict[str, Any]:
         "name": CONTAINER,
         "image": pool.image,
         "imagePullPolicy": pool.image_pull_policy,
-        "args": lane.worker_args(pool.grace_seconds, pool.imports),
+        "args": worker_command_of(pool, lane)[0],
         "env": build_worker_env(pool, lane),
         "ports": [{"name": "metrics", "containerPort": pool.metrics_port, "protocol": "TCP"}],
         "livenessProbe": {

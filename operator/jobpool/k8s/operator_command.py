@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobpool.cli_arguments import add_setting
+from jobpool.cli_arguments import add_setting, add_settings
 from jobpool.settings import Settings, parser_of
 
 
@@ -27,11 +27,10 @@ def add_operator_command(subparsers: Any, settings: Settings) -> None:
         description="Reconcile JobWorkerPools into one worker Deployment per lane and scale "
                     "each lane from the jobs it can serve.",
     )
-    add_setting(p, settings, "operator_namespaces", action=_Namespaces, metavar="NS")
-    add_setting(p, settings, "scale_interval", metavar="SECONDS")
-    add_setting(p, settings, "kubeconfig", metavar="PATH")
-    add_setting(p, settings, "lease_namespace", metavar="NS")
-    add_setting(p, settings, "operator_liveness", metavar="URL")
+    add_settings(p, settings, "operator",
+                 operator_namespaces={"action": _Namespaces, "metavar": "NS"},
+                 scale_interval={"metavar": "SECONDS"}, kubeconfig={"metavar": "PATH"},
+                 lease_namespace={"metavar": "NS"}, operator_liveness={"metavar": "URL"})
     add_setting(p, settings, "log_level", metavar="{debug,info,warning,error}")
     p.set_defaults(func=cmd_operator, extra="operator")
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from jobpool.core.suggestions import did_you_mean
 from jobpool.core.tenants import tenant_ref
-from jobpool.settings import POOLERS
+from jobpool.settings import POOLERS, Settings, default_of
 
 POLL_ONLY_INTERVAL = 0.5
 """Seconds between claims, at most, of a worker without a LISTEN connection (behind a
@@ -45,16 +46,30 @@ class WorkerConfig:
     kinds: tuple[str, ...] | None = None
     exclude_kinds: tuple[str, ...] = ()
     tenants: tuple[str, ...] = ()
-    slots: int = 4
-    grace: float = 30.0
-    poll_interval: float = 2.0
-    lease_ttl: float = 30.0
+    slots: int = default_of("slots")
+    grace: float = default_of("grace")
+    poll_interval: float = default_of("poll_interval")
+    lease_ttl: float = default_of("lease_ttl")
     cleanup_every: float = 300.0
     until_empty: bool = False
     batch_completions: bool = True
     completion_delay: float = 0.002
-    pooler: str = "none"
-    listen_dsn: str | None = None
+    pooler: str = default_of("pooler")
+    listen_dsn: str | None = default_of("listen_dsn")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **serves: Any) -> WorkerConfig:
+        """The worker `settings` describe: each field that is a setting (slots, grace,
+        poll_interval, lease_ttl, pooler, listen_dsn) from them, the others from `serves`
+        (kinds, exclude_kinds, tenants, until_empty, ...). TypeError for a key of `serves`
+        that is no field or is a setting (the settings say it)."""
+        own = {item.name for item in fields(Settings)}
+        taken = {item.name: getattr(settings, item.name) for item in fields(cls)
+                 if item.name in own}
+        clash = sorted(set(serves) & set(taken))
+        if clash:
+            raise TypeError(f"{', '.join(clash)} come from the settings, not as arguments")
+        return cls(**taken, **serves)
 
     def __post_init__(self) -> None:
         for ref in self.tenants:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from jobpool.cli_arguments import worker_command
 from jobpool.core.poolspec import Lane, PoolSpec
 from jobpool.core.process_group import lane_exit
 from jobpool.settings import PREFIX, Settings
@@ -34,25 +35,25 @@ class LaneProcess:
     env: Mapping[str, str]
 
 
-def lane_argv(pool: PoolSpec, lane: Lane, *, imports: Sequence[str], until_empty: bool,
-              log_level: str) -> tuple[str, ...]:
-    """The `jobpool run` arguments of one local worker process of `lane`: those of its pods
-    (`Lane.worker_args` with the pool's `graceSeconds` and `imports`), plus the local run's
-    own `imports`, log level and `--until-empty`."""
-    modules = tuple(dict.fromkeys((*pool.imports, *imports)))
-    argv = [*lane.worker_args(pool.grace_seconds, modules), "--log-level", log_level]
-    return (*argv, "--until-empty") if until_empty else tuple(argv)
+def lane_command(pool: PoolSpec, lane: Lane, settings: Settings, *, imports: Sequence[str],
+                 until_empty: bool, inherited: Mapping[str, str],
+                 metrics_port: int | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The `jobpool run` arguments and the environment of one local worker process of `lane`.
 
-
-def lane_environment(pool: PoolSpec, lane: Lane, settings: Settings,
-                     inherited: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a local process of `lane`, built explicitly: `inherited` without
-    its `JOBPOOL_*` variables (PATH, PYTHONPATH, libpq's PG*, ...), then `settings` as
-    `JOBPOOL_*` variables (the DSN, the embedded server's included, SMTP, ...), then the
-    variables the operator gives the lane's pods (`PoolSpec.lane_env`). `settings.rate_limits`
-    is left out: as on Kubernetes, provider caps come from the lane's `rateLimits` alone."""
+    Arguments: those of its pods (`PoolSpec.worker_run`), plus the local run's own
+    `imports`, log level, metrics port (if not None) and `--until-empty`. Environment, built
+    explicitly: `inherited` without its `JOBPOOL_*` variables (PATH, PYTHONPATH, libpq's
+    PG*, ...), then `settings` as `JOBPOOL_*` variables (the DSN, the embedded server's
+    included, SMTP, ...), then the variables the operator gives the lane's pods.
+    `settings.rate_limits` is left out: as on Kubernetes, provider caps come from the lane's
+    `rateLimits` alone."""
+    more: dict[str, object] = {"log_level": settings.log_level}
+    if metrics_port is not None:
+        more["metrics_port"] = metrics_port
+    argv, lane_env = worker_command(pool.worker_run(lane, imports), until_empty=until_empty,
+                                    **more)
     base = {name: value for name, value in inherited.items() if not name.startswith(PREFIX)}
-    return base | replace(settings, rate_limits=None).to_env() | pool.lane_env(lane)
+    return tuple(argv), base | replace(settings, rate_limits=None).to_env() | lane_env
 
 
 PROCESSES_PER_CPU = 4
@@ -86,25 +87,16 @@ def lane_processes(pool: PoolSpec, settings: Settings, *, imports: Sequence[str]
 
     settings: the parent's, its DSN resolved; the processes get them as `JOBPOOL_*`
     variables, and its log level as a flag. inherited: the environment besides jobpool's
-    own variables (`lane_environment`). metrics_port: the n-th process of the pool (counting
+    own variables (`lane_command`). metrics_port: the n-th process of the pool (counting
     across lanes from 0) serves /metrics on metrics_port + n; 0 turns it off everywhere;
     None leaves it to the settings.
     """
-    processes = [
-        LaneProcess(lane.name, index,
-                    lane_argv(pool, lane, imports=imports, until_empty=until_empty,
-                              log_level=settings.log_level),
-                    lane_environment(pool, lane, settings, inherited))
-        for lane in pool.lanes
-        for index in range(max(1, lane.min_replicas))
-    ]
-    if metrics_port is None:
-        return processes
+    places = [(lane, index) for lane in pool.lanes for index in range(max(1, lane.min_replicas))]
     return [
-        LaneProcess(proc.lane, proc.index,
-                    (*proc.argv, "--metrics-port", str(metrics_port + n if metrics_port else 0)),
-                    proc.env)
-        for n, proc in enumerate(processes)
+        LaneProcess(lane.name, index, *lane_command(
+            pool, lane, settings, imports=imports, until_empty=until_empty, inherited=inherited,
+            metrics_port=None if metrics_port is None else metrics_port and metrics_port + n))
+        for n, (lane, index) in enumerate(places)
     ]
 
 
