@@ -3,8 +3,8 @@
 Each field is one variable, `JOBPOOL_<FIELD>`, declared once with its type, default, allowed
 values and a one-line meaning (`Setting`). `Settings.from_env` reads them from a mapping and
 refuses a bad value naming the variable; the CLI's flags take their defaults from the same
-object and are checked by the same parsers; child processes get `Settings.to_env()`. The
-README's "Configuration" table is this module's fields, row for row (a unit test keeps it so).
+object and are checked by the same parsers; child processes get `Settings.to_env()`.
+docs/configuration.md's table is this module's fields, row for row (a unit test keeps it so).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Names(Text):
 
 @dataclass(frozen=True)
 class Setting:
-    """What the README and --help say of one field: its meaning, and its CLI flag if any."""
+    """What the configuration reference and --help say of one field: its meaning, its flag."""
 
     kind: Text
     doc: str
@@ -224,7 +224,7 @@ class Settings:
         "none", Choice(POOLERS), "`transaction`: the DSN goes through a transaction-pooling "
         "PgBouncer (no server-side prepared statements or session settings, LISTEN only on "
         "JOBPOOL_LISTEN_DSN, else poll-only); `none`: a direct connection or session pooling, see "
-        "[Production databases](#production-databases)")
+        "[Production databases](operations.md#production-databases)")
     listen_dsn: str | None = _setting(
         None, Dsn(), "libpq connection string of the worker's LISTEN connection, straight to "
         "PostgreSQL past a transaction pooler; unset: the DSN (poll-only with "
@@ -235,7 +235,7 @@ class Settings:
     service_account: str = _setting(
         "jobpool-worker", Text(),
         "the workers' service account, the audit log's principal of what they do (a CLI "
-        "command names the person running it, see [Audit actors](#audit-actors))")
+        "command names the person running it, see [Audit actors](command-line.md#audit-actors))")
     # a worker
     slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots")
     grace: float = _setting(
@@ -261,7 +261,7 @@ class Settings:
         "the pool gets port + i)", "--metrics-port")
     rate_limits: str | None = _setting(
         None, Text(), "provider caps as JSON or `@/path/file.yaml`, see "
-        "[Rate limits](#rate-limits); on Kubernetes and in a local run of a pool file, from "
+        "[Rate limits](rate-limits.md); on Kubernetes and in a local run of a pool file, from "
         "the lane's rateLimits")
     pool: str | None = _setting(
         None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line and "
