@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The control-plane test tier: build (or reuse) its binaries, then run tests/controlplane.
-# The first build on a new machine is the slow part (README "Control-plane tests"); later
+# The first build on a new machine is the slow part (docs/operator.md, "Control-plane tests"); later
 # runs reuse the cache folder. Expects the venv active, and helm and kubectl from
 # .ci/get-helm.sh on PATH or in its folder.
 set -euo pipefail

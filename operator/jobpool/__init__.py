@@ -3,13 +3,13 @@
 Public API, all on the base install (`pip install jobpool`, README "Install"):
 - kinds and jobs: `kind` (register a handler), `enqueue` / `enqueue_many` (async, on the
   caller's connection), `enqueue_sync` / `enqueue_many_sync`, `NewJob`, `Enqueued`, `Job`;
-- webhooks (README "Webhooks"): `publish_event` / `publish_event_sync` (an outbox event in
-  the caller's transaction), `subscribe_webhook`, `PublishedEvent`, `Subscription`, and for
+- webhooks (docs/integration-kinds.md): `publish_event` / `publish_event_sync` (an outbox
+  event in the caller's transaction), `subscribe_webhook`, `PublishedEvent`, `Subscription`, and for
   a receiver `verify_webhook`;
-- attachments (README "Attachments and virus_scan"): `commit_upload` / `commit_upload_sync`,
+- attachments (docs/integration-kinds.md): `commit_upload` / `commit_upload_sync`,
   `Upload`, `CommittedUpload`, `register_fetcher`;
-- the errors (README "Errors"): `JobpoolError`, the base of them all; `PermanentError` and
-  `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
+- the errors (docs/writing-kinds.md, "Errors"): `JobpoolError`, the base of them all;
+  `PermanentError` and `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
   `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
   `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`,
   `ConnectionBudgetError`.

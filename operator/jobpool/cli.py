@@ -68,7 +68,7 @@ def _finite(text: str) -> float:
 
 
 def _json_arg(name: str) -> Callable[[str], Any]:
-    """An argparse type: JSON text that jsonb stores (README "Enqueueing from a service")."""
+    """An argparse type: JSON text that jsonb stores (docs/enqueueing.md)."""
 
     def parse(text: str) -> Any:
         if not within_depth(text):

@@ -309,7 +309,7 @@ async def enqueue_many(
     transactions that notify, so many concurrent enqueuers may skip it and leave waiting
     workers to find the jobs by polling (`--poll-interval`). Raises ValueError naming the
     job and the problem for a bad payload or field (before anything is sent; the rules are in
-    the README, "Enqueueing from a service"), UnknownKindError, UnknownTenantError (the
+    docs/enqueueing.md), UnknownKindError, UnknownTenantError (the
     caller's transaction is then aborted, as with any failed statement).
     """
     if not jobs:

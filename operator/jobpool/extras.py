@@ -1,6 +1,6 @@
 """The extras of `pip install 'jobpool[...]'`, and a clear refusal when one is missing.
 
-`pip install jobpool` gives what a service needs to enqueue (README "Install"); a command
+`pip install jobpool` gives what a service needs to enqueue (README.md, "Install"); a command
 that needs more names the extra to install instead of failing on an import deep inside.
 """
 

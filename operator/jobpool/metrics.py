@@ -122,8 +122,8 @@ class WorkerMetrics(MetricsExposition):
             ["kind"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.slots = Gauge(
             "mdm_worker_slots_running", "Slots this worker runs with: fewer than configured when "
-            "the database's connection limits leave too few connections (README \"Production "
-            "databases\").", registry=self.registry, multiprocess_mode="livesum")
+            "the database's connection limits leave too few connections (docs/operations.md, "
+            "Production databases).", registry=self.registry, multiprocess_mode="livesum")
         self.configured_slots = Gauge(
             "mdm_worker_slots_configured", "Slots the worker was configured with.",
             registry=self.registry, multiprocess_mode="livesum")

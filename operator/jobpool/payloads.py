@@ -6,8 +6,9 @@ InvalidPayloadError, a PermanentError: the job goes to the DLQ at once, its `las
 naming the field. `enqueue*` checks the payload of a kind registered in the enqueuing process
 against the same model, and accepts the model's instance as the payload.
 
-msgspec (README "Typed payloads") rather than pydantic: the check at enqueue runs in every
-service, on the base install, and msgspec is one small package with no dependencies.
+msgspec (docs/writing-kinds.md, "Typed payloads") rather than pydantic: the check at enqueue
+runs in every service, on the base install, and msgspec is one small package with no
+dependencies.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ class Settings:
         "none", Choice(POOLERS), "`transaction`: the DSN goes through a transaction-pooling "
         "PgBouncer (no server-side prepared statements or session settings, LISTEN only on "
         "JOBPOOL_LISTEN_DSN, else poll-only); `none`: a direct connection or session pooling, see "
-        "[Production databases](../README.md#production-databases)")
+        "[Production databases](operations.md#production-databases)")
     listen_dsn: str | None = _setting(
         None, Dsn(), "libpq connection string of the worker's LISTEN connection, straight to "
         "PostgreSQL past a transaction pooler; unset: the DSN (poll-only with "
@@ -260,7 +260,7 @@ class Settings:
     service_account: str = _setting(
         "jobpool-worker", Text(),
         "the workers' service account, the audit log's principal of what they do (a CLI "
-        "command names the person running it, see [Audit actors](../README.md#audit-actors))",
+        "command names the person running it, see [Audit actors](command-line.md#audit-actors))",
         applies=("worker",))
     # a worker
     slots: int = _setting(4, Whole(1, MAX_SLOTS), "jobs a worker runs at once", "--slots",
@@ -294,7 +294,7 @@ class Settings:
         pool_fields=("spec.worker.metricsPort",))
     rate_limits: str | None = _setting(
         None, Text(), "provider caps as JSON or `@/path/file.yaml`, see "
-        "[Rate limits](../README.md#rate-limits); on Kubernetes and in a local run of a pool "
+        "[Rate limits](rate-limits.md); on Kubernetes and in a local run of a pool "
         "file, from the lane's rateLimits", applies=("worker",),
         pool_fields=("spec.lanes[].rateLimits",))
     pool: str | None = _setting(

@@ -211,7 +211,7 @@ def test_a_bad_data_dir_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-README_KIND = '''
+DOCUMENTED_KIND = '''
 import jobpool
 
 @jobpool.kind("invoice_pdf", max_attempts=5, timeout=120, stale_ttl=600,
@@ -223,12 +223,14 @@ async def invoice_pdf(job: jobpool.Job, tx) -> dict | None:
     await tx.execute("SELECT %s", (invoice,))
     return {"invoice": invoice}
 '''
+"""The first example of docs/writing-kinds.md, with a body of its own for the rendering it
+leaves to the reader."""
 
 
-async def test_the_readme_kind_runs_from_the_current_folder(
+async def test_the_documented_kind_runs_from_the_current_folder(
     conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
 ) -> None:
-    (tmp_path / "mykinds.py").write_text(README_KIND)
+    (tmp_path / "mykinds.py").write_text(DOCUMENTED_KIND)
     listed = cli(dsn, "kinds", "list", "--import", "mykinds", cwd=tmp_path).stdout
     assert "invoice_pdf" in listed and "600" in listed
     cli(dsn, "enqueue", "invoice_pdf", "--tenant", "acme", "--payload", '{"invoice_id": 7}',

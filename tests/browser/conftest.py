@@ -4,7 +4,7 @@ Chromium is Debian's (`apt-get install chromium`; `.ci/run` installs it), never 
 downloaded by `playwright install`: set JOBPOOL_CHROMIUM to use another binary. Tests here
 are skipped, naming the reason, where it is absent.
 
-With JOBPOOL_SCREENSHOTS=1 the tests write the README's screenshots to docs/console/.
+With JOBPOOL_SCREENSHOTS=1 the tests write the screenshots of docs/console.md to docs/console/.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def page(chromium: Any) -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str) -> None:
-    """Write docs/console/<name>.png when JOBPOOL_SCREENSHOTS=1 (the README's pictures)."""
+    """Write docs/console/<name>.png when JOBPOOL_SCREENSHOTS=1 (docs/console.md's pictures)."""
     if os.environ.get("JOBPOOL_SCREENSHOTS") == "1":
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

@@ -1,6 +1,6 @@
 """Databases as DBAs configure them: behind a transaction-pooling PgBouncer, with a
 serializable default isolation, restarted under running jobs, with a role's connection
-limit below what the worker would open (README "Production databases")."""
+limit below what the worker would open (docs/operations.md, "Production databases")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The package layout: one noun, one home (README "Layout")."""
+"""The package layout: one noun, one home (docs/development.md, "Layout")."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ behind a transaction pooler too), whatever the database's default_transaction_is
 claims, `done`s, retries, lease renewals, token leases, and a job's own transaction, which
 carries the worker's `done` of the job and meets its lease renewals on the same row (under
 SERIALIZABLE that renewal alone would fail the `done`). A handler may ask for another level
-(README "Production databases"); `jobpool.db.connect.open_pool` sets it."""
+(docs/operations.md, "Production databases"); `jobpool.db.connect.open_pool` sets it."""
 
 CLAIM_APPLICATION_NAME = "jobpool-claims"
 """The claim connection's name in pg_stat_activity (when the DSN gives none)."""
@@ -117,7 +117,8 @@ class QueueStore:
         claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
-        within a priority level tenants take turns (README "Scaling").
+        within a priority level tenants take turns (docs/concepts.md, "Fair turns between
+        tenants").
 
         It runs on the store's own claim connection (`claim_session`: a generic plan, commits
         that do not wait for the WAL flush; behind a transaction pooler `claim_transaction`

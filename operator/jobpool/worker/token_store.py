@@ -84,7 +84,7 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
     except ValueError as exc:
         if source != "JOBPOOL_RATE_LIMITS":  # the path may name any file: never show it
             raise ValueError(f"{source}: not usable rate limits (YAML or JSON of the form "
-                             "{providers: ..., kinds: ...}, see the README's Rate limits); "
+                             "{providers: ..., kinds: ...}, see docs/rate-limits.md); "
                              "its content is not shown") from None
         raise ValueError(f"{source}: {exc}") from None
 
