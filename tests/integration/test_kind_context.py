@@ -17,7 +17,8 @@ import jobpool
 from integration.test_outbox_dispatch import LOOPBACK, Receiver, Reply, _serve
 from jobpool import settings, testing
 from jobpool.cli import main
-from jobpool.registry import REGISTRY
+from jobpool.job import Job
+from jobpool.registry import REGISTRY, Registry
 from jobpool.settings import Settings
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
@@ -143,3 +144,23 @@ def test_jobpool_run_audits_as_its_service_account(
     finally:
         settings.configure(previous)
     assert asyncio.run(enqueued_by(tenant)) == ["svc-cli"]
+
+
+async def test_jobpool_testing_runs_a_registry_and_settings_of_the_tests_own(
+    conn: Conn, dsn: str, tenant: uuid.UUID, process_wide: Settings
+) -> None:
+    own = Registry()
+
+    @own.kind("context_probe")
+    async def probe(job: Job, tx: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+        return {"actor": job.context.actor, "from": job.context.settings.smtp_from,
+                "kinds": job.context.registry.names()}
+
+    chosen = Settings(smtp_from="probe@example.com")
+    run = await testing.run_job(dsn, "context_probe", tenant="acme", registry=own,
+                                settings=chosen)
+    assert run.result == {"actor": testing.ACTOR, "from": "probe@example.com",
+                          "kinds": ["context_probe"]}
+    assert REGISTRY.find("context_probe") is None
+    await jobpool.enqueue(conn, tenant_id=tenant, kind="context_probe")
+    assert await testing.drain(dsn, registry=own) == {"done": 1}
