@@ -5,9 +5,11 @@ and through `jobpool run`."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -164,3 +166,12 @@ async def test_jobpool_testing_runs_a_registry_and_settings_of_the_tests_own(
     assert REGISTRY.find("context_probe") is None
     await jobpool.enqueue(conn, tenant_id=tenant, kind="context_probe")
     assert await testing.drain(dsn, registry=own) == {"done": 1}
+
+
+async def test_the_example_of_the_docs_page_runs(dsn: str, tenant: uuid.UUID) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "job-context.md").read_text("utf-8")
+    [block] = re.findall(r"^```python\n(.*?)^```$", page, flags=re.S | re.M)
+    example: dict[str, Any] = {}
+    exec(compile(block, "docs/job-context.md", "exec"), example)
+    await example["test_a_greeting_names_who_sent_it"](dsn)
+    assert REGISTRY.find("greeting") is None
