@@ -37,7 +37,6 @@ from jobpool.kinds.attachments.uploads import (
     Upload,
     commit_upload,
     commit_upload_sync,
-    register_fetcher,
 )
 from jobpool.kinds.webhooks.outbox import (
     PublishedEvent,
@@ -47,7 +46,7 @@ from jobpool.kinds.webhooks.outbox import (
     subscribe_webhook,
 )
 from jobpool.kinds.webhooks.signing import WebhookVerificationError, verify_webhook
-from jobpool.registry import kind
+from jobpool.registry import kind, register_fetcher
 
 __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",

@@ -146,7 +146,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # a server of your own may be down or not migrated yet: the worker waits for it, serving
     # its probes; the embedded one is started (and migrated) here
     dsn = settings.dsn or await prepare_database(settings)
-    worker = Worker(dsn, registry, config, actor=settings.service_account)
+    worker = Worker(dsn, registry, config, actor=settings.service_account, settings=settings)
     worker.install_signal_handlers()
     health = await start_worker_health(worker, dsn, args.metrics_port)
     if args.status_file:

@@ -1,14 +1,22 @@
-"""Job kinds are plugins: `@jobpool.kind(...)` registers a handler under a name."""
+"""Plug-ins by name: job kinds (`@jobpool.kind`), maintenance steps (`@cleanup_step`) and
+attachment fetchers (`jobpool.register_fetcher`), held by a `Registry`.
+
+The module-level decorators fill `REGISTRY`, the one `jobpool run` and `jobpool.testing` use
+unless given another; a worker hands its registry to its handlers (`job.context.registry`).
+A test that wants isolation makes a `Registry()` (or `REGISTRY.copy()`) and registers with
+its methods of the same names.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from psycopg import AsyncConnection
@@ -17,11 +25,19 @@ from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name
 from jobpool.core.retry import BackoffPolicy
 from jobpool.errors import UnknownKindError
 from jobpool.extras import missing_modules
-from jobpool.job import Job
 from jobpool.payloads import decode_payload
 
-Handler = Callable[[Job, AsyncConnection[Any]], Awaitable[Mapping[str, Any] | None]]
+if TYPE_CHECKING:  # a Job carries its worker's registry in its context
+    from jobpool.job import Job
+
+Handler = Callable[["Job", AsyncConnection[Any]], Awaitable[Mapping[str, Any] | None]]
 """`async def handler(job, tx)`; may return a JSON-able mapping stored as the job's result."""
+
+Step = Callable[[AsyncConnection[Any]], Awaitable[dict[str, int]]]
+"""`async def step(tx) -> {counter: n}`: a periodic maintenance step, in its own transaction."""
+
+Fetcher = Callable[[str], AsyncIterator[bytes]]
+"""`fetch(uri)` → the object's bytes in chunks (an attachment's storage URI)."""
 
 ENTRY_POINT_GROUP = "jobpool.kinds"
 
@@ -38,10 +54,86 @@ class KindSpec:
 
 
 class Registry:
-    """Kinds by name. The module-level `REGISTRY` is the one `@jobpool.kind` fills."""
+    """Kinds by name, maintenance steps by name and attachment fetchers by URI scheme.
+
+    Registering a name (or scheme) again replaces the earlier entry, so that importing a
+    module twice changes nothing.
+    """
 
     def __init__(self) -> None:
         self._kinds: dict[str, KindSpec] = {}
+        self._steps: dict[str, Step] = {}
+        self._fetchers: dict[str, Fetcher] = {}
+
+    def copy(self) -> Registry:
+        """A registry holding what this one holds now; later registrations stay apart."""
+        other = Registry()
+        other._kinds.update(self._kinds)
+        other._steps.update(self._steps)
+        other._fetchers.update(self._fetchers)
+        return other
+
+    # -- kinds
+
+    def kind(
+        self,
+        name: str,
+        *,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        stale_ttl: float | None = None,
+        timeout: float | None = None,
+        backoff_base: float | None = None,
+        backoff_max: float | None = None,
+        backoff_jitter: float | None = None,
+        payload: type[msgspec.Struct] | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register `async def handler(job, tx)` as the handler of job kind `name`.
+
+        The options are the kind's defaults, declared here once: `jobpool migrate` and every
+        worker write priority, max_attempts and stale_ttl to `mdm.aa_job_kind`. Unset options
+        take the generic ones (`jobpool.core.kinds.KindDefaults`). Units: stale_ttl, timeout,
+        backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. `payload`, a
+        `msgspec.Struct` subclass, types the payload (`jobpool.payloads`): the handler receives
+        `job.payload` as its instance, and a payload that does not match goes to the DLQ
+        before the handler runs. Raises ValueError for a bad name or value, and TypeError when
+        the decorated handler is not an `async def` function or `payload` is not a Struct.
+        """
+        check_kind_name(name)
+        generic = KindDefaults()
+        backoff = BackoffPolicy(
+            base=generic.backoff.base if backoff_base is None else float(backoff_base),
+            max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
+            jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
+        )
+        # whole numbers stay as given, so that KindDefaults refuses 1.5 rather than cut it
+        given: dict[str, Any] = {
+            "priority": priority, "max_attempts": max_attempts,
+            "stale_ttl": None if stale_ttl is None else float(stale_ttl),
+            "timeout": None if timeout is None else float(timeout),
+        }
+        overrides = {key: value for key, value in given.items() if value is not None}
+        try:
+            defaults = replace(generic, backoff=backoff, **overrides)
+        except ValueError as exc:
+            raise ValueError(f"job kind {name!r}: {exc}") from None
+
+        if payload is not None and not (
+                isinstance(payload, type) and issubclass(payload, msgspec.Struct)):
+            raise TypeError(f"the payload of job kind {name!r} must be a msgspec.Struct "
+                            f"subclass, got {payload!r}")
+
+        def register(handler: Handler) -> Handler:
+            if not inspect.iscoroutinefunction(handler):
+                raise TypeError(
+                    f"the handler of job kind {name!r} must be an `async def` function, "
+                    f"got {handler!r}"
+                )
+            runs = handler if payload is None else _decoding(name, payload, handler)
+            self.add(KindSpec(name, runs, defaults, payload))
+            return handler
+
+        return register
 
     def add(self, spec: KindSpec) -> None:
         """Register `spec`, replacing an earlier registration of the same name."""
@@ -55,7 +147,7 @@ class Registry:
             raise UnknownKindError(name) from None
 
     def find(self, name: str) -> KindSpec | None:
-        """The kind called `name`, or None when this process has not registered it."""
+        """The kind called `name`, or None when this registry does not hold it."""
         return self._kinds.get(name)
 
     def names(self) -> tuple[str, ...]:
@@ -64,68 +156,40 @@ class Registry:
     def specs(self) -> tuple[KindSpec, ...]:
         return tuple(self._kinds[name] for name in self.names())
 
+    # -- maintenance steps
+
+    def cleanup_step(self, name: str) -> Callable[[Step], Step]:
+        """Register `async def step(tx) -> {counter: n}` to run every maintenance period
+        (and in every `cleanup_jobs` job), under `name` in the logs."""
+
+        def register(step: Step) -> Step:
+            self._steps[name] = step
+            return step
+
+        return register
+
+    def steps(self) -> tuple[tuple[str, Step], ...]:
+        """The maintenance steps by name, in the order they were first registered."""
+        return tuple(self._steps.items())
+
+    # -- attachment fetchers
+
+    def register_fetcher(self, scheme: str, fetcher: Fetcher) -> None:
+        """Stream attachment URIs of `scheme` (e.g. "s3") with `fetcher`, replacing an earlier
+        one and the built-in fetcher of that scheme (`file`, `https`)."""
+        self._fetchers[scheme.lower()] = fetcher
+
+    def fetchers(self) -> Mapping[str, Fetcher]:
+        """The registered fetchers by lower-case scheme (read-only)."""
+        return MappingProxyType(self._fetchers)
+
 
 REGISTRY = Registry()
+"""The registry the module-level decorators fill: what this process imported."""
 
-
-def kind(
-    name: str,
-    *,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    stale_ttl: float | None = None,
-    timeout: float | None = None,
-    backoff_base: float | None = None,
-    backoff_max: float | None = None,
-    backoff_jitter: float | None = None,
-    payload: type[msgspec.Struct] | None = None,
-) -> Callable[[Handler], Handler]:
-    """Register `async def handler(job, tx)` as the handler of job kind `name`.
-
-    The options are the kind's defaults, declared here once: `jobpool migrate` and every
-    worker write priority, max_attempts and stale_ttl to `mdm.aa_job_kind`. Unset options
-    take the generic ones (`jobpool.core.kinds.KindDefaults`). Units: stale_ttl, timeout,
-    backoff_base and backoff_max in seconds; backoff_jitter a fraction 0..1. `payload`, a
-    `msgspec.Struct` subclass, types the payload (`jobpool.payloads`): the handler receives
-    `job.payload` as its instance, and a payload that does not match goes to the DLQ before the
-    handler runs. Raises ValueError for a bad name or value, and TypeError when the decorated
-    handler is not an `async def` function or `payload` is not a Struct.
-    """
-    check_kind_name(name)
-    generic = KindDefaults()
-    backoff = BackoffPolicy(
-        base=generic.backoff.base if backoff_base is None else float(backoff_base),
-        max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
-        jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
-    )
-    # whole numbers stay as given, so that KindDefaults refuses 1.5 rather than cut it
-    given: dict[str, Any] = {
-        "priority": priority, "max_attempts": max_attempts,
-        "stale_ttl": None if stale_ttl is None else float(stale_ttl),
-        "timeout": None if timeout is None else float(timeout),
-    }
-    overrides = {key: value for key, value in given.items() if value is not None}
-    try:
-        defaults = replace(generic, backoff=backoff, **overrides)
-    except ValueError as exc:
-        raise ValueError(f"job kind {name!r}: {exc}") from None
-
-    if payload is not None and not (
-            isinstance(payload, type) and issubclass(payload, msgspec.Struct)):
-        raise TypeError(f"the payload of job kind {name!r} must be a msgspec.Struct subclass, "
-                        f"got {payload!r}")
-
-    def register(handler: Handler) -> Handler:
-        if not inspect.iscoroutinefunction(handler):
-            raise TypeError(
-                f"the handler of job kind {name!r} must be an `async def` function, "
-                f"got {handler!r}"
-            )
-        runs = handler if payload is None else _decoding(name, payload, handler)
-        REGISTRY.add(KindSpec(name, runs, defaults, payload))
-        return handler
-
-    return register
+kind = REGISTRY.kind
+cleanup_step = REGISTRY.cleanup_step
+register_fetcher = REGISTRY.register_fetcher
 
 
 def _decoding(name: str, model: type[msgspec.Struct], handler: Handler) -> Handler:

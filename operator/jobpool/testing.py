@@ -27,12 +27,14 @@ from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
 from jobpool.job import Job
 from jobpool.metrics import Outcome
-from jobpool.registry import load_kind_modules
+from jobpool.registry import Registry, load_kind_modules
+from jobpool.settings import Settings
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import PROBE_TIMEOUT, Worker, pool_size
 
 ACTOR = "jobpool.testing"
-"""The audit principal of the jobs these functions enqueue and run."""
+"""The audit principal of the jobs these functions enqueue and run, and of what their
+handlers write (`job.context.actor`)."""
 
 """The values of `mdm.job_status`."""
 
@@ -71,20 +73,22 @@ class JobRecord:
         )
 
 
-async def register_kinds(conn: AsyncConnection[Any]) -> None:
+async def register_kinds(conn: AsyncConnection[Any], *, registry: Registry | None = None) -> None:
     """Register every loaded kind and its defaults, as a worker does when it starts.
 
-    Loaded: the `jobpool.kinds` entry points and every `@jobpool.kind` imported so far.
+    Loaded: the kinds of `registry`, by default the `jobpool.kinds` entry points and every
+    `@jobpool.kind` imported so far.
     Runs in `conn`'s transaction. Needed before anything enqueues a kind (a service's code,
     a handler's follow-up), because `mdm.aa_job_kind` is what makes an unknown kind an
     error at enqueue time.
     """
-    await register_specs(conn, load_kind_modules().specs())
+    await register_specs(conn, (load_kind_modules() if registry is None else registry).specs())
 
 
 async def run_job(
     dsn: str, kind: str, payload: dict[str, Any] | None = None, *,
-    tenant: str | uuid.UUID, max_attempts: int | None = None,
+    tenant: str | uuid.UUID, max_attempts: int | None = None, registry: Registry | None = None,
+    settings: Settings | None = None,
 ) -> JobRecord:
     """Enqueue one `kind` job for `tenant` (a key or an id), run it once; return its row.
 
@@ -92,35 +96,41 @@ async def run_job(
     `result`; `pending` with `last_error` and the next `available_at` after a failure that
     is retried (call `run_pending` to run the next attempt without waiting); `dlq` after a
     PermanentError or the last attempt. Jobs the handler enqueues are not run (`drain`).
+    The handler runs as `ACTOR`, with `settings` (None: the process's) and the kinds of
+    `registry` (None: those loaded, `jobpool.registry.REGISTRY`) as its `job.context`.
 
     Raises UnknownKindError (not loaded), UnknownTenantError, ValueError for a bad payload
     or tenant reference (see `jobpool.enqueue`), and whatever the worker raises for a
     database that is unreachable or not migrated.
     """
-    spec = load_kind_modules().get(kind)
+    spec = (load_kind_modules() if registry is None else registry).get(kind)
     async with await connect(dsn, autocommit=True) as conn, conn.transaction():
         await register_specs(conn, [spec])
         tenant_id = (await resolve_tenant(conn, str(tenant)))["id"]
         job_id, _ = await enqueue(conn, tenant_id=tenant_id, kind=kind, payload=payload,
                                   max_attempts=max_attempts, actor=ACTOR)
-    return await run_pending(dsn, job_id)
+    return await run_pending(dsn, job_id, registry=registry, settings=settings)
 
 
-async def run_pending(dsn: str, job_id: int) -> JobRecord:
+async def run_pending(
+    dsn: str, job_id: int, *, registry: Registry | None = None, settings: Settings | None = None,
+) -> JobRecord:
     """Run pending job `job_id` once, now, even when it is not due yet; return its row.
 
     For the next attempt of a job `run_job` left pending, or a job your own code enqueued
     (and committed). Only that job runs: other jobs, also those the handler enqueues, stay.
     Raises JobNotFoundError, JobStateError when the job is not pending (the message names
-    its status), UnknownKindError when its kind is not loaded.
+    its status), UnknownKindError when its kind is not loaded. `registry` and `settings` as
+    for `run_job`.
     """
-    registry = load_kind_modules()
+    registry = load_kind_modules() if registry is None else registry
     async with await connect(dsn, autocommit=True) as conn:
         row = await get_job(conn, job_id)
     registry.get(row["job_kind"])
     _require_pending(row)
     worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],), slots=1,
-                                                until_empty=True), actor=ACTOR)
+                                                until_empty=True), actor=ACTOR,
+                    settings=settings)
     pool = await open_live_pool(dsn, size=pool_size(worker.config.slots),
                                 name=f"jobpool-testing-{job_id}", timeout=PROBE_TIMEOUT)
     store = _OneJobStore(pool, worker_id=worker.worker_id, job_id=job_id)
@@ -139,7 +149,8 @@ async def run_pending(dsn: str, job_id: int) -> JobRecord:
 
 async def drain(
     dsn: str, *, kinds: Iterable[str] | None = None,
-    tenants: Iterable[str | uuid.UUID] | None = None,
+    tenants: Iterable[str | uuid.UUID] | None = None, registry: Registry | None = None,
+    settings: Settings | None = None,
 ) -> Counter[str]:
     """Run every runnable job of `kinds` and `tenants` (None: all) until none is left.
 
@@ -149,8 +160,9 @@ async def drain(
     `dlq`, `rate_limited` (pending again until the tenant's next token); an empty Counter
     when nothing was runnable. Raises UnknownKindError or UnknownTenantError naming the
     kind or tenant, ValueError for an empty `kinds` or `tenants` (None means all).
+    `registry` and `settings` as for `run_job`.
     """
-    registry = load_kind_modules()
+    registry = load_kind_modules() if registry is None else registry
     chosen = None if kinds is None else _nonempty("kinds", [registry.get(k).name for k in kinds])
     refs = () if tenants is None else _nonempty("tenants", [str(t) for t in tenants])
     if refs:
@@ -158,7 +170,8 @@ async def drain(
             for ref in refs:
                 await resolve_tenant(conn, ref)  # a misspelt tenant would drain nothing
     worker = _CountingWorker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs,
-                                                         until_empty=True), actor=ACTOR)
+                                                         until_empty=True), actor=ACTOR,
+                    settings=settings)
     await worker.run()
     return worker.outcomes
 

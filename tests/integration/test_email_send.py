@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
 from jobpool import settings
+from jobpool.job import JobContext
 from jobpool.registry import load_kind_modules
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -135,7 +136,7 @@ async def test_a_retry_after_a_lost_commit_logs_the_mail_once(conn: Conn, dsn: s
     claimed = await job(conn, job_id)
     claimed = {**claimed, "claimed_by": "h/1/x", "claimed_at": claimed["created_at"],
                "attempts": 1}
-    job_obj = jobpool.Job.from_row(claimed)
+    job_obj = jobpool.Job.from_row(claimed, JobContext(settings=settings.current()))
     # first attempt: sent and logged, then the commit is lost
     async with await psycopg.AsyncConnection.connect(dsn) as tx:
         await handler(job_obj, tx)

@@ -27,17 +27,17 @@ from aiohttp import web
 import jobpool.kinds.attachments.virus_scan as virus_scan
 from jobpool import settings
 from jobpool.errors import PermanentError, UnknownTenantError
+from jobpool.job import JobContext
 from jobpool.kinds.attachments import uploads as attachments
 from jobpool.kinds.attachments.uploads import (
     AttachmentNotFoundError,
     Upload,
     commit_upload,
     commit_upload_sync,
-    register_fetcher,
 )
 from jobpool.kinds.attachments.virus_scan import https_fetcher
 from jobpool.payloads import decode_payload
-from jobpool.registry import REGISTRY
+from jobpool.registry import REGISTRY, Registry
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 
@@ -117,11 +117,11 @@ RUNNABLE = ("SELECT count(*) FROM mdm.aa_job WHERE job_kind = 'virus_scan'"
             " AND status = 'pending' AND available_at <= now()")
 
 
-async def run_worker(dsn: str) -> None:
+async def run_worker(dsn: str, registry: Registry = REGISTRY) -> None:
     """Run an until-empty worker (again while scan jobs are runnable; see the outbox tests)."""
     config = WorkerConfig(kinds=("virus_scan",), until_empty=True, poll_interval=0.2)
     for _ in range(5):
-        await Worker(dsn, REGISTRY, config, actor="test-worker").run()
+        await Worker(dsn, registry, config, actor="test-worker").run()
         async with await psycopg.AsyncConnection.connect(dsn) as check:
             row = await (await check.execute(RUNNABLE)).fetchone()
         if not row or not row[0]:
@@ -351,7 +351,8 @@ async def test_https_objects_are_streamed(
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context).start()
     port = runner.addresses[0][1]
-    register_fetcher("https", https_fetcher(client_context))
+    registry = REGISTRY.copy()  # the process's https fetcher stays as it is
+    registry.register_fetcher("https", https_fetcher(client_context))
     try:
         base = put(files, "unused", data)
         good = await commit(conn, tenant, base,
@@ -359,9 +360,8 @@ async def test_https_objects_are_streamed(
         bad = await commit(conn, tenant, base, storage_uri=f"https://localhost:{port}/bucket/bad",
                            size_bytes=len(EICAR), sha256=hashlib.sha256(EICAR).hexdigest())
         gone = await commit(conn, tenant, base, storage_uri=f"https://localhost:{port}/missing")
-        await run_worker(dsn)
+        await run_worker(dsn, registry)
     finally:
-        register_fetcher("https", https_fetcher())
         await runner.cleanup()
     assert (await state(conn, good))["status"] == "clean"
     assert (await state(conn, bad))["status"] == "infected"
@@ -428,4 +428,4 @@ def test_malformed_payloads_and_unknown_schemes_are_permanent() -> None:
     with pytest.raises(PermanentError, match=r"missing required field `payload\.attachment_id`"):
         decode_payload("virus_scan", virus_scan.ScanPayload, {"id": 1})
     with pytest.raises(PermanentError, match="no fetcher for s3://"):
-        attachments.fetcher_for("s3://bucket/key")
+        attachments.fetcher_for("s3://bucket/key", virus_scan.fetchers_of(JobContext()))

@@ -5,9 +5,10 @@ lapsed go back to pending, or to the DLQ when out of attempts) runs every few se
 long-running worker's lease thread (`jobpool.worker.leases`), one worker at a time
 (`recovery_turn`). Every `cleanup_every` seconds (5 minutes by default) one worker, whichever
 first finds the period over (`take_maintenance_turn`: no leader), runs the periodic steps:
-done-job retention and whatever other kinds register with `cleanup_step` (the outbox's
-compaction), each in its own transaction on a connection of its own. The `cleanup_jobs`
-kind runs recovery and every step at once, for a job enqueued by hand. Its SQL is in
+done-job retention and whatever other kinds register with `jobpool.registry.cleanup_step`
+(the outbox's compaction): the steps of the worker's registry, each in its own transaction on
+a connection of its own. The `cleanup_jobs` kind runs recovery and every step at once, for a
+job enqueued by hand. Its SQL is in
 `sql/maintenance.sql`. `jobpool recover` runs the recovery at once.
 """
 
@@ -16,17 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
 
-from jobpool import settings
 from jobpool.db.connect import connect
 from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
 from jobpool.job import Job
-from jobpool.registry import kind
+from jobpool.registry import Step, cleanup_step, kind
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +39,8 @@ MAX_BATCHES = 20
 SCHEDULE_CHECK_MAX = 60.0
 """Cap on the seconds between a worker's checks whether the periodic steps are due."""
 
-Step = Callable[[AsyncConnection[Any]], Awaitable[dict[str, int]]]
-_STEPS: list[tuple[str, Step]] = []
-
-
-def cleanup_step(name: str) -> Callable[[Step], Step]:
-    """Register `async def step(tx) -> {counter: n}` to run every maintenance period."""
-
-    def register(step: Step) -> Step:
-        _STEPS.append((name, step))
-        return step
-
-    return register
+Steps = Sequence[tuple[str, Step]]
+"""Maintenance steps by name, as a registry holds them (`Registry.steps`)."""
 
 
 # -- store calls -------------------------------------------------------------------------
@@ -81,9 +71,10 @@ async def take_maintenance_turn(conn: AsyncConnection[Any], task: str, every: fl
 # -- the cleanup_jobs kind ---------------------------------------------------------------
 
 
-async def recover(tx: AsyncConnection[Any]) -> dict[str, int]:
-    """Recover lapsed claims: pending again, or DLQ when out of attempts; attempts unchanged."""
-    rows = await recover_stale_claims(tx, actor=settings.current().service_account)
+async def recover(tx: AsyncConnection[Any], *, actor: str) -> dict[str, int]:
+    """Recover lapsed claims: pending again, or DLQ when out of attempts; attempts unchanged.
+    `actor` is the audit principal of the DLQ moves."""
+    rows = await recover_stale_claims(tx, actor=actor)
     log_recovered(rows)
     return {"recovered": sum(r["status"] == "pending" for r in rows),
             "dead_lettered": sum(r["status"] == "dlq" for r in rows)}
@@ -111,11 +102,11 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
 @kind("cleanup_jobs", priority=100, max_attempts=3, stale_ttl=10 * 60, timeout=5 * 60,
       backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
-    """Recover lapsed claims and run every registered step in the job's transaction; return
-    their counters. Workers run all of this on their own schedule: the kind is for running it
-    now through the queue."""
-    result = await recover(tx)
-    for _, step in _STEPS:
+    """Recover lapsed claims and run every step of the worker's registry in the job's
+    transaction; return their counters. Workers run all of this on their own schedule: the
+    kind is for running it now through the queue."""
+    result = await recover(tx, actor=job.context.actor)
+    for _, step in job.context.registry.steps():
         result.update(await step(tx))
     return result
 
@@ -123,13 +114,13 @@ async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
 # -- the schedule ------------------------------------------------------------------------
 
 
-async def run_due_steps(dsn: str) -> dict[str, int]:
-    """Run every registered step, each in its own transaction on a connection of its own (a
+async def run_due_steps(dsn: str, steps: Steps) -> dict[str, int]:
+    """Run `steps`, each in its own transaction on a connection of its own (a
     step may take seconds: not on a connection the worker's jobs wait for). A step that fails
     is logged and the others run; the next period runs it again. Returns their counters."""
     result: dict[str, int] = {}
     async with await connect(dsn) as conn:
-        for name, step in _STEPS:
+        for name, step in steps:
             try:
                 async with conn.transaction():
                     result.update(await step(conn))
@@ -142,10 +133,11 @@ async def run_due_steps(dsn: str) -> dict[str, int]:
 
 
 async def keep_maintained(
-    store: QueueStore, dsn: str, *, every: float, online: asyncio.Event, rng: random.Random,
+    store: QueueStore, dsn: str, steps: Steps, *, every: float, online: asyncio.Event,
+    rng: random.Random,
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
 ) -> None:
-    """Run the periodic steps whenever this worker takes the turn at them, while `online` is
+    """Run the periodic `steps` whenever this worker takes the turn at them, while `online` is
     set; never returns.
 
     Checks every min(60 s, every / 2), spread by ±20 % so that workers do not ask in step; the
@@ -160,7 +152,7 @@ async def keep_maintained(
             async with store.pool.connection() as conn:
                 turn = await take_maintenance_turn(conn, "cleanup", every)
             if turn:
-                counters = await run_due_steps(dsn)
+                counters = await run_due_steps(dsn, steps)
                 log.info("maintenance: %s", ", ".join(f"{k} {v}" for k, v in counters.items()))
             healthy()
         except psycopg.OperationalError as exc:

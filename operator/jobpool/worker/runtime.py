@@ -57,9 +57,10 @@ from jobpool.errors import (
     SchemaNotMigratedError,
     UnknownTenantError,
 )
-from jobpool.job import Job
+from jobpool.job import Job, JobContext
 from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
+from jobpool.settings import Settings
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
@@ -171,13 +172,20 @@ class Worker:
     """Runs jobs of `config`'s kinds and tenants with `config.slots` at once.
 
     `run()` returns after `stop()` (or SIGTERM/SIGINT) once running jobs finished or were
-    handed back, or, with `until_empty`, once nothing runnable is left.
+    handed back, or, with `until_empty`, once nothing runnable is left. `actor` is the audit
+    principal of everything it and its handlers write; `settings` (None: the process's,
+    `jobpool.settings.current()`) and `registry` are its own, handed to the handlers as
+    `job.context`.
     """
 
     def __init__(
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
         rng: random.Random | None = None, limiter: TokenStore | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        self.settings = current_settings() if settings is None else settings
+        self.job_context = JobContext(actor=actor, settings=self.settings, registry=registry)
+        """What its handlers get as `job.context`: this worker's actor, settings, registry."""
         self.dsn = dsn
         self.registry = registry
         self.config = config
@@ -206,7 +214,7 @@ class Worker:
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
         self.refusal: ConnectionBudgetError | None = None
         """Why the worker refused to start (its connection budget leaves no slot)."""
-        self.limiter = limiter or TokenStore.from_settings(current_settings())
+        self.limiter = limiter or TokenStore.from_settings(self.settings)
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
         self.slots = config.slots
@@ -223,7 +231,7 @@ class Worker:
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty)
-        where = current_settings()
+        where = self.settings
         self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
                                    kinds=self.kinds, tenants=config.tenants, slots=config.slots,
                                    busy=lambda: len(self.in_flight))
@@ -322,7 +330,7 @@ class Worker:
             raise
         except Exception as exc:
             self.background.failed("rate-limits", exc)  # its task keeps trying meanwhile
-        where = current_settings()
+        where = self.settings
         log.info(
             "worker %s%s: %d slot(s), kinds %s, tenants %s", self.worker_id,
             f" (pool {where.pool}, lane {where.lane})" if where.pool and where.lane else "",
@@ -499,7 +507,7 @@ class Worker:
         return self.limiter.throttled()
 
     def _start(self, row: dict[str, Any]) -> None:
-        job = Job.from_row(row)
+        job = Job.from_row(row, self.job_context)
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
         task = asyncio.create_task(self._execute(job, row), name=f"job-{job.id}")
         self.in_flight[job.id] = task
@@ -1037,7 +1045,8 @@ class Worker:
         (worker/maintenance.py)."""
         assert self.store is not None
         await keep_maintained(
-            self.store, self.dsn, every=self.config.cleanup_every, online=self.online,
-            rng=self.rng, healthy=lambda: self.background.healthy("maintenance"),
+            self.store, self.dsn, self.registry.steps(), every=self.config.cleanup_every,
+            online=self.online, rng=self.rng,
+            healthy=lambda: self.background.healthy("maintenance"),
             database_error=self._database_error,
         )

@@ -5,10 +5,11 @@ How a service commits an upload (after the client PUT the object to its pre-sign
 "https://bucket.../cv.pdf?X-Amz-..."))` inside its own transaction. The attachment row gets
 `virus_scan_status = 'pending'` and a `virus_scan` job is enqueued in that same transaction.
 
-Fetchers stream an object by URI scheme: `file://` (under JOBPOOL_ATTACHMENT_FILE_ROOT) is
-built in here, `https://` (e.g. a pre-signed GET URL) by the virus_scan kind, which a worker
-loads (its HTTP client is the worker extra's, and a service that only commits uploads does
-not install it); `register_fetcher("s3", fetch)` adds one.
+Fetchers stream an object by URI scheme: `file://` (under the worker's
+JOBPOOL_ATTACHMENT_FILE_ROOT, `file_fetcher`) is built in here, `https://` (e.g. a pre-signed
+GET URL) by the virus_scan kind, which a worker loads (its HTTP client is the worker extra's,
+and a service that only commits uploads does not install it); `jobpool.register_fetcher("s3",
+fetch)` adds one to the registry (`jobpool.registry`), where it also replaces a built-in one.
 A fetcher yields chunks and never holds the whole object; it raises FetchError for a
 failure worth retrying and PermanentError for one that is not.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
-from jobpool import settings
 from jobpool.core.jsondata import text_problem
 from jobpool.enqueue import NewJob, enqueue_many, enqueue_many_sync
 from jobpool.errors import (
@@ -37,16 +37,13 @@ from jobpool.errors import (
     PermanentError,
     UnknownTenantError,
 )
+from jobpool.registry import Fetcher
 from jobpool.sql import QUERIES
 
 CHUNK_SIZE = 64 * 1024
 """Bytes per chunk a built-in fetcher yields (and the scan streams to clamd)."""
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
-
-Fetcher = Callable[[str], AsyncIterator[bytes]]
-"""`fetch(uri)` → the object's bytes in chunks."""
-
 
 @dataclass(frozen=True)
 class Upload:
@@ -158,23 +155,17 @@ def commit_upload_sync(
 
 # -- fetchers ------------------------------------------------------------------------------
 
-_FETCHERS: dict[str, Fetcher] = {}
 
-
-def register_fetcher(scheme: str, fetcher: Fetcher) -> None:
-    """Stream URIs of `scheme` (e.g. "s3") with `fetcher`, replacing an earlier one."""
-    _FETCHERS[scheme.lower()] = fetcher
-
-
-def fetcher_for(uri: str) -> Fetcher:
-    """The fetcher of `uri`'s scheme; raises PermanentError when none is registered."""
+def fetcher_for(uri: str, fetchers: Mapping[str, Fetcher]) -> Fetcher:
+    """The fetcher of `uri`'s scheme among `fetchers` (by lower-case scheme); raises
+    PermanentError when none is there."""
     scheme = urlsplit(uri).scheme.lower()
     try:
-        return _FETCHERS[scheme]
+        return fetchers[scheme]
     except KeyError:
         raise PermanentError(
             f"no fetcher for {scheme or 'scheme-less'}:// attachments (known: "
-            f"{', '.join(sorted(_FETCHERS))}); add one with jobpool.register_fetcher"
+            f"{', '.join(sorted(fetchers))}); add one with jobpool.register_fetcher"
         ) from None
 
 
@@ -204,20 +195,23 @@ def file_path(uri: str, root: str | None) -> Path:
     return path
 
 
-async def fetch_file(uri: str) -> AsyncIterator[bytes]:
-    """Stream a local file in CHUNK_SIZE pieces; a missing file is a FetchError (retry)."""
-    path = file_path(uri, settings.current().attachment_file_root)
-    try:
-        handle = await asyncio.to_thread(path.open, "rb")
-    except FileNotFoundError as exc:
-        raise FetchError(f"{path} does not exist (yet)") from exc
-    except OSError as exc:
-        raise FetchError(f"cannot open {path}: {exc}") from exc
-    try:
-        while chunk := await asyncio.to_thread(handle.read, CHUNK_SIZE):
-            yield chunk
-    finally:
-        handle.close()
+def file_fetcher(root: str | None) -> Fetcher:
+    """The fetcher of `file://` URIs under `root` (JOBPOOL_ATTACHMENT_FILE_ROOT; None: every
+    `file://` URI is refused, PermanentError): a local file in CHUNK_SIZE pieces, a missing
+    file a FetchError (retry)."""
 
+    async def fetch_file(uri: str) -> AsyncIterator[bytes]:
+        path = file_path(uri, root)
+        try:
+            handle = await asyncio.to_thread(path.open, "rb")
+        except FileNotFoundError as exc:
+            raise FetchError(f"{path} does not exist (yet)") from exc
+        except OSError as exc:
+            raise FetchError(f"cannot open {path}: {exc}") from exc
+        try:
+            while chunk := await asyncio.to_thread(handle.read, CHUNK_SIZE):
+                yield chunk
+        finally:
+            handle.close()
 
-register_fetcher("file", fetch_file)
+    return fetch_file

@@ -29,9 +29,8 @@ import msgspec
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from jobpool import settings
 from jobpool.errors import FetchError, JobpoolError, PermanentError
-from jobpool.job import Job
+from jobpool.job import Job, JobContext
 from jobpool.kinds.attachments.clamd import (
     END_OF_STREAM,
     INSTREAM,
@@ -49,14 +48,8 @@ from jobpool.kinds.attachments.clamd import (
     status_of,
     with_integrity,
 )
-from jobpool.kinds.attachments.uploads import (
-    CHUNK_SIZE,
-    Fetcher,
-    fetcher_for,
-    redact,
-    register_fetcher,
-)
-from jobpool.registry import kind
+from jobpool.kinds.attachments.uploads import CHUNK_SIZE, fetcher_for, file_fetcher, redact
+from jobpool.registry import Fetcher, kind
 from jobpool.sql import QUERIES
 
 CONNECT_TIMEOUT = 10.0
@@ -276,7 +269,15 @@ def https_fetcher(ssl_context: ssl.SSLContext | None = None) -> Fetcher:
     return fetch_https
 
 
-register_fetcher("https", https_fetcher())
+HTTPS = https_fetcher()
+"""The built-in `https://` fetcher: the system's CAs."""
+
+
+def fetchers_of(context: JobContext) -> dict[str, Fetcher]:
+    """The fetchers a scan in `context` uses: the built-in `file://` (under its settings'
+    attachment file root) and `https://`, then its registry's, which replace them."""
+    file = file_fetcher(context.settings.attachment_file_root)
+    return {"file": file, "https": HTTPS, **context.registry.fetchers()}
 
 
 # -- the kind ------------------------------------------------------------------------------
@@ -288,8 +289,7 @@ async def _attachment(tx: AsyncConnection[Any], attachment_id: int) -> Mapping[s
         return await cur.fetchone()
 
 
-def _clamd_address() -> ClamdAddress:
-    url = settings.current().clamd_url
+def _clamd_address(url: str | None) -> ClamdAddress:
     if not url:
         raise PermanentError("JOBPOOL_CLAMD_URL is not set: no clamd to scan with")
     try:
@@ -309,7 +309,7 @@ async def _record(
             "status": status_of(verdict), "job_id": job.id,
             "signature": verdict.signature if isinstance(verdict, Infected) else None,
             "detail": verdict.reason if isinstance(verdict, Unscannable) else None,
-            "actor": settings.current().service_account,
+            "actor": job.context.actor,
         })
         changed = await cur.fetchone()
     return bool(changed and changed["changed"])
@@ -328,11 +328,11 @@ async def virus_scan(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
         return {**result, "status": "superseded"}
     if row["virus_scan_status"] != "pending":
         return {**result, "status": row["virus_scan_status"], "already": True}
-    address = _clamd_address()
-    fetch = fetcher_for(row["storage_uri"])
+    config = job.context.settings
+    address = _clamd_address(config.clamd_url)
+    fetch = fetcher_for(row["storage_uri"], fetchers_of(job.context))
     verdict = await scan(address, fetch(row["storage_uri"]), size=row["size_bytes"],
-                         sha256=row["sha256"],
-                         stream_limit=settings.current().clamd_stream_max_length)
+                         sha256=row["sha256"], stream_limit=config.clamd_stream_max_length)
     match verdict:
         case Transient(reason=reason):
             raise ScanFailed(f"{redact(row['storage_uri'])}: {reason}")

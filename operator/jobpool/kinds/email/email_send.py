@@ -17,7 +17,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from psycopg import AsyncConnection
 
-from jobpool import settings
 from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.kinds.email.mail import (
@@ -139,7 +138,7 @@ def send(target: SmtpTarget, delivery: Delivery) -> None:
       backoff_max=24 * 3600, backoff_jitter=0.1, payload=EmailPayload)
 async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""
-    config = settings.current()
+    config = job.context.settings
     mail, delivery = prepare(job, config.smtp_from)
     cur = await tx.execute(QUERIES["suppressed_address"].text,
                            {"tenant_id": job.tenant_id, "addresses": list(mail.to.forms)})
@@ -154,6 +153,6 @@ async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     await tx.execute(QUERIES["log_email"].text, {
         "tenant_id": job.tenant_id, "job_id": job.id, "message_id": message_id,
         "recipient": delivery.rcpt_to, "subject": mail.subject, "status": status,
-        "actor": config.service_account,
+        "actor": job.context.actor,
     })
     return {"status": status, "message_id": message_id}

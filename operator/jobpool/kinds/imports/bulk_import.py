@@ -20,7 +20,6 @@ from typing import Any
 import msgspec
 from psycopg import AsyncConnection
 
-from jobpool import settings
 from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
 from jobpool.job import Job
@@ -58,7 +57,7 @@ async def bulk_import(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
             batches += 1
             log.debug("import %d: committed up to line %d", spec.id, counts.last_line)
     cur = await tx.execute(QUERIES["finish_import"].text, {
-        "id": spec.id, "job_id": job.id, "actor": settings.current().service_account})
+        "id": spec.id, "job_id": job.id, "actor": job.context.actor})
     done = await cur.fetchone()
     assert done is not None
     return {"import_job_id": spec.id, "rows": done["total_rows"], "inserted": done["inserted"],

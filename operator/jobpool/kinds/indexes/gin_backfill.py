@@ -19,7 +19,6 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
-from jobpool import settings
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
@@ -96,6 +95,6 @@ async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                      {"id": entity_type["id"], "status": "active", "error": None})
     if outcome.plan.action in ("build", "rebuild"):
         await tx.execute(QUERIES["audit_data_job"].text, {
-            "actor": settings.current().service_account, "tenant_id": job.tenant_id,
+            "actor": job.context.actor, "tenant_id": job.tenant_id,
             "job_id": job.id, "action": "index_built", "payload": Jsonb(result)})
     return result

@@ -22,7 +22,6 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
-from jobpool import settings
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
 from jobpool.errors import PermanentError
@@ -128,7 +127,7 @@ async def _record(tx: AsyncConnection[Any], job: Job, attribute: Row | None,
     if outcome.plan.action in ("build", "rebuild", "drop"):
         action = "index_dropped" if outcome.plan.action == "drop" else "index_built"
         await tx.execute(QUERIES["audit_data_job"].text, {
-            "actor": settings.current().service_account, "tenant_id": job.tenant_id,
+            "actor": job.context.actor, "tenant_id": job.tenant_id,
             "job_id": job.id, "action": action, "payload": Jsonb(result)})
 
 

@@ -20,7 +20,6 @@ import msgspec
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from jobpool import settings
 from jobpool.db.connect import open_side_connection
 from jobpool.job import Job
 from jobpool.kinds.entities.entity_types import require_entity_type
@@ -76,6 +75,6 @@ async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
         totals = await rebuild_vectors(side, entity_type["id"], keys, request.batch_size)
     result = {"type_key": request.type_key, "search_keys": keys, **totals}
     await tx.execute(QUERIES["audit_data_job"].text, {
-        "actor": settings.current().service_account, "tenant_id": job.tenant_id,
+        "actor": job.context.actor, "tenant_id": job.tenant_id,
         "job_id": job.id, "action": "search_reindexed", "payload": Jsonb(result)})
     return result

@@ -32,7 +32,6 @@ import psycopg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from psycopg import AsyncConnection
 
-from jobpool import settings
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
 from jobpool.db.store import fetch_all, fetch_one
@@ -61,9 +60,8 @@ from jobpool.kinds.webhooks.ssrf import (
     parse_networks,
     webhook_target,
 )
-from jobpool.registry import kind
+from jobpool.registry import cleanup_step, kind
 from jobpool.sql import QUERIES
-from jobpool.worker.maintenance import cleanup_step
 
 log = logging.getLogger(__name__)
 
@@ -252,27 +250,31 @@ async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str
         NewJob(row["tenant_id"], "outbox_dispatch", {"delivery_id": row["id"]},
                idempotency_key=f"webhook_delivery:{row['id']}")
         for row in rows
-    ], actor=settings.current().service_account)
+    ], actor=job.context.actor)
     if rows:
         await tx.execute(QUERIES["set_delivery_jobs"].text, {
             "ids": [row["id"] for row in rows], "job_ids": [j.id for j in jobs]})
     return {"event_id": event_id, "deliveries": len(rows)}
 
 
-def _allow_networks() -> tuple[Network, ...]:
-    """The networks webhook targets may resolve to (checked when the settings were built)."""
-    return parse_networks(settings.current().webhook_allow_networks)
+def _allow_networks(job: Job) -> tuple[Network, ...]:
+    """The networks webhook targets may resolve to, by the job's settings (checked when they
+    were built)."""
+    return parse_networks(job.context.settings.webhook_allow_networks)
 
 
-async def _attempt(delivery: Mapping[str, Any], body: bytes) -> Outcome:
-    """Send one signed attempt and say what the answer means."""
+async def _attempt(
+    delivery: Mapping[str, Any], body: bytes, allow: tuple[Network, ...]
+) -> Outcome:
+    """Send one signed attempt (to a target resolving into public networks or `allow`) and
+    say what the answer means."""
     try:
         headers = signed_headers(delivery["secret"], delivery["webhook_id"],
                                  int(delivery["now_epoch"]), body)
     except ValueError as exc:
         return Undeliverable(f"subscription {delivery['subscription_id']}: {exc}")
     try:
-        answer = await post_webhook(delivery["url"], headers, body, _allow_networks())
+        answer = await post_webhook(delivery["url"], headers, body, allow)
     except (InvalidWebhookURL, TargetRefused) as exc:
         return Undeliverable(str(exc))
     except TransportError as exc:
@@ -304,7 +306,7 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
         await tx.execute(QUERIES["record_delivery_skipped"].text, {
             "id": delivery_id, "reason": "subscription is not active"})
         return {**result, "status": "skipped"}
-    outcome = await _attempt(delivery, bytes(delivery["body"]))
+    outcome = await _attempt(delivery, bytes(delivery["body"]), _allow_networks(job))
     match outcome:
         case Delivered(status=code):
             await tx.execute(QUERIES["record_delivered"].text,
@@ -313,7 +315,7 @@ async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[
         case Gone(reason=reason):
             await tx.execute(QUERIES["record_gone"].text, {
                 "id": delivery_id, "reason": truncate_error(reason), "job_id": job.id,
-                "actor": settings.current().service_account})
+                "actor": job.context.actor})
             log.warning("webhook subscription %d answered 410 and was deactivated",
                         delivery["subscription_id"])
             return {**result, "status": "gone", "status_code": 410}
