@@ -4,7 +4,7 @@ Every function works on a migrated PostgreSQL database (`jobpool.db.migrate.migr
 a fake: a handler's SQL, the job's transaction, the kind's retry policy and the DLQ are the
 ones production runs. Jobs run through a real `Worker` (claim, the handler in the job's
 transaction, done / retry / DLQ, rate limits); nothing waits for a backoff or a delayed job.
-The README's "Testing your kinds" has a complete pytest example.
+docs/writing-kinds.md, "Testing your kinds", has a complete pytest example.
 """
 
 from __future__ import annotations
