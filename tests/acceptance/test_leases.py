@@ -81,7 +81,7 @@ async def test_a_killed_workers_jobs_run_again_once_their_leases_lapse(
     # the survivor's own job kept its claim while the dead worker's lapsed and ran again
     assert (live_row["status"], live_row["attempts"], live_row["claimed_by"]) == (
         "running", 1, live_claim)
-    assert f"lapsed claim of job {live} " not in err and "claim lost" not in err
+    assert f"lapsed claim of job {live} " not in err and "lease lost" not in err
 
 
 async def test_a_handler_blocking_the_event_loop_runs_once(
@@ -117,4 +117,4 @@ async def test_a_handler_blocking_the_event_loop_runs_once(
                         (blocking,)) == 1
     assert f"job {blocking} (test_block) blocks it" in err
     assert "the event loop was blocked for" in err and f"by job {blocking} (test_block)" in err
-    assert "claim lost" not in err
+    assert "lease lost" not in err

@@ -45,7 +45,7 @@ async def test_jobs_stop_interrupts_the_handler_in_the_worker_process(
         _, err = await asyncio.to_thread(worker.communicate, timeout=60)
     assert worker.returncode == 0, err
     assert f"job {stopped} (test_wait_for_stop) stopped: cancelling its handler" in err
-    assert f"job {stopped} (test_wait_for_stop) stopped: its handler ended" in err
+    assert f"job {stopped} (test_wait_for_stop): its handler ended" in err
     row = await job(conn, stopped)
     assert row["status"] == "failed" and row["claimed_by"] is None
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",

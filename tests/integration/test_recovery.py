@@ -248,6 +248,6 @@ async def test_a_lease_not_renewed_is_lost_only_when_the_job_is_not_finishing(
     finally:
         keeper.stop()
         await pool.close()
-    lost = [r.getMessage() for r in caplog.records if "claim lost (stopped" in r.getMessage()]
-    assert lost == [f"job {taken_back} (test_record): claim lost (stopped, or recovered "
-                    "elsewhere); its result will be discarded"]
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert lost == [f"job {taken_back} (test_record): lease lost (recovered elsewhere); its "
+                    "result will be discarded"]

@@ -120,6 +120,13 @@ async def _rows_of(conn: Conn, job_id: int) -> int:
     return int(await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job_id,)))
 
 
+def _attempts(w: Worker) -> dict[tuple[str, str], float]:
+    """`mdm_jobs_attempts_total` by (kind, outcome)."""
+    return {(s.labels["kind"], s.labels["outcome"]): s.value
+            for metric in w.metrics.attempts.collect() for s in metric.samples
+            if s.name.endswith("_total")}
+
+
 async def _assert_stopped_by(conn: Conn, job_id: int, actor: str) -> None:
     row = await job(conn, job_id)
     assert row["status"] == "failed" and row["claimed_by"] is None
@@ -151,9 +158,7 @@ async def test_a_stop_interrupts_the_handler_and_the_other_slot_completes(
     await _assert_stopped_by(conn, stopped, "alice@example.com")
     assert (await job(conn, other))["status"] == "done"
     assert await _rows_of(conn, other) == 1
-    samples = {(s.labels["kind"], s.labels["outcome"]): s.value
-               for metric in w.metrics.attempts.collect() for s in metric.samples
-               if s.name.endswith("_total")}
+    samples = _attempts(w)
     assert samples[("test_stop_waits", "stopped")] == 1
     assert samples[("test_stop_gated", "done")] == 1
 
@@ -215,6 +220,28 @@ async def test_without_listen_the_lease_renewal_delivers_the_stop(
 
     await _assert_stopped_by(conn, stopped, "alice@example.com")
     assert (await job(conn, other))["status"] == "done"
+    assert _attempts(w)[("test_stop_waits", "stopped")] == 1
+
+
+async def test_a_claim_taken_back_by_recovery_interrupts_the_handler_too(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Its work could not commit (the outcome write is compare-and-set on the claim), and the
+    job runs elsewhere: the lease renewal that finds the claim gone cancels the handler."""
+    await _setup(conn)
+    taken = await _enqueue(conn, tenant, "test_stop_waits")
+    w = worker(dsn, ("test_stop_waits",), slots=1, lease_ttl=3.0)
+    task = await _started(w)
+    await wait_until(lambda: taken in RUNNING, "the handler runs", 30)
+
+    await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s", (taken,))
+    await wait_until(lambda: taken in INTERRUPTED, "the handler is interrupted", 30)
+    await asyncio.wait_for(task, 30)
+
+    row = await job(conn, taken)
+    assert (row["status"], row["claimed_by"]) == ("running", "other/1/x")  # left to its owner
+    assert await _rows_of(conn, taken) == 0
+    assert _attempts(w)[("test_stop_waits", "lost_claim")] == 1
 
 
 async def test_a_stopped_index_build_cancels_its_backend_and_drops_the_invalid_index(

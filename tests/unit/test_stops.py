@@ -74,18 +74,23 @@ async def test_a_job_being_finished_or_not_running_here_is_left_alone(
     task.cancel()
 
 
-async def test_a_lost_claim_cancels_like_a_stop_and_a_second_delivery_changes_nothing() -> None:
+async def test_a_claim_the_renewal_found_gone_is_cancelled_once_and_counted_by_its_cause(
+) -> None:
     slots = Slots()
     s = stops(slots)
     caught: list[str] = []
-    task = asyncio.create_task(_wait_forever(caught, swallow=True))
-    s.running(7, "k", task)
+    recovered = asyncio.create_task(_wait_forever(caught, swallow=True))
+    stopped = asyncio.create_task(_wait_forever([]))
+    s.running(7, "k", recovered)
+    s.running(8, "k", stopped)
     await asyncio.sleep(0)
-    s.claim_lost(7)
-    s.notified("7")  # the notification after the renewal found it: not cancelled twice
+    s.claim_lost(7, stopped=False)
+    s.claim_lost(8, stopped=True)
+    s.notified("7")  # a notification after the renewal found it: not cancelled twice
     await asyncio.sleep(0)
-    assert caught == ["first"] and not task.done()
-    task.cancel()
+    assert caught == ["first"] and not recovered.done()
+    assert (s.outcome(7), s.outcome(8)) == ("lost_claim", "stopped")
+    recovered.cancel()
 
 
 async def test_a_handler_still_running_after_the_grace_is_cancelled_again_and_its_slot_freed(

@@ -572,7 +572,7 @@ class Worker:
             self.observe(job, "lost_claim", started)
         except asyncio.CancelledError:
             if self.stops.stopping(job.id):  # stopped: no claim to hand back (worker/stops.py)
-                self.observe(job, "stopped", started)
+                self.observe(job, self.stops.outcome(job.id), started)
                 raise
             await self._hand_back(job)
             self.observe(job, "released", started)

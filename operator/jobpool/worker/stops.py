@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from jobpool.metrics import Outcome
+
 log = logging.getLogger("jobpool.worker")
 
 STOP_CHANNEL = "jobpool_stop"
@@ -41,6 +43,9 @@ class Running:
     kind: str
     task: asyncio.Task[None]
     stopped_at: float | None = None
+    outcome: Outcome = "stopped"
+    """What the cancelled attempt counts as: `stopped`, or `lost_claim` (taken back by
+    stale-claim recovery)."""
     overdue: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
@@ -74,13 +79,17 @@ class Stops:
         if job.overdue is not None:
             job.overdue.cancel()
         if job.task.done():
-            log.info("job %d (%s) stopped: its handler ended %.3fs after the stop arrived, "
-                     "its changes rolled back", job_id, job.kind, time.monotonic() - job.stopped_at)
+            log.info("job %d (%s): its handler ended %.3fs after its cancellation, its "
+                     "changes rolled back", job_id, job.kind, time.monotonic() - job.stopped_at)
 
     def stopping(self, job_id: int) -> bool:
         """Whether job `job_id`'s task is being cancelled for a stop (not for a shutdown)."""
         job = self._running.get(job_id)
         return job is not None and job.stopped_at is not None
+
+    def outcome(self, job_id: int) -> Outcome:
+        """What job `job_id`'s cancelled attempt counts as (`stopping` is True)."""
+        return self._running[job_id].outcome
 
     def notified(self, payload: str) -> None:
         """A notification on `STOP_CHANNEL`: stop the job it names if it runs here."""
@@ -91,12 +100,16 @@ class Stops:
             return
         self.stop(job_id, "stopped")
 
-    def claim_lost(self, job_id: int) -> None:
-        """The lease renewal found job `job_id` no longer claimed by this worker (stopped, or
-        taken back by stale-claim recovery): its handler's work cannot commit, so stop it."""
-        self.stop(job_id, "claim lost (stopped, or taken back by recovery)")
+    def claim_lost(self, job_id: int, stopped: bool) -> None:
+        """The lease renewal found job `job_id` no longer claimed by this worker: `stopped`,
+        or taken back by stale-claim recovery (it runs elsewhere). Its handler's work cannot
+        commit either way, so cancel it."""
+        if stopped:
+            self.stop(job_id, "stopped")
+        else:
+            self.stop(job_id, "lost its claim to stale-claim recovery", outcome="lost_claim")
 
-    def stop(self, job_id: int, why: str) -> None:
+    def stop(self, job_id: int, why: str, *, outcome: Outcome = "stopped") -> None:
         """Cancel job `job_id`'s handler, unless it is not running here, is already being
         stopped, or its outcome is being written."""
         job = self._running.get(job_id)
@@ -106,7 +119,7 @@ class Stops:
             return  # its outcome write finds the claim gone and rolls back
         log.info("job %d (%s) %s: cancelling its handler (%gs to clean up)", job_id, job.kind,
                  why, self.grace)
-        job.stopped_at = time.monotonic()
+        job.stopped_at, job.outcome = time.monotonic(), outcome
         job.task.cancel()
         job.overdue = asyncio.get_running_loop().call_later(self.grace, self._overdue, job_id)
 
