@@ -281,3 +281,14 @@ CREATE TABLE IF NOT EXISTS test_runs (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 )
 """
+
+
+@jobpool.kind("test_wait_for_stop", max_attempts=1, stale_ttl=3600.0, timeout=3600.0)
+async def wait_for_stop(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record this run in the job's transaction (it must roll back), then wait until the
+    worker cancels the handler (`jobpool jobs stop`)."""
+    await tx.execute(
+        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        (job.id, job.attempts, os.getpid()),
+    )
+    await asyncio.Event().wait()

@@ -110,7 +110,8 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
                tenants: Tenants = None) -> None:
     """Set the manual stop flag `failed` (pending, running or dlq jobs); audit `job_stop`.
 
-    A worker still running the job then loses its claim and changes nothing.
+    A running job's worker is notified at commit and cancels its handler, whose
+    transaction rolls back (worker/stops.py); its claim is gone, so nothing it wrote commits.
     Raises JobNotFoundError, or JobStateError for a done or already stopped job.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}

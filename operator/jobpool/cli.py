@@ -480,7 +480,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs_show)
-    p = jsub.add_parser("stop", help="set the manual stop flag (status failed)")
+    p = jsub.add_parser("stop", help="set the manual stop flag (status failed); a running "
+                                         "handler is interrupted and its writes roll back")
     add_common_arguments(p, settings)
     add_actor(p)
     p.add_argument("id", type=_job_id)

@@ -34,7 +34,8 @@ from jobpool.sql import QUERIES
 
 log = logging.getLogger("jobpool.metrics")
 
-Outcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "error"]
+Outcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "stopped",
+                  "error"]
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,

@@ -272,6 +272,10 @@ class Settings:
         "seconds running jobs get after SIGTERM before they are handed back", "--grace",
         applies=("worker",),
         pool_fields=("spec.worker.graceSeconds",))
+    stop_grace: float = _setting(
+        10.0, Seconds(MIN_GRACE, MAX_GRACE),
+        "seconds a stopped job's handler gets to clean up after its cancellation before its "
+        "slot is freed", "--stop-grace", applies=("worker",))
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
         "seconds between claims when no notification arrives", "--poll-interval",

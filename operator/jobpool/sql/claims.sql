@@ -174,6 +174,11 @@ UPDATE mdm.aa_job j
  WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
 RETURNING j.id;
 
+-- name: stopped_jobs :many
+-- Which of the given jobs carry the manual stop flag `failed`: of the claims a lease renewal
+-- found gone, those a stop took away (the others were taken back by stale-claim recovery).
+SELECT id FROM mdm.aa_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed';
+
 -- name: release_unrun_claims :many
 -- Hand back this worker's running jobs other than %(running)s: claims that committed while
 -- the worker saw its connection fail, so it never ran them. Pending again at their place in

@@ -4,6 +4,10 @@
 -- Subscribe to the channel that enqueues notify (payload: the job kind).
 LISTEN jobpool;
 
+-- name: listen_for_stops :exec
+-- Subscribe to the channel that `stop_job` notifies (payload: the stopped job's id).
+LISTEN jobpool_stop;
+
 -- name: ping :one
 -- Check that a connection is alive.
 SELECT 1 AS alive;

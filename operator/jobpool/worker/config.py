@@ -26,6 +26,8 @@ class WorkerConfig:
     tenants: tenant keys or ids to serve; () = all (ValueError for text that is neither).
     slots: jobs run at once (default 4).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
+    stop_grace: seconds a stopped job's handler gets to clean up after its cancellation
+        (`jobpool jobs stop`, worker/stops.py) before the worker abandons it and frees its slot.
     poll_interval: seconds between claims when no NOTIFY arrives.
     lease_ttl: seconds a claim holds without renewal (renewed every third of that; capped at
         the shortest stale TTL of the kinds served): a dead worker's jobs run again about
@@ -48,6 +50,7 @@ class WorkerConfig:
     tenants: tuple[str, ...] = ()
     slots: int = default_of("slots")
     grace: float = default_of("grace")
+    stop_grace: float = default_of("stop_grace")
     poll_interval: float = default_of("poll_interval")
     lease_ttl: float = default_of("lease_ttl")
     cleanup_every: float = 300.0
@@ -80,7 +83,7 @@ class WorkerConfig:
             raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
         if self.completion_delay < 0:
             raise ValueError(f"completion_delay must be >= 0 seconds, got {self.completion_delay}")
-        for name in ("grace", "poll_interval", "lease_ttl", "cleanup_every"):
+        for name in ("grace", "stop_grace", "poll_interval", "lease_ttl", "cleanup_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 

@@ -12,10 +12,11 @@ it, and again by the loop with the duration once it runs.
 
 A job's lease is renewed until its outcome is written (`finishing` marks the start of that
 write, `release` its end): a job whose row stops being running under this worker's claim
-while it is not finishing lost its claim (recovered elsewhere, stopped by an admin), and is
-logged once. A handler that outlives its kind's timeout by a lease (only a blocked loop, or a
-handler that ignores cancellation, gets there) is no longer renewed: its claim lapses and runs
-elsewhere, rather than a hung worker holding it for good.
+while it is not finishing lost its claim (recovered elsewhere, or stopped by an admin): it
+is logged once and handed to `lost` in the event loop, which cancels its handler
+(worker/stops.py). A handler that outlives its kind's timeout by a lease (only a blocked
+loop, or a handler that ignores cancellation, gets there) is no longer renewed: its claim
+lapses and runs elsewhere, rather than a hung worker holding it for good.
 """
 
 from __future__ import annotations
@@ -76,12 +77,16 @@ class LeaseKeeper:
 
     `lease`: seconds each renewal extends a lease by (> 0). `recover`: take back lapsed claims
     every min(RECOVER_EVERY, lease / 2) seconds (long-running workers; not a one-off drain).
+    `lost(job_id, stopped)`: called in the event loop for each held job whose claim a renewal
+    found gone (at most `lease / 3` + `WATCH_EVERY` seconds after it went); `stopped`: the
+    job carries the manual stop flag (else stale-claim recovery took it back).
     `start()` and `watch_loop()` run in the worker's event loop; `hold`, `finishing` and
     `release` are called from it; the rest runs on the thread.
     """
 
     def __init__(self, dsn: str, *, worker_id: str, actor: str, lease: float, recover: bool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 lost: Callable[[int, bool], None] | None = None) -> None:
         if not lease > 0:
             raise ValueError(f"lease must be > 0 seconds, got {lease}")
         self.dsn = dsn
@@ -90,6 +95,7 @@ class LeaseKeeper:
         self.lease = lease
         self.recover_every = min(RECOVER_EVERY, lease / 2) if recover else None
         self.clock = clock
+        self.lost = lost
         self.problem: str | None = None
         """Why renewal (or recovery) fails, for /readyz; None while it works."""
         self._held: dict[int, Held] = {}
@@ -117,6 +123,12 @@ class LeaseKeeper:
             held = self._held.get(job_id)
             if held is not None:
                 held.finishing = True
+
+    def is_finishing(self, job_id: int) -> bool:
+        """Whether job `job_id`'s outcome is being written (`finishing` was called)."""
+        with self._lock:
+            held = self._held.get(job_id)
+            return held is not None and held.finishing
 
     def release(self, job_id: int) -> None:
         """Job `job_id` is over here: its lease is no longer renewed."""
@@ -211,14 +223,35 @@ class LeaseKeeper:
         rows = self._execute("renew_leases", {"ids": sorted(renewing), "lease": self.lease,
                                               "worker_id": self.worker_id})
         lost = renewing - {row["id"] for row in rows}
+        stopped = self._stopped(lost)
+        gone: list[int] = []
         with self._lock:
-            for job_id in lost:
+            for job_id in sorted(lost):
                 job = self._held.get(job_id)
                 if job is None or job.finishing:
                     continue  # its outcome was written meanwhile: nothing was lost
                 del self._held[job_id]
-                log.warning("job %d (%s): lease lost (recovered elsewhere); its result will be "
-                            "discarded", job_id, job.kind)
+                gone.append(job_id)
+                if job_id in stopped:
+                    log.info("job %d (%s): stopped (found by the lease renewal)", job_id,
+                             job.kind)
+                else:
+                    log.warning("job %d (%s): lease lost (recovered elsewhere); its result "
+                                "will be discarded", job_id, job.kind)
+        if self.lost is not None and self._loop is not None:
+            for job_id in gone:
+                self._loop.call_soon_threadsafe(self.lost, job_id, job_id in stopped)
+
+    def _stopped(self, lost: set[int]) -> set[int]:
+        """Those of the `lost` claims that a stop took away; empty if that cannot be read
+        (then they count as recovered elsewhere: the handler is cancelled all the same)."""
+        if not lost:
+            return set()
+        try:
+            return {row["id"] for row in self._execute("stopped_jobs", {"ids": sorted(lost)})}
+        except psycopg.Error as exc:
+            log.warning("could not read whether lost claims were stopped: %s", error_text(exc))
+            return set()
 
     def recover_lapsed(self) -> None:
         """Take back lapsed claims of any worker, unless another worker is doing so now."""

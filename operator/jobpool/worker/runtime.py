@@ -74,6 +74,7 @@ from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.slot_connections import LazyConnection, NoSlotConnection, SlotConnections
+from jobpool.worker.stops import STOP_CHANNEL, Stops
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
@@ -229,8 +230,10 @@ class Worker:
         self.background = BackgroundTasks(self.rng)
         self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
+        self.stops = Stops(grace=config.stop_grace, finishing=lambda job_id:
+                           self.leases.is_finishing(job_id), abandon=self._finished)
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
-                                  recover=not config.until_empty)
+                                  recover=not config.until_empty, lost=self.stops.claim_lost)
         where = self.settings
         self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
                                    kinds=self.kinds, tenants=config.tenants, slots=config.slots,
@@ -511,9 +514,11 @@ class Worker:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
         task = asyncio.create_task(self._execute(job, row), name=f"job-{job.id}")
         self.in_flight[job.id] = task
+        self.stops.running(job.id, job.job_kind, task)  # a stop cancels it: worker/stops.py
         task.add_done_callback(lambda _: self._finished(job.id))
 
     def _finished(self, job_id: int) -> None:
+        self.stops.finished(job_id)
         self.leases.release(job_id)
         self.in_flight.pop(job_id, None)
         self.wake.set()
@@ -574,6 +579,9 @@ class Worker:
                         job.id, job.job_kind)
             self.observe(job, "lost_claim", started)
         except asyncio.CancelledError:
+            if self.stops.stopping(job.id):  # stopped: no claim to hand back (worker/stops.py)
+                self.observe(job, self.stops.outcome(job.id), started)
+                raise
             await self._hand_back(job)
             self.observe(job, "released", started)
             raise
@@ -678,7 +686,7 @@ class Worker:
             raise TimeoutError(
                 f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
         except asyncio.CancelledError as exc:
-            if self.releasing:
+            if self.releasing or self.stops.stopping(job.id):
                 raise
             task = asyncio.current_task()
             while task is not None and task.cancelling():
@@ -1004,7 +1012,8 @@ class Worker:
             self.background.healthy("tenants")
 
     async def _listen(self) -> None:
-        """LISTEN for new jobs; after a lost connection, listen again once the database answers."""
+        """LISTEN for new jobs and stops; after a lost connection, listen again once the
+        database answers."""
         served = set(self.kinds)
         failures = 0
         while True:
@@ -1014,12 +1023,15 @@ class Worker:
                 async with await AsyncConnection.connect(with_tcp_liveness(self.listen_dsn),
                                                          autocommit=True) as conn:
                     await conn.execute(QUERIES["listen_for_jobs"].text)
+                    await conn.execute(QUERIES["listen_for_stops"].text)
                     self.listening, failures = True, 0
                     self.background.healthy("listen")
                     self.wake.set()  # catch up with whatever arrived while not listening
                     while True:
                         async for note in conn.notifies(timeout=15.0):
-                            if note.payload in served:
+                            if note.channel == STOP_CHANNEL:
+                                self.stops.notified(note.payload)
+                            elif note.payload in served:
                                 self.wake.set()
                         await conn.execute(QUERIES["ping"].text)
             except psycopg.OperationalError as exc:

@@ -462,7 +462,7 @@
   function askStop(id) {
     askConfirmation(
       `Stop job #${id}? It is flagged failed and no worker runs it again; a worker running ` +
-      `it now loses its claim and its writes are rolled back. The audit log records the ` +
+      `it now interrupts its handler and its writes are rolled back. The audit log records the ` +
       `stop as ${principal.sub}.`,
       "Stop", () => runAll([id], "POST", (j) => `/v1/jobs/${j}/stop`, "Stopped"));
   }

@@ -36,6 +36,10 @@ Conn = AsyncConnection[dict[str, Any]]
 LOCK_POLL = 1.0
 """Seconds between tries for the index DDL lock."""
 
+CANCELLED_CLEANUP_TIMEOUT = 5.0
+"""Seconds a cancelled build (a stopped job, a shutdown) may take to drop the INVALID index it
+left; past that the next attempt drops it first."""
+
 
 class BuildBlocked(JobpoolError):
     """A build or drop gave up waiting (lock_timeout/statement_timeout); retried with backoff."""
@@ -139,6 +143,13 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
     assert work.create is not None and work.signature is not None
     try:
         await side.execute(work.create)
+    except asyncio.CancelledError:
+        # stopped (or handed back at shutdown): psycopg cancelled the build on its backend;
+        # drop the INVALID index it left while the side connection is still ours
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCELLED_CLEANUP_TIMEOUT):
+                await _cleanup_invalid(side, work.name)
+        raise
     except psycopg.errors.UniqueViolation as exc:
         note = await _cleanup_invalid(side, work.name)
         detail = exc.diag.message_detail or str(exc)
