@@ -20,13 +20,13 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
-from psycopg_pool import PoolClosed
+from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.jsondata import UndecodableJson, to_json_text
@@ -44,17 +44,13 @@ from jobpool.db.connect import (
     connection_allowance,
     interrupted_by_connection,
     lost_connection,
-    open_live_pool,
-    probe,
     transaction_conflict,
     with_tcp_liveness,
 )
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
-    ConnectionBudgetError,
     JobpoolError,
     PermanentError,
-    SchemaNotMigratedError,
     UnknownTenantError,
 )
 from jobpool.job import Job
@@ -69,6 +65,12 @@ from jobpool.worker.config import (
     make_worker_id,
     resolve_kinds,
 )
+from jobpool.worker.database_link import (
+    PROBE_TIMEOUT,
+    RECONNECT_FIRST,
+    DatabaseLink,
+    PoolConnector,
+)
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import keep_maintained
@@ -79,18 +81,9 @@ log = logging.getLogger("jobpool.worker")
 
 T = TypeVar("T")
 
-RECONNECT_FIRST = 0.1
-"""Seconds between the first probes of a database that stopped answering."""
 
-RECONNECT_MAX = 1.0
-"""Cap on the pause between probes, seconds: claiming resumes within about this long after
-the database answers again."""
 
-PROBE_TIMEOUT = 10.0
-"""Seconds a probe (or opening a fresh pool) may take before it counts as failed."""
 
-STILL_DOWN_LOG_EVERY = 30.0
-"""Seconds between log lines while the database stays unreachable."""
 
 BEAT_EVERY = 5.0
 """Seconds between fetch-loop beats (/healthz) while claiming waits for the database."""
@@ -113,9 +106,6 @@ CONFLICT_PAUSE = (0.05, 1.0)
 rolled back for a conflict runs again: long enough for the other transaction to end, and
 spread so that the two do not meet again."""
 
-BUDGET_RETRY = 5.0
-"""Seconds between checks of the connection budget while it leaves no slot (after the start:
-at the start the worker refuses instead)."""
 
 
 def pool_size(slots: int) -> int:
@@ -167,16 +157,27 @@ def stored_result(result: Mapping[str, Any] | None) -> str | None:
         raise PermanentError(f"handler returned a result that cannot be stored: {reason}") from None
 
 
+class StoreFactory(Protocol):
+    """Makes a worker's queue store on its pool (`QueueStore` itself, or a subclass)."""
+
+    def __call__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, actor: str,
+                 lease: float, transaction_pooler: bool) -> QueueStore: ...
+
+
 class Worker:
     """Runs jobs of `config`'s kinds and tenants with `config.slots` at once.
 
     `run()` returns after `stop()` (or SIGTERM/SIGINT) once running jobs finished or were
-    handed back, or, with `until_empty`, once nothing runnable is left.
+    handed back, or, with `until_empty`, once nothing runnable is left. `make_store` makes
+    the queue store on the worker's pool (a subclass may narrow what it claims);
+    `on_outcome(job, outcome)` is called for every finished attempt.
     """
 
     def __init__(
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
         rng: random.Random | None = None, limiter: TokenStore | None = None,
+        make_store: StoreFactory = QueueStore,
+        on_outcome: Callable[[Job, Outcome], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.registry = registry
@@ -186,6 +187,8 @@ class Worker:
         self.kinds = resolve_kinds(registry.names(), config.kinds, config.exclude_kinds)
         self.specs: dict[str, KindSpec] = {k: registry.get(k) for k in self.kinds}
         self.rng = rng or random.Random()
+        self.make_store = make_store
+        self.on_outcome = on_outcome
         self.tenant_ids: list[uuid.UUID] | None = None
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.completions: list[tuple[Completion, asyncio.Future[bool]]] = []
@@ -193,19 +196,13 @@ class Worker:
         self.stopping = asyncio.Event()
         self.hurry = asyncio.Event()
         """Set by a second `stop()`: the grace period ends at once."""
-        self.online = asyncio.Event()
         self.claiming = asyncio.Lock()
-        self.database_problem: str | None = "waiting for the database"
         self.releasing = False
         """Set when the grace period is over: a cancelled job is handed back, not failed."""
         self.listening = False
         self.loop_beat = time.monotonic()
-        self.store: QueueStore | None = None
-        self.started = False
         self.claim_failures = 0
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
-        self.refusal: ConnectionBudgetError | None = None
-        """Why the worker refused to start (its connection budget leaves no slot)."""
         self.limiter = limiter or TokenStore.from_settings(current_settings())
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
@@ -219,6 +216,13 @@ class Worker:
                               else min(config.poll_interval, POLL_ONLY_INTERVAL))
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
+        self.link: DatabaseLink[QueueStore] = DatabaseLink(
+            PoolConnector(dsn, name=f"jobpool-{self.worker_id}", size=lambda: pool_size(self.slots),
+                          transaction_pooler=self.transaction_pooler,
+                          slot_connections=self.slot_connections, fit=self._fit_budget,
+                          make_store=self._make_store),
+            arrive=self._arrive, background=self.background, wake=self.wake,
+            refused=self.stop, rng=self.rng)
         self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
@@ -230,6 +234,20 @@ class Worker:
         self.metrics.configured_slots.set(config.slots)
         self.metrics.slots.set(config.slots)
         self.metrics.poll_only.set(int(self.listen_dsn is None))
+
+    def _make_store(self, pool: AsyncConnectionPool[Any]) -> QueueStore:
+        return self.make_store(pool, worker_id=self.worker_id, actor=self.actor, lease=self.lease,
+                          transaction_pooler=self.transaction_pooler)
+
+    @property
+    def store(self) -> QueueStore | None:
+        """The queue store, once the database answered."""
+        return self.link.store
+
+    @property
+    def started(self) -> bool:
+        """Whether the worker started up (registered, found its tenants) on its database."""
+        return self.link.started
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -261,12 +279,12 @@ class Worker:
         if not self.kinds:
             raise ValueError("this worker serves no job kinds")
         if self.config.until_empty:
-            await probe(self.dsn, timeout=PROBE_TIMEOUT)
-        self.background.start("reconnect", self._reconnect)
+            await self.link.connector.probe()
+        self.link.start()
         try:
             if not await self._wait_online():
-                if self.refusal is not None:
-                    raise self.refusal
+                if self.link.refusal is not None:
+                    raise self.link.refusal
                 return
             if self.listen_dsn is not None:
                 self.background.start("listen", self._listen)
@@ -290,7 +308,7 @@ class Worker:
 
     def not_ready(self) -> list[str]:
         """What keeps this worker from being ready (/readyz); [] when ready."""
-        problems = [self.database_problem] if self.database_problem else []
+        problems = [self.link.problem] if self.link.problem else []
         if not self.listening and self.listen_dsn is not None:
             problems.append("LISTEN connection down")
         if self.leases.problem:
@@ -328,7 +346,6 @@ class Worker:
             f" (pool {where.pool}, lane {where.lane})" if where.pool and where.lane else "",
             self.slots, ",".join(self.kinds), ",".join(self.config.tenants) or "all",
         )
-        self.started = True
 
     async def _find_tenants(
         self, refs: tuple[str, ...]
@@ -360,7 +377,7 @@ class Worker:
         assert self.store is not None
         while not self.stopping.is_set():
             self.loop_beat = time.monotonic()
-            if not self.online.is_set():
+            if not self.link.online.is_set():
                 await self._wait_online()
                 continue
             self.wake.clear()
@@ -372,7 +389,7 @@ class Worker:
                 self.heartbeat.claimed(claimed)
                 for row in claimed:
                     self._start(row)
-            if not self.online.is_set():
+            if not self.link.online.is_set():
                 continue  # the claim failed: claim again once the database answers
             # a job that finished during the claim may have enqueued more: claim again first
             if (self.config.until_empty and not claimed and not self.in_flight
@@ -404,7 +421,7 @@ class Worker:
             if lost_connection(exc):
                 # written with the next claim, on a fresh connection
                 self.completions[:0] = [(c._replace(resent=True), done) for c, done in batch]
-                self._database_error(exc)
+                self.link.lost(exc)
                 return []
             log.warning("the batched done of %d job(s) was refused (%s); recording each on "
                         "its own", len(batch), exc)
@@ -429,11 +446,10 @@ class Worker:
         self.claim_failures += 1
         pause = retry_pause(self.claim_failures, first=RECONNECT_FIRST, cap=CLAIM_RETRY_MAX,
                             rng=self.rng)
-        self.database_problem = f"claim failed: {error_text(exc)}"
+        problem = f"claim failed: {error_text(exc)}"
         log.warning("%s; replacing the pooled connections and claiming again in %.1fs",
-                    self.database_problem, pause, exc_info=exc)
-        self.online.clear()
-        self.background.start("reconnect", lambda: self._reconnect(replace=True, pause=pause))
+                    problem, pause, exc_info=exc)
+        self.link.replace_connections(problem, pause=pause)
 
     async def _complete_one_by_one(
         self, batch: list[tuple[Completion, asyncio.Future[bool]]]
@@ -454,7 +470,7 @@ class Worker:
                 rest = batch[index:]
                 if lost_connection(exc):  # the rest go with the next claim, on a fresh connection
                     self.completions[:0] = [(c._replace(resent=True), d) for c, d in rest]
-                    self._database_error(exc)
+                    self.link.lost(exc)
                 else:
                     self._claim_failed(exc, rest)
                 return
@@ -523,7 +539,7 @@ class Worker:
             for task in unfinished:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
-            if unfinished and not self.online.is_set():
+            if unfinished and not self.link.online.is_set():
                 log.error("%d job(s) stopped while the database was unreachable: their claims "
                           "wait for stale-claim recovery", len(unfinished))
         finally:
@@ -698,14 +714,14 @@ class Worker:
         try:
             match decision:
                 case Retry(delay=wait, error=error):
-                    held = await self._record(
+                    held = await self.link.write(
                         lambda: store.retry(job.id, job.attempts, delay=wait, error=error))
                     outcome = "retry"
                     self._wake_in(wait)
                     log.info("job %d (%s) attempt %d failed, retry in %.1fs: %s",
                              job.id, job.job_kind, job.attempts, wait, error)
                 case DeadLetter(error=error):
-                    held = await self._record(
+                    held = await self.link.write(
                         lambda: store.dead_letter(job.id, job.attempts, error=error))
                     outcome = "dlq"
                     log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
@@ -732,7 +748,7 @@ class Worker:
         # missing slot connection may not have cleared yet
         delay = 0.0 if interrupted_by_connection(exc) else self.rng.uniform(*CONFLICT_PAUSE)
         try:
-            held = await self._record(lambda: store.release(job.id, job.attempts, delay=delay))
+            held = await self.link.write(lambda: store.release(job.id, job.attempts, delay=delay))
         except psycopg.Error as db_exc:
             log.error("job %d: could not hand back (%s); handed back at exit or by recovery",
                       job.id, db_exc)
@@ -755,7 +771,7 @@ class Worker:
             return
         try:
             async with asyncio.timeout(SHUTDOWN_SETTLE_TIMEOUT):
-                released = await self._record(
+                released = await self.link.write(
                     lambda: store.release_unrun_claims(list(self.in_flight)))
         except (TimeoutError, psycopg.Error) as exc:
             log.error("could not hand back this worker's leftover claims (%s); they wait for "
@@ -771,7 +787,7 @@ class Worker:
         self.leases.finishing(job.id)
         try:
             async with asyncio.timeout(SHUTDOWN_WRITE_TIMEOUT):
-                held = await self._record(lambda: store.release(job.id, job.attempts))
+                held = await self.link.write(lambda: store.release(job.id, job.attempts))
         except (TimeoutError, psycopg.Error) as exc:
             log.error("job %d: could not hand back (%s); its lease will expire",
                       job.id, str(exc) or "the database did not answer")
@@ -789,7 +805,7 @@ class Worker:
         self.metrics.rate_limited(tenant, job.job_kind, denied.scope)
         self._wake_in(denied.retry_after)
         try:
-            await self._record(
+            await self.link.write(
                 lambda: store.release(job.id, job.attempts, delay=requeue_delay(denied)))
         except psycopg.Error as exc:
             log.error("job %d: could not requeue (%s); its lease will expire", job.id, exc)
@@ -798,33 +814,14 @@ class Worker:
         log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
         self.observe(job, "rate_limited", started)
 
-    async def _record(self, write: Callable[[], Awaitable[T]]) -> T:
-        """Write a job's outcome with `write` (a compare-and-set: False means the claim is
-        lost). When the connection fails, write it again once the database answers; after a
-        conflict (serialization failure, deadlock) again after a pause; other errors are
-        raised."""
-        failures = 0
-        while True:
-            try:
-                return await write()
-            except psycopg.OperationalError as exc:
-                failures += 1
-                if transaction_conflict(exc):
-                    await asyncio.sleep(self._reconnect_pause(failures))
-                    continue
-                if not lost_connection(exc):
-                    raise
-                self._database_error(exc)
-                await self.online.wait()
-                if failures > 1:  # not a dead pooled connection: do not hammer
-                    await asyncio.sleep(self._reconnect_pause(failures - 1))
-
     def _wake_in(self, delay: float) -> None:
         """Wake the fetch loop when something this worker scheduled `delay` s ahead falls due."""
         asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
 
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
+        if self.on_outcome is not None:
+            self.on_outcome(job, outcome)
         ran = outcome != "rate_limited"
         if outcome == "done":
             self.heartbeat.completed()
@@ -836,95 +833,15 @@ class Worker:
 
     # -- the database link --------------------------------------------------------------
 
-    def _database_error(self, exc: psycopg.Error) -> None:
-        """A statement failed with `exc`. If the connection failed: pause claiming, reconnect
-        in the background. Else log it (the caller retries or gives up).
-
-        A pool retired by the reconnect (PoolClosed) needs nothing: retry on the new one.
-        """
-        if isinstance(exc, PoolClosed):
-            return
-        if not lost_connection(exc):
-            log.warning("database error: %s", exc)
-            return
-        if self.online.is_set():
-            log.warning("database connection lost (%s); claiming paused until it answers", exc)
-        self.online.clear()
-        self.database_problem = f"database unreachable: {exc}"
-        self.background.start("reconnect", self._reconnect)
-
     async def _wait_online(self) -> bool:
         """Wait until the database answers (True) or the worker stops (False), beating."""
         while True:
             self.wake.clear()
-            if self.stopping.is_set() or self.online.is_set():
+            if self.stopping.is_set() or self.link.online.is_set():
                 return not self.stopping.is_set()
             self.loop_beat = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), BEAT_EVERY)
-
-    def _reconnect_pause(self, failures: int) -> float:
-        return retry_pause(failures, first=RECONNECT_FIRST, cap=RECONNECT_MAX, rng=self.rng)
-
-    async def _reconnect(self, *, replace: bool = False, pause: float = 0.0) -> None:
-        """Probe until the database answers, renew the pool, settle leftovers, go online.
-
-        `replace`: a fresh pool even if the first probe answers; `pause`: seconds to wait first.
-        """
-        await asyncio.sleep(pause)
-        lost_at = time.monotonic()
-        failures = 0
-        logged = lost_at
-        while True:
-            try:
-                await probe(self.dsn, timeout=PROBE_TIMEOUT)
-                if self.store is None or failures > 0:
-                    await self._fit_budget()
-                await self._renew_pool(replace=replace or failures > 0)
-                await (self._settle_leftovers() if self.started else self._start_up())
-                break
-            except ConnectionBudgetError as exc:
-                self.database_problem = f"connection budget: {exc}"
-                if not self.started:
-                    log.error("refusing to start: %s", exc)
-                    self.refusal = exc
-                    self.stop()
-                    return
-                failures += 1
-                log.error("%s; checking again in %gs", self.database_problem, BUDGET_RETRY)
-                await asyncio.sleep(BUDGET_RETRY)
-            except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
-                failures += 1
-                self.database_problem = (f"database unreachable: {exc}"
-                                         if isinstance(exc, psycopg.OperationalError) else str(exc))
-                if failures == 1 or time.monotonic() - logged >= STILL_DOWN_LOG_EVERY:
-                    logged = time.monotonic()
-                    log.warning("%s; trying again (%.0fs so far)", self.database_problem,
-                                logged - lost_at)
-                await asyncio.sleep(self._reconnect_pause(failures))
-        self.database_problem = None
-        self.online.set()
-        self.wake.set()
-        if failures:
-            log.info("database answers after %.1fs", time.monotonic() - lost_at)
-
-    async def _renew_pool(self, *, replace: bool) -> None:
-        """A fresh pool after an outage (its pooled connections are dead, and the pool would
-        replace them only with its own backoff, up to minutes); else drop the dead ones."""
-        if self.store is not None and not replace:
-            await self.slot_connections.fill(self.store.pool, timeout=PROBE_TIMEOUT)  # checks them
-            return
-        pool = await open_live_pool(self.dsn, size=pool_size(self.slots),
-                                    name=f"jobpool-{self.worker_id}", timeout=PROBE_TIMEOUT,
-                                    transaction_pooler=self.transaction_pooler)
-        if self.store is None:
-            self.store = QueueStore(pool, worker_id=self.worker_id, actor=self.actor,
-                                    lease=self.lease, transaction_pooler=self.transaction_pooler)
-            await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
-            return
-        retired = await self.store.replace_pool(pool)
-        await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
-        await retired.close()  # waiting clients get PoolClosed; used connections close on return
 
     async def _fit_budget(self) -> None:
         """Fit the slots to the connections the role and the server allow now
@@ -953,6 +870,10 @@ class Worker:
         self.slots = self.slot_connections.count = budget.slots
         self.metrics.slots.set(budget.slots)
 
+    async def _arrive(self, store: QueueStore, first: bool) -> None:
+        """The database answers (again): start up the first time, else settle leftovers."""
+        await (self._start_up() if first else self._settle_leftovers())
+
     async def _settle_leftovers(self) -> None:
         """Renew the leases of the running jobs and hand back claims this worker never ran."""
         assert self.store is not None
@@ -971,11 +892,11 @@ class Worker:
         assert self.store is not None
         while True:
             await asyncio.sleep(self.limiter.refresh_every)
-            await self.online.wait()
+            await self.link.online.wait()
             try:
                 await self.limiter.refresh(self.store.pool)
             except psycopg.OperationalError as exc:
-                self._database_error(exc)
+                self.link.lost(exc)
                 continue
             self.background.healthy("rate-limits")
 
@@ -983,11 +904,11 @@ class Worker:
         """Check for the lane's tenants that do not exist yet; serve each once it does."""
         while missing:
             await asyncio.sleep(TENANT_CHECK_EVERY)
-            await self.online.wait()
+            await self.link.online.wait()
             try:
                 found, missing = await self._find_tenants(missing)
             except psycopg.OperationalError as exc:
-                self._database_error(exc)
+                self.link.lost(exc)
                 continue
             if found:
                 self.tenant_ids = [*(self.tenant_ids or ()), *found.values()]
@@ -1000,7 +921,7 @@ class Worker:
         served = set(self.kinds)
         failures = 0
         while True:
-            await self.online.wait()
+            await self.link.online.wait()
             try:
                 assert self.listen_dsn is not None
                 async with await AsyncConnection.connect(with_tcp_liveness(self.listen_dsn),
@@ -1019,8 +940,8 @@ class Worker:
                 failures += 1
                 log.warning("listener lost its connection (%s); listening again once the "
                             "database answers", exc)
-                self._database_error(exc)
-                await asyncio.sleep(self._reconnect_pause(failures))
+                self.link.lost(exc)
+                await asyncio.sleep(self.link.pause_after(failures))
             finally:
                 self.listening = False
 
@@ -1029,7 +950,7 @@ class Worker:
         store = self.store
         assert store is not None
         await self.heartbeat.run(
-            lambda: store.pool, online=self.online, database_error=self._database_error,
+            lambda: store.pool, online=self.link.online, database_error=self.link.lost,
             healthy=lambda: self.background.healthy("heartbeat"))
 
     async def _maintain(self) -> None:
@@ -1037,7 +958,7 @@ class Worker:
         (worker/maintenance.py)."""
         assert self.store is not None
         await keep_maintained(
-            self.store, self.dsn, every=self.config.cleanup_every, online=self.online,
+            self.store, self.dsn, every=self.config.cleanup_every, online=self.link.online,
             rng=self.rng, healthy=lambda: self.background.healthy("maintenance"),
-            database_error=self._database_error,
+            database_error=self.link.lost,
         )
