@@ -238,9 +238,12 @@ class PoolConnector:
                                     timeout=PROBE_TIMEOUT,
                                     transaction_pooler=self.transaction_pooler)
         if store is None:
-            store = self.make_store(pool)
-            await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
-            return store
+            try:
+                await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
+            except BaseException:
+                await pool.close()  # the next try opens a fresh one
+                raise
+            return self.make_store(pool)
         retired = await store.replace_pool(pool)
         await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)
         await retired.close()  # waiting clients get PoolClosed; used connections close on return
