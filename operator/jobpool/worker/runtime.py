@@ -340,7 +340,9 @@ class Worker:
         self.metrics.slots.set(budget.slots)
 
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
-        """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
+        """Record one finished attempt of `job` (`started`: its `time.monotonic()` at the
+        start): tell `on_outcome`, count a `done` for the live-worker registry, and put its
+        claim latency and run time in metrics."""
         if self.on_outcome is not None:
             self.on_outcome(job, outcome)
         ran = outcome != "rate_limited"
