@@ -21,14 +21,36 @@ from jobpool.db.store import Row
 from jobpool.job import Job
 from jobpool.metrics import Outcome
 from jobpool.registry import KindSpec
-from jobpool.worker.completer import Completer
+from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.executor import JobExecutor
 
 log = logging.getLogger("jobpool.worker")
 
 BEAT_EVERY = 5.0
 """Seconds between fetch-loop beats (/healthz) while claiming waits for the database."""
+
+
+class Batches(Protocol):
+    """The completer's side the producer needs (`jobpool.worker.completer.Completer`)."""
+
+    async def gather(self) -> None: ...
+
+    def take(self) -> list[Pending]: ...
+
+    async def send(
+        self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
+        limit: int, throttled: Callable[[], list[str]],
+    ) -> list[Row]: ...
+
+    async def flush(self) -> None: ...
+
+
+class Attempts(Protocol):
+    """The executor's side the producer needs (`jobpool.worker.executor.JobExecutor`)."""
+
+    releasing: bool
+
+    async def execute(self, job: Job) -> Outcome: ...
 
 
 class Holds(Protocol):
@@ -89,7 +111,7 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), BEAT_EVERY)
 
-    async def run(self, completer: Completer, executor: JobExecutor) -> None:
+    async def run(self, completer: Batches, executor: Attempts) -> None:
         """Claim and start jobs until stopped (or, with `until_empty`, nothing is left)."""
         while not self.stopping.is_set():
             self.loop_beat = time.monotonic()
@@ -118,13 +140,13 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.poll_interval)
 
-    def _start(self, executor: JobExecutor, job: Job) -> None:
+    def _start(self, executor: Attempts, job: Job) -> None:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
         task = asyncio.create_task(self._attempt(executor, job), name=f"job-{job.id}")
         self.in_flight[job.id] = task
         task.add_done_callback(lambda _: self._finished(job.id))
 
-    async def _attempt(self, executor: JobExecutor, job: Job) -> None:
+    async def _attempt(self, executor: Attempts, job: Job) -> None:
         started = time.monotonic()
         try:
             outcome = await executor.execute(job)
@@ -138,7 +160,7 @@ class Producer:
         self.in_flight.pop(job_id, None)
         self.wake.set()
 
-    async def drain(self, completer: Completer, executor: JobExecutor) -> None:
+    async def drain(self, completer: Batches, executor: Attempts) -> None:
         """Give running jobs the grace period, then hand back the rest."""
         if not self.in_flight:
             return
