@@ -20,9 +20,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from jobpool.core.tenants import tenant_id_of, tenant_ref
 from jobpool.db.store import fetch_all, fetch_one
-from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
+from jobpool.db.tenant_lookup import resolve_tenant as resolve_tenant  # its home for the worker too
+from jobpool.errors import JobNotFoundError, JobStateError
 
 STATUSES = ("pending", "running", "done", "dlq", "failed")
 """The values of `mdm.job_status` (`failed` is the manual stop flag)."""
@@ -141,19 +141,3 @@ async def list_dlq(
 async def job_counts(conn: AsyncConnection[Any], *, tenants: Tenants = None) -> list[Row]:
     """Counts per (tenant_key, tenant_id, job_kind, status)."""
     return await fetch_all(conn, "job_counts", {"tenants": _keys(tenants)})
-
-
-async def resolve_tenant(conn: AsyncConnection[Any], ref: str, *,
-                         tenants: Tenants = None) -> Row:
-    """`{"id", "key"}` of the tenant whose key or id (a uuid, in any case) is `ref`.
-
-    Raises ValueError for a `ref` that is neither a key nor a uuid, UnknownTenantError for
-    one that names no tenant or one outside `tenants`.
-    """
-    canonical = tenant_ref(ref)
-    tenant_id = tenant_id_of(canonical)
-    row = await fetch_one(conn, "resolve_tenant", {
-        "key": canonical if tenant_id is None else None, "id": tenant_id})
-    if row is None or (tenants is not None and row["key"] not in tenants):
-        raise UnknownTenantError(ref)
-    return row

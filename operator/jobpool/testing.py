@@ -20,17 +20,15 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.admin import STATUSES, get_job, resolve_tenant
-from jobpool.db.connect import connect, open_live_pool
+from jobpool.db.connect import connect
 from jobpool.db.store import Completion, QueueStore, Row, fetch_all, fetch_one
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
-from jobpool.job import Job
-from jobpool.metrics import Outcome
 from jobpool.registry import Registry, load_kind_modules
 from jobpool.settings import Settings
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.runtime import PROBE_TIMEOUT, Worker, pool_size
+from jobpool.worker.runtime import Worker
 
 ACTOR = "jobpool.testing"
 """The audit principal of the jobs these functions enqueue and run, and of what their
@@ -128,21 +126,19 @@ async def run_pending(
         row = await get_job(conn, job_id)
     registry.get(row["job_kind"])
     _require_pending(row)
+    stores: list[_OneJobStore] = []
+
+    def one_job_store(pool: AsyncConnectionPool[Any], **kwargs: Any) -> QueueStore:
+        stores.append(_OneJobStore(pool, job_id=job_id, **kwargs))
+        return stores[-1]
+
     worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],), slots=1,
                                                 until_empty=True), actor=ACTOR,
-                    settings=settings)
-    pool = await open_live_pool(dsn, size=pool_size(worker.config.slots),
-                                name=f"jobpool-testing-{job_id}", timeout=PROBE_TIMEOUT)
-    store = _OneJobStore(pool, worker_id=worker.worker_id, job_id=job_id)
-    worker.store = store
-    try:
-        await worker.run()
-    finally:
-        await store.close()
-        await pool.close()
+                    make_store=one_job_store, settings=settings)
+    await worker.run()
     async with await connect(dsn, autocommit=True) as conn:
         row = await get_job(conn, job_id)
-    if not store.claimed:  # another process took or finished it meanwhile
+    if not any(store.claimed for store in stores):  # another process took or finished it
         _require_pending(row)
     return JobRecord.from_row(row)
 
@@ -169,11 +165,12 @@ async def drain(
         async with await connect(dsn, autocommit=True) as conn:
             for ref in refs:
                 await resolve_tenant(conn, ref)  # a misspelt tenant would drain nothing
-    worker = _CountingWorker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs,
-                                                         until_empty=True), actor=ACTOR,
+    outcomes: Counter[str] = Counter()
+    worker = Worker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs, until_empty=True),
+                    actor=ACTOR, on_outcome=lambda _, outcome: outcomes.update((outcome,)),
                     settings=settings)
     await worker.run()
-    return worker.outcomes
+    return outcomes
 
 
 async def enqueued(
@@ -208,8 +205,8 @@ def _nonempty(name: str, values: list[str]) -> tuple[str, ...]:
 class _OneJobStore(QueueStore):
     """A worker's store whose claims take job `job_id` alone, once, whenever it is due."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, worker_id: str, job_id: int) -> None:
-        super().__init__(pool, worker_id=worker_id, actor=ACTOR)
+    def __init__(self, pool: AsyncConnectionPool[Any], *, job_id: int, **kwargs: Any) -> None:
+        super().__init__(pool, **kwargs)
         self.job_id = job_id
         self.tried = False
         self.claimed = False
@@ -231,16 +228,3 @@ class _OneJobStore(QueueStore):
                                                       "worker_id": self.worker_id})
         self.claimed = row is not None
         return held, [] if row is None else [row]
-
-
-class _CountingWorker(Worker):
-    """A Worker that counts its finished attempts by outcome."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.outcomes: Counter[str] = Counter()
-
-    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
-        """Count the outcome, then record it in metrics as every worker does."""
-        self.outcomes[outcome] += 1
-        super().observe(job, outcome, started)

@@ -9,7 +9,8 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.db.connect import JobConnection, open_pool
-from jobpool.worker.slot_connections import LazyConnection, NoSlotConnection, SlotConnections
+from jobpool.worker.executor import JobTransaction
+from jobpool.worker.slot_connections import NoSlotConnection, SlotConnections
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ async def test_a_handler_that_never_touches_tx_takes_no_connection(
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
     idle = list(slots.idle)
-    tx = LazyConnection(slots)
+    tx = JobTransaction(slots)
     assert tx.taken is None
     await tx.release()
     assert (slots.idle, slots.lent) == (idle, 0)
@@ -38,7 +39,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
 ) -> None:
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
-    tx = LazyConnection(slots)
+    tx = JobTransaction(slots)
     pid = tx.info.backend_pid  # a plain attribute is a use too
     conn = tx.taken
     assert isinstance(conn, JobConnection) and conn.job_scope
@@ -51,7 +52,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
     assert (len(slots.idle), slots.lent) == (2, 0)
     assert conn in slots.idle and not conn.job_scope
     assert conn.info.transaction_status == TransactionStatus.IDLE  # rolled back, reset
-    again = LazyConnection(slots)
+    again = JobTransaction(slots)
     cur = await again.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename = 'scratch'")
     assert (await cur.fetchone())["n"] == 0
     await again.release()
@@ -63,7 +64,7 @@ async def test_a_connection_the_handler_closed_is_replaced(
 ) -> None:
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
-    tx = LazyConnection(slots)
+    tx = JobTransaction(slots)
     closed = tx.connection()
     await tx.close()
     await tx.release()
@@ -77,9 +78,9 @@ async def test_with_no_connection_ready_the_job_gets_a_clear_error(
 ) -> None:
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    first = LazyConnection(slots)
+    first = JobTransaction(slots)
     first.connection()
     with pytest.raises(NoSlotConnection, match="no database connection is ready"):
-        LazyConnection(slots).connection()
+        JobTransaction(slots).connection()
     await first.release()
     await slots.close()

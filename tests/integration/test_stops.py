@@ -150,8 +150,9 @@ async def test_a_stop_interrupts_the_handler_and_the_other_slot_completes(
 
     await admin.stop(conn, stopped, actor="alice@example.com")
     await wait_until(lambda: stopped in INTERRUPTED, "the stopped handler is interrupted", 30)
-    await wait_until(lambda: stopped not in w.in_flight, "the stopped job's slot is free", 30)
-    assert other in w.in_flight and other not in INTERRUPTED
+    await wait_until(lambda: stopped not in w.producer.in_flight,
+                     "the stopped job's slot is free", 30)
+    assert other in w.producer.in_flight and other not in INTERRUPTED
     GATE.set()
     await asyncio.wait_for(task, 30)
 

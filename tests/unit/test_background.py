@@ -52,3 +52,30 @@ def test_retry_pauses_grow_to_their_cap_and_are_spread() -> None:
     assert all(0.5 <= pause <= 1.0 for pause in pauses[5:])
     assert len(set(pauses[5:])) > 100
     assert retry_pause(10**6, first=1.0, cap=30.0, rng=rng) <= 30.0
+
+
+async def test_stop_cancels_again_a_task_that_lost_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr("jobpool.worker.background.RECANCEL_EVERY", 0.05)
+    tasks = BackgroundTasks(random.Random(1))
+    cancellations = 0
+
+    async def swallows_the_first() -> None:
+        nonlocal cancellations
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancellations += 1
+                if cancellations > 1:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    tasks.start("refresh", swallows_the_first)
+    await asyncio.sleep(0)
+    await asyncio.wait_for(tasks.stop(), 10)
+    assert cancellations == 2
+    assert not tasks.running("refresh")
+    assert "background task(s) refresh did not end when cancelled; cancelling again" in (
+        caplog.text)

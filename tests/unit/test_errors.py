@@ -63,7 +63,7 @@ def public_errors() -> list[str]:
 def test_the_walk_finds_the_package_exceptions() -> None:
     found = defined_exceptions()
     assert "jobpool.errors.PermanentError" in found
-    assert "jobpool.worker.runtime.ClaimLost" in found
+    assert "jobpool.worker.executor.ClaimLost" in found
     assert "jobpool.k8s.client.ApiError" in found
     assert len(found) >= 30
 

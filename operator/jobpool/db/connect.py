@@ -108,10 +108,11 @@ async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict
 class JobConnection(AsyncConnection[Any]):
     """A worker's pooled connection.
 
-    While `job_scope` is set (a handler runs with it as `tx`), the job's transaction starts
-    with the handler's first statement, so a handler that sends none leaves the connection
-    idle and its `done` can be batched; a `tx.transaction()` block opened before any
-    statement first starts the job's transaction, so it stays a savepoint inside it.
+    While `job_scope` is set (a handler runs with it as `tx`; `jobpool.worker.executor`
+    alone sets and clears it), the job's transaction starts with the handler's first
+    statement, so a handler that sends none leaves the connection idle and its `done` can
+    be batched; a `tx.transaction()` block opened before any statement first starts the
+    job's transaction, so it stays a savepoint inside it.
     """
 
     job_scope: bool = False

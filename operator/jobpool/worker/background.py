@@ -23,6 +23,9 @@ RESTART_FIRST = 1.0
 RESTART_MAX = 30.0
 """Cap on the pause before a restart, seconds."""
 
+RECANCEL_EVERY = 1.0
+"""Seconds a stopping task has to end after its cancellation before it is cancelled again."""
+
 
 class BackgroundTasks:
     """Named tasks of one worker, each restarted whenever it raises.
@@ -70,10 +73,20 @@ class BackgroundTasks:
                 for name, error in sorted(self.failing.items())]
 
     async def stop(self) -> None:
-        """Cancel every task and wait for them to end."""
+        """Cancel every task and wait for them to end.
+
+        A task still running `RECANCEL_EVERY` seconds after its cancellation is cancelled
+        again: a cancellation can be lost below us (a library that turns it into an error the
+        task handles, or that drops it while handing over a connection), and a worker that
+        never ends its shutdown would hold its pod until it is killed."""
         tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
+        while pending := [task for task in tasks if not task.done()]:
+            for task in pending:
+                task.cancel()
+            _, still = await asyncio.wait(pending, timeout=RECANCEL_EVERY)
+            if still:
+                log.warning("background task(s) %s did not end when cancelled; cancelling "
+                            "again", ", ".join(sorted(task.get_name() for task in still)))
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 

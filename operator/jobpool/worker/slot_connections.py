@@ -3,10 +3,11 @@
 Borrowing a pooled connection for every job cost about 13 µs of CPU per job (the pool's
 lock, its bookkeeping, the session check on return; bench/RESULTS.md). So the worker takes
 one connection per slot out of its pool when the pool opens and keeps them in a plain list;
-a job's `tx` is a `LazyConnection` that takes one from the list on the handler's first use of
-it (any attribute: `tx.execute`, `tx.cursor()`, `tx.info`, ...). A handler that never touches
-`tx` takes none, and its `done` goes into the fetch loop's batch. The pool keeps its other
-connections for the worker's own queries (claims, leases, failure writes).
+a job's `tx` is a `jobpool.worker.executor.JobTransaction` that takes one from the list on
+the handler's first use of it (any attribute: `tx.execute`, `tx.cursor()`, `tx.info`, ...).
+A handler that never touches `tx` takes none, and its `done` goes into the fetch loop's
+batch. The pool keeps its other connections for the worker's own queries (claims, leases,
+failure writes).
 
 A running job has a connection waiting for it: the list holds one for every slot that has
 not taken its own, so taking never waits. A connection that comes back closed, in a
@@ -16,7 +17,6 @@ transaction, or from a pool retired after an outage is returned to its pool and 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -24,7 +24,6 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from jobpool.db.connect import JobConnection, commit_and_reset, reset_session
 from jobpool.errors import JobpoolError
 
 log = logging.getLogger("jobpool.worker")
@@ -115,61 +114,3 @@ class SlotConnections:
         if self.pool is not None:
             for conn in idle:
                 await self.pool.putconn(conn)
-
-
-class LazyConnection:
-    """A job's `tx`: the slot's connection, taken on the handler's first use of any of its
-    attributes; until then nothing is borrowed. Everything else is the connection's own."""
-
-    __slots__ = ("_conn", "_pool", "_slots")
-
-    def __init__(self, slots: SlotConnections) -> None:
-        self._slots = slots
-        self._conn: AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-
-    @property
-    def taken(self) -> AsyncConnection[Any] | None:
-        """The connection, if the handler used `tx`."""
-        return self._conn
-
-    def connection(self) -> AsyncConnection[Any]:
-        """The connection, taken now if it was not yet (raises NoSlotConnection)."""
-        conn = self._conn
-        if conn is None:
-            conn, self._pool = self._slots.take()
-            if isinstance(conn, JobConnection):  # its transaction starts with the first statement
-                conn.job_scope, conn.sent_statements = True, False
-            self._conn = conn
-        return conn
-
-    async def release(self) -> None:
-        """Undo what the handler did to the connection's session (`reset_session`) and give
-        it back to the slots, if it was taken."""
-        await self._give_back(reset_session)
-
-    async def commit_and_release(self) -> None:
-        """COMMIT the job's transaction, then reset the session in the same round trip
-        (`commit_and_reset`), and give the connection back to the slots. Raises the
-        psycopg.Error of the first statement that failed, the COMMIT or a reset statement
-        after it (the connection reset and given back all the same)."""
-        await self._give_back(commit_and_reset)
-
-    async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
-        if self._conn is not None and self._pool is not None:
-            conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
-            if isinstance(conn, JobConnection):
-                conn.job_scope = False
-            try:
-                await finish(conn)
-            finally:
-                await self._slots.give_back(conn, pool)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.connection(), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in LazyConnection.__slots__:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.connection(), name, value)

@@ -1,0 +1,209 @@
+"""Batched `done`s: the jobs whose handler wrote nothing are marked done together, with the
+next claim, in one transaction (`QueueStore.complete_and_claim`).
+
+A job queues its `done` (`Completer.complete`) and waits for the answer: True when its
+`done` was written, False when this worker no longer held its claim. When the connection
+fails under a batch, the batch is queued again, marked `resent` (that try may have
+committed unseen), and written with the next claim on a fresh connection. When the database
+refuses a batch, each `done` is written on its own (`QueueStore.complete_alone`), so only
+the job whose `done` is refused fails. When the claim fails on a live connection, the link
+replaces the pooled connections after a pause that grows while claims keep failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import psycopg
+
+from jobpool.core.retry import error_text, retry_pause
+from jobpool.db.connect import lost_connection
+from jobpool.db.store import Completion, Row
+from jobpool.errors import PermanentError
+from jobpool.worker.database_link import RECONNECT_FIRST
+
+log = logging.getLogger("jobpool.worker")
+
+Pending = tuple[Completion, "asyncio.Future[bool]"]
+"""A queued `done` and the future its job waits on (True: written; False: claim lost)."""
+
+CLAIM_RETRY_MAX = 30.0
+"""Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
+
+
+class ResultRefused(PermanentError):
+    """The database refused to record the job done with its result."""
+
+    def __init__(self, exc: psycopg.Error) -> None:
+        super().__init__(f"the database refused to record the job done with its result "
+                         f"({type(exc).__name__}: {exc})")
+
+
+class CompletionStore(Protocol):
+    """What the completer needs of the queue store (`jobpool.db.store.QueueStore`)."""
+
+    async def complete_and_claim(
+        self, completions: Sequence[Completion], *, kinds: Sequence[str],
+        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+    ) -> tuple[set[int], list[Row]]:
+        """Mark `completions` done and claim up to `limit` jobs in one transaction; the ids
+        still held and the claimed rows."""
+        ...
+
+    async def complete_alone(self, completion: Completion) -> bool:
+        """Mark one completion done in its own transaction; False: claim lost."""
+        ...
+
+
+class LinkReports(Protocol):
+    """How the completer reports a failure to the database link (`DatabaseLink`)."""
+
+    def lost(self, exc: psycopg.Error) -> None:
+        """A statement failed with `exc` (a lost connection takes the link offline)."""
+        ...
+
+    def replace_connections(self, problem: str, *, pause: float) -> None:
+        """Go offline for `problem`; reconnect on a fresh pool after `pause` seconds."""
+        ...
+
+
+class Completer:
+    """The queue of batched `done`s of one worker and their writes.
+
+    `running()`: jobs running now; `slots()`: the worker's slots; `wake` is set when the
+    fetch loop should write the queue (`delay`: seconds a lone `done` may wait for others).
+    """
+
+    def __init__(
+        self, store: CompletionStore, link: LinkReports, *, wake: asyncio.Event,
+        running: Callable[[], int], slots: Callable[[], int], delay: float,
+        rng: random.Random,
+    ) -> None:
+        self.store = store
+        self.link = link
+        self.wake = wake
+        self.running = running
+        self.slots = slots
+        self.delay = delay
+        self.rng = rng
+        self.queue: list[Pending] = []
+        self.claim_failures = 0
+        """Claims in a row that failed on a live connection (`_claim_failed`)."""
+
+    async def complete(self, completion: Completion) -> bool:
+        """Queue `completion` for the fetch loop's next transaction and wait for it to be
+        written: False when this worker no longer held the claim. Raises ResultRefused."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.queue.append((completion, done))
+        self._queued()
+        return await done
+
+    def _queued(self) -> None:
+        """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
+        running job does, else at most `delay` seconds later."""
+        waiting = len(self.queue)
+        if waiting >= self.running() or waiting * 2 >= self.slots():
+            self.wake.set()
+        elif waiting == 1:
+            asyncio.get_running_loop().call_later(self.delay, self.wake.set)
+
+    async def gather(self) -> None:
+        """Let jobs that are finishing right now queue their `done` too, so that one
+        transaction takes them all (a few event-loop turns, no waiting)."""
+        seen = -1
+        while seen != len(self.queue) and 0 < len(self.queue) < self.running():
+            seen = len(self.queue)
+            for _ in range(4):
+                await asyncio.sleep(0)
+
+    def take(self) -> list[Pending]:
+        """The queued `done`s, to go with the next claim (`send`); the queue is empty after."""
+        batch, self.queue = self.queue, []
+        return batch
+
+    async def send(
+        self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
+        limit: int, throttled: Callable[[], list[str]],
+    ) -> list[Row]:
+        """Write `batch` and claim up to `limit` jobs (`throttled()`: pairs to leave out), in
+        one transaction; the claimed rows ([] when that failed: the link says why)."""
+        if not batch and limit <= 0:
+            return []
+        try:
+            held, claimed = await self.store.complete_and_claim(
+                [completion for completion, _ in batch], kinds=kinds, tenants=tenants,
+                limit=max(limit, 0), throttled=throttled() if limit > 0 else [],
+            )
+        except Exception as exc:
+            if not isinstance(exc, psycopg.Error) or not (lost_connection(exc) or batch):
+                self._claim_failed(exc, batch)
+                return []
+            if lost_connection(exc):  # written with the next claim, on a fresh connection
+                self._requeue(batch)
+                self.link.lost(exc)
+                return []
+            log.warning("the batched done of %d job(s) was refused (%s); recording each on "
+                        "its own", len(batch), exc)
+            await self._complete_one_by_one(batch)
+            return []
+        self.claim_failures = 0
+        for completion, done in batch:
+            done.set_result(completion.job_id in held)
+        return claimed
+
+    async def flush(self) -> None:
+        """Keep writing the queued `done`s while running jobs finish (after claiming
+        stopped); runs until cancelled."""
+        while True:
+            self.wake.clear()
+            await self.send(self.take(), kinds=(), tenants=None, limit=0, throttled=list)
+            await self.wake.wait()
+
+    def _requeue(self, batch: list[Pending]) -> None:
+        """Put `batch` back at the head of the queue, marked `resent`: its try may have
+        committed unseen, so the next write also asks whether it did."""
+        self.queue[:0] = [(c._replace(resent=True), done) for c, done in batch]
+
+    def _claim_failed(self, exc: Exception, batch: list[Pending]) -> None:
+        """The claim failed on a live connection: a statement refused (a handler left a
+        prepared statement of the name psycopg uses next), or its rows could not be read.
+
+        The worker goes on: claiming pauses (growing from RECONNECT_FIRST to
+        CLAIM_RETRY_MAX seconds while it keeps failing), the pool's connections are
+        replaced, claims that committed unread are handed back, and the batched `done`s are
+        written again.
+        """
+        self._requeue(batch)
+        self.claim_failures += 1
+        pause = retry_pause(self.claim_failures, first=RECONNECT_FIRST, cap=CLAIM_RETRY_MAX,
+                            rng=self.rng)
+        problem = f"claim failed: {error_text(exc)}"
+        log.warning("%s; replacing the pooled connections and claiming again in %.1fs",
+                    problem, pause, exc_info=exc)
+        self.link.replace_connections(problem, pause=pause)
+
+    async def _complete_one_by_one(self, batch: list[Pending]) -> None:
+        """Record each `done` of a refused batch in its own transaction, so that only the job
+        whose `done` the database refuses fails: refuses its value (a DataError or an
+        IntegrityError: ResultRefused, to the DLQ). Any other refusal (a lost connection, a
+        conflict, what a pooler or a session refuses) says nothing about the job: the rest
+        of the batch goes with a later claim, as after a failed claim."""
+        for index, (completion, done) in enumerate(batch):
+            try:
+                done.set_result(await self.store.complete_alone(completion))
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
+                    done.set_exception(ResultRefused(exc))
+                    continue
+                rest = batch[index:]
+                if lost_connection(exc):  # the rest go with the next claim, on a fresh connection
+                    self._requeue(rest)
+                    self.link.lost(exc)
+                else:
+                    self._claim_failed(exc, rest)
+                return

@@ -1,0 +1,454 @@
+"""Running one attempt of one job: `JobExecutor.execute` is the one place an attempt runs.
+
+It checks the payload, takes a rate-limit token, runs the handler in the job's transaction
+and writes the outcome (done, retry, DLQ, handed back), returning it as an `Outcome`.
+
+The job's transaction: the handler's `tx` is a `JobTransaction`, which takes the slot's
+connection (`SlotConnections`) on the handler's first use of it and puts that connection in
+job scope (`JobConnection.job_scope`): the transaction starts with the handler's first
+statement, so a handler that sends none leaves the connection idle, and its `done` goes to
+the completer's batch; a handler that wrote gets its `done` in its own transaction, then one
+COMMIT. Without `batch_completions` every job runs in a transaction opened before its
+handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar, cast
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from jobpool.core.jsondata import UndecodableJson, to_json_text
+from jobpool.core.ratelimit import Denied
+from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, safe_str
+from jobpool.db.connect import (
+    JobConnection,
+    commit_and_reset,
+    interrupted_by_connection,
+    reset_session,
+    transaction_conflict,
+)
+from jobpool.db.store import Completion
+from jobpool.errors import JobpoolError, PermanentError
+from jobpool.job import Job
+from jobpool.metrics import Outcome, WorkerMetrics
+from jobpool.registry import KindSpec
+from jobpool.worker.completer import ResultRefused
+from jobpool.worker.slot_connections import NoSlotConnection, SlotConnections
+from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
+
+log = logging.getLogger("jobpool.worker")
+
+T = TypeVar("T")
+
+SHUTDOWN_WRITE_TIMEOUT = 5.0
+"""Seconds a job cancelled at the end of the grace period may take to be handed back."""
+
+CONFLICT_PAUSE = (0.05, 1.0)
+"""Seconds (drawn at random between the two) before a job whose transaction the server
+rolled back for a conflict runs again: long enough for the other transaction to end, and
+spread so that the two do not meet again."""
+
+
+class ClaimLost(JobpoolError):
+    """The job's row is no longer running under this worker's claim.
+
+    Raised by the worker's own `done` write, after the handler returned, and caught in
+    `JobExecutor.execute`: it never passes through a handler, so no handler's `except` can
+    swallow it.
+    """
+
+
+class HandlerExit(JobpoolError):
+    """The handler raised SystemExit or another BaseException that would stop the worker."""
+
+
+def payload_problem(payload: Any) -> str | None:
+    """Why a claimed payload cannot go to a handler (written by SQL past enqueue's checks)."""
+    if isinstance(payload, UndecodableJson):
+        return f"payload cannot be decoded: {payload.reason}"
+    if not isinstance(payload, dict):
+        return f"payload must be a JSON object, got {type(payload).__name__}"
+    return None
+
+
+def stored_result(result: Mapping[str, Any] | None) -> str | None:
+    """The handler's result as JSON text a jsonb column takes; PermanentError naming the
+    problem when it is not storable (retrying would return the same), also when walking it
+    raises SystemExit or another BaseException."""
+    if result is None:
+        return None
+    try:
+        return to_json_text(dict(result), name="result")
+    except BaseException as exc:  # also a SystemExit from the result's __iter__
+        reason = safe_str(exc, what="the reason") if isinstance(exc, Exception) else error_text(exc)
+        raise PermanentError(f"handler returned a result that cannot be stored: {reason}") from None
+
+
+class OutcomeStore(Protocol):
+    """What the executor needs of the queue store (`jobpool.db.store.QueueStore`): each
+    write is a compare-and-set on the job's claim (False: this worker lost it)."""
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        """The worker's pool (rate-limit tokens are taken on it)."""
+        ...
+
+    async def complete(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
+                       result: str | None) -> bool: ...
+
+    async def committed_done(self, job_id: int, attempts: int) -> bool: ...
+
+    async def retry(self, job_id: int, attempts: int, *, delay: float, error: str) -> bool: ...
+
+    async def dead_letter(self, job_id: int, attempts: int, *, error: str) -> bool: ...
+
+    async def release(self, job_id: int, attempts: int, *, delay: float = 0.0) -> bool: ...
+
+
+class OutcomeWriter(Protocol):
+    """How outcome writes get through an outage (`DatabaseLink.write`)."""
+
+    async def write(self, write: Callable[[], Awaitable[T]]) -> T: ...
+
+
+class BatchedDone(Protocol):
+    """Where a `done` with nothing to commit with it goes (`Completer.complete`)."""
+
+    async def complete(self, completion: Completion) -> bool: ...
+
+
+class Finishing(Protocol):
+    """The lease keeper's side the executor needs (`LeaseKeeper.finishing`)."""
+
+    def finishing(self, job_id: int) -> None: ...
+
+
+class JobExecutor:
+    """Runs the attempts of one worker's jobs (`execute`).
+
+    `specs`: the worker's kinds by name; `wake`: set when something this executor scheduled
+    falls due (a retry, a hand-back, a rate-limit token); `releasing`: set by the worker
+    when the grace period is over, so that a cancelled job is handed back, not failed.
+    """
+
+    def __init__(
+        self, store: OutcomeStore, *, writer: OutcomeWriter, completer: BatchedDone,
+        slot_connections: SlotConnections, leases: Finishing, limiter: TokenStore,
+        specs: Mapping[str, KindSpec], batch_completions: bool, wake: asyncio.Event,
+        metrics: WorkerMetrics, rng: random.Random,
+        stopped: Callable[[int], bool] = lambda job_id: False,
+    ) -> None:
+        self.store = store
+        self.writer = writer
+        self.completer = completer
+        self.slot_connections = slot_connections
+        self.leases = leases
+        self.limiter = limiter
+        self.specs = specs
+        self.batch_completions = batch_completions
+        self.wake = wake
+        self.metrics = metrics
+        self.rng = rng
+        self.releasing = False
+        self.stopped = stopped
+        """Whether a job's cancellation is its stop (worker/stops.py): nothing to hand back."""
+
+    async def execute(self, job: Job) -> Outcome:
+        """Run one attempt of `job` and write its outcome; return that outcome. Raises
+        CancelledError (after handing the job back) when the worker cancels it."""
+        spec = self.specs[job.job_kind]
+        started = time.monotonic()
+        problem = payload_problem(job.payload)
+        if problem is not None:
+            return await self._fail(job, spec, PermanentError(problem))
+        denied = await self.limiter.acquire(self.store.pool, job.tenant_id, job.job_kind)
+        if denied is not None:
+            return await self._requeue_rate_limited(job, denied)
+        try:
+            result = await self._run_in_transaction(job, spec)
+        except ClaimLost:
+            log.warning("job %d (%s): claim lost, its changes were rolled back",
+                        job.id, job.job_kind)
+            return "lost_claim"
+        except asyncio.CancelledError:
+            if not self.stopped(job.id):  # a stopped job's claim is gone: nothing to hand back
+                await self._hand_back(job)
+            raise
+        except Exception as exc:
+            if transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
+                    exc, NoSlotConnection):
+                return await self._hand_back_interrupted(job, exc)
+            return await self._fail(job, spec, exc)
+        if log.isEnabledFor(logging.INFO):
+            log.info("job %d (%s) done in %.3fs%s", job.id, job.job_kind,
+                     time.monotonic() - started,
+                     "" if result is None else f": {safe_str(result, what='its result')}")
+        return "done"
+
+    async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
+        """Run the handler and mark the job done in its transaction.
+
+        The handler's `tx` is taken from the slot connections on its first use. A handler
+        that never used it, or sent no statement, has nothing to commit with its `done`: that
+        job is completed later in a batch with others (`complete_jobs`). Raises ClaimLost when
+        this worker no longer holds the claim.
+        """
+        tx = JobTransaction(self.slot_connections)
+        try:
+            if not self.batch_completions:
+                conn = tx.connection()
+                leave_job_scope(conn)  # the transaction below is the job's
+                async with conn.transaction():
+                    result = await self._call_handler(job, spec, conn)
+                    await self._complete(conn, job, stored_result(result))
+                    return result
+            try:
+                result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
+                stored = stored_result(result)
+                used = tx.taken
+                if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
+                    await self._complete(used, job, stored)
+                    await self._commit(tx, job)
+                    return result
+            except BaseException:
+                used = tx.taken
+                if used is not None and not used.closed:
+                    await used.rollback()
+                raise
+        finally:
+            await tx.release()
+        self.leases.finishing(job.id)
+        if not await self.completer.complete(Completion(job.id, job.attempts, stored)):
+            raise ClaimLost
+        return result
+
+    async def _commit(self, tx: JobTransaction, job: Job) -> None:
+        """COMMIT the job's transaction and reset its session, in one round trip
+        (`commit_and_release`). When that query fails, its COMMIT may have gone through
+        before a reset statement failed (a handler's statement_timeout, say): the job's row
+        says which, and only a COMMIT that failed fails the job."""
+        try:
+            await tx.commit_and_release()
+        except psycopg.Error as exc:
+            try:
+                committed = await self.store.committed_done(job.id, job.attempts)
+            except psycopg.Error:
+                raise exc from None  # unknown: the failure path's writes are compare-and-set
+            if not committed:
+                raise
+            log.warning("job %d (%s): committed, but resetting its session failed (%s)",
+                        job.id, job.job_kind, error_text(exc))
+
+    async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
+        """Mark the job done in its transaction; raises ClaimLost, or ResultRefused."""
+        self.leases.finishing(job.id)
+        try:
+            held = await self.store.complete(conn, job.id, job.attempts, stored)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            raise ResultRefused(exc) from exc
+        if not held:
+            raise ClaimLost
+
+    async def _call_handler(
+        self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
+    ) -> Mapping[str, Any] | None:
+        deadline = asyncio.timeout(spec.defaults.timeout)
+        try:
+            async with deadline:
+                result = await spec.handler(job, conn)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the handler's own (a mail server that did not answer), kept as it is
+            raise TimeoutError(
+                f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
+        except asyncio.CancelledError as exc:
+            if self.releasing or self.stopped(job.id):
+                raise
+            task = asyncio.current_task()
+            while task is not None and task.cancelling():
+                task.uncancel()  # the handler cancelled itself: not the worker's hand-back
+            raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not cancel "
+                              "the worker's task") from exc
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not stop the "
+                              "worker") from exc
+        if result is not None and not isinstance(result, Mapping):
+            raise PermanentError(
+                f"handler returned {type(result).__name__}, expected a mapping or None")
+        return result
+
+    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
+        """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
+        self.leases.finishing(job.id)
+        decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
+                                policy=spec.defaults.backoff, rng=self.rng)
+        outcome: Outcome
+        store = self.store
+        try:
+            match decision:
+                case Retry(delay=wait, error=error):
+                    held = await self.writer.write(
+                        lambda: store.retry(job.id, job.attempts, delay=wait, error=error))
+                    outcome = "retry"
+                    self._wake_in(wait)
+                    log.info("job %d (%s) attempt %d failed, retry in %.1fs: %s",
+                             job.id, job.job_kind, job.attempts, wait, error)
+                case DeadLetter(error=error):
+                    held = await self.writer.write(
+                        lambda: store.dead_letter(job.id, job.attempts, error=error))
+                    outcome = "dlq"
+                    log.warning("job %d (%s) moved to the DLQ after %d attempt(s): %s",
+                                job.id, job.job_kind, job.attempts, error)
+        except psycopg.Error as db_exc:
+            log.error("job %d: could not record its failure (%s); handed back at exit, else "
+                      "by stale-claim recovery", job.id, db_exc)
+            return "error"
+        if not held:
+            log.warning("job %d (%s): claim lost, failure not recorded", job.id, job.job_kind)
+            return "lost_claim"
+        return outcome
+
+    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> Outcome:
+        """Hand back a job that the database, not its handler, stopped: its connection failed
+        (a restart, a switchover, a pooler), or the server rolled its transaction back for a
+        conflict with another, or no slot connection was ready after an outage. The attempt
+        is not used: the job runs again as soon as the database answers (the others after
+        `CONFLICT_PAUSE`)."""
+        store = self.store
+        conflict = transaction_conflict(exc)
+        # a dead connection is replaced by the time the database answers; a conflict or a
+        # missing slot connection may not have cleared yet
+        delay = 0.0 if interrupted_by_connection(exc) else self.rng.uniform(*CONFLICT_PAUSE)
+        try:
+            held = await self.writer.write(
+                lambda: store.release(job.id, job.attempts, delay=delay))
+        except psycopg.Error as db_exc:
+            log.error("job %d: could not hand back (%s); handed back at exit or by recovery",
+                      job.id, db_exc)
+            return "error"
+        if not held:
+            return "lost_claim"
+        self._wake_in(delay)
+        log.info("job %d (%s) attempt %d handed back, not counted (%s): %s", job.id,
+                 job.job_kind, job.attempts,
+                 "a transaction conflict" if conflict else "the database connection failed",
+                 error_text(exc))
+        return "released"
+
+    async def _hand_back(self, job: Job) -> None:
+        """Hand back a job the worker cancelled at the end of the grace period."""
+        store = self.store
+        self.leases.finishing(job.id)
+        try:
+            async with asyncio.timeout(SHUTDOWN_WRITE_TIMEOUT):
+                held = await self.writer.write(lambda: store.release(job.id, job.attempts))
+        except (TimeoutError, psycopg.Error) as exc:
+            log.error("job %d: could not hand back (%s); its lease will expire",
+                      job.id, str(exc) or "the database did not answer")
+            return
+        if held:
+            log.warning("job %d (%s) did not finish within the grace period; handed back",
+                        job.id, job.job_kind)
+
+    async def _requeue_rate_limited(self, job: Job, denied: Denied) -> Outcome:
+        """No token: back to pending until the next one is due; the attempt is not used up."""
+        store = self.store
+        self.leases.finishing(job.id)
+        self.metrics.rate_limited(self.limiter.tenant_label(job.tenant_id), job.job_kind,
+                                  denied.scope)
+        self._wake_in(denied.retry_after)
+        try:
+            await self.writer.write(
+                lambda: store.release(job.id, job.attempts, delay=requeue_delay(denied)))
+        except psycopg.Error as exc:
+            log.error("job %d: could not requeue (%s); its lease will expire", job.id, exc)
+            return "error"
+        log.debug("job %d (%s) requeued: %s", job.id, job.job_kind, describe(denied))
+        return "rate_limited"
+
+    def _wake_in(self, delay: float) -> None:
+        """Wake the fetch loop when something this worker scheduled `delay` s ahead falls due."""
+        asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
+
+
+def enter_job_scope(conn: AsyncConnection[Any]) -> None:
+    """The job's transaction starts with the handler's first statement on `conn`; nothing
+    was sent on it yet."""
+    if isinstance(conn, JobConnection):
+        conn.job_scope, conn.sent_statements = True, False
+
+
+def leave_job_scope(conn: AsyncConnection[Any]) -> None:
+    """`conn`'s transactions are plain ones again (the worker's own, or a job's opened by
+    the executor itself)."""
+    if isinstance(conn, JobConnection):
+        conn.job_scope = False
+
+
+class JobTransaction:
+    """A job's `tx`: the slot's connection, taken on the handler's first use of any of its
+    attributes and put in job scope (`enter_job_scope`); until then nothing is borrowed.
+    Everything else is the connection's own."""
+
+    __slots__ = ("_conn", "_pool", "_slots")
+
+    def __init__(self, slots: SlotConnections) -> None:
+        self._slots = slots
+        self._conn: AsyncConnection[Any] | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+
+    @property
+    def taken(self) -> AsyncConnection[Any] | None:
+        """The connection, if the handler used `tx`."""
+        return self._conn
+
+    def connection(self) -> AsyncConnection[Any]:
+        """The connection, taken now if it was not yet (raises NoSlotConnection)."""
+        conn = self._conn
+        if conn is None:
+            conn, self._pool = self._slots.take()
+            enter_job_scope(conn)
+            self._conn = conn
+        return conn
+
+    async def release(self) -> None:
+        """Undo what the handler did to the connection's session (`reset_session`) and give
+        it back to the slots, if it was taken."""
+        await self._give_back(reset_session)
+
+    async def commit_and_release(self) -> None:
+        """COMMIT the job's transaction, then reset the session in the same round trip
+        (`commit_and_reset`), and give the connection back to the slots. Raises the
+        psycopg.Error of the first statement that failed, the COMMIT or a reset statement
+        after it (the connection reset and given back all the same)."""
+        await self._give_back(commit_and_reset)
+
+    async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
+        if self._conn is not None and self._pool is not None:
+            conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
+            leave_job_scope(conn)
+            try:
+                await finish(conn)
+            finally:
+                await self._slots.give_back(conn, pool)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in JobTransaction.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.connection(), name, value)
+
