@@ -270,6 +270,9 @@ class Settings:
         None, Text(), "the lane a worker belongs to, named in its start log line and its row "
         "among the live workers (the console groups workers by it); set by the operator and by "
         "`jobpool run pool.yaml`")
+    schedules: str | None = _setting(
+        None, Text(), "the pool's schedules as a JSON list (a pool file's spec.schedules, see "
+        "docs/schedules.md); set by the operator and by `jobpool run pool.yaml`")
     # the kinds
     smtp_url: str | None = _setting(
         None, Url(("smtp", "smtps")),

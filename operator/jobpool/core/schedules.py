@@ -31,6 +31,7 @@ from cronsim import CronSim, CronSimError
 from jobpool.core.jsondata import to_json_text
 from jobpool.core.kinds import check_kind_name
 from jobpool.core.tenants import tenant_ref
+from jobpool.errors import JobpoolError
 
 MissedPolicy = Literal["skip", "catch_up_once"]
 MISSED_POLICIES: tuple[MissedPolicy, ...] = ("skip", "catch_up_once")
@@ -57,7 +58,7 @@ BUILTIN_OWNER = ""
 """Owner of built-in schedules; declared schedules belong to their pool."""
 
 
-class ScheduleError(ValueError):
+class ScheduleError(JobpoolError, ValueError):
     """A schedule that cannot run; the message starts with the bad field's path."""
 
 

@@ -1,21 +1,20 @@
 """Queue maintenance, in one place: recovery of lapsed claims, retention, and their schedule.
 
-Nothing here waits in the queue behind the work it maintains. Recovery (claims whose lease
-lapsed go back to pending, or to the DLQ when out of attempts) runs every few seconds on every
-long-running worker's lease thread (`jobpool.worker.leases`), one worker at a time
-(`recovery_turn`). Every `cleanup_every` seconds (5 minutes by default) one worker, whichever
-first finds the period over (`take_maintenance_turn`: no leader), runs the periodic steps:
-done-job retention and whatever other kinds register with `cleanup_step` (the outbox's
-compaction), each in its own transaction on a connection of its own. The `cleanup_jobs`
-kind runs recovery and every step at once, for a job enqueued by hand. Its SQL is in
-`sql/maintenance.sql`. `jobpool recover` runs the recovery at once.
+Recovery (claims whose lease lapsed go back to pending, or to the DLQ when out of attempts)
+runs every few seconds on every long-running worker's lease thread (`jobpool.worker.leases`),
+one worker at a time (`recovery_turn`): it never waits in the queue behind the work it
+maintains. The periodic steps, done-job retention and whatever other kinds register with
+`cleanup_step` (the outbox's compaction), run in a `cleanup_jobs` job, which the built-in
+schedule `cleanup_jobs` enqueues every `cleanup_every` seconds (5 minutes by default; once per
+tick across all workers, `jobpool.worker.scheduler`); the job runs recovery too, and may be
+enqueued by hand. Its SQL is in `sql/maintenance.sql`. `jobpool recover` runs the recovery at
+once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,10 +22,11 @@ import psycopg
 from psycopg import AsyncConnection
 
 from jobpool import settings
-from jobpool.db.connect import connect
+from jobpool.core.schedules import cleanup_schedule
 from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
 from jobpool.job import Job
 from jobpool.registry import kind
+from jobpool.worker.scheduler import declarations_for, keep_scheduled
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ DONE_RETENTION = 7 * 86_400.0
 DELETE_BATCH = 5_000
 MAX_BATCHES = 20
 """At most DELETE_BATCH x MAX_BATCHES rows per run; the next run takes the rest."""
-
-SCHEDULE_CHECK_MAX = 60.0
-"""Cap on the seconds between a worker's checks whether the periodic steps are due."""
 
 Step = Callable[[AsyncConnection[Any]], Awaitable[dict[str, int]]]
 _STEPS: list[tuple[str, Step]] = []
@@ -69,13 +66,6 @@ async def delete_expired_done_jobs(
     row = await fetch_one(conn, "delete_expired_done_jobs",
                           {"retention": retention, "batch": batch})
     return int(row["deleted"]) if row else 0
-
-
-async def take_maintenance_turn(conn: AsyncConnection[Any], task: str, every: float) -> bool:
-    """Whether this worker takes the turn at `task` (it last ran `every` seconds ago or more).
-    Commit at once: the other workers skip the turn from then on."""
-    return await fetch_one(conn, "take_maintenance_turn", {"task": task, "every": every}) \
-        is not None
 
 
 # -- the cleanup_jobs kind ---------------------------------------------------------------
@@ -112,8 +102,8 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
       backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
     """Recover lapsed claims and run every registered step in the job's transaction; return
-    their counters. Workers run all of this on their own schedule: the kind is for running it
-    now through the queue."""
+    their counters. The built-in schedule `cleanup_jobs` enqueues one every `cleanup_every`
+    seconds; enqueue one by hand to run it now."""
     result = await recover(tx)
     for _, step in _STEPS:
         result.update(await step(tx))
@@ -123,46 +113,14 @@ async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
 # -- the schedule ------------------------------------------------------------------------
 
 
-async def run_due_steps(dsn: str) -> dict[str, int]:
-    """Run every registered step, each in its own transaction on a connection of its own (a
-    step may take seconds: not on a connection the worker's jobs wait for). A step that fails
-    is logged and the others run; the next period runs it again. Returns their counters."""
-    result: dict[str, int] = {}
-    async with await connect(dsn) as conn:
-        for name, step in _STEPS:
-            try:
-                async with conn.transaction():
-                    result.update(await step(conn))
-            except psycopg.Error as exc:
-                if conn.closed:
-                    raise
-                log.error("maintenance step %s failed (%s); it runs again next period", name,
-                          exc)
-    return result
-
-
 async def keep_maintained(
-    store: QueueStore, dsn: str, *, every: float, online: asyncio.Event, rng: random.Random,
+    store: QueueStore, *, every: float, online: asyncio.Event,
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
 ) -> None:
-    """Run the periodic steps whenever this worker takes the turn at them, while `online` is
-    set; never returns.
-
-    Checks every min(60 s, every / 2), spread by ±20 % so that workers do not ask in step; the
-    turn goes to the first worker that finds the last run `every` seconds old. Each check that
-    got an answer calls `healthy()`; a failed connection goes to `database_error` (which pauses
-    the worker until the database answers again). The store's pool is read at each check,
-    since the worker replaces it after an outage.
-    """
-    while True:
-        await online.wait()
-        try:
-            async with store.pool.connection() as conn:
-                turn = await take_maintenance_turn(conn, "cleanup", every)
-            if turn:
-                counters = await run_due_steps(dsn)
-                log.info("maintenance: %s", ", ".join(f"{k} {v}" for k, v in counters.items()))
-            healthy()
-        except psycopg.OperationalError as exc:
-            database_error(exc)
-        await asyncio.sleep(min(SCHEDULE_CHECK_MAX, every / 2) * rng.uniform(0.8, 1.2))
+    """Keep the schedules going on this worker: the built-in `cleanup_jobs` every `every`
+    seconds and those of `JOBPOOL_SCHEDULES` (`jobpool.worker.scheduler.keep_scheduled`);
+    never returns. Raises ScheduleError for a bad `JOBPOOL_SCHEDULES`."""
+    current = settings.current()
+    declarations = declarations_for(current.pool, current.schedules, [cleanup_schedule(every)])
+    await keep_scheduled(store, declarations, actor=current.service_account,
+                         online=online, healthy=healthy, database_error=database_error)

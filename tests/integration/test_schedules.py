@@ -1,0 +1,196 @@
+"""Schedules against PostgreSQL: declarations, due ticks enqueued once across racing workers,
+the built-in cleanup schedule, errors recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from integration.helpers import prepare, scalar, wait_until, worker
+from jobpool.core.schedules import cleanup_schedule, parse_schedule
+from jobpool.db.connect import open_pool
+from jobpool.worker.scheduler import (
+    Declarations,
+    declarations_for,
+    declare,
+    enqueue_due_ticks,
+    keep_scheduled,
+)
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+EVERY_SECOND = parse_schedule({"name": "tick", "kind": "test_noop", "tenant": "acme",
+                               "every": 1, "payload": {"n": 1}}, "s")
+
+
+async def rewind(conn: Conn, name: str, seconds: float) -> None:
+    """Make the schedule's next tick `seconds` old, as if nothing had run since."""
+    await conn.execute(
+        "UPDATE mdm.aa_schedule SET next_run_at = date_trunc('second', clock_timestamp())"
+        " - make_interval(secs => %s) WHERE name = %s", (seconds, name))
+
+
+async def keys(conn: Conn, prefix: str) -> list[str]:
+    cur = await conn.execute("SELECT idempotency_key FROM mdm.aa_job WHERE idempotency_key"
+                             " LIKE %s ORDER BY idempotency_key", (prefix + "%",))
+    return [row["idempotency_key"] for row in await cur.fetchall()]
+
+
+async def tick_counts(conn: Conn, name: str) -> tuple[int, int, int]:
+    """(jobs, distinct tick keys, ticks from the first to the last key) of 1-second schedule
+    `name`."""
+    cur = await conn.execute(
+        "SELECT count(*) AS jobs, count(DISTINCT t) AS ticks,"
+        " extract(epoch FROM max(t) - min(t))::int + 1 AS covered FROM (SELECT"
+        " replace(idempotency_key, %s, '')::timestamptz AS t FROM mdm.aa_job"
+        " WHERE idempotency_key LIKE %s) AS k", (f"schedule:{name}:", f"schedule:{name}:%"))
+    row = await cur.fetchone()
+    assert row is not None
+    return row["jobs"], row["ticks"], row["covered"]
+
+
+async def test_due_ticks_are_enqueued_once_with_their_bookkeeping(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 10)
+    runs = await enqueue_due_ticks(conn, actor="scheduler")
+    assert [(run.name, run.created, run.missed) for run in runs] == [("tick", len(runs[0].ticks),
+                                                                      0)]
+    assert len(runs[0].ticks) >= 11  # 10 s ago up to now
+    enqueued = await keys(conn, "schedule:tick:")
+    assert len(enqueued) == len(runs[0].ticks)
+    cur = await conn.execute("SELECT * FROM mdm.aa_schedule WHERE name = 'tick'")
+    schedule = await cur.fetchone()
+    assert schedule is not None
+    assert schedule["last_run_at"] == runs[0].ticks[-1]
+    assert schedule["next_run_at"] == runs[0].ticks[-1] + timedelta(seconds=1)
+    cur = await conn.execute("SELECT DISTINCT tenant_id, payload FROM mdm.aa_job"
+                             " WHERE job_kind = 'test_noop'")
+    assert await cur.fetchall() == [{"tenant_id": tenant, "payload": {"n": 1}}]
+    again = await enqueue_due_ticks(conn, actor="s")  # at most the tick of the next second
+    assert all(run.created == len(run.ticks) <= 2 for run in again)
+
+
+async def test_racing_schedulers_enqueue_every_tick_exactly_once(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Five schedulers on connections of their own check the same 1-second schedule without
+    pause; every tick from the first to the last enqueued is enqueued once, by one of them
+    (none of them even tried a tick twice)."""
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 30)
+    pool = open_pool(dsn, size=5)
+    await pool.open()
+    tried: list[str] = []
+    created = 0
+
+    async def race(rounds: int) -> None:
+        nonlocal created
+        async with pool.connection() as own:
+            for _ in range(rounds):
+                for run in await enqueue_due_ticks(own, actor="racer"):
+                    tried.extend(t.isoformat() for t in run.ticks)
+                    created += run.created
+
+    try:
+        await asyncio.gather(*(race(40) for _ in range(5)))
+    finally:
+        await pool.close()
+    enqueued = await keys(conn, "schedule:tick:")
+    assert len(tried) == len(set(tried)) == len(enqueued) == created
+    assert len(enqueued) >= 31
+    assert await tick_counts(conn, "tick") == (created, created, created)
+
+
+async def test_workers_run_cleanup_as_a_built_in_schedule_once_per_tick(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Three long-running workers and two bare schedulers share the built-in cleanup schedule
+    (every second here) and a declared 1-second schedule: each tick in the covered range has
+    exactly one job."""
+    await prepare(conn)
+    workers = [worker(dsn, ("cleanup_jobs", "test_noop"), until_empty=False, cleanup_every=1)
+               for _ in range(3)]
+    pool = open_pool(dsn, size=2)
+    await pool.open()
+    store: Any = type("Store", (), {"pool": pool})()
+    online = asyncio.Event()
+    online.set()
+    declared = Declarations("pool-a", (cleanup_schedule(1), EVERY_SECOND), retire=True)
+    schedulers = [asyncio.create_task(keep_scheduled(
+        store, declared, actor="scheduler", online=online, healthy=lambda: None,
+        database_error=lambda exc: None)) for _ in range(2)]
+    runs = [asyncio.create_task(w.run()) for w in workers]
+
+    async def enough() -> bool:
+        count = await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_job"
+                             " WHERE job_kind = 'cleanup_jobs' AND status = 'done'")
+        ticks = len(await keys(conn, "schedule:tick:"))
+        return bool(count >= 3 and ticks >= 3)
+
+    try:
+        await wait_until(enough, "three cleanup_jobs done and three ticks", 60)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*runs)
+        for task in schedulers:
+            task.cancel()
+        await asyncio.gather(*schedulers, return_exceptions=True)
+        await pool.close()
+    for name in ("cleanup_jobs", "tick"):
+        jobs, ticks, covered = await tick_counts(conn, name)
+        assert jobs == ticks == covered  # one job per tick, no tick left out
+
+
+async def test_a_changed_declaration_starts_again_and_a_dropped_one_is_retired(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    other = parse_schedule({"name": "other", "kind": "test_noop", "every": 60}, "s")
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND, other), retire=True))
+    await declare(conn, Declarations("pool-b", (cleanup_schedule(300),), retire=True))
+    await rewind(conn, "tick", 5)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))  # unchanged
+    kept = await scalar(conn, "SELECT next_run_at < clock_timestamp() - interval '4 s' AS kept"
+                        " FROM mdm.aa_schedule WHERE name = 'tick'")
+    assert kept
+    names = await scalar(conn, "SELECT array_agg(name ORDER BY name) AS n FROM mdm.aa_schedule")
+    assert names == ["cleanup_jobs", "tick"]
+    faster = parse_schedule({**EVERY_SECOND.to_json(), "every": 2}, "s")
+    await declare(conn, Declarations("pool-a", (faster,), retire=False))
+    restarted = await scalar(conn, "SELECT next_run_at > clock_timestamp() - interval '1 s'"
+                             " AS r FROM mdm.aa_schedule WHERE name = 'tick'")
+    assert restarted
+
+
+async def test_a_schedule_whose_job_cannot_exist_records_why(conn: Conn) -> None:
+    await prepare(conn)
+    nobody = parse_schedule({"name": "lost", "kind": "test_noop", "tenant": "nobody",
+                             "every": 1}, "s")
+    await declare(conn, Declarations("", (nobody,), retire=False))
+    await rewind(conn, "lost", 3)
+    runs = await enqueue_due_ticks(conn, actor="s")
+    assert runs[0].error is not None and "nobody" in runs[0].error
+    error = await scalar(conn, "SELECT last_error FROM mdm.aa_schedule WHERE name = 'lost'")
+    assert "nobody" in error
+    moved_on = await scalar(conn, "SELECT next_run_at > clock_timestamp() - interval '2 s'"
+                            " AS m FROM mdm.aa_schedule WHERE name = 'lost'")
+    assert moved_on  # its ticks are dropped, not retried at every check
+
+
+def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
+    bad = json.dumps([{"name": "x", "kind": "k", "cron": "0 25 * * *"}])
+    with pytest.raises(ValueError, match=r"^JOBPOOL_SCHEDULES\[0\]\.cron: "):
+        declarations_for("pool-a", bad, ())
+    plain = declarations_for(None, None, (cleanup_schedule(300),))
+    assert (plain.retire, [s.name for s in plain.schedules]) == (False, ["cleanup_jobs"])
