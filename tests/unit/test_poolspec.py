@@ -205,7 +205,7 @@ CEL_CASES = {
         _set(pool(), "metadata.name", "n" * 40), "metadata.name: at most 38 characters",
     ),
     "self.all(e, e.name != 'JOBPOOL_DSN' && e.name != 'JOBPOOL_RATE_LIMITS' "
-    "&& e.name != 'JOBPOOL_METRICS_PORT')": (
+    "&& e.name != 'JOBPOOL_METRICS_PORT' && e.name != 'JOBPOOL_SCHEDULES')": (
         pool(worker={"env": [{"name": "A", "value": "1"}, {"name": "JOBPOOL_DSN", "value": "x"}]}),
         "spec.worker.env[1].name: JOBPOOL_DSN is set by the operator",
     ),
@@ -214,6 +214,14 @@ CEL_CASES = {
         pool({"name": "a", "rateLimits": {"providers": {"smtp": {"rps": 1}},
                                           "kinds": {"email_send": "sms"}}}),
         "spec.lanes[0].rateLimits.kinds.email_send: provider 'sms' is not declared",
+    ),
+    "has(self.cron) != has(self.every)": (
+        pool(schedules=[{"name": "a", "kind": "reindex"}]),
+        "spec.schedules[0]: give exactly one of cron and every",
+    ),
+    "!has(self.timeZone) || has(self.cron)": (
+        pool(schedules=[{"name": "a", "kind": "reindex", "every": 5, "timeZone": "UTC"}]),
+        "spec.schedules[0].timeZone: only a cron schedule has a time zone",
     ),
 }
 
@@ -494,3 +502,31 @@ def test_lanes_of_registered_kinds_and_catch_alls_pass() -> None:
     poolspec.check_lane_kinds(spec, BUILTIN_KINDS)  # raises nothing
     with pytest.raises(PoolSpecError, match="'bulk_import'"):
         poolspec.check_lane_kinds(spec, BUILTIN_KINDS - {"bulk_import"})
+
+
+def test_schedules_reach_every_lane_as_jobpool_schedules() -> None:
+    nightly = {"name": "nightly", "kind": "reindex", "tenant": "acme", "cron": "0 3 * * *",
+               "timeZone": "Europe/Berlin", "payload": {"index": "docs"}}
+    spec = load_pool(pool({"name": "a"}, schedules=[nightly]))
+    assert [s.name for s in spec.schedules] == ["nightly"]
+    for lane in spec.lanes:
+        assert json.loads(spec.lane_env(lane)["JOBPOOL_SCHEDULES"]) == [
+            {**nightly, "missed": "catch_up_once"}]
+    assert load_pool(pool({"name": "a"})).lane_env(spec.lanes[0])["JOBPOOL_SCHEDULES"] == "[]"
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [
+    ({"name": "a", "kind": "reindex", "cron": "0 3 * * * * *"}, "spec.schedules[0].cron: "),
+    ({"name": "a", "kind": "reindex", "cron": "0 3 * * *", "timeZone": "Europe/Berln"},
+     "spec.schedules[0].timeZone: unknown time zone"),
+    ({"name": "a", "kind": "reindex", "every": 0}, "spec.schedules[0].every: "),
+    ({"name": "a", "kind": "reindex", "every": 5, "missed": "twice"}, "spec.schedules[0].missed"),
+    ({"name": "A", "kind": "reindex", "every": 5}, "spec.schedules[0].name: "),
+])
+def test_a_bad_schedule_names_its_field(schedule: dict[str, Any], expected: str) -> None:
+    assert error_of(pool({"name": "a"}, schedules=[schedule])).startswith(expected)
+
+
+def test_jobpool_schedules_is_the_operators_to_set() -> None:
+    env = {"env": [{"name": "JOBPOOL_SCHEDULES", "value": "[]"}]}
+    assert error_of(pool({"name": "a"}, worker=env)).startswith("spec.worker.env[0].name: ")

@@ -10,6 +10,7 @@ import copy
 import difflib
 import functools
 import importlib.resources
+import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import yaml
 
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
+from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
 from jobpool.core.tenants import tenant_ref
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
@@ -34,7 +36,8 @@ HEAVY_LANE = "heavy"
 
 MAX_POOL_NAME = 38
 MAX_DEPLOYMENT_NAME = 63
-RESERVED_ENV = frozenset({"JOBPOOL_DSN", "JOBPOOL_RATE_LIMITS", "JOBPOOL_METRICS_PORT"})
+RESERVED_ENV = frozenset({"JOBPOOL_DSN", "JOBPOOL_RATE_LIMITS", "JOBPOOL_METRICS_PORT",
+                          "JOBPOOL_SCHEDULES"})
 
 # Defaults; the CRD declares the same values (a test keeps them equal).
 DEFAULT_WORKERS_PER_POD = 4
@@ -147,6 +150,7 @@ class PoolSpec:
     env: tuple[tuple[str, str], ...] = ()
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    schedules: tuple[Schedule, ...] = ()
     warnings: tuple[str, ...] = ()
 
     def lane(self, name: str) -> Lane:
@@ -159,10 +163,13 @@ class PoolSpec:
     def lane_env(self, lane: Lane) -> dict[str, str]:
         """The environment a worker of `lane` gets besides its DSN and metrics port, on
         Kubernetes and in a local run alike: the pool and lane names, the lane's provider
-        caps as JOBPOOL_RATE_LIMITS (only if it has `rateLimits`), then `spec.worker.env`."""
+        caps as JOBPOOL_RATE_LIMITS (only if it has `rateLimits`), the pool's schedules as
+        JOBPOOL_SCHEDULES (also when there are none: the workers then retire those the pool
+        declared before), then `spec.worker.env`."""
         env = {"JOBPOOL_POOL": self.name, "JOBPOOL_LANE": lane.name}
         if lane.rate_limits is not None:
             env["JOBPOOL_RATE_LIMITS"] = lane.rate_limits.to_json()
+        env["JOBPOOL_SCHEDULES"] = schedules_json(self.schedules)
         env.update(self.env)
         return env
 
@@ -279,8 +286,22 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         env=env,
         pod_annotations=dict(worker.get("podAnnotations") or {}),
         node_selector=dict(worker.get("nodeSelector") or {}),
+        schedules=_schedules(spec.get("schedules") or ()),
         warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
+
+
+def schedules_json(schedules: Sequence[Schedule]) -> str:
+    """The JOBPOOL_SCHEDULES value of `schedules`: compact JSON, in declaration order."""
+    return json.dumps([schedule.to_json() for schedule in schedules], separators=(",", ":"),
+                      sort_keys=True)
+
+
+def _schedules(raw: Sequence[Any]) -> tuple[Schedule, ...]:
+    try:
+        return parse_schedules(raw, "spec.schedules")
+    except ScheduleError as exc:
+        raise PoolSpecError(str(exc)) from None
 
 
 def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
