@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from integration.helpers import prepare, scalar, wait_until, worker
+from jobpool import settings
 from jobpool.core.schedules import cleanup_schedule, parse_schedule
 from jobpool.db.connect import open_pool
 from jobpool.worker.scheduler import (
@@ -111,34 +112,36 @@ async def test_racing_schedulers_enqueue_every_tick_exactly_once(
     assert await tick_counts(conn, "tick") == (created, created, created)
 
 
-async def test_workers_run_cleanup_as_a_built_in_schedule_once_per_tick(
+async def test_three_workers_and_two_schedulers_enqueue_each_tick_once(
     dsn: str, conn: Conn, tenant: uuid.UUID
 ) -> None:
-    """Three long-running workers and two bare schedulers share the built-in cleanup schedule
-    (every second here) and a declared 1-second schedule: each tick in the covered range has
-    exactly one job."""
+    """Three long-running workers (on their maintenance timer, with the built-in cleanup every
+    second) and two bare schedulers share a declared 1-second schedule: each tick in the
+    covered range has exactly one job; the cleanup ticks run in a worker, never as jobs."""
     await prepare(conn)
-    workers = [worker(dsn, ("cleanup_jobs", "test_noop"), until_empty=False, cleanup_every=1)
+    workers = [worker(dsn, ("test_noop",), until_empty=False, cleanup_every=1)
                for _ in range(3)]
     pool = open_pool(dsn, size=2)
     await pool.open()
     store: Any = type("Store", (), {"pool": pool})()
     online = asyncio.Event()
     online.set()
-    declared = Declarations("pool-a", (cleanup_schedule(1), EVERY_SECOND), retire=True)
+    declared = Declarations("pool-a", (EVERY_SECOND,), retire=True)
     schedulers = [asyncio.create_task(keep_scheduled(
         store, declared, actor="scheduler", online=online, healthy=lambda: None,
         database_error=lambda exc: None)) for _ in range(2)]
+    previous = settings.current()
+    settings.configure(settings.Settings.from_env(
+        {"JOBPOOL_POOL": "pool-a", "JOBPOOL_SCHEDULES": json.dumps([EVERY_SECOND.to_json()])}))
     runs = [asyncio.create_task(w.run()) for w in workers]
 
     async def enough() -> bool:
-        count = await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_job"
-                             " WHERE job_kind = 'cleanup_jobs' AND status = 'done'")
-        ticks = len(await keys(conn, "schedule:tick:"))
-        return bool(count >= 3 and ticks >= 3)
+        cleanups = await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_schedule WHERE name ="
+                                " 'cleanup_jobs' AND last_run_at > declared_at + interval '2 s'")
+        return bool(cleanups and len(await keys(conn, "schedule:tick:")) >= 5)
 
     try:
-        await wait_until(enough, "three cleanup_jobs done and three ticks", 60)
+        await wait_until(enough, "five ticks and the cleanup ticking", 60)
     finally:
         for w in workers:
             w.stop()
@@ -147,9 +150,11 @@ async def test_workers_run_cleanup_as_a_built_in_schedule_once_per_tick(
             task.cancel()
         await asyncio.gather(*schedulers, return_exceptions=True)
         await pool.close()
-    for name in ("cleanup_jobs", "tick"):
-        jobs, ticks, covered = await tick_counts(conn, name)
-        assert jobs == ticks == covered  # one job per tick, no tick left out
+        settings.configure(previous)
+    jobs, ticks, covered = await tick_counts(conn, "tick")
+    assert jobs == ticks == covered  # one job per tick, no tick left out
+    assert await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_job"
+                        " WHERE job_kind = 'cleanup_jobs'") == 0
 
 
 async def test_a_changed_declaration_starts_again_and_a_dropped_one_is_retired(

@@ -28,13 +28,14 @@ RETURNING name;
 
 -- name: lock_due_schedules :many
 -- The schedules whose next tick has come, locked for this transaction; rows another worker
--- holds are skipped (it is enqueueing their ticks). The tenant reference is resolved to its id
+-- holds are skipped (it is enqueueing their ticks), and so are the built-in schedules named in
+-- %(unhandled)s, whose work this caller cannot do. The tenant reference is resolved to its id
 -- (NULL: no such tenant).
 SELECT s.name, s.definition, s.next_run_at, clock_timestamp() AS now,
        (SELECT t.id FROM mdm.aa_tenant t
          WHERE t.key = s.tenant OR t.id::text = s.tenant LIMIT 1) AS tenant_id
   FROM mdm.aa_schedule s
- WHERE s.next_run_at <= clock_timestamp()
+ WHERE s.next_run_at <= clock_timestamp() AND NOT (s.name = ANY(%(unhandled)s::text[]))
  ORDER BY s.next_run_at
  LIMIT %(limit)s
    FOR UPDATE OF s SKIP LOCKED;

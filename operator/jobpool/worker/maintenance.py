@@ -4,17 +4,19 @@ Recovery (claims whose lease lapsed go back to pending, or to the DLQ when out o
 runs every few seconds on every long-running worker's lease thread (`jobpool.worker.leases`),
 one worker at a time (`recovery_turn`): it never waits in the queue behind the work it
 maintains. The periodic steps, done-job retention and whatever other kinds register with
-`cleanup_step` (the outbox's compaction), run in a `cleanup_jobs` job, which the built-in
-schedule `cleanup_jobs` enqueues every `cleanup_every` seconds (5 minutes by default; once per
-tick across all workers, `jobpool.worker.scheduler`); the job runs recovery too, and may be
-enqueued by hand. Its SQL is in `sql/maintenance.sql`. `jobpool recover` runs the recovery at
-once.
+`cleanup_step` (the outbox's compaction), run at each tick of the built-in schedule
+`cleanup_jobs` (every `cleanup_every` seconds, 5 minutes by default), on the one worker that
+takes the tick (`jobpool.worker.scheduler`), each step in its own transaction on a connection
+of its own: not through the queue, so that they never wait behind the work they maintain.
+The `cleanup_jobs` kind runs recovery and every step at once, for a job enqueued by hand.
+Its SQL is in `sql/maintenance.sql`. `jobpool recover` runs the recovery at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,7 +24,8 @@ import psycopg
 from psycopg import AsyncConnection
 
 from jobpool import settings
-from jobpool.core.schedules import cleanup_schedule
+from jobpool.core.schedules import BUILTIN_CLEANUP, cleanup_schedule
+from jobpool.db.connect import connect
 from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
 from jobpool.job import Job
 from jobpool.registry import kind
@@ -102,8 +105,8 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
       backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
     """Recover lapsed claims and run every registered step in the job's transaction; return
-    their counters. The built-in schedule `cleanup_jobs` enqueues one every `cleanup_every`
-    seconds; enqueue one by hand to run it now."""
+    their counters. Workers run the steps on the built-in schedule `cleanup_jobs`: the kind is
+    for running them now through the queue."""
     result = await recover(tx)
     for _, step in _STEPS:
         result.update(await step(tx))
@@ -113,14 +116,37 @@ async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
 # -- the schedule ------------------------------------------------------------------------
 
 
+async def run_due_steps(dsn: str) -> dict[str, int]:
+    """Run every registered step, each in its own transaction on a connection of its own (a
+    step may take seconds: not on a connection the worker's jobs wait for). A step that fails
+    is logged and the others run; the next period runs it again. Returns their counters."""
+    result: dict[str, int] = {}
+    async with await connect(dsn) as conn:
+        for name, step in _STEPS:
+            try:
+                async with conn.transaction():
+                    result.update(await step(conn))
+            except psycopg.Error as exc:
+                if conn.closed:
+                    raise
+                log.error("maintenance step %s failed (%s); it runs again next period", name,
+                          exc)
+    log.info("maintenance: %s", ", ".join(f"{k} {v}" for k, v in result.items()))
+    return result
+
+
 async def keep_maintained(
-    store: QueueStore, *, every: float, online: asyncio.Event,
+    store: QueueStore, dsn: str, *, every: float, online: asyncio.Event, rng: random.Random,
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
 ) -> None:
-    """Keep the schedules going on this worker: the built-in `cleanup_jobs` every `every`
-    seconds and those of `JOBPOOL_SCHEDULES` (`jobpool.worker.scheduler.keep_scheduled`);
-    never returns. Raises ScheduleError for a bad `JOBPOOL_SCHEDULES`."""
+    """Keep this worker's schedules going (`jobpool.worker.scheduler.keep_scheduled`): those of
+    `JOBPOOL_SCHEDULES`, and the built-in `cleanup_jobs` every `every` seconds, whose tick runs
+    the periodic steps on the worker that takes it (`run_due_steps`, on a connection of its
+    own to `dsn`), never waiting in the queue; never returns. `rng` is unused: the ticks are
+    aligned on the schedule, not spread. Raises ScheduleError for a bad `JOBPOOL_SCHEDULES`."""
+    del rng
     current = settings.current()
     declarations = declarations_for(current.pool, current.schedules, [cleanup_schedule(every)])
     await keep_scheduled(store, declarations, actor=current.service_account,
-                         online=online, healthy=healthy, database_error=database_error)
+                         online=online, healthy=healthy, database_error=database_error,
+                         actions={BUILTIN_CLEANUP: lambda: run_due_steps(dsn)})

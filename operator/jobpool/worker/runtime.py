@@ -1037,7 +1037,7 @@ class Worker:
         (worker/maintenance.py)."""
         assert self.store is not None
         await keep_maintained(
-            self.store, every=self.config.cleanup_every, online=self.online,
-            healthy=lambda: self.background.healthy("maintenance"),
+            self.store, self.dsn, every=self.config.cleanup_every, online=self.online,
+            rng=self.rng, healthy=lambda: self.background.healthy("maintenance"),
             database_error=self._database_error,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -84,8 +84,9 @@ def declarations_for(pool: str | None, schedules: str | None,
 async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> None:
     """Write the declarations in one transaction on `conn` (autocommit off is committed here).
 
-    A new or changed schedule starts at its first tick after now; built-in schedules belong to
-    no pool."""
+    A new or changed schedule starts at its first tick after now; a built-in one (maintenance,
+    which a new database needs at once) at its latest tick before now, and belongs to no pool.
+    """
     async with conn.transaction():
         clock = await fetch_one(conn, "schedule_clock")
         assert clock is not None
@@ -100,7 +101,8 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
                 "tenant": schedule.tenant, "expression": schedule.expression,
                 "time_zone": schedule.zone if schedule.cron is not None else None,
                 "missed": schedule.missed, "definition": Jsonb(schedule.to_json()),
-                "next_run_at": schedule.next_tick(clock["now"])})
+                "next_run_at": (schedule.previous_tick(clock["now"]) if builtin
+                                else schedule.next_tick(clock["now"]))})
         if declarations.retire:
             for row in await fetch_all(conn, "retire_schedules",
                                        {"owner": declarations.owner, "names": owned}):
@@ -122,27 +124,40 @@ class TickRun:
     error: str | None = None
 
 
-async def enqueue_due_ticks(conn: AsyncConnection[Any], *, actor: str) -> list[TickRun]:
+async def enqueue_due_ticks(conn: AsyncConnection[Any], *, actor: str,
+                            in_process: Collection[str] = ()) -> list[TickRun]:
     """Enqueue the due ticks of every due schedule no other worker holds, with their
     bookkeeping, in one transaction on `conn`; return what was done per schedule.
 
     A schedule whose job cannot be enqueued (unknown kind or tenant, a payload its kind's
     model refuses) records the error in `last_error`, and its ticks are dropped: they could
-    never exist. `actor` is the audit principal of the enqueues.
+    never exist. Built-in schedules (`BUILTIN_NAMES`) enqueue nothing: those named in
+    `in_process` have their due ticks recorded, and the caller runs their work itself after
+    the commit (once, however many ticks were due); the others are left to a worker that can.
+    `actor` is the audit principal of the enqueues.
     """
     runs: list[TickRun] = []
+    unhandled = sorted(BUILTIN_NAMES - set(in_process))
     async with conn.transaction():
-        for row in await fetch_all(conn, "lock_due_schedules", {"limit": LOCK_LIMIT}):
-            runs.append(await _run_schedule(conn, row, actor))
+        for row in await fetch_all(conn, "lock_due_schedules",
+                                   {"limit": LOCK_LIMIT, "unhandled": unhandled}):
+            runs.append(await _run_schedule(conn, row, actor, row["name"] in BUILTIN_NAMES))
     return runs
 
 
-async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str) -> TickRun:
+async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
+                        in_process: bool) -> TickRun:
     schedule = parse_schedule(row["definition"], f"schedule {row['name']}")
     plan = plan_ticks(schedule, row["next_run_at"], row["now"])
     error: str | None = None
     job_ids: tuple[int, ...] = ()
     created = 0
+    if plan.ticks and in_process:
+        await conn.execute(QUERIES["record_schedule_run"].text, {
+            "name": schedule.name, "next_run_at": plan.next_run_at,
+            "last_run_at": plan.ticks[-1], "last_job_id": None, "missed": plan.missed,
+            "error": None})
+        return TickRun(schedule.name, plan.ticks, (), 0, plan.missed)
     if plan.ticks:
         try:
             if row["tenant_id"] is None:
@@ -179,9 +194,14 @@ async def seconds_to_next_check(conn: AsyncConnection[Any]) -> float:
 async def keep_scheduled(
     store: QueueStore, declarations: Declarations, *, actor: str, online: asyncio.Event,
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
+    actions: Mapping[str, Callable[[], Awaitable[object]]] | None = None,
 ) -> None:
     """Declare `declarations`, then enqueue due ticks whenever one falls due, while `online` is
     set; never returns.
+
+    `actions` maps schedule names to work this worker does itself when their tick comes (on
+    the worker that took the tick, after its bookkeeping committed) instead of enqueueing a
+    job: the built-in `cleanup_jobs` must not wait in the queue behind the work it maintains.
 
     Checks when the earliest schedule is due (at most `CHECK_MAX` seconds apart). Each check
     that got an answer calls `healthy()`; a failed connection goes to `database_error` (which
@@ -198,10 +218,14 @@ async def keep_scheduled(
                 if not declared:
                     await declare(conn, declarations)
                     declared = True
-                for run in await enqueue_due_ticks(conn, actor=actor):
+                runs = await enqueue_due_ticks(conn, actor=actor, in_process=set(actions or ()))
+                for run in runs:
                     if run.created:
                         log.info("schedule %s: %d job(s) enqueued", run.name, run.created)
                 wait = await seconds_to_next_check(conn)
+            for run in runs:
+                if actions and run.name in actions and run.ticks:
+                    await actions[run.name]()
             healthy()
         except psycopg.OperationalError as exc:
             declared = False
