@@ -199,3 +199,29 @@ def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
         declarations_for("pool-a", bad, ())
     plain = declarations_for(None, None, (cleanup_schedule(300),))
     assert (plain.retire, [s.name for s in plain.schedules]) == (False, ["cleanup_jobs"])
+
+
+async def test_the_metrics_carry_each_schedules_last_and_next_run(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    from jobpool.metrics import QueueGauges
+
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 2)
+    await enqueue_due_ticks(conn, actor="s")
+    cur = await conn.execute("SELECT last_run_at, next_run_at FROM mdm.aa_schedule")
+    row = await cur.fetchone()
+    assert row is not None
+    gauges = QueueGauges(dsn)
+    try:
+        await gauges.refresh()
+    finally:
+        await gauges.close()
+    samples = {family.name: [(s.labels, s.value) for s in family.samples]
+               for family in gauges.collect()}
+    labels = {"schedule": "tick", "kind": "test_noop"}
+    assert samples["mdm_schedule_last_run_timestamp_seconds"] == [
+        (labels, row["last_run_at"].timestamp())]
+    assert samples["mdm_schedule_next_run_timestamp_seconds"] == [
+        (labels, row["next_run_at"].timestamp())]
