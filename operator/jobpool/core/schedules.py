@@ -196,7 +196,7 @@ def idempotency_key(name: str, tick: datetime) -> str:
 
 # -- declarations ---------------------------------------------------------------------------
 
-_FIELDS = frozenset({"name", "kind", "tenant", "payload", "cron", "timeZone", "every",
+DECLARATION_FIELDS = frozenset({"name", "kind", "tenant", "payload", "cron", "timeZone", "every",
                      "missed"})
 
 
@@ -208,10 +208,10 @@ def parse_schedule(raw: Any, path: str) -> Schedule:
     """
     if not isinstance(raw, Mapping):
         raise ScheduleError(f"{path}: a schedule is a mapping, not {type(raw).__name__}")
-    unknown = sorted(set(raw) - _FIELDS)
+    unknown = sorted(set(raw) - DECLARATION_FIELDS)
     if unknown:
         raise ScheduleError(f"{path}.{unknown[0]}: unknown field (known: "
-                            f"{', '.join(sorted(_FIELDS))})")
+                            f"{', '.join(sorted(DECLARATION_FIELDS))})")
     name = _text(raw, "name", path)
     if not NAME_PATTERN.fullmatch(name):
         raise ScheduleError(f"{path}.name: {name!r} is not a schedule name: use {NAME_RULE}")
