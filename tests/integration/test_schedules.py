@@ -225,3 +225,20 @@ async def test_the_metrics_carry_each_schedules_last_and_next_run(
         (labels, row["last_run_at"].timestamp())]
     assert samples["mdm_schedule_next_run_timestamp_seconds"] == [
         (labels, row["next_run_at"].timestamp())]
+
+
+async def test_the_operator_reads_the_runs_of_a_pools_schedules(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    from jobpool.db.lane_counts import LaneCounter
+
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (cleanup_schedule(300), EVERY_SECOND),
+                                     retire=True))
+    counter = LaneCounter()
+    try:
+        rows = await counter.schedule_runs(dsn, ["tick", "absent"])
+    finally:
+        await counter.close()
+    assert [(r["name"], r["kind"], r["expression"], r["last_run_at"]) for r in rows] == [
+        ("tick", "test_noop", "every 1s", None)]

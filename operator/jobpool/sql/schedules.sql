@@ -60,3 +60,10 @@ SELECT name, owner, job_kind AS kind, tenant, expression, time_zone, missed, nex
        last_run_at, last_job_id, missed_total, last_error
   FROM mdm.aa_schedule
  ORDER BY name;
+
+-- name: schedule_runs :many
+-- The last and next run of the schedules named %(names)s, for a JobWorkerPool's status.
+SELECT name, job_kind AS kind, expression, next_run_at, last_run_at, missed_total, last_error
+  FROM mdm.aa_schedule
+ WHERE name = ANY(%(names)s::text[])
+ ORDER BY name;
