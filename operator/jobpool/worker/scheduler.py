@@ -110,11 +110,11 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
                          declarations.owner)
 
 
-
 @dataclass(frozen=True)
 class TickRun:
-    """What one check did for one schedule: the ticks enqueued (their job ids; `created` False
-    where the key existed), the ticks dropped as missed, or the error that kept them out."""
+    """What one check did for one schedule: the ticks taken (for an enqueueing schedule, their
+    job ids and how many of those jobs this check created), the ticks dropped as missed, or
+    the error that kept them out."""
 
     name: str
     ticks: tuple[datetime, ...]
