@@ -95,15 +95,22 @@ def main() -> None:
         children += [subprocess.Popen([sys.executable, __file__, "--scheduler-of", dsn],
                                       env=env) for _ in range(args.schedulers)]
         started = time.monotonic()
+        stuck = 0
         try:
             time.sleep(args.seconds)
         finally:
             for child in children:
                 child.send_signal(signal.SIGTERM)
             for child in children:
-                child.wait(timeout=60)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:  # reported, then killed: the count goes on
+                    stuck += 1
+                    child.kill()
+                    child.wait()
         result = count(dsn)
         result.update(seconds=round(time.monotonic() - started), workers=args.workers,
+                      not_stopped_within_60s_of_sigterm=stuck,
                       schedulers=args.schedulers,
                       exactly_once=result["jobs"] == result["ticks"] == result["covered"]
                       and result["gaps"] == 0)
