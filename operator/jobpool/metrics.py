@@ -8,7 +8,9 @@ database counts the queue once per interval whatever the number of workers. Ever
 reports the whole queue, so aggregate the gauges with `max by (tenant, kind)`, never `sum`.
 The live-worker gauges (`mdm_workers_live`, `mdm_worker_slots`, `mdm_worker_slots_busy` per
 pool and lane, `mdm_jobs_running_without_live_holder`) come from the registry of live workers
-(`jobpool.db.live_workers`), read with the snapshot: they too are the whole pool's.
+(`jobpool.db.live_workers`), read with the snapshot: they too are the whole pool's, as are
+the schedules' `mdm_schedule_last_run_timestamp_seconds` and `_next_run_` (per schedule and
+kind; aggregate with `max`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ WORKER_GAUGES = (
 """(metric, query column, help) of the per-(pool, lane) gauges of the live workers."""
 
 UNHELD_GAUGE = "mdm_jobs_running_without_live_holder"
+
+SCHEDULE_GAUGES = (
+    ("mdm_schedule_last_run_timestamp_seconds", "last_run_at",
+     "Unix time of the schedule's latest tick enqueued (absent before its first)."),
+    ("mdm_schedule_next_run_timestamp_seconds", "next_run_at",
+     "Unix time of the schedule's next tick."),
+)
+"""(metric, `list_schedules` column, help) of the per-schedule gauges."""
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -188,6 +198,7 @@ class QueueGauges(Collector):
         self.rows: list[dict[str, Any]] = []
         self.lanes: list[dict[str, Any]] = []
         self.unheld: int | None = None
+        self.schedules: list[dict[str, Any]] = []
         self.fetched_at: float | None = None
         self.taken_at: float | None = None
         self.computed = 0
@@ -210,6 +221,9 @@ class QueueGauges(Collector):
                 cur = await conn.execute(QUERIES["live_worker_gauges"].text,
                                          {"dead_after": DEAD_AFTER})
                 workers = await cur.fetchone()
+                cur = await conn.execute(QUERIES["list_schedules"].text)
+                schedules = await cur.fetchall()
+                await conn.commit()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
                 self.failure = str(exc) or type(exc).__name__
@@ -223,6 +237,7 @@ class QueueGauges(Collector):
             if workers is not None:
                 self.lanes, self.unheld = list(workers["lanes"]), int(workers["unheld"])
             self.rows = list(row["gauges"])
+            self.schedules = list(schedules)
             self.fetched_at = now
             self.taken_at = now - float(row["age"])
             self.computed += int(bool(row["computed"]))
@@ -269,6 +284,13 @@ class QueueGauges(Collector):
         if self.unheld is not None:
             unheld.add_metric([], float(self.unheld))
         yield unheld
+        for name, column, text in SCHEDULE_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["schedule", "kind"])
+            for schedule in self.schedules:
+                if schedule[column] is not None:
+                    family.add_metric([str(schedule["name"]), str(schedule["kind"])],
+                                      schedule[column].timestamp())
+            yield family
         age = GaugeMetricFamily("mdm_jobs_gauges_age_seconds",
                                 "Seconds since the queue gauges were counted in the database.")
         if self.taken_at is not None:

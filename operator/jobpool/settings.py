@@ -309,6 +309,10 @@ class Settings:
         None, Text(), "the lane a worker belongs to, named in its start log line and its row "
         "among the live workers (the console groups workers by it); set by the operator and by "
         "`jobpool run pool.yaml`", applies=("worker",), pool_fields=("spec.lanes[].name",))
+    schedules: str | None = _setting(
+        None, Text(), "the pool's schedules as a JSON list (a pool file's spec.schedules, see "
+        "[Schedules](schedules.md)); set by the operator and by `jobpool run pool.yaml`",
+        applies=("worker",))
     # the kinds
     smtp_url: str | None = _setting(
         None, Url(("smtp", "smtps")),

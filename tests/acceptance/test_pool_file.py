@@ -345,3 +345,49 @@ async def test_a_second_ctrl_c_hands_back_at_once_and_exits_0(
     row = await scalar(conn, "SELECT row(status::text, claimed_by IS NULL)::text FROM mdm.aa_job"
                        " WHERE id = %s", (job.id,))
     assert row == "(pending,t)"
+
+
+SCHEDULED_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: scheduled}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  lanes:
+    - name: ticks
+      kinds: [test_noop]
+      minReplicas: 2
+  schedules:
+    - {name: every-second, kind: test_noop, tenant: acme, every: 1, payload: {from: pool}}
+"""
+
+
+async def test_the_schedules_of_a_pool_file_are_enqueued_once_per_tick(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """Two lane processes share the pool file's 1-second schedule: each tick has one job,
+    run by the lane, with the declared tenant and payload."""
+    await prepare(conn)
+    path = tmp_path / "pool.yaml"
+    path.write_text(SCHEDULED_POOL)
+    pool = start_pool(dsn, path)
+    try:
+        await wait_for(conn, "SELECT count(*) >= 3 FROM mdm.aa_job WHERE job_kind = 'test_noop'"
+                       " AND status = 'done'", (), True)
+    finally:
+        os.killpg(pool.pid, signal.SIGINT)
+        err = await finish(pool)
+    assert pool.returncode == 0, err
+    cur = await conn.execute(
+        "SELECT count(*) AS jobs, count(DISTINCT idempotency_key) AS ticks,"
+        " extract(epoch FROM max(t) - min(t))::int + 1 AS covered,"
+        " array_agg(DISTINCT payload::text) AS payloads, array_agg(DISTINCT tenant_id) AS who"
+        " FROM (SELECT *, replace(idempotency_key, 'schedule:every-second:', '')::timestamptz"
+        " AS t FROM mdm.aa_job WHERE job_kind = 'test_noop') AS k")
+    row = await cur.fetchone()
+    assert row is not None
+    assert row["jobs"] == row["ticks"] == row["covered"]
+    assert (row["payloads"], row["who"]) == (['{"from": "pool"}'], [tenant])
+    owner = await scalar(conn, "SELECT owner FROM mdm.aa_schedule WHERE name = 'every-second'")
+    assert owner == "scheduled"

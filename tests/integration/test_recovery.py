@@ -15,7 +15,7 @@ from integration.helpers import job, prepare, run_until_empty, scalar, worker
 from jobpool.db.connect import open_pool
 from jobpool.db.store import Completion, QueueStore
 from jobpool.worker.leases import LeaseKeeper
-from jobpool.worker.maintenance import recover_stale_claims, take_maintenance_turn
+from jobpool.worker.maintenance import recover_stale_claims
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -110,25 +110,6 @@ async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
         await pool.close()
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("dlq", 3)
-
-
-async def test_the_maintenance_turn_goes_to_one_worker_per_period(dsn: str) -> None:
-    pool = open_pool(dsn, size=5)
-    await pool.open()
-
-    async def turn(every: float) -> bool:
-        async with pool.connection() as conn:
-            return await take_maintenance_turn(conn, "cleanup", every)
-
-    try:
-        first = await asyncio.gather(*(turn(300) for _ in range(5)))
-        again = await asyncio.gather(*(turn(300) for _ in range(5)))
-        over = await turn(0.001)  # a period this short is over by the next call
-    finally:
-        await pool.close()
-    assert sorted(first) == [False] * 4 + [True]
-    assert again == [False] * 5
-    assert over
 
 
 async def test_recovery_follows_the_lease_whatever_the_stale_ttl(conn: Conn,

@@ -559,3 +559,46 @@ def test_keda_unavailable_says_what_to_do(keda: bool, http_status: int,
     else:
         assert problem is not None and problem.reason == "KedaUnavailable"
         assert problem.message.startswith(expected)
+
+
+# -- schedules -----------------------------------------------------------------------------
+
+NIGHTLY = {"name": "nightly", "kind": "reindex", "cron": "0 3 * * *",
+           "timeZone": "Europe/Berlin"}
+
+
+def test_the_pools_schedules_reach_every_lanes_pods() -> None:
+    pool = example(schedules=[NIGHTLY])
+    for lane in pool.lanes:
+        value = env_of(deployment(pool, lane.name))["JOBPOOL_SCHEDULES"]["value"]
+        assert [s["name"] for s in json.loads(value)] == ["nightly"]
+
+
+def test_the_pool_status_shows_each_schedules_last_and_next_run() -> None:
+    pool = example(schedules=[NIGHTLY, {"name": "often", "kind": "reindex", "every": 60}])
+    runs = [{"name": "nightly", "last_run_at": NOW - timedelta(hours=9),
+             "next_run_at": NOW + timedelta(hours=15), "missed_total": 1, "last_error": None}]
+    entries = status.schedule_status(pool, runs, None)
+    assert entries == [
+        {"name": "nightly", "kind": "reindex", "expression": "0 3 * * *",
+         "lastRunTime": "2026-11-01T03:00:00Z", "nextRunTime": "2026-11-02T03:00:00Z",
+         "missedTicks": 1, "lastError": None},
+        {"name": "often", "kind": "reindex", "expression": "every 60s"},  # not declared yet
+    ]
+    written = status.pool_status([], [], 1, NOW, None, entries)
+    assert written["schedules"] == entries
+    # a failed read keeps what the status showed; a pool without schedules shows none
+    assert status.schedule_status(pool, None, written) == entries
+    assert "schedules" not in status.pool_status([], [], 1, NOW, None, [])
+
+
+def test_the_schedule_status_fields_are_declared_in_the_crd() -> None:
+    from jobpool.core import poolspec
+
+    crd = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    declared = crd["properties"]["status"]["properties"]["schedules"]["items"]["properties"]
+    pool = example(schedules=[NIGHTLY])
+    runs = [{"name": "nightly", "last_run_at": None, "next_run_at": NOW, "missed_total": 0,
+             "last_error": "x"}]
+    [entry] = status.schedule_status(pool, runs, None)
+    assert set(entry) <= set(declared)

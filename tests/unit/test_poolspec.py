@@ -206,7 +206,7 @@ CEL_CASES = {
         _set(pool(), "metadata.name", "n" * 40), "metadata.name: at most 38 characters",
     ),
     "self.all(e, e.name != 'JOBPOOL_DSN' && e.name != 'JOBPOOL_RATE_LIMITS' "
-    "&& e.name != 'JOBPOOL_METRICS_PORT')": (
+    "&& e.name != 'JOBPOOL_METRICS_PORT' && e.name != 'JOBPOOL_SCHEDULES')": (
         pool(worker={"env": [{"name": "A", "value": "1"}, {"name": "JOBPOOL_DSN", "value": "x"}]}),
         "spec.worker.env[1].name: JOBPOOL_DSN is set by the operator",
     ),
@@ -215,6 +215,14 @@ CEL_CASES = {
         pool({"name": "a", "rateLimits": {"providers": {"smtp": {"rps": 1}},
                                           "kinds": {"email_send": "sms"}}}),
         "spec.lanes[0].rateLimits.kinds.email_send: provider 'sms' is not declared",
+    ),
+    "has(self.cron) != has(self.every)": (
+        pool(schedules=[{"name": "a", "kind": "reindex"}]),
+        "spec.schedules[0]: give exactly one of cron and every",
+    ),
+    "!has(self.timeZone) || has(self.cron)": (
+        pool(schedules=[{"name": "a", "kind": "reindex", "every": 5, "timeZone": "UTC"}]),
+        "spec.schedules[0].timeZone: only a cron schedule has a time zone",
     ),
 }
 
@@ -306,7 +314,8 @@ def test_a_lane_gives_its_workers_typed_values() -> None:
         worker={"graceSeconds": 45, "imports": ["mdm.kinds"]},
     ))
     run = spec.worker_run(spec.lane("default"), imports=("extra", "mdm.kinds"))
-    assert run.settings == {"slots": 3, "grace": 45.0, "pool": "p", "lane": "default"}
+    assert run.settings == {"slots": 3, "grace": 45.0, "pool": "p", "lane": "default",
+                            "schedules": "[]"}  # also none: the workers retire old ones
     assert (run.kinds, run.exclude_kinds) == (None, ("gin_backfill", "index_sync"))
     assert run.imports == ("mdm.kinds", "extra")
     tenant_lane = spec.worker_run(spec.lane("t"))
@@ -324,7 +333,7 @@ def test_worker_args_use_the_worker_cli_flags() -> None:
         "run", "--slots", "3", "--grace", "45", "--exclude-kinds", "gin_backfill,index_sync",
         "--import", "mdm.kinds",
     ]
-    assert env == {"JOBPOOL_POOL": "p", "JOBPOOL_LANE": "default"}
+    assert env == {"JOBPOOL_POOL": "p", "JOBPOOL_LANE": "default", "JOBPOOL_SCHEDULES": "[]"}
     assert worker_command(spec.worker_run(spec.lane("t")))[0] == [
         "run", "--slots", "4", "--grace", "45", "--kinds", "email_send,reindex",
         "--tenants", "acme,beta", "--import", "mdm.kinds",
@@ -512,3 +521,31 @@ def test_lanes_of_registered_kinds_and_catch_alls_pass() -> None:
     poolspec.check_lane_kinds(spec, BUILTIN_KINDS)  # raises nothing
     with pytest.raises(PoolSpecError, match="'bulk_import'"):
         poolspec.check_lane_kinds(spec, BUILTIN_KINDS - {"bulk_import"})
+
+
+def test_schedules_reach_every_lane_as_jobpool_schedules() -> None:
+    nightly = {"name": "nightly", "kind": "reindex", "tenant": "acme", "cron": "0 3 * * *",
+               "timeZone": "Europe/Berlin", "payload": {"index": "docs"}}
+    spec = load_pool(pool({"name": "a"}, schedules=[nightly]))
+    assert [s.name for s in spec.schedules] == ["nightly"]
+    for lane in spec.lanes:
+        assert json.loads(spec.worker_run(lane).settings["schedules"]) == [
+            {**nightly, "missed": "catch_up_once"}]
+    assert load_pool(pool({"name": "a"})).worker_run(spec.lanes[0]).settings["schedules"] == "[]"
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [
+    ({"name": "a", "kind": "reindex", "cron": "0 3 * * * * *"}, "spec.schedules[0].cron: "),
+    ({"name": "a", "kind": "reindex", "cron": "0 3 * * *", "timeZone": "Europe/Berln"},
+     "spec.schedules[0].timeZone: unknown time zone"),
+    ({"name": "a", "kind": "reindex", "every": 0}, "spec.schedules[0].every: "),
+    ({"name": "a", "kind": "reindex", "every": 5, "missed": "twice"}, "spec.schedules[0].missed"),
+    ({"name": "A", "kind": "reindex", "every": 5}, "spec.schedules[0].name: "),
+])
+def test_a_bad_schedule_names_its_field(schedule: dict[str, Any], expected: str) -> None:
+    assert error_of(pool({"name": "a"}, schedules=[schedule])).startswith(expected)
+
+
+def test_jobpool_schedules_is_the_operators_to_set() -> None:
+    env = {"env": [{"name": "JOBPOOL_SCHEDULES", "value": "[]"}]}
+    assert error_of(pool({"name": "a"}, worker=env)).startswith("spec.worker.env[0].name: ")

@@ -152,7 +152,8 @@ _RUNNING_JOB = {
 
 _OVERVIEW = {
     "type": "object",
-    "required": ["now", "counts", "lanes", "activity", "workers", "running", "rate_limits"],
+    "required": ["now", "counts", "lanes", "activity", "workers", "running", "rate_limits",
+                 "schedules"],
     "properties": {
         "now": _TIME,
         "counts": {"type": "array", "items": {
@@ -205,6 +206,28 @@ _OVERVIEW = {
                             "description": "pending jobs not yet due (requeued or retrying)"},
                 "next_due_at": _NULLABLE_TIME,
             }}},
+        "schedules": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "owner", "kind", "tenant", "expression", "time_zone", "missed",
+                         "next_run_at", "last_run_at", "last_job_id", "missed_total",
+                         "last_error"],
+            "properties": {
+                "name": {"type": "string"},
+                "owner": {"type": "string", "description": "the declaring pool; '' built in"},
+                "kind": {"type": "string"},
+                "tenant": {"type": "string", "description": "tenant key or id, as declared"},
+                "expression": {"type": "string",
+                               "description": "the cron expression, or 'every <n>s'"},
+                "time_zone": {"type": "string", "nullable": True},
+                "missed": {"type": "string", "enum": ["skip", "catch_up_once"]},
+                "next_run_at": _TIME,
+                "last_run_at": _NULLABLE_TIME,
+                "last_job_id": {"type": "integer", "nullable": True},
+                "missed_total": {"type": "integer", "minimum": 0,
+                                 "description": "ticks dropped as missed or unenqueueable"},
+                "last_error": {"type": "string", "nullable": True},
+            }},
+            "description": "schedules with their last and next run (docs/schedules.md)"},
     },
 }
 

@@ -1,5 +1,6 @@
 """What the operations console's overview shows: live counts, lanes with their live workers,
-running jobs and what holds their backlog (`core.lane_activity`), rate-limited pairs.
+running jobs and what holds their backlog (`core.lane_activity`), rate-limited pairs,
+schedules with their last and next run.
 
 `gather_overview` reads the database; the functions below it are pure and take the rows
 (and the configured lanes) as arguments, so that the tenant scope is applied in one place.
@@ -51,6 +52,7 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
         "workers": workers,
         "running": running,
         "rate_limits": rate_limited_pairs(limits, waiting),
+        "schedules": scoped_schedules(await fetch_all(conn, "list_schedules"), tenants),
     }
 
 
@@ -109,6 +111,17 @@ def rate_limited_pairs(limits: Sequence[Mapping[str, Any]],
                           "waiting": sum(int(w["waiting"]) for w in covered),
                           "next_due_at": min(dues) if dues else None})
     return pairs
+
+
+def scoped_schedules(rows: Sequence[Mapping[str, Any]],
+                     tenants: Sequence[str] | None) -> list[Row]:
+    """The schedules (`list_schedules` rows: name, kind, tenant, expression, next and last
+    run, ...) a token scoped to `tenants` (None: all) may see: those of its tenants; the
+    built-in ones (tenant `system`) only unscoped."""
+    if tenants is None:
+        return [dict(row) for row in rows]
+    scope = set(tenants)
+    return [dict(row) for row in rows if row["tenant"] in scope]
 
 
 def scoped_lanes(lanes: Sequence[Mapping[str, Any]],

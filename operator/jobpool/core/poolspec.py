@@ -10,6 +10,7 @@ import copy
 import difflib
 import functools
 import importlib.resources
+import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import yaml
 
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
+from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
 from jobpool.core.tenants import tenant_ref
 from jobpool.core.worker_run import WorkerRun
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
@@ -36,7 +38,8 @@ HEAVY_LANE = "heavy"
 
 MAX_POOL_NAME = 38
 MAX_DEPLOYMENT_NAME = 63
-RESERVED_ENV = frozenset(variable(name) for name in ("dsn", "rate_limits", "metrics_port"))
+RESERVED_ENV = frozenset(variable(name) for name in ("dsn", "rate_limits", "metrics_port",
+                                                     "schedules"))
 """The variables `spec.worker.env` may not set: the pods get them from other fields."""
 
 # Defaults; the CRD declares the same values (a test keeps them equal). A lane's workers get
@@ -139,6 +142,7 @@ class PoolSpec:
     env: tuple[tuple[str, str], ...] = ()
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    schedules: tuple[Schedule, ...] = ()
     warnings: tuple[str, ...] = ()
 
     def lane(self, name: str) -> Lane:
@@ -152,13 +156,16 @@ class PoolSpec:
         """What a worker of `lane` is given, on Kubernetes and in a local run alike: the
         lane's kinds and tenants, the pool's imports (then `imports`, each once), the settings
         its fields set (slots, grace, pool and lane names, the lane's provider caps if it has
-        `rateLimits`), then `spec.worker.env`. Its DSN and metrics port come from its runner."""
+        `rateLimits`, the pool's schedules: also when there are none, so that the workers retire
+        those the pool declared before), then `spec.worker.env`. Its DSN and metrics port come
+        from its runner."""
         settings: dict[str, Any] = {
             "slots": lane.workers_per_pod, "grace": float(self.grace_seconds),
             "pool": self.name, "lane": lane.name,
         }
         if lane.rate_limits is not None:
             settings["rate_limits"] = lane.rate_limits.to_json()
+        settings["schedules"] = schedules_json(self.schedules)
         return WorkerRun(
             kinds=lane.kinds, exclude_kinds=lane.exclude_kinds, tenants=lane.tenants,
             imports=tuple(dict.fromkeys((*self.imports, *imports))), settings=settings,
@@ -278,8 +285,22 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         env=env,
         pod_annotations=dict(worker.get("podAnnotations") or {}),
         node_selector=dict(worker.get("nodeSelector") or {}),
+        schedules=_schedules(spec.get("schedules") or ()),
         warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
+
+
+def schedules_json(schedules: Sequence[Schedule]) -> str:
+    """The JOBPOOL_SCHEDULES value of `schedules`: compact JSON, in declaration order."""
+    return json.dumps([schedule.to_json() for schedule in schedules], separators=(",", ":"),
+                      sort_keys=True)
+
+
+def _schedules(raw: Sequence[Any]) -> tuple[Schedule, ...]:
+    try:
+        return parse_schedules(raw, "spec.schedules")
+    except ScheduleError as exc:
+        raise PoolSpecError(str(exc)) from None
 
 
 def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
@@ -86,16 +87,31 @@ class LaneCounter:
 
     async def __call__(self, dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
         """Counts of `lanes` in the database of `dsn` (see `count_lane_jobs`)."""
-        conn = self.connections.get(dsn)
-        if conn is None or conn.closed:
-            conn = self.connections[dsn] = await psycopg.AsyncConnection.connect(
-                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                application_name="jobpool-operator", options=SESSION_OPTIONS)
+        conn = await self._connection(dsn)
         try:
             return await count_lane_jobs(conn, lanes)
         except psycopg.Error:
             await self._drop(dsn)
             raise
+
+    async def schedule_runs(self, dsn: str, names: Sequence[str]) -> list[dict[str, Any]]:
+        """The `schedule_runs` rows (last and next run) of the schedules `names` at `dsn`."""
+        conn = await self._connection(dsn)
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(QUERIES["schedule_runs"].text, {"names": list(names)})
+                return await cur.fetchall()
+        except psycopg.Error:
+            await self._drop(dsn)
+            raise
+
+    async def _connection(self, dsn: str) -> psycopg.AsyncConnection[Any]:
+        conn = self.connections.get(dsn)
+        if conn is None or conn.closed:
+            conn = self.connections[dsn] = await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                application_name="jobpool-operator", options=SESSION_OPTIONS)
+        return conn
 
     async def _drop(self, dsn: str) -> None:
         conn = self.connections.pop(dsn, None)

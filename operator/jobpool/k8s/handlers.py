@@ -72,6 +72,7 @@ from jobpool.k8s.status import (
     pool_status,
     previous_count_error,
     previous_lanes,
+    schedule_status,
     status_changed,
     timestamp,
 )
@@ -313,13 +314,15 @@ class PoolController:
             return await self._report_invalid(body, exc, now, generation)
         outcome, live = await self._reconcile(pool, body, namespace)
         await self._announce(body, pool, outcome, previous, now)
-        lanes, count_error, counted = await self._scale(pool, body, namespace, live, previous, now)
+        lanes, count_error, counted, runs = await self._scale(
+            pool, body, namespace, live, previous, now)
         conditions = merge_conditions(
             previous.get("conditions"),
             pool_conditions(pool, lanes, count_error=count_error, problems=outcome.problems),
             generation, now,
         )
-        status = pool_status(lanes, conditions, generation, now if counted else None, previous)
+        status = pool_status(lanes, conditions, generation, now if counted else None, previous,
+                             schedule_status(pool, runs, previous))
         return await self._write_status(body, previous, status)
 
     async def _reconcile(
@@ -440,15 +443,20 @@ class PoolController:
     async def _scale(
         self, pool: PoolSpec, body: Mapping[str, Any], namespace: str,
         live: Mapping[str, Mapping[str, Any]], previous: Mapping[str, Any], now: datetime,
-    ) -> tuple[list[dict[str, Any]], str | None, bool]:
+    ) -> tuple[list[dict[str, Any]], str | None, bool, list[dict[str, Any]] | None]:
         """Count each lane's jobs and scale its Deployment: the lane statuses, the count's
-        error (None if it worked) and whether it worked."""
+        error (None if it worked), whether it worked, and the `schedule_runs` rows of the
+        pool's schedules (None if they were not read)."""
         counts: dict[str, LaneJobs] | None = None
         count_error: str | None = None
+        runs: list[dict[str, Any]] | None = None
         try:
             dsn = await self.api.read_secret_value(
                 namespace, pool.dsn_secret.name, pool.dsn_secret.key)
             counts = await self.count_jobs(dsn, pool.lanes)
+            if pool.schedules and isinstance(self.count_jobs, LaneCounter):
+                runs = await self.count_jobs.schedule_runs(
+                    dsn, [schedule.name for schedule in pool.schedules])
         except (ApiError, KeyError, OSError, ValueError) as exc:
             count_error = _count_error_message(pool, exc)
         except Exception as exc:  # psycopg errors and the like: report, retry next interval
@@ -480,7 +488,7 @@ class PoolController:
                                           f"lane {lane.name}: {decision.message}", now)
             lanes.append(lane_status(pool, lane, live=deployment, previous=old.get(lane.name),
                                      jobs=jobs, decision=decision, now=now))
-        return lanes, count_error, counts is not None
+        return lanes, count_error, counts is not None, runs
 
     async def _report_invalid(
         self, body: Mapping[str, Any], error: PoolSpecError, now: datetime,

@@ -250,14 +250,40 @@ def lane_status(
     return entry
 
 
+def schedule_status(pool: PoolSpec, runs: Sequence[Mapping[str, Any]] | None,
+                    previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """`status.schedules`: each declared schedule with its last and next run from `runs`
+    (`schedule_runs` rows; None when they could not be read: the previous entries carry
+    over). A schedule no worker declared yet has neither."""
+    old = {str(e.get("name")): e for e in (previous or {}).get("schedules") or ()
+           if isinstance(e, Mapping)}
+    found = {str(row["name"]): row for row in runs or ()}
+    entries: list[dict[str, Any]] = []
+    for schedule in pool.schedules:
+        entry: dict[str, Any] = {"name": schedule.name, "kind": schedule.kind,
+                                 "expression": schedule.expression}
+        row = found.get(schedule.name)
+        if row is not None:
+            entry.update(
+                lastRunTime=timestamp(row["last_run_at"]) if row["last_run_at"] else None,
+                nextRunTime=timestamp(row["next_run_at"]),
+                missedTicks=int(row["missed_total"]), lastError=row["last_error"])
+        elif runs is None and schedule.name in old:
+            entry = {**old[schedule.name], **entry}
+        entries.append(entry)
+    return entries
+
+
 def pool_status(
     lanes: Sequence[Mapping[str, Any]],
     conditions: Sequence[Mapping[str, Any]],
     generation: int | None,
     counted_at: datetime | None,
     previous: Mapping[str, Any] | None = None,
+    schedules: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The whole `.status`: lanes, totals for the printer columns, conditions."""
+    """The whole `.status`: lanes, totals for the printer columns, conditions, and the
+    schedules (`schedule_status`; left out when the pool has none)."""
     status: dict[str, Any] = {
         "lanes": [dict(lane) for lane in lanes],
         "laneCount": len(lanes),
@@ -267,6 +293,8 @@ def pool_status(
         "runningJobs": sum(int(lane.get("runningJobs") or 0) for lane in lanes),
         "conditions": [dict(condition) for condition in conditions],
     }
+    if schedules or (previous or {}).get("schedules"):
+        status["schedules"] = [dict(entry) for entry in schedules]
     if generation is not None:
         status["observedGeneration"] = generation
     elif previous and previous.get("observedGeneration") is not None:

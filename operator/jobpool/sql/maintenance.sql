@@ -1,6 +1,5 @@
--- Queue maintenance (worker/maintenance.py, worker/leases.py): recovery of lapsed claims,
--- done-job retention and the turns workers take at it. Parameters are psycopg's %(name)s
--- placeholders.
+-- Queue maintenance (worker/maintenance.py, worker/leases.py): recovery of lapsed claims and
+-- done-job retention. Parameters are psycopg's %(name)s placeholders.
 
 -- name: recovery_turn :one
 -- Whether this transaction is the one recovering claims now (workers try every few seconds;
@@ -66,12 +65,3 @@ WITH doomed AS (
     DELETE FROM mdm.aa_job j USING doomed WHERE j.id = doomed.id RETURNING j.id
 )
 SELECT count(*)::int AS deleted FROM deleted;
-
--- name: take_maintenance_turn :one
--- Take the turn at maintenance task %(task)s if it last ran %(every)s seconds ago or more (or
--- never); returns a row to the one worker that takes it.
-INSERT INTO mdm.aa_maintenance_run AS r (task, ran_at)
-VALUES (%(task)s, clock_timestamp())
-ON CONFLICT (task) DO UPDATE SET ran_at = excluded.ran_at
- WHERE r.ran_at <= excluded.ran_at - make_interval(secs => %(every)s)
-RETURNING r.task;

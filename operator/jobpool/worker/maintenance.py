@@ -1,15 +1,16 @@
 """Queue maintenance, in one place: recovery of lapsed claims, retention, and their schedule.
 
-Nothing here waits in the queue behind the work it maintains. Recovery (claims whose lease
-lapsed go back to pending, or to the DLQ when out of attempts) runs every few seconds on every
-long-running worker's lease thread (`jobpool.worker.leases`), one worker at a time
-(`recovery_turn`). Every `cleanup_every` seconds (5 minutes by default) one worker, whichever
-first finds the period over (`take_maintenance_turn`: no leader), runs the periodic steps:
-done-job retention and whatever other kinds register with `jobpool.registry.cleanup_step`
-(the outbox's compaction): the steps of the worker's registry, each in its own transaction on
-a connection of its own. The `cleanup_jobs` kind runs recovery and every step at once, for a
-job enqueued by hand. Its SQL is in
-`sql/maintenance.sql`. `jobpool recover` runs the recovery at once.
+Recovery (claims whose lease lapsed go back to pending, or to the DLQ when out of attempts)
+runs every few seconds on every long-running worker's lease thread (`jobpool.worker.leases`),
+one worker at a time (`recovery_turn`): it never waits in the queue behind the work it
+maintains. The periodic steps (the worker's registry's: done-job retention and whatever other
+kinds register with `jobpool.registry.cleanup_step`, the outbox's compaction) run at each
+tick of the built-in schedule `cleanup_jobs` (every `cleanup_every` seconds, 5 minutes by
+default), on the one worker that takes the tick (`jobpool.worker.scheduler`), each step in
+its own transaction on a connection of its own: not through the queue, so that they never
+wait behind the work they maintain. The `cleanup_jobs` kind runs recovery and every step at
+once, for a job enqueued by hand. Its SQL is in `sql/maintenance.sql`. `jobpool recover`
+runs the recovery at once.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
+from jobpool.core.schedules import BUILTIN_CLEANUP, cleanup_schedule
 from jobpool.db.connect import connect
 from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
 from jobpool.job import Job
 from jobpool.registry import Step, cleanup_step, kind
+from jobpool.settings import Settings
+from jobpool.worker.scheduler import declarations_for, keep_scheduled
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +39,6 @@ DONE_RETENTION = 7 * 86_400.0
 DELETE_BATCH = 5_000
 MAX_BATCHES = 20
 """At most DELETE_BATCH x MAX_BATCHES rows per run; the next run takes the rest."""
-
-SCHEDULE_CHECK_MAX = 60.0
-"""Cap on the seconds between a worker's checks whether the periodic steps are due."""
 
 Steps = Sequence[tuple[str, Step]]
 """Maintenance steps by name, as a registry holds them (`Registry.steps`)."""
@@ -59,13 +60,6 @@ async def delete_expired_done_jobs(
     row = await fetch_one(conn, "delete_expired_done_jobs",
                           {"retention": retention, "batch": batch})
     return int(row["deleted"]) if row else 0
-
-
-async def take_maintenance_turn(conn: AsyncConnection[Any], task: str, every: float) -> bool:
-    """Whether this worker takes the turn at `task` (it last ran `every` seconds ago or more).
-    Commit at once: the other workers skip the turn from then on."""
-    return await fetch_one(conn, "take_maintenance_turn", {"task": task, "every": every}) \
-        is not None
 
 
 # -- the cleanup_jobs kind ---------------------------------------------------------------
@@ -103,8 +97,8 @@ async def expire_done_jobs(tx: AsyncConnection[Any]) -> dict[str, int]:
       backoff_base=30, backoff_max=24 * 3600, backoff_jitter=0.1)
 async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
     """Recover lapsed claims and run every step of the worker's registry in the job's
-    transaction; return their counters. Workers run all of this on their own schedule: the
-    kind is for running it now through the queue."""
+    transaction; return their counters. Workers run the steps on the built-in schedule
+    `cleanup_jobs`: the kind is for running them now through the queue."""
     result = await recover(tx, actor=job.context.actor)
     for _, step in job.context.registry.steps():
         result.update(await step(tx))
@@ -129,32 +123,25 @@ async def run_due_steps(dsn: str, steps: Steps) -> dict[str, int]:
                     raise
                 log.error("maintenance step %s failed (%s); it runs again next period", name,
                           exc)
+    log.info("maintenance: %s", ", ".join(f"{k} {v}" for k, v in result.items()))
     return result
 
 
 async def keep_maintained(
-    store: QueueStore, dsn: str, steps: Steps, *, every: float, online: asyncio.Event,
-    rng: random.Random,
+    store: QueueStore, dsn: str, steps: Steps, *, settings: Settings, actor: str,
+    every: float, online: asyncio.Event, rng: random.Random,
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
 ) -> None:
-    """Run the periodic `steps` whenever this worker takes the turn at them, while `online` is
-    set; never returns.
-
-    Checks every min(60 s, every / 2), spread by ±20 % so that workers do not ask in step; the
-    turn goes to the first worker that finds the last run `every` seconds old. Each check that
-    got an answer calls `healthy()`; a failed connection goes to `database_error` (which pauses
-    the worker until the database answers again). The store's pool is read at each check,
-    since the worker replaces it after an outage.
-    """
-    while True:
-        await online.wait()
-        try:
-            async with store.pool.connection() as conn:
-                turn = await take_maintenance_turn(conn, "cleanup", every)
-            if turn:
-                counters = await run_due_steps(dsn, steps)
-                log.info("maintenance: %s", ", ".join(f"{k} {v}" for k, v in counters.items()))
-            healthy()
-        except psycopg.OperationalError as exc:
-            database_error(exc)
-        await asyncio.sleep(min(SCHEDULE_CHECK_MAX, every / 2) * rng.uniform(0.8, 1.2))
+    """Keep this worker's schedules going (`jobpool.worker.scheduler.keep_scheduled`): those of
+    `settings.schedules` (`JOBPOOL_SCHEDULES`, for `settings.pool`), and the built-in
+    `cleanup_jobs` every `every` seconds, whose tick runs the periodic `steps` on the worker
+    that takes it (`run_due_steps`, on a connection of its own to `dsn`), never waiting in the
+    queue; never returns. What it enqueues is audited as `actor`. `rng` is unused: the ticks
+    are aligned on the schedule, not spread. Raises ScheduleError for a bad
+    `JOBPOOL_SCHEDULES`."""
+    del rng
+    declarations = declarations_for(settings.pool, settings.schedules,
+                                    [cleanup_schedule(every)])
+    await keep_scheduled(store, declarations, actor=actor,
+                         online=online, healthy=healthy, database_error=database_error,
+                         actions={BUILTIN_CLEANUP: lambda: run_due_steps(dsn, steps)})

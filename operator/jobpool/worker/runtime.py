@@ -479,7 +479,8 @@ class Worker:
         """Run the periodic maintenance steps when this worker's turn comes
         (worker/maintenance.py)."""
         await keep_maintained(
-            store, self.dsn, self.registry.steps(), every=self.config.cleanup_every,
+            store, self.dsn, self.registry.steps(), settings=self.settings, actor=self.actor,
+            every=self.config.cleanup_every,
             online=self.link.online, rng=self.rng,
             healthy=lambda: self.background.healthy("maintenance"),
             database_error=self.link.lost,

@@ -270,6 +270,18 @@
         el("td", {}, r.next_due_at
           ? `in ${duration((Date.parse(r.next_due_at) - now) / 1000)}` : "—"))),
       "No tenant sets a rate limit."));
+    const when = (at) => at === null ? "—" : new Date(at).toLocaleString();
+    fill("overview-schedules", table(
+      ["Schedule", "Kind", "Tenant", "When", "Last run", "Next run", num("Missed"), "Error"],
+      data.schedules.map((s) => el("tr", {},
+        el("td", {}, s.name), el("td", {}, s.kind), el("td", {}, s.tenant),
+        el("td", {}, s.time_zone ? `${s.expression} (${s.time_zone})` : s.expression),
+        el("td", {}, when(s.last_run_at)),
+        el("td", {}, `${when(s.next_run_at)} (in ${
+          duration(Math.max(0, (Date.parse(s.next_run_at) - now) / 1000))})`),
+        el("td", {className: "num"}, s.missed_total),
+        el("td", {className: s.last_error ? "warn" : ""}, s.last_error ?? ""))),
+      "No schedules."));
     $("overview-updated").textContent =
       `Updated ${new Date().toLocaleTimeString(undefined, {timeZoneName: "short"})}.`;
   }

@@ -1,0 +1,244 @@
+"""Schedules against PostgreSQL: declarations, due ticks enqueued once across racing workers,
+the built-in cleanup schedule, errors recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from integration.helpers import prepare, scalar, wait_until, worker
+from jobpool import settings
+from jobpool.core.schedules import cleanup_schedule, parse_schedule
+from jobpool.db.connect import open_pool
+from jobpool.worker.scheduler import (
+    Declarations,
+    declarations_for,
+    declare,
+    enqueue_due_ticks,
+    keep_scheduled,
+)
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+EVERY_SECOND = parse_schedule({"name": "tick", "kind": "test_noop", "tenant": "acme",
+                               "every": 1, "payload": {"n": 1}}, "s")
+
+
+async def rewind(conn: Conn, name: str, seconds: float) -> None:
+    """Make the schedule's next tick `seconds` old, as if nothing had run since."""
+    await conn.execute(
+        "UPDATE mdm.aa_schedule SET next_run_at = date_trunc('second', clock_timestamp())"
+        " - make_interval(secs => %s) WHERE name = %s", (seconds, name))
+
+
+async def keys(conn: Conn, prefix: str) -> list[str]:
+    cur = await conn.execute("SELECT idempotency_key FROM mdm.aa_job WHERE idempotency_key"
+                             " LIKE %s ORDER BY idempotency_key", (prefix + "%",))
+    return [row["idempotency_key"] for row in await cur.fetchall()]
+
+
+async def tick_counts(conn: Conn, name: str) -> tuple[int, int, int]:
+    """(jobs, distinct tick keys, ticks from the first to the last key) of 1-second schedule
+    `name`."""
+    cur = await conn.execute(
+        "SELECT count(*) AS jobs, count(DISTINCT t) AS ticks,"
+        " extract(epoch FROM max(t) - min(t))::int + 1 AS covered FROM (SELECT"
+        " replace(idempotency_key, %s, '')::timestamptz AS t FROM mdm.aa_job"
+        " WHERE idempotency_key LIKE %s) AS k", (f"schedule:{name}:", f"schedule:{name}:%"))
+    row = await cur.fetchone()
+    assert row is not None
+    return row["jobs"], row["ticks"], row["covered"]
+
+
+async def test_due_ticks_are_enqueued_once_with_their_bookkeeping(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 10)
+    runs = await enqueue_due_ticks(conn, actor="scheduler")
+    assert [(run.name, run.created, run.missed) for run in runs] == [("tick", len(runs[0].ticks),
+                                                                      0)]
+    assert len(runs[0].ticks) >= 11  # 10 s ago up to now
+    enqueued = await keys(conn, "schedule:tick:")
+    assert len(enqueued) == len(runs[0].ticks)
+    cur = await conn.execute("SELECT * FROM mdm.aa_schedule WHERE name = 'tick'")
+    schedule = await cur.fetchone()
+    assert schedule is not None
+    assert schedule["last_run_at"] == runs[0].ticks[-1]
+    assert schedule["next_run_at"] == runs[0].ticks[-1] + timedelta(seconds=1)
+    cur = await conn.execute("SELECT DISTINCT tenant_id, payload FROM mdm.aa_job"
+                             " WHERE job_kind = 'test_noop'")
+    assert await cur.fetchall() == [{"tenant_id": tenant, "payload": {"n": 1}}]
+    again = await enqueue_due_ticks(conn, actor="s")  # at most the tick of the next second
+    assert all(run.created == len(run.ticks) <= 2 for run in again)
+
+
+async def test_racing_schedulers_enqueue_every_tick_exactly_once(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Five schedulers on connections of their own check the same 1-second schedule without
+    pause; every tick from the first to the last enqueued is enqueued once, by one of them
+    (none of them even tried a tick twice)."""
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 30)
+    pool = open_pool(dsn, size=5)
+    await pool.open()
+    tried: list[str] = []
+    created = 0
+
+    async def race(rounds: int) -> None:
+        nonlocal created
+        async with pool.connection() as own:
+            for _ in range(rounds):
+                for run in await enqueue_due_ticks(own, actor="racer"):
+                    tried.extend(t.isoformat() for t in run.ticks)
+                    created += run.created
+
+    try:
+        await asyncio.gather(*(race(40) for _ in range(5)))
+    finally:
+        await pool.close()
+    enqueued = await keys(conn, "schedule:tick:")
+    assert len(tried) == len(set(tried)) == len(enqueued) == created
+    assert len(enqueued) >= 31
+    assert await tick_counts(conn, "tick") == (created, created, created)
+
+
+async def test_three_workers_and_two_schedulers_enqueue_each_tick_once(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Three long-running workers (on their maintenance timer, with the built-in cleanup every
+    second) and two bare schedulers share a declared 1-second schedule: each tick in the
+    covered range has exactly one job; the cleanup ticks run in a worker, never as jobs."""
+    await prepare(conn)
+    workers = [worker(dsn, ("test_noop",), until_empty=False, cleanup_every=1)
+               for _ in range(3)]
+    pool = open_pool(dsn, size=2)
+    await pool.open()
+    store: Any = type("Store", (), {"pool": pool})()
+    online = asyncio.Event()
+    online.set()
+    declared = Declarations("pool-a", (EVERY_SECOND,), retire=True)
+    schedulers = [asyncio.create_task(keep_scheduled(
+        store, declared, actor="scheduler", online=online, healthy=lambda: None,
+        database_error=lambda exc: None)) for _ in range(2)]
+    previous = settings.current()
+    settings.configure(settings.Settings.from_env(
+        {"JOBPOOL_POOL": "pool-a", "JOBPOOL_SCHEDULES": json.dumps([EVERY_SECOND.to_json()])}))
+    runs = [asyncio.create_task(w.run()) for w in workers]
+
+    async def enough() -> bool:
+        cleanups = await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_schedule WHERE name ="
+                                " 'cleanup_jobs' AND last_run_at > declared_at + interval '2 s'")
+        return bool(cleanups and len(await keys(conn, "schedule:tick:")) >= 5)
+
+    try:
+        await wait_until(enough, "five ticks and the cleanup ticking", 60)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*runs)
+        for task in schedulers:
+            task.cancel()
+        await asyncio.gather(*schedulers, return_exceptions=True)
+        await pool.close()
+        settings.configure(previous)
+    jobs, ticks, covered = await tick_counts(conn, "tick")
+    assert jobs == ticks == covered  # one job per tick, no tick left out
+    assert await scalar(conn, "SELECT count(*) AS n FROM mdm.aa_job"
+                        " WHERE job_kind = 'cleanup_jobs'") == 0
+
+
+async def test_a_changed_declaration_starts_again_and_a_dropped_one_is_retired(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    other = parse_schedule({"name": "other", "kind": "test_noop", "every": 60}, "s")
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND, other), retire=True))
+    await declare(conn, Declarations("pool-b", (cleanup_schedule(300),), retire=True))
+    await rewind(conn, "tick", 5)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))  # unchanged
+    kept = await scalar(conn, "SELECT next_run_at < clock_timestamp() - interval '4 s' AS kept"
+                        " FROM mdm.aa_schedule WHERE name = 'tick'")
+    assert kept
+    names = await scalar(conn, "SELECT array_agg(name ORDER BY name) AS n FROM mdm.aa_schedule")
+    assert names == ["cleanup_jobs", "tick"]
+    faster = parse_schedule({**EVERY_SECOND.to_json(), "every": 2}, "s")
+    await declare(conn, Declarations("pool-a", (faster,), retire=False))
+    restarted = await scalar(conn, "SELECT next_run_at > clock_timestamp() - interval '1 s'"
+                             " AS r FROM mdm.aa_schedule WHERE name = 'tick'")
+    assert restarted
+
+
+async def test_a_schedule_whose_job_cannot_exist_records_why(conn: Conn) -> None:
+    await prepare(conn)
+    nobody = parse_schedule({"name": "lost", "kind": "test_noop", "tenant": "nobody",
+                             "every": 1}, "s")
+    await declare(conn, Declarations("", (nobody,), retire=False))
+    await rewind(conn, "lost", 3)
+    runs = await enqueue_due_ticks(conn, actor="s")
+    assert runs[0].error is not None and "nobody" in runs[0].error
+    error = await scalar(conn, "SELECT last_error FROM mdm.aa_schedule WHERE name = 'lost'")
+    assert "nobody" in error
+    moved_on = await scalar(conn, "SELECT next_run_at > clock_timestamp() - interval '2 s'"
+                            " AS m FROM mdm.aa_schedule WHERE name = 'lost'")
+    assert moved_on  # its ticks are dropped, not retried at every check
+
+
+def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
+    bad = json.dumps([{"name": "x", "kind": "k", "cron": "0 25 * * *"}])
+    with pytest.raises(ValueError, match=r"^JOBPOOL_SCHEDULES\[0\]\.cron: "):
+        declarations_for("pool-a", bad, ())
+    plain = declarations_for(None, None, (cleanup_schedule(300),))
+    assert (plain.retire, [s.name for s in plain.schedules]) == (False, ["cleanup_jobs"])
+
+
+async def test_the_metrics_carry_each_schedules_last_and_next_run(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    from jobpool.metrics import QueueGauges
+
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await rewind(conn, "tick", 2)
+    await enqueue_due_ticks(conn, actor="s")
+    cur = await conn.execute("SELECT last_run_at, next_run_at FROM mdm.aa_schedule")
+    row = await cur.fetchone()
+    assert row is not None
+    gauges = QueueGauges(dsn)
+    try:
+        await gauges.refresh()
+    finally:
+        await gauges.close()
+    samples = {family.name: [(s.labels, s.value) for s in family.samples]
+               for family in gauges.collect()}
+    labels = {"schedule": "tick", "kind": "test_noop"}
+    assert samples["mdm_schedule_last_run_timestamp_seconds"] == [
+        (labels, row["last_run_at"].timestamp())]
+    assert samples["mdm_schedule_next_run_timestamp_seconds"] == [
+        (labels, row["next_run_at"].timestamp())]
+
+
+async def test_the_operator_reads_the_runs_of_a_pools_schedules(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    from jobpool.db.lane_counts import LaneCounter
+
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (cleanup_schedule(300), EVERY_SECOND),
+                                     retire=True))
+    counter = LaneCounter()
+    try:
+        rows = await counter.schedule_runs(dsn, ["tick", "absent"])
+    finally:
+        await counter.close()
+    assert [(r["name"], r["kind"], r["expression"], r["last_run_at"]) for r in rows] == [
+        ("tick", "test_noop", "every 1s", None)]

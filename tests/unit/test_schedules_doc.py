@@ -1,0 +1,38 @@
+"""docs/schedules.md stays true: its pool file is valid, its field table is the declaration's
+fields and the CRD's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from jobpool.core import poolspec, schedules
+from jobpool.core.poolspec import load_pool
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "schedules.md"
+
+
+def test_the_example_pool_declares_its_schedules() -> None:
+    block = re.search(r"```yaml\n(.*?)```", PAGE.read_text("utf-8"), re.S)
+    assert block is not None
+    pool = load_pool(yaml.safe_load(block.group(1)))
+    assert [(s.name, s.expression, s.zone, s.missed) for s in pool.schedules] == [
+        ("nightly-reindex", "30 2 * * *", "Europe/Berlin", "catch_up_once"),
+        ("outbox-every-minute", "every 60s", "UTC", "skip"),
+    ]
+
+
+def test_the_field_table_is_every_field() -> None:
+    rows = re.findall(r"^\| `(\w+)` \|", PAGE.read_text("utf-8"), re.M)
+    crd = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    declared = crd["properties"]["spec"]["properties"]["schedules"]["items"]["properties"]
+    assert set(rows) == set(schedules.DECLARATION_FIELDS) == set(declared)
+
+
+def test_the_page_states_the_constants_the_code_uses() -> None:
+    text = PAGE.read_text("utf-8")
+    assert f"at most {schedules.MISSED_AFTER:g} seconds old" in text
+    assert f"at least every {schedules.CHECK_MAX:g} seconds" in text
+    assert f"1 to {schedules.MAX_INTERVAL}" in text
