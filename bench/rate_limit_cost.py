@@ -1,13 +1,15 @@
-"""What a rate-limited tenant costs the others: tenant B's throughput with and
-without a throttled tenant A flooding the queue ahead of it.
+"""What a rate-limited or paused tenant costs the others: tenant B's throughput with and
+without a throttled or paused tenant A flooding the queue ahead of it.
 
     .venv/bin/python bench/rate_limit_cost.py [--dsn postgresql://postgres@127.0.0.1/postgres]
-        [--flood 20000] [--jobs 2000] [--slots 4]
+        [--flood 20000] [--jobs 2000] [--slots 4] [--scenarios alone,flooded,no-exclude,paused]
 
 Creates and drops a scratch database on the given server. Scenarios, one worker each:
   alone      B's jobs only
   flooded    A's flood (rps 1, burst 1) enqueued before B's jobs, same priority
   no-exclude as flooded, but the claim does not leave throttled pairs out (the naive way)
+  paused     A's flood (no rate limit) enqueued before B's jobs, the pair (A, kind) paused
+             (`jobpool pause`): a_done must stay 0
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from jobpool.db.migrate import migrate
 from jobpool.db.store import register_kinds
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
+from jobpool.pauses import pause
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 from jobpool.worker.token_store import TokenStore
 
 KIND = "bench_rl_job"
+SCENARIOS = ("alone", "flooded", "no-exclude", "paused")
 DONE: dict[str, int] = {}
 
 
@@ -50,9 +54,11 @@ class NoExclusion(TokenStore):
 async def scenario(dsn: str, name: str, flood: int, jobs: int, slots: int) -> dict[str, Any]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("TRUNCATE mdm.aa_job, mdm.aa_audit_log")
+        await conn.execute("DELETE FROM mdm.aa_pause")
         await conn.execute("DELETE FROM mdm.aa_tenant WHERE key IN ('a', 'b')")
         rows = {}
-        for key, meta in (("a", {"rate_limit": {KIND: {"rps": 1, "burst": 1}}}), ("b", {})):
+        limited = {"rate_limit": {KIND: {"rps": 1, "burst": 1}}}
+        for key, meta in (("a", {} if name == "paused" else limited), ("b", {})):
             cur = await conn.execute("INSERT INTO mdm.aa_tenant (key, metadata) VALUES (%s, %s)"
                                      " RETURNING id", (key, json.dumps(meta)))
             row = await cur.fetchone()
@@ -62,6 +68,8 @@ async def scenario(dsn: str, name: str, flood: int, jobs: int, slots: int) -> di
         if name != "alone":
             for start in range(0, flood, 5000):
                 await enqueue_many(conn, [NewJob(rows["a"], KIND)] * min(5000, flood - start))
+        if name == "paused":
+            await pause(conn, tenant="a", kind=KIND, actor="bench")
         await conn.execute("SELECT pg_sleep(0.01)")  # B's jobs come strictly after the flood
         await enqueue_many(conn, [NewJob(rows["b"], KIND)] * jobs)
         await conn.execute("ANALYZE mdm.aa_job")
@@ -90,7 +98,13 @@ async def main() -> None:
     parser.add_argument("--flood", type=int, default=20000)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help="comma-separated, of " + ", ".join(SCENARIOS))
     args = parser.parse_args()
+    chosen = [s for s in args.scenarios.split(",") if s]
+    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: use {', '.join(SCENARIOS)}")
     name = f"jobpool_bench_rl_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -98,7 +112,7 @@ async def main() -> None:
     try:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             await migrate(conn)
-        for which in ("alone", "flooded", "no-exclude"):
+        for which in chosen:
             print(json.dumps(await scenario(dsn, which, args.flood, args.jobs, args.slots)),
                   flush=True)
     finally:
