@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobpool.cli_arguments import actor_of, add_actor, add_common_arguments
-from jobpool.core.pauses import MAX_REASON, overlaps, scope_text
+from jobpool.core.pause_scopes import MAX_REASON, overlaps, scope_text
 from jobpool.settings import Settings
 
 _SCOPE_HELP = ("a tenant key or id, a kind, or both: --tenant alone is every kind of the "

@@ -3,7 +3,7 @@
 A paused scope's ready jobs stay pending where they are: the claim leaves them out as it
 leaves out rate-limited pairs (no attempt used, the rows untouched), the scaler does not
 count them as demand, and jobs already running finish. Scopes and what they hold:
-`jobpool.core.pauses`. Each function takes a connection with dict rows and runs in the
+`jobpool.core.pause_scopes`. Each function takes a connection with dict rows and runs in the
 caller's transaction; each change writes its audit row (`work_paused`, `work_resumed`)
 with `actor`.
 
@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from jobpool import admin
 from jobpool.core.kinds import check_kind_name
-from jobpool.core.pauses import check_reason, check_scope, scope_text, with_held_jobs
+from jobpool.core.pause_scopes import check_reason, check_scope, scope_text, with_held_jobs
 from jobpool.db.store import fetch_all, fetch_one
 from jobpool.errors import JobpoolError, JobStateError, UnknownKindError, UnknownTenantError
 

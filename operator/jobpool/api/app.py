@@ -36,7 +36,7 @@ from jobpool.api.database import DatabaseAway, DatabaseLink
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.api.overview import audit_entry, gather_overview, job_history
 from jobpool.core.actors import token_subject
-from jobpool.core.pauses import check_reason, check_scope
+from jobpool.core.pause_scopes import check_reason, check_scope
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import (
     JobNotFoundError,

@@ -15,7 +15,7 @@ from jobpool.admin import (
 )
 from jobpool.core.actors import ActorKind
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
-from jobpool.core.pauses import MAX_REASON
+from jobpool.core.pause_scopes import MAX_REASON
 from jobpool.core.tenants import TENANT_REF_PATTERN
 from jobpool.db.live_workers import MAX_RUNNING_SHOWN
 

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from jobpool.admin import preview_params
 from jobpool.core.actors import actor_kind, actor_name
 from jobpool.core.lane_activity import lane_activity
-from jobpool.core.pauses import with_held_jobs
+from jobpool.core.pause_scopes import with_held_jobs
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.live_workers import live_workers, running_jobs
 from jobpool.db.store import fetch_all, fetch_one
