@@ -10,6 +10,8 @@ Creates and drops a scratch database on the given server. Scenarios, one worker 
   no-exclude as flooded, but the claim does not leave throttled pairs out (the naive way)
   paused     A's flood (no rate limit) enqueued before B's jobs, the pair (A, kind) paused
              (`jobpool pause`): a_done must stay 0
+alone and paused also report claim_buffers: the buffers one claim touches before the run
+(EXPLAIN ANALYZE, BUFFERS), which the load of the machine does not change.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.pauses import pause
 from jobpool.registry import REGISTRY
+from jobpool.sql import QUERIES
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 from jobpool.worker.token_store import TokenStore
@@ -73,6 +76,7 @@ async def scenario(dsn: str, name: str, flood: int, jobs: int, slots: int) -> di
         await conn.execute("SELECT pg_sleep(0.01)")  # B's jobs come strictly after the flood
         await enqueue_many(conn, [NewJob(rows["b"], KIND)] * jobs)
         await conn.execute("ANALYZE mdm.aa_job")
+    buffers = await claim_buffers(dsn) if name in ("alone", "paused") else None
     DONE.clear()
     limiter = NoExclusion() if name == "no-exclude" else None
     worker = Worker(dsn, REGISTRY, WorkerConfig(kinds=(KIND,), slots=slots, poll_interval=0.5),
@@ -88,7 +92,25 @@ async def scenario(dsn: str, name: str, flood: int, jobs: int, slots: int) -> di
         "mdm_jobs_rate_limit_hits_total", {"tenant": "a", "kind": KIND, "limit": "tenant"}) or 0
     return {"scenario": name, "b_jobs": DONE.get(str(rows["b"]), 0), "seconds": round(elapsed, 2),
             "b_jobs_per_s": round(DONE.get(str(rows["b"]), 0) / elapsed, 1),
-            "a_done": DONE.get(str(rows["a"]), 0), "a_requeues": int(hits)}
+            "a_done": DONE.get(str(rows["a"]), 0), "a_requeues": int(hits),
+            **({} if buffers is None else {"claim_buffers": buffers})}
+
+
+async def claim_buffers(dsn: str) -> int:
+    """Buffers (shared, hit or read) one claim of 4 jobs touches before the run, as EXPLAIN
+    (ANALYZE, BUFFERS) counts them, in a transaction rolled back: what B's claim pays for A's
+    backlog, independent of the machine's load."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute(QUERIES["claim_session"].text)
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_jobs"].text,
+            {"kinds": [KIND], "tenants": None, "limit": 4, "lease": 30, "worker_id": "bench",
+             "throttled": []})
+        row = await cur.fetchone()
+        await conn.rollback()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
 
 
 async def main() -> None:
