@@ -223,8 +223,11 @@ async def test_the_api_pauses_and_resumes_within_the_tokens_tenants(
     status, body, _ = await api.call("POST", "/v1/pauses?tenant=acme&kind=test_recrod",
                                      bearer=scoped)
     assert status == 404 and "did you mean 'test_record'" in body["detail"]
-    status, body, _ = await api.call("POST", "/v1/pauses", bearer=scoped)
-    assert status == 400 and "name what to pause" in body["detail"]
+    status, body, _ = await api.call("POST", "/v1/pauses", bearer=token())
+    assert status == 403 and "name what to pause" in body["detail"]
+    status, body, _ = await api.call("POST", "/v1/pauses?tenant=acme&kind=Email",
+                                     bearer=scoped)
+    assert status == 400 and "kind must be a kind name" in body["detail"]
 
     await _jobs(conn, tenant, 3)
     status, body, _ = await api.call("GET", "/v1/overview", bearer=scoped)

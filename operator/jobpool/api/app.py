@@ -286,13 +286,15 @@ async def discard_job(request: web.Request) -> web.Response:
 
 
 def _pause_scope(request: web.Request) -> dict[str, str | None]:
-    """The tenant and kind query parameters of a pause or resume, checked (BadRequest)."""
+    """The tenant and kind query parameters of a pause or resume, checked: BadRequest for a
+    bad name, PauseScopeError (403) for neither, a scope of everything, which is refused as
+    a kind for every tenant is refused to a scoped token (both are well-formed requests)."""
     kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
     tenant = _query_tenant(request)
     try:
         check_scope(tenant, kind)
     except ValueError as exc:
-        raise BadRequest(f"{exc}: give the tenant and/or kind query parameters") from None
+        raise PauseScopeError(f"{exc}: give the tenant and/or kind query parameters") from None
     return {"tenant": tenant, "kind": kind}
 
 

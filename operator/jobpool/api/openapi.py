@@ -345,9 +345,10 @@ _REASON = {"name": "reason", "in": "query", "description": "why, shown with the 
            "schema": {"type": "string", "maxLength": MAX_REASON}}
 _SCOPE_ERRORS = {
     **_COMMON_ERRORS,
-    "400": _problem(f"neither tenant nor kind, a bad tenant, kind or reason, or {_BODY}"),
-    "403": _problem("the token lacks manage_metadata or the tenants claim, or is scoped to "
-                    "tenants and names no tenant"),
+    "400": _problem(f"a bad tenant, kind or reason, or {_BODY}"),
+    "403": _problem("the token lacks manage_metadata or the tenants claim; or the request "
+                    "names neither tenant nor kind (every kind of every tenant is never "
+                    "paused), or no tenant with a token scoped to tenants"),
     "404": _problem("no tenant with that key or id among the token's tenants, or no such "
                     "registered kind"),
 }
