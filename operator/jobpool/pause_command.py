@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobpool.cli_arguments import actor_of, add_actor, add_common_arguments
-from jobpool.core.pause_scopes import MAX_REASON, overlaps, scope_text
+from jobpool.core.pause_scopes import MAX_REASON, check_scope, overlaps, scope_text
 from jobpool.settings import Settings
 
 _SCOPE_HELP = ("a tenant key or id, a kind, or both: --tenant alone is every kind of the "
@@ -42,6 +42,13 @@ def add_pause_commands(subparsers: Any, settings: Settings) -> None:
     p.set_defaults(func=cmd_paused)
 
 
+def _checked_scope(args: argparse.Namespace) -> None:
+    try:
+        check_scope(args.tenant, args.kind)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (--tenant T, --kind K)") from None
+
+
 def _add_scope(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help="tenant key or id (default: every tenant)")
     parser.add_argument("--kind", help="job kind (default: every kind)")
@@ -52,6 +59,7 @@ async def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.db.connect import open_database
     from jobpool.pauses import pause
 
+    _checked_scope(args)
     async with await open_database(settings) as conn:
         row, created = await pause(conn, tenant=args.tenant, kind=args.kind,
                                    actor=actor_of(args), reason=args.reason)
@@ -70,6 +78,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.db.connect import open_database
     from jobpool.pauses import resume
 
+    _checked_scope(args)
     async with await open_database(settings) as conn:
         row = await resume(conn, tenant=args.tenant, kind=args.kind, actor=actor_of(args))
         await conn.commit()

@@ -193,6 +193,9 @@ def test_the_cli_pauses_lists_and_resumes(dsn: str, capsys: pytest.CaptureFixtur
 
     assert main(["pause", *base, "--tenant", "acme", "--kind", "email_sned"]) == 2
     assert "did you mean 'email_send'" in capsys.readouterr().err
+    assert main(["pause", *base]) == 2
+    assert capsys.readouterr().err == ("jobpool: error: name what to pause or resume: a tenant, "
+                                       "a kind, or both (--tenant T, --kind K)\n")
     assert main(["resume", *base, "--tenant", "acme"]) == 2
     assert ("tenant acme (every kind) is not paused (paused: tenant acme, kind email_send)"
             in capsys.readouterr().err)

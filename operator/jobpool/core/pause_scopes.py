@@ -19,8 +19,7 @@ def check_scope(tenant: str | None, kind: str | None) -> None:
     """Raise ValueError unless a tenant, a kind, or both are named: a pause of everything
     would stop every worker, which is what scaling a pool to zero is for."""
     if tenant is None and kind is None:
-        raise ValueError("name what to pause or resume: a tenant, a kind, or both "
-                         "(--tenant T and/or --kind K)")
+        raise ValueError("name what to pause or resume: a tenant, a kind, or both")
 
 
 def check_reason(reason: str | None) -> str | None:
