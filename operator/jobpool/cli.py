@@ -48,6 +48,7 @@ from jobpool.errors import JobpoolError, UnknownKindError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
+from jobpool.pause_command import add_pause_commands, print_pauses
 from jobpool.settings import PREFIX, Settings, configure
 from jobpool.sql import QUERIES
 
@@ -312,11 +313,14 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         live = await gather_overview(conn, tenants=None, lanes=lanes)
     if args.json:
         print(json.dumps({"counts": rows, "lanes": live["activity"], "workers": live["workers"],
-                          "running": live["running"], "schedules": live["schedules"]},
+                          "running": live["running"], "paused": live["paused"],
+                          "schedules": live["schedules"]},
                          default=str, indent=2))
         return 0
     _print_rows(rows, ["tenant_key", "job_kind", "status", "jobs"], False)
     _print_lanes(live)
+    print("\npaused (`jobpool resume` lets them be claimed again)")
+    print_pauses(live["paused"])
     from jobpool.cli_schedules import print_schedules
     print_schedules(live, _print_rows)
     return 0
@@ -534,6 +538,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     add_operator_command(sub, settings)
     add_api_command(sub, settings)
     add_import_command(sub, settings)
+    add_pause_commands(sub, settings)
     return parser
 
 

@@ -72,8 +72,10 @@ class UnknownKindError(JobpoolError, LookupError):
 class UnknownTenantError(JobpoolError, LookupError):
     """A tenant key or id that is not in mdm.aa_tenant."""
 
-    def __init__(self, ref: str) -> None:
-        super().__init__(f"unknown tenant {ref!r}: no row in mdm.aa_tenant has that key or id")
+    def __init__(self, ref: str, known: Iterable[str] = ()) -> None:
+        """known: tenant keys the caller may see, for a "did you mean" among them."""
+        super().__init__(f"unknown tenant {ref!r}{did_you_mean(ref, known)}: no row in "
+                         "mdm.aa_tenant has that key or id")
         self.ref = ref
 
 

@@ -61,6 +61,8 @@ QUEUE_GAUGES = (
     ("mdm_jobs_dlq", "dlq", "Jobs in the dead-letter queue."),
     ("mdm_jobs_ready_age_seconds", "ready_age",
      "Seconds since the oldest ready job became available (0 when none is ready)."),
+    ("mdm_jobs_paused", "paused",
+     "Pending jobs of a paused scope (`jobpool pause`): not claimed until resumed."),
 )
 """(metric, query column, help) of the per-(tenant, kind) gauges."""
 
@@ -272,7 +274,9 @@ class QueueGauges(Collector):
         for name, column, text in QUEUE_GAUGES:
             family = GaugeMetricFamily(name, text, labels=["tenant", "kind"])
             for row in self.rows:
-                family.add_metric([str(row["tenant"]), str(row["kind"])], float(row[column]))
+                # a snapshot taken before an upgrade lacks the newer columns
+                family.add_metric([str(row["tenant"]), str(row["kind"])],
+                                  float(row.get(column, 0)))
             yield family
         for name, column, text in WORKER_GAUGES:
             family = GaugeMetricFamily(name, text, labels=["pool", "lane"])

@@ -95,7 +95,7 @@ def test_the_overview_says_why_a_lanes_backlog_does_not_move(
     expect(lane).to_contain_text(f"{SLOTS} of {SLOTS}")
     expect(lane.locator("td").nth(2)).to_have_text("1")       # live workers
     expect(lane.locator("td").nth(4)).to_have_text("0")       # free slots
-    expect(lane.locator("td").nth(8)).to_have_text(
+    expect(lane.locator("td").nth(9)).to_have_text(
         re.compile(r"6 min \d+ s \(globex email_send\)"))
     running = page.locator("#overview-running tbody tr", has_text="slow_report")
     expect(running).to_have_count(SLOTS)

@@ -146,3 +146,17 @@ def test_the_minute_counter_forgets_what_is_older_than_a_minute() -> None:
     assert counter.total() == 1
     now[0] += 60
     assert (counter.total(), len(counter.buckets)) == (0, 0)
+
+
+def test_paused_ready_jobs_are_not_a_lanes_backlog_and_are_named_apart() -> None:
+    held = {**ready("globex", "email_send", 7, 900.0), "paused": True}
+    [idle] = lane_activity([DEFAULT], [worker("default", claims=0)], [], [held])
+    assert (idle.ready, idle.paused, idle.oldest_ready) == (0, 7, None)
+    assert idle.explanation == "7 ready job(s) paused (`jobpool paused` lists the pauses)"
+    [mixed] = lane_activity([DEFAULT], [worker("default", claims=3)], [],
+                            [held, ready("acme", "slow_report", 2, 30.0)])
+    assert (mixed.ready, mixed.paused) == (2, 7)
+    assert mixed.explanation is not None
+    assert mixed.explanation.startswith("working: 3 claims in the last minute; acme slow_report")
+    assert mixed.explanation.endswith("; 7 ready job(s) paused (`jobpool paused` lists the "
+                                      "pauses)")

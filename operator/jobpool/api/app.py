@@ -1,4 +1,5 @@
-"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin`, and the console.
+"""The admin REST API (aiohttp): DLQ, jobs, stats over `jobpool.admin`, pauses over
+`jobpool.pauses`, and the console.
 
 Every /v1 route needs a Bearer token with `manage_metadata` (`jobpool.api.auth`) and acts
 only on the tenants of the token's `tenants` claim: another tenant's job is a 404, as if it
@@ -28,15 +29,23 @@ import psycopg
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobpool import admin
+from jobpool import admin, pauses
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, Principal, TokenVerifier
 from jobpool.api.database import DatabaseAway, DatabaseLink
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.api.overview import audit_entry, gather_overview, job_history
 from jobpool.core.actors import token_subject
+from jobpool.core.pause_scopes import check_reason, check_scope
 from jobpool.core.tenants import tenant_ref
-from jobpool.errors import JobNotFoundError, JobpoolError, JobStateError, UnknownTenantError
+from jobpool.errors import (
+    JobNotFoundError,
+    JobpoolError,
+    JobStateError,
+    UnknownKindError,
+    UnknownTenantError,
+)
+from jobpool.pauses import PauseScopeError
 
 log = logging.getLogger("jobpool.api")
 
@@ -113,8 +122,11 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         return problem(exc.status, exc.message, headers)
     except BadRequest as exc:
         return problem(400, str(exc))
-    except (JobNotFoundError, UnknownTenantError, AuditEntryNotFound) as exc:
+    except (JobNotFoundError, UnknownTenantError, UnknownKindError,
+            AuditEntryNotFound) as exc:
         return problem(404, str(exc))
+    except PauseScopeError as exc:
+        return problem(403, str(exc))
     except JobStateError as exc:
         return problem(409, str(exc))
     except web.HTTPException as exc:
@@ -273,6 +285,50 @@ async def discard_job(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+def _pause_scope(request: web.Request) -> dict[str, str | None]:
+    """The tenant and kind query parameters of a pause or resume, checked: BadRequest for a
+    bad name, PauseScopeError (403) for neither, a scope of everything, which is refused as
+    a kind for every tenant is refused to a scoped token (both are well-formed requests)."""
+    kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
+    tenant = _query_tenant(request)
+    try:
+        check_scope(tenant, kind)
+    except ValueError as exc:
+        raise PauseScopeError(f"{exc}: give the tenant and/or kind query parameters") from None
+    return {"tenant": tenant, "kind": kind}
+
+
+async def list_pauses(request: web.Request) -> web.Response:
+    """GET /v1/pauses: the paused scopes holding the token's tenants."""
+    async with request.app[DATABASE].connection() as conn:
+        return ok({"items": await pauses.list_pauses(conn, tenants=_tenants(request))})
+
+
+async def pause(request: web.Request) -> web.Response:
+    """POST /v1/pauses?tenant&kind&reason: 201 paused, 200 when it was paused already."""
+    scope = _pause_scope(request)
+    try:
+        reason = check_reason(request.query.get("reason"))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    principal = request[PRINCIPAL]
+    async with request.app[DATABASE].connection() as conn:
+        row, created = await pauses.pause(
+            conn, **scope, reason=reason, actor=token_subject(principal.subject),
+            tenants=principal.tenants)
+    return ok(row, status=201 if created else 200)
+
+
+async def resume(request: web.Request) -> web.Response:
+    """DELETE /v1/pauses?tenant&kind: the pause that ended; 409 when it was not paused."""
+    scope = _pause_scope(request)
+    principal = request[PRINCIPAL]
+    async with request.app[DATABASE].connection() as conn:
+        row = await pauses.resume(conn, **scope, actor=token_subject(principal.subject),
+                                  tenants=principal.tenants)
+    return ok(row)
+
+
 async def overview(request: web.Request) -> web.Response:
     """GET /v1/overview: live counts with the ready backlog's age, lanes, rate-limited pairs."""
     lanes = request.app[LANES]
@@ -351,6 +407,9 @@ def build_app(database: DatabaseLink | AsyncConnectionPool[Any], verifier: Token
     routes.add_delete("/v1/jobs/{id}", discard_job)
     routes.add_post("/v1/jobs/{id}/replay", _action(admin.replay))
     routes.add_post("/v1/jobs/{id}/stop", _action(admin.stop))
+    routes.add_get("/v1/pauses", list_pauses, allow_head=False)
+    routes.add_post("/v1/pauses", pause)
+    routes.add_delete("/v1/pauses", resume)
     routes.add_get("/v1/stats", stats, allow_head=False)
     routes.add_get("/openapi.json", openapi, allow_head=False)
     routes.add_get("/healthz", healthz, allow_head=False)

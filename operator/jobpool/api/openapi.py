@@ -15,6 +15,7 @@ from jobpool.admin import (
 )
 from jobpool.core.actors import ActorKind
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
+from jobpool.core.pause_scopes import MAX_REASON
 from jobpool.core.tenants import TENANT_REF_PATTERN
 from jobpool.db.live_workers import MAX_RUNNING_SHOWN
 
@@ -116,6 +117,8 @@ _LANE_ACTIVITY = {
                            "ready": _COUNT, "wait_seconds": {"type": "number", "minimum": 0}}},
         "explanation": {**_NULLABLE_TEXT,
                         "description": "why the ready jobs wait; null when none wait"},
+        "paused": {**_COUNT, "description": "ready jobs the lane serves that a pause holds "
+                                            "(not in ready)"},
     },
 }
 
@@ -153,7 +156,7 @@ _RUNNING_JOB = {
 _OVERVIEW = {
     "type": "object",
     "required": ["now", "counts", "lanes", "activity", "workers", "running", "rate_limits",
-                 "schedules"],
+                 "schedules", "paused"],
     "properties": {
         "now": _TIME,
         "counts": {"type": "array", "items": {
@@ -170,6 +173,8 @@ _OVERVIEW = {
                           "description": "pending jobs whose available_at has come"},
                 "ready_age_seconds": {"type": "number", "minimum": 0,
                                       "description": "age of the oldest ready job; 0 if none"},
+                "paused": {"type": "boolean",
+                           "description": "a paused scope holds the (tenant, kind) pair"},
             }}},
         "lanes": {"type": "array", "items": {
             "type": "object",
@@ -228,8 +233,30 @@ _OVERVIEW = {
                 "last_error": {"type": "string", "nullable": True},
             }},
             "description": "schedules with their last and next run (docs/schedules.md)"},
+        "paused": {"type": "array", "items": {"$ref": "#/components/schemas/Pause"},
+                   "description": "the paused scopes holding the token's tenants"},
     },
 }
+
+_PAUSE = {
+    "type": "object",
+    "description": "a paused scope: a (tenant, kind) pair, a kind for every tenant (tenant "
+                   "null) or a tenant for every kind (kind null)",
+    "required": ["tenant", "tenant_id", "kind", "paused_by", "paused_at", "reason"],
+    "properties": {
+        "tenant": _NULLABLE_TEXT,
+        "tenant_id": {"type": "string", "format": "uuid", "nullable": True},
+        "kind": _NULLABLE_TEXT,
+        "paused_by": {"type": "string", "description": "the actor who paused it"},
+        "paused_at": _TIME,
+        "reason": _NULLABLE_TEXT,
+        "pending": {**_COUNT, "description": "pending jobs it holds (lists only)"},
+        "ready": {**_COUNT, "description": "ready jobs it holds (lists only)"},
+    },
+}
+_PAUSES = {"type": "object", "required": ["items"],
+           "properties": {"items": {"type": "array",
+                                    "items": {"$ref": "#/components/schemas/Pause"}}}}
 
 _AUDIT_FIELDS = {
     "id": {"type": "integer"},
@@ -328,6 +355,25 @@ _JOB_ID = {"name": "id", "in": "path", "required": True,
 _AUDIT_ID = {"name": "id", "in": "path", "required": True,
              "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
 _JOB_REF = {"$ref": "#/components/schemas/Job"}
+_PAUSE_REF = {"$ref": "#/components/schemas/Pause"}
+_SCOPE = [
+    {"name": "tenant", "in": "query",
+     "description": "tenant key or id; absent: every tenant (platform-wide tokens only)",
+     "schema": {"type": "string", "pattern": TENANT_REF_PATTERN}},
+    {"name": "kind", "in": "query", "description": "job kind; absent: every kind",
+     "schema": {"type": "string", "pattern": KIND_NAME}},
+]
+_REASON = {"name": "reason", "in": "query", "description": "why, shown with the pause",
+           "schema": {"type": "string", "maxLength": MAX_REASON}}
+_SCOPE_ERRORS = {
+    **_COMMON_ERRORS,
+    "400": _problem(f"a bad tenant, kind or reason, or {_BODY}"),
+    "403": _problem("the token lacks manage_metadata or the tenants claim; or the request "
+                    "names neither tenant nor kind (every kind of every tenant is never "
+                    "paused), or no tenant with a token scoped to tenants"),
+    "404": _problem("no tenant with that key or id among the token's tenants, or no such "
+                    "registered kind"),
+}
 
 
 def document() -> dict[str, Any]:
@@ -338,8 +384,9 @@ def document() -> dict[str, Any]:
             "title": "jobpool admin API",
             "version": "1",
             "description": "Inspect and repair the job queue: DLQ list, replay, discard, stop, "
-                           "counts. Every /v1 call needs a Bearer JWT whose permissions "
-                           "contain manage_metadata; its sub is the audit actor. Its tenants "
+                           "pause and resume, counts. Every /v1 call needs a Bearer JWT "
+                           "whose permissions contain manage_metadata; its sub is the audit "
+                           "actor. Its tenants "
                            "claim (a list of tenant keys, or \"*\" for every tenant) limits "
                            "what it sees and changes: another tenant's job is a 404.",
         },
@@ -413,6 +460,29 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _ok("the stopped job", _JOB_REF, _job_links("/id")),
                               "409": _problem("the job is done or already stopped"),
                               **_JOB_ERRORS}}},
+            "/v1/pauses": {
+                "get": {"operationId": "listPauses",
+                        "summary": "the paused scopes holding the token's tenants, oldest "
+                                   "first, with the jobs each holds",
+                        "responses": {"200": _ok("the paused scopes", _PAUSES),
+                                      **_COMMON_ERRORS}},
+                "post": {"operationId": "pause",
+                         "summary": "pause a scope: its ready jobs stay pending, unclaimed "
+                                    "(no attempt used), until resumed; running jobs finish; "
+                                    "audited",
+                         "parameters": [*_SCOPE, _REASON],
+                         "responses": {"201": _ok("paused", _PAUSE_REF),
+                                       "200": _ok("paused already (by whom, since when)",
+                                                  _PAUSE_REF),
+                                       **_SCOPE_ERRORS}},
+                "delete": {"operationId": "resume",
+                           "summary": "resume a paused scope (as it was paused: resuming a "
+                                      "tenant leaves its paused pairs paused); audited",
+                           "parameters": _SCOPE,
+                           "responses": {"200": _ok("the pause that ended", _PAUSE_REF),
+                                         "409": _problem("the scope is not paused"),
+                                         **_SCOPE_ERRORS}},
+            },
             "/v1/me": {"get": {
                 "operationId": "whoami",
                 "summary": "the token's subject and tenant scope",
@@ -422,7 +492,7 @@ def document() -> dict[str, Any]:
                 "summary": "pending, running and DLQ jobs per tenant, kind and status with "
                            "the ready backlog's age, the pool's lanes with their live "
                            "workers, running jobs and why their backlog waits, rate-limited "
-                           "(tenant, kind) pairs",
+                           "(tenant, kind) pairs, paused scopes",
                 "responses": {"200": _ok("the overview", _OVERVIEW), **_COMMON_ERRORS}}},
             "/v1/stats": {"get": {
                 "operationId": "stats",
@@ -445,6 +515,7 @@ def document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "bearerFormat": "JWT"}},
-            "schemas": {"Job": _JOB, "DlqJob": _DLQ_ITEM, "Problem": _PROBLEM},
+            "schemas": {"Job": _JOB, "DlqJob": _DLQ_ITEM, "Pause": _PAUSE,
+                        "Problem": _PROBLEM},
         },
     }

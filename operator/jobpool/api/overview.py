@@ -1,6 +1,6 @@
 """What the operations console's overview shows: live counts, lanes with their live workers,
-running jobs and what holds their backlog (`core.lane_activity`), rate-limited pairs,
-schedules with their last and next run.
+running jobs and what holds their backlog (`core.lane_activity`), rate-limited pairs, paused
+scopes, schedules with their last and next run.
 
 `gather_overview` reads the database; the functions below it are pure and take the rows
 (and the configured lanes) as arguments, so that the tenant scope is applied in one place.
@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from jobpool.admin import preview_params
 from jobpool.core.actors import actor_kind, actor_name
 from jobpool.core.lane_activity import lane_activity
+from jobpool.core.pause_scopes import with_held_jobs
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.live_workers import live_workers, running_jobs
 from jobpool.db.store import fetch_all, fetch_one
@@ -43,6 +44,7 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
     workers = scoped_workers(await live_workers(conn), tenants)
     running = await running_jobs(conn, tenants=keys)
     shown_lanes = scoped_lanes(lanes, tenants)
+    paused = with_held_jobs(await fetch_all(conn, "list_pauses", {"tenants": keys}), counts)
     return {
         "now": now,
         "counts": counts,
@@ -53,6 +55,7 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
         "running": running,
         "rate_limits": rate_limited_pairs(limits, waiting),
         "schedules": scoped_schedules(await fetch_all(conn, "list_schedules"), tenants),
+        "paused": paused,
     }
 
 

@@ -59,10 +59,12 @@ class LaneActivity:
     claims_per_minute: int
     completions_per_minute: int
     ready: int
-    """Ready jobs the lane serves (of the tenants in scope)."""
+    """Ready jobs the lane serves (of the tenants in scope), not counting paused ones."""
     oldest_ready: ReadyWait | None
     running: tuple[RunningJob, ...] = field(default=())
     explanation: str | None = None
+    paused: int = 0
+    """Ready jobs the lane serves that a pause holds (`jobpool pause`)."""
 
     @property
     def free(self) -> int:
@@ -94,10 +96,17 @@ def explain_lane(lane: LaneActivity) -> str | None:
     In order: no live worker; every slot busy (with which kinds, and for how long at least:
     the youngest running job's age); free slots but no claim in the last minute (the workers
     claim nothing they could take: their log says why); else the lane is working through it.
+    Paused ready jobs are named apart: nothing claims them until they are resumed.
     """
     waits = lane.oldest_ready
+    held = (f"; {lane.paused} ready job(s) paused (`jobpool paused` lists the pauses)"
+            if lane.paused else "")
     if waits is None:
-        return None
+        return held[2:] or None
+    return _explain_backlog(lane, waits) + held
+
+
+def _explain_backlog(lane: LaneActivity, waits: ReadyWait) -> str:
     backlog = (f"{waits.tenant} {waits.kind}: {waits.ready} ready, the oldest waiting "
                f"{duration_text(waits.wait_seconds)}")
     if lane.workers == 0:
@@ -134,7 +143,8 @@ def lane_activity(
     tenants (empty: all); workers: live worker rows (lane, kinds, tenants, slots, busy_slots,
     claims_last_minute, completions_last_minute); running: running job rows (id, tenant,
     kind, holder, age_seconds, lane, holder_live); counts: overview counts rows (tenant,
-    tenant_id, kind, status, ready, ready_age_seconds). A lane known only from its workers
+    tenant_id, kind, status, ready, ready_age_seconds, and paused: whether a pause holds the
+    pair, absent: no). A lane known only from its workers
     serves what they serve.
     """
     configured = {lane["name"]: lane for lane in lanes}
@@ -151,8 +161,9 @@ def lane_activity(
         members = by_lane.get(name, [])
         config = configured.get(name) if name is not None else None
         served = _served_by_config(config) if config is not None else _served_by_workers(members)
-        ready_rows = [c for c in counts if c["status"] == "pending" and int(c["ready"]) > 0
-                      and served(c)]
+        served_rows = [c for c in counts if c["status"] == "pending" and int(c["ready"]) > 0
+                       and served(c)]
+        ready_rows = [c for c in served_rows if not c.get("paused")]
         activity = LaneActivity(
             lane=name, configured=config is not None, workers=len(members),
             slots=sum(int(w["slots"]) for w in members),
@@ -162,6 +173,7 @@ def lane_activity(
             ready=sum(int(c["ready"]) for c in ready_rows),
             oldest_ready=_oldest(ready_rows),
             running=tuple(j for j in jobs if j.holder_live and j.lane == name),
+            paused=sum(int(c["ready"]) for c in served_rows if c.get("paused")),
         )
         shown.append(replace(activity, explanation=explain_lane(activity)))
     return shown

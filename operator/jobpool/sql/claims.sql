@@ -8,7 +8,8 @@
 -- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
 -- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
 -- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
--- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later). Rows of
+-- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later) and the
+-- paused ones (mdm.aa_pause), whose backlog so costs one descent and no lock. Rows of
 -- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, last turn) are
 -- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
 -- by priority, then by the row's rank among its tenant's rows of that priority, then by the
@@ -16,7 +17,10 @@
 -- priority level tenants take turns (round robin), across levels priority rules.
 WITH RECURSIVE
 kinds AS (
-    SELECT DISTINCT unnest(%(kinds)s::text[]) AS job_kind
+    -- a kind paused for every tenant is not walked at all
+    SELECT DISTINCT k.job_kind FROM unnest(%(kinds)s::text[]) AS k(job_kind)
+     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_pause p
+                        WHERE p.tenant_id IS NULL AND p.job_kind = k.job_kind)
 ),
 scanned AS (
     -- every tenant (%(tenants)s null): the head of each pair, walking the tenants of a kind
@@ -53,7 +57,8 @@ heads AS (
             LIMIT 1) h
 ),
 open_heads AS (
-    -- heads of the pairs not throttled, with their tenant's last turn and rank in the tenant
+    -- heads of the pairs not throttled nor paused, with their tenant's last turn and rank in
+    -- the tenant
     SELECT h.*, tt.turn_at,
            row_number() OVER (PARTITION BY h.tenant_id
                               ORDER BY h.priority, h.available_at, h.id) AS pair_rank
@@ -61,6 +66,10 @@ open_heads AS (
       LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
      WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
                         WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)
+       -- paused: the pair, or its tenant for every kind (ix_aa_pause_lookup)
+       AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause p
+                        WHERE p.tenant_id = h.tenant_id
+                          AND (p.job_kind = h.job_kind OR p.job_kind IS NULL))
 ),
 chosen AS (
     SELECT job_kind, tenant_id, turn_at

@@ -5,8 +5,8 @@
 -- Election: that process locks the snapshot row (the others skip the locked row and serve
 -- the previous snapshot), so the grouped count over the queue runs once per interval for the
 -- whole pool, whatever the number of workers. gauges: one JSON array of {tenant, kind,
--- pending, ready, running, dlq, ready_age}; age: seconds since it was taken; computed: whether
--- this call took it.
+-- pending, ready, running, dlq, ready_age, paused (pending jobs a pause holds)}; age: seconds
+-- since it was taken; computed: whether this call took it.
 WITH elected AS (
     SELECT singleton
       FROM mdm.aa_queue_gauges
@@ -26,11 +26,17 @@ WITH elected AS (
                               coalesce(extract(epoch FROM now() - min(j.available_at)
                                        FILTER (WHERE j.status = 'pending'
                                                  AND j.available_at <= now())),
-                                       0)::float8 AS ready_age
+                                       0)::float8 AS ready_age,
+                              CASE WHEN EXISTS (
+                                        SELECT 1 FROM mdm.aa_pause p
+                                         WHERE (p.tenant_id = j.tenant_id OR p.tenant_id IS NULL)
+                                           AND (p.job_kind = j.job_kind OR p.job_kind IS NULL))
+                                   THEN count(*) FILTER (WHERE j.status = 'pending')
+                                   ELSE 0 END AS paused
                          FROM mdm.aa_job j
                          JOIN mdm.aa_tenant t ON t.id = j.tenant_id
                         WHERE j.status IN ('pending', 'running', 'dlq')
-                        GROUP BY t.key, j.job_kind) AS c)
+                        GROUP BY t.key, j.tenant_id, j.job_kind) AS c)
       FROM elected
      WHERE g.singleton = elected.singleton
     RETURNING g.taken_at, g.gauges

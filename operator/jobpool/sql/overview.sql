@@ -1,7 +1,7 @@
 -- Named queries of the operations overview (the admin API's /v1/overview and job history).
 
 -- name: overview_counts :many
--- Live jobs per tenant, kind and status (pending, running, dlq) with ready ones and the oldest ready job's age in seconds, of the tenants with the given keys (NULL: every tenant).
+-- Live jobs per tenant, kind and status (pending, running, dlq) with ready ones, the oldest ready job's age in seconds and whether a pause holds the pair, of the tenants with the given keys (NULL: every tenant).
 -- One branch per status, so that each reads its own partial index rather than the table
 -- (done and stopped jobs are not read at all).
 WITH live AS (
@@ -16,7 +16,10 @@ SELECT t.key AS tenant, j.tenant_id, j.job_kind AS kind, j.status::text AS statu
        count(*) FILTER (WHERE j.status = 'pending' AND j.available_at <= now())::bigint AS ready,
        coalesce(extract(epoch FROM now() - min(j.available_at)
                         FILTER (WHERE j.status = 'pending' AND j.available_at <= now())),
-                0)::float8 AS ready_age_seconds
+                0)::float8 AS ready_age_seconds,
+       EXISTS (SELECT 1 FROM mdm.aa_pause p
+                WHERE (p.tenant_id = j.tenant_id OR p.tenant_id IS NULL)
+                  AND (p.job_kind = j.job_kind OR p.job_kind IS NULL)) AS paused
   FROM live j
   JOIN mdm.aa_tenant t ON t.id = j.tenant_id
  WHERE %(tenants)s::text[] IS NULL OR t.key = ANY(%(tenants)s::text[])

@@ -5,8 +5,17 @@
 -- each count reads at most `cap` entries of ix_aa_job_lane (ready) or ix_aa_job_running,
 -- whatever the backlog. The lane's kinds are the registered kinds it serves (every job's kind
 -- is registered), so the walk goes by kind, then tenant, like the claim's.
+-- Paused work is no demand: the ready count leaves out kinds paused for every tenant (not
+-- walked at all) and the jobs of paused pairs and tenants (their index entries are read and
+-- skipped, at most the paused backlog); running jobs are counted until they finish.
 WITH lane AS (
     SELECT l.name,
+           array(SELECT k.name FROM mdm.aa_job_kind AS k
+                  WHERE (l.kinds IS NULL OR k.name = ANY (l.kinds))
+                    AND NOT (k.name = ANY (coalesce(l.exclude_kinds, '{}')))
+                    AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause AS p
+                                     WHERE p.tenant_id IS NULL AND p.job_kind = k.name))
+               AS ready_kinds,
            array(SELECT k.name FROM mdm.aa_job_kind AS k
                   WHERE (l.kinds IS NULL OR k.name = ANY (l.kinds))
                     AND NOT (k.name = ANY (coalesce(l.exclude_kinds, '{}')))) AS kinds,
@@ -22,13 +31,21 @@ SELECT lane.name AS lane,
        CASE WHEN lane.tenant_ids IS NULL
             THEN (SELECT count(*) FROM (
                          SELECT 1 FROM mdm.aa_job AS j
-                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.kinds)
+                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.ready_kinds)
                             AND j.available_at <= now()
+                            AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause AS p
+                                             WHERE p.tenant_id = j.tenant_id
+                                               AND (p.job_kind = j.job_kind
+                                                    OR p.job_kind IS NULL))
                           LIMIT lane.cap) AS ready)
             ELSE (SELECT count(*) FROM (
                          SELECT 1 FROM mdm.aa_job AS j
-                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.kinds)
+                          WHERE j.status = 'pending' AND j.job_kind = ANY (lane.ready_kinds)
                             AND j.tenant_id = ANY (lane.tenant_ids) AND j.available_at <= now()
+                            AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause AS p
+                                             WHERE p.tenant_id = j.tenant_id
+                                               AND (p.job_kind = j.job_kind
+                                                    OR p.job_kind IS NULL))
                           LIMIT lane.cap) AS ready)
        END AS ready,
        (SELECT count(*) FROM (

@@ -242,6 +242,7 @@
       }
       const p = pairs.get(key);
       p[c.status] = c.jobs;
+      if (c.paused) p.paused = true;
       if (c.status === "pending") {
         p.ready = c.ready;
         p.age = c.ready_age_seconds;
@@ -253,13 +254,15 @@
       : "0";
     fill("overview-counts", table(
       ["Tenant", "Kind", num("Pending"), num("Ready"), num("Oldest ready"), num("Running"),
-       num("DLQ")],
-      [...pairs.values()].map((p) => el("tr", {},
+       num("DLQ"), "Paused"],
+      [...pairs.values()].map((p) => el("tr", {"data-pair": `${p.tenant} ${p.kind}`},
         el("td", {}, p.tenant), el("td", {}, p.kind), el("td", {className: "num"}, p.pending),
         el("td", {className: "num"}, p.ready),
         el("td", {className: p.age > 300 ? "num warn" : "num"}, p.ready ? duration(p.age) : ""),
-        el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)))),
+        el("td", {className: "num"}, p.running), el("td", {className: "num"}, dlqLink(p)),
+        el("td", {}, pairControl(p, data.paused)))),
       "No pending, running or DLQ jobs."));
+    renderPauses(data.paused);
     renderLanes(data);
     fill("overview-limits", table(
       ["Tenant", "Kind", "Limit", num("Waiting"), "Next due"],
@@ -284,6 +287,91 @@
       "No schedules."));
     $("overview-updated").textContent =
       `Updated ${new Date().toLocaleTimeString(undefined, {timeZoneName: "short"})}.`;
+  }
+
+  // -- pause and resume ---------------------------------------------------------------------
+
+  function scopeOf(p) {
+    if (p.tenant !== null && p.kind !== null) return `tenant ${p.tenant}, kind ${p.kind}`;
+    return p.kind !== null ? `kind ${p.kind} (every tenant)` : `tenant ${p.tenant} (every kind)`;
+  }
+
+  function scopeQuery(tenant, kind) {
+    const query = new URLSearchParams();
+    if (tenant) query.set("tenant", tenant);
+    if (kind) query.set("kind", kind);
+    return query;
+  }
+
+  // a pair's own pause can be resumed here; one held by a wider pause names that pause
+  function pairControl(pair, paused) {
+    const own = paused.find((p) => p.tenant === pair.tenant && p.kind === pair.kind);
+    if (own) return el("button", {type: "button", className: "secondary",
+                                  onclick: () => askResume(own)}, "Resume");
+    const wider = paused.find((p) => (p.tenant === null || p.tenant === pair.tenant) &&
+                                     (p.kind === null || p.kind === pair.kind));
+    if (wider) return el("span", {className: "warn"}, `held: ${scopeOf(wider)}`);
+    return el("button", {type: "button", className: "secondary",
+                         onclick: () => fillPauseForm(pair.tenant, pair.kind)}, "Pause…");
+  }
+
+  function fillPauseForm(tenant, kind) {
+    $("pause-tenant").value = tenant || "";
+    $("pause-kind").value = kind || "";
+    $("pause-reason").focus();
+  }
+
+  function renderPauses(paused) {
+    const now = Date.now();
+    fill("overview-paused", table(
+      ["Tenant", "Kind", num("Pending"), num("Ready"), "Paused by", "Since", "Reason", ""],
+      paused.map((p) => el("tr", {"data-pause": scopeOf(p)},
+        el("td", {}, p.tenant === null ? "every tenant" : p.tenant),
+        el("td", {}, p.kind === null ? "every kind" : p.kind),
+        el("td", {className: "num"}, p.pending), el("td", {className: "num"}, p.ready),
+        el("td", {}, p.paused_by), el("td", {}, `${since(p.paused_at, now)} ago`),
+        el("td", {}, p.reason || "—"),
+        el("td", {}, el("button", {type: "button", onclick: () => askResume(p)}, "Resume")))),
+      "Nothing is paused."));
+  }
+
+  function askPause(event) {
+    event.preventDefault();
+    const tenant = $("pause-tenant").value.trim();
+    const kind = $("pause-kind").value.trim();
+    const reason = $("pause-reason").value.trim();
+    if (!tenant && !kind) {
+      flash("Name a tenant, a kind, or both to pause.", "error");
+      return;
+    }
+    const query = scopeQuery(tenant, kind);
+    if (reason) query.set("reason", reason);
+    const scope = scopeOf({tenant: tenant || null, kind: kind || null});
+    askConfirmation(
+      `Pause ${scope}? Its ready jobs stay pending and no worker claims them until it is ` +
+      `resumed; running jobs finish. The audit log records the pause as ${principal.sub}.`,
+      "Pause", () => changePause("POST", query, `Paused ${scope}.`, () => {
+        $("pause-form").reset();
+      }));
+  }
+
+  function askResume(p) {
+    askConfirmation(
+      `Resume ${scopeOf(p)}? Workers claim its ready jobs again (a pair another pause holds ` +
+      `stays paused). The audit log records the resume as ${principal.sub}.`,
+      "Resume", () => changePause("DELETE", scopeQuery(p.tenant_id || p.tenant, p.kind),
+                                  `Resumed ${scopeOf(p)}.`));
+  }
+
+  async function changePause(method, query, done, after) {
+    try {
+      await api(method, `/v1/pauses?${query}`);
+      flash(done, "info");
+      if (after) after();
+    } catch (error) {
+      flash(`Not done: ${error.message}`, "error");
+    }
+    loadOverview();
   }
 
   // -- lanes: live workers, running jobs and why a backlog waits ----------------------------
@@ -322,7 +410,7 @@
       : []);
     fill("overview-lanes", table(
       ["Lane", "Serves", "Live workers", "Busy slots", "Free slots", "Claims/min", "Done/min",
-       "Ready", "Oldest ready waits", "Why it waits", "Configured"],
+       "Ready", "Paused", "Oldest ready waits", "Why it waits", "Configured"],
       data.activity.map((a) => el("tr", {"data-lane": laneName(a.lane)},
         el("td", {}, laneName(a.lane)),
         el("td", {}, served(config.get(a.lane))),
@@ -332,6 +420,7 @@
         el("td", {className: "num"}, a.claims_per_minute),
         el("td", {className: "num"}, a.completions_per_minute),
         el("td", {className: "num"}, a.ready),
+        el("td", {className: a.paused ? "num warn" : "num"}, a.paused),
         el("td", {className: a.oldest_ready && a.oldest_ready.wait_seconds > 300
                     ? "num warn" : "num"},
            a.oldest_ready ? `${duration(a.oldest_ready.wait_seconds)} (` +
@@ -503,7 +592,7 @@
   function askConfirmation(text, verb, action) {
     $("confirm-text").textContent = text;
     $("confirm-ok").textContent = verb;
-    $("confirm-ok").className = verb === "Replay" ? "" : "danger";
+    $("confirm-ok").className = ["Replay", "Resume"].includes(verb) ? "" : "danger";
     confirmAction = action;
     $("confirm").showModal();
   }
@@ -655,6 +744,7 @@
                                ["kind", $("dlq-kind").value.trim()]]);
     });
     $("dlq-clear").addEventListener("click", () => { location.hash = "#/dlq"; });
+    $("pause-form").addEventListener("submit", askPause);
     $("dlq-next").addEventListener("click", () => {
       const params = new URLSearchParams(dlqState.params);
       params.set("after", String(dlqState.nextAfter));

@@ -1,0 +1,288 @@
+"""Pause and resume on the real server: claims leave paused work alone, resume lets it go,
+every change is audited with its actor, and every view of the queue shows what is held."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from integration.helpers import prepare, scalar
+from integration.test_api import Client, api, token  # noqa: F401 (the api fixture)
+from jobpool import pauses
+from jobpool.cli import main
+from jobpool.core.poolspec import load_pool
+from jobpool.db.connect import open_pool
+from jobpool.db.lane_counts import count_lane_jobs
+from jobpool.db.store import QueueStore
+from jobpool.errors import UnknownKindError, UnknownTenantError
+from jobpool.metrics import QueueGauges, WorkerMetrics
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+KIND = "test_record"
+OTHER = "test_fail"
+
+
+@pytest.fixture
+async def store(conn: Conn, dsn: str) -> AsyncIterator[QueueStore]:
+    await prepare(conn)
+    pool = open_pool(dsn, size=4)
+    await pool.open()
+    try:
+        async with QueueStore(pool, worker_id="host/1/pauses", actor="w") as store:
+            yield store
+    finally:
+        await pool.close()
+
+
+async def _tenant(conn: Conn, key: str) -> uuid.UUID:
+    return uuid.UUID(str(await scalar(
+        conn, "INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))))
+
+
+async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, kind: str = KIND) -> list[int]:
+    cur = await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, available_at, max_attempts)"
+        " SELECT %s, %s, now() - interval '1 minute', 5 FROM generate_series(1, %s)"
+        " RETURNING id", (tenant, kind, count))
+    return [int(row["id"]) for row in await cur.fetchall()]
+
+
+async def _claim_all(store: QueueStore, kinds: Sequence[str] = (KIND, OTHER),
+                     tenants: Sequence[uuid.UUID] | None = None) -> set[int]:
+    claimed: set[int] = set()
+    while rows := await store.claim(kinds=kinds, tenants=tenants, limit=3):
+        claimed |= {int(row["id"]) for row in rows}
+    return claimed
+
+
+async def _untouched(conn: Conn, ids: list[int]) -> bool:
+    """Whether every job of `ids` is still pending with no attempt used."""
+    return bool(await scalar(
+        conn, "SELECT bool_and(status = 'pending' AND attempts = 0 AND claimed_by IS NULL)"
+        " FROM mdm.aa_job WHERE id = ANY(%s)", (ids,)))
+
+
+async def _pause(conn: Conn, tenant: str | None, kind: str | None, actor: str = "user:oncall",
+                 reason: str | None = None) -> None:
+    await pauses.pause(conn, tenant=tenant, kind=kind, actor=actor, reason=reason)
+
+
+async def _resume(conn: Conn, tenant: str | None, kind: str | None,
+                  actor: str = "user:oncall") -> None:
+    await pauses.resume(conn, tenant=tenant, kind=kind, actor=actor)
+
+
+async def _audit(conn: Conn) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        "SELECT action::text AS action, actor_principal_id AS actor, tenant_id, payload"
+        " FROM mdm.aa_audit_log WHERE action IN ('work_paused', 'work_resumed') ORDER BY id")
+    return await cur.fetchall()
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+async def test_a_paused_pair_is_not_claimed_while_another_tenants_is(
+        conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    held = await _jobs(conn, a, 5)
+    a_other_kind = await _jobs(conn, a, 2, kind=OTHER)
+    b_same_kind = await _jobs(conn, b, 2)
+    await _pause(conn, "a", KIND)
+    assert await _claim_all(store) == set(a_other_kind + b_same_kind)
+    assert await _untouched(conn, held)
+
+    await _resume(conn, "a", KIND)
+    assert await _claim_all(store) == set(held)
+
+
+async def test_a_kind_paused_for_every_tenant_is_claimed_by_no_worker(
+        conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    held = await _jobs(conn, a, 3) + await _jobs(conn, b, 3)
+    free = await _jobs(conn, a, 2, kind=OTHER)
+    await _pause(conn, None, KIND)
+    assert await _claim_all(store) == set(free)
+    assert await _claim_all(store, tenants=[a, b]) == set()  # a worker of its own tenants
+    assert await _untouched(conn, held)
+    await _resume(conn, None, KIND)
+    assert await _claim_all(store, tenants=[a, b]) == set(held)
+
+
+async def test_a_paused_tenant_keeps_every_kind_and_its_paused_pair_outlives_its_resume(
+        conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a_kind, a_other = await _jobs(conn, a, 2), await _jobs(conn, a, 2, kind=OTHER)
+    b_jobs = await _jobs(conn, b, 2)
+    await _pause(conn, "a", None)
+    await _pause(conn, "a", OTHER)
+    assert await _claim_all(store) == set(b_jobs)
+    assert await _untouched(conn, a_kind + a_other)
+    await _resume(conn, "a", None)  # the tenant; its (a, test_fail) pause stays
+    assert await _claim_all(store) == set(a_kind)
+    assert await _untouched(conn, a_other)
+
+
+async def test_pause_and_resume_are_audited_with_their_actor(conn: Conn, store: QueueStore,
+                                                            tenant: uuid.UUID) -> None:
+    await _pause(conn, "acme", KIND, actor="user:alice", reason="mail provider down")
+    again, created = await pauses.pause(conn, tenant="acme", kind=KIND, actor="user:bob")
+    assert not created and again["paused_by"] == "user:alice"  # kept, not audited again
+    await _resume(conn, str(tenant).upper(), KIND, actor="token:carol")  # or its id
+    rows = await _audit(conn)
+    assert [(r["action"], r["actor"], r["tenant_id"]) for r in rows] == [
+        ("work_paused", "user:alice", tenant), ("work_resumed", "token:carol", tenant)]
+    assert rows[0]["payload"] == {"kind": KIND, "reason": "mail provider down",
+                                  "tenant_scope": "*"}
+    assert rows[1]["payload"]["paused_by"] == "user:alice"
+
+
+async def test_resume_of_what_is_not_paused_names_what_is(conn: Conn, store: QueueStore,
+                                                         tenant: uuid.UUID) -> None:
+    await _pause(conn, None, OTHER)
+    with pytest.raises(pauses.NotPausedError,
+                       match=r"tenant acme, kind test_record is not paused \(paused: kind "
+                             r"test_fail \(every tenant\)\)"):
+        await _resume(conn, "acme", KIND)
+
+
+async def test_bad_names_get_errors_that_name_them(conn: Conn, store: QueueStore,
+                                                   tenant: uuid.UUID) -> None:
+    with pytest.raises(UnknownTenantError, match=r"unknown tenant 'acne' \(did you mean 'acme'"):
+        await _pause(conn, "acne", KIND)
+    with pytest.raises(UnknownKindError,
+                       match=r"unknown job kind 'test_recrod' \(did you mean 'test_record'"):
+        await _pause(conn, "acme", "test_recrod")
+    with pytest.raises(ValueError, match="invalid job kind name 'Email'"):
+        await _pause(conn, "acme", "Email")
+    with pytest.raises(ValueError, match="neither a tenant key"):
+        await _pause(conn, "ACME!", KIND)
+    with pytest.raises(ValueError, match="name what to pause"):
+        await _pause(conn, None, None)
+    with pytest.raises(ValueError, match="at most 500 characters"):
+        await _pause(conn, "acme", KIND, reason="x" * 501)
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_pause") == 0
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+def test_the_cli_pauses_lists_and_resumes(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as sync:
+        sync.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('acme')")
+        sync.execute("INSERT INTO mdm.aa_job_kind (name) VALUES ('email_send')"
+                     " ON CONFLICT DO NOTHING")
+    base = ["--dsn", dsn]
+    assert main(["pause", *base, "--tenant", "acme", "--kind", "email_send", "--reason",
+                 "provider down", "--actor", "oncall"]) == 0
+    assert capsys.readouterr().out == "paused tenant acme, kind email_send\n"
+    assert main(["paused", *base, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(p["tenant"], p["kind"], p["paused_by"], p["reason"]) for p in listed] == [
+        ("acme", "email_send", "user:oncall", "provider down")]
+    assert main(["status", *base, "--json"]) == 0
+    assert [p["kind"] for p in json.loads(capsys.readouterr().out)["paused"]] == ["email_send"]
+    assert main(["status", *base]) == 0
+    assert "acme    email_send" in capsys.readouterr().out
+
+    assert main(["pause", *base, "--tenant", "acme", "--kind", "email_sned"]) == 2
+    assert "did you mean 'email_send'" in capsys.readouterr().err
+    assert main(["pause", *base]) == 2
+    assert capsys.readouterr().err == ("jobpool: error: name what to pause or resume: a tenant, "
+                                       "a kind, or both (--tenant T, --kind K)\n")
+    assert main(["resume", *base, "--tenant", "acme"]) == 2
+    assert ("tenant acme (every kind) is not paused (paused: tenant acme, kind email_send)"
+            in capsys.readouterr().err)
+    assert main(["resume", *base, "--tenant", "acme", "--kind", "email_send"]) == 0
+    assert capsys.readouterr().out.startswith("resumed tenant acme, kind email_send")
+    assert main(["paused", *base]) == 0
+    assert capsys.readouterr().out == "nothing is paused\n"
+
+
+# -- the API -------------------------------------------------------------------------------
+
+
+async def test_the_api_pauses_and_resumes_within_the_tokens_tenants(
+        api: Client, conn: Conn, store: QueueStore, tenant: uuid.UUID) -> None:  # noqa: F811
+    await _tenant(conn, "beta")
+    path = f"/v1/pauses?tenant=acme&kind={KIND}"
+    assert (await api.call("POST", path))[0] == 401
+    scoped = token(sub="ops", tenants=["acme"])
+    status, body, _ = await api.call("POST", path + "&reason=smtp%20down", bearer=scoped)
+    assert (status, body["tenant"], body["kind"], body["paused_by"], body["reason"]) == (
+        201, "acme", KIND, "token:ops", "smtp down")
+    assert (await api.call("POST", path, bearer=scoped))[0] == 200  # paused already
+    status, body, _ = await api.call("POST", f"/v1/pauses?kind={KIND}", bearer=scoped)
+    assert status == 403 and "cannot pause or resume a kind for every tenant" in body["detail"]
+    status, body, _ = await api.call("POST", f"/v1/pauses?tenant=beta&kind={KIND}",
+                                     bearer=scoped)
+    assert status == 404 and "unknown tenant 'beta'" in body["detail"]
+    status, body, _ = await api.call("POST", "/v1/pauses?tenant=acme&kind=test_recrod",
+                                     bearer=scoped)
+    assert status == 404 and "did you mean 'test_record'" in body["detail"]
+    status, body, _ = await api.call("POST", "/v1/pauses", bearer=token())
+    assert status == 403 and "name what to pause" in body["detail"]
+    status, body, _ = await api.call("POST", "/v1/pauses?tenant=acme&kind=Email",
+                                     bearer=scoped)
+    assert status == 400 and "kind must be a kind name" in body["detail"]
+
+    await _jobs(conn, tenant, 3)
+    status, body, _ = await api.call("GET", "/v1/overview", bearer=scoped)
+    assert [(p["tenant"], p["kind"], p["ready"]) for p in body["paused"]] == [
+        ("acme", KIND, 3)]
+    assert [c["paused"] for c in body["counts"]] == [True]
+    status, body, _ = await api.call("GET", "/v1/pauses", bearer=token(tenants=["beta"]))
+    assert (status, body) == (200, {"items": []})  # another tenant's pause is not shown
+
+    status, body, _ = await api.call("DELETE", path, bearer=token(sub="lead"))
+    assert (status, body["paused_by"]) == (200, "token:ops")
+    assert (await api.call("DELETE", path, bearer=scoped))[0] == 409
+    assert [(r["action"], r["actor"], r["payload"]["tenant_scope"]) for r in await _audit(conn)
+            ] == [("work_paused", "token:ops", ["acme"]), ("work_resumed", "token:lead", "*")]
+
+
+# -- what the scaler and the gauges count ------------------------------------------------
+
+
+async def test_paused_work_is_no_demand_for_the_scaler_and_shows_in_the_gauges(
+        conn: Conn, dsn: str, store: QueueStore, tenant: uuid.UUID) -> None:
+    beta = await _tenant(conn, "beta")
+    await _jobs(conn, tenant, 4)
+    await _jobs(conn, tenant, 3, kind=OTHER)
+    await _jobs(conn, beta, 2)
+    await _jobs(conn, beta, 5, kind=OTHER)
+    await conn.execute("UPDATE mdm.aa_job SET status = 'running', claimed_by = 'w',"
+                       " claimed_at = now() WHERE id = (SELECT min(id) FROM mdm.aa_job)")
+    pool = load_pool({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "metadata": {"name": "p"},
+        "spec": {"image": "i", "database": {"secretName": "s"},
+                 "lanes": [{"name": "default", "kinds": [KIND, OTHER], "maxReplicas": 50}]}})
+    before = (await count_lane_jobs(conn, pool.lanes))["default"]
+    assert (before.ready, before.running) == (13, 1)
+    await _pause(conn, "acme", KIND)
+    await _pause(conn, None, OTHER)
+    after = (await count_lane_jobs(conn, pool.lanes))["default"]
+    assert (after.ready, after.running) == (2, 1)  # beta's test_record; the running one stays
+
+    metrics = WorkerMetrics()
+    gauges = QueueGauges(dsn, max_age=0)
+    metrics.add_queue_gauges(gauges)
+    try:
+        text = (await metrics.exposition()).decode()
+    finally:
+        await gauges.close()
+    paused = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("mdm_jobs_paused{")}
+    assert paused == {
+        f'mdm_jobs_paused{{kind="{KIND}",tenant="acme"}}': 3.0,
+        f'mdm_jobs_paused{{kind="{OTHER}",tenant="acme"}}': 3.0,
+        f'mdm_jobs_paused{{kind="{KIND}",tenant="beta"}}': 0.0,
+        f'mdm_jobs_paused{{kind="{OTHER}",tenant="beta"}}': 5.0,
+    }
