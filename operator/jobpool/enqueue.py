@@ -24,6 +24,7 @@ from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.payloads import decode_payload, payload_json
 from jobpool.registry import REGISTRY
 from jobpool.sql import QUERIES
+from jobpool.trace_context import current_trace_context
 
 _ROUNDS = 5
 """Insert/look-up rounds for an idempotency key whose holder vanishes in between."""
@@ -126,6 +127,7 @@ class _Batch:
     """
 
     def __init__(self, jobs: Sequence[NewJob]) -> None:
+        self.trace_context = current_trace_context()
         models: dict[Any, type[msgspec.Struct] | None] = {}
         tenants: dict[Any, str] = {}
         self.tenant_ids: list[str] = []
@@ -218,7 +220,7 @@ class _Batch:
                   "kinds": ",".join(column(self.kinds) or ()),
                   "priorities": column(self.priorities),
                   "available_at": column(self.times), "max_attempts": column(self.attempts),
-                  "actor": actor, "notify": notify}
+                  "actor": actor, "notify": notify, "trace_context": self.trace_context}
         if not self.keyed:
             return QUERIES["enqueue_unkeyed_jobs"].text, params
         params["idempotency_keys"] = column(self.keys)
@@ -307,10 +309,12 @@ async def enqueue_many(
     inserter commits or rolls back first. `actor` is the audit principal (default: the
     database role). `notify` False sends no NOTIFY: PostgreSQL serialises the commits of
     transactions that notify, so many concurrent enqueuers may skip it and leave waiting
-    workers to find the jobs by polling (`--poll-interval`). Raises ValueError naming the
-    job and the problem for a bad payload or field (before anything is sent; the rules are in
-    the README, "Enqueueing from a service"), UnknownKindError, UnknownTenantError (the
-    caller's transaction is then aborted, as with any failed statement).
+    workers to find the jobs by polling (`--poll-interval`). The jobs keep the current span's
+    trace context where the `otel` extra is installed (docs/tracing.md). Raises ValueError
+    naming the job and the problem for a bad payload or field (before anything is sent; the
+    rules are in the README, "Enqueueing from a service"), UnknownKindError,
+    UnknownTenantError (the caller's transaction is then aborted, as with any failed
+    statement).
     """
     if not jobs:
         return []

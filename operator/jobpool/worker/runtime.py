@@ -62,6 +62,7 @@ from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
+from jobpool.worker import tracing
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import (
     POLL_ONLY_INTERVAL,
@@ -547,6 +548,7 @@ class Worker:
 
     # -- running one job -----------------------------------------------------------------
 
+    @tracing.traced_attempt
     async def _execute(self, job: Job, row: Mapping[str, Any]) -> None:
         assert self.store is not None
         spec = self.specs[job.job_kind]
@@ -690,6 +692,7 @@ class Worker:
     async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
         """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
         assert self.store is not None
+        tracing.attempt_failed(exc)
         self.leases.finishing(job.id)
         decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
                                 policy=spec.defaults.backoff, rng=self.rng)
@@ -825,6 +828,7 @@ class Worker:
 
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
+        tracing.attempt_outcome(outcome)
         ran = outcome != "rate_limited"
         if outcome == "done":
             self.heartbeat.completed()

@@ -1,0 +1,231 @@
+"""Traces without a database: the `otel` extra is optional, the OTEL_* variables choose the
+export, the operator passes them on to the workers, an attempt's span follows the messaging
+conventions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_spans import memory_exporter
+
+from jobpool.core.poolspec import PoolSpec, load_pool
+from jobpool.job import Job
+from jobpool.k8s import manifests
+from jobpool.k8s.tracing_env import with_tracing_env
+from jobpool.trace_context import current_trace_context, extract_context
+from jobpool.worker import tracing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_BLOCKED = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class NoOpenTelemetry(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "opentelemetry" or name.startswith("opentelemetry."):
+                raise ImportError(f"blocked: {name}")
+            return None
+
+    sys.meta_path.insert(0, NoOpenTelemetry())
+""")
+
+
+def _python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_importing_jobpool_imports_no_opentelemetry() -> None:
+    out = _python("import sys, jobpool, jobpool.enqueue, jobpool.trace_context\n"
+                  "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    assert out == "[]"
+
+
+def test_without_the_extra_enqueue_and_the_worker_run_untraced() -> None:
+    out = _python(_BLOCKED + textwrap.dedent("""
+        import jobpool
+        from jobpool.trace_context import current_trace_context, extract_context
+        from jobpool.worker import runtime, tracing
+
+        async def execute(worker, job, row):
+            return None
+
+        with tracing.attempt_span(None) as span:
+            assert span is None
+        tracing.attempt_outcome("done")
+        tracing.attempt_failed(RuntimeError("x"))
+        print(current_trace_context(), extract_context({"traceparent": "x"}),
+              tracing.traced_attempt(execute) is execute,
+              tracing.configure_from_environment({"OTEL_TRACES_EXPORTER": "console"}),
+              any(m.startswith("opentelemetry") for m in sys.modules))
+    """))
+    assert out == "None None True False False"
+
+
+# -- the process's spans (a provider of the test's own, its spans kept in memory) ---------
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = memory_exporter()
+    exporter.clear()
+    yield exporter
+    exporter.clear()
+
+
+def _job(attempts: int = 1) -> Job:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    return Job(id=42, tenant_id=uuid.UUID(int=7), job_kind="email_send", payload={},
+               status="running", priority=100, available_at=now, created_at=now,
+               claimed_by="w", claimed_at=now, attempts=attempts, max_attempts=3,
+               last_error=None, idempotency_key=None)
+
+
+def test_no_current_span_keeps_no_context(spans: InMemorySpanExporter) -> None:
+    assert current_trace_context() is None
+
+
+def test_the_current_span_is_kept_as_w3c_trace_context(spans: InMemorySpanExporter) -> None:
+    with trace.get_tracer("test").start_as_current_span("request") as span:
+        kept = current_trace_context()
+    assert kept is not None
+    carrier = json.loads(kept)
+    context = span.get_span_context()
+    assert carrier["traceparent"] == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+@pytest.mark.parametrize("stored", [None, [], {}, {"traceparent": 5}, {"traceparent": "junk"}])
+def test_a_stored_context_that_carries_no_span_is_no_parent(stored: object) -> None:
+    assert extract_context(stored) is None
+
+
+def test_an_attempt_span_follows_the_messaging_conventions(
+    spans: InMemorySpanExporter,
+) -> None:
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        stored = json.loads(current_trace_context() or "{}")
+    with tracing.attempt_span(_job(attempts=2), stored):
+        tracing.attempt_failed(RuntimeError("smtp down"))
+        tracing.attempt_outcome("retry")
+    [span] = [s for s in spans.get_finished_spans() if s.name != "request"]
+    assert span.name == "email_send process"
+    assert span.kind == trace.SpanKind.CONSUMER
+    enqueued = request.get_span_context()
+    assert span.parent is not None and span.parent.span_id == enqueued.span_id
+    assert span.context.trace_id == enqueued.trace_id
+    assert [link.context.span_id for link in span.links] == [enqueued.span_id]
+    attributes = dict(span.attributes or {})
+    assert attributes["messaging.system"] == "jobpool"
+    assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.destination.name"] == "email_send"
+    assert attributes["jobpool.job.attempt"] == 2
+    assert attributes["jobpool.job.id"] == 42
+    assert attributes["jobpool.tenant.id"] == str(uuid.UUID(int=7))
+    assert attributes["jobpool.outcome"] == "retry"
+    assert attributes["error.type"] == "RuntimeError"
+    assert span.status.status_code == trace.StatusCode.ERROR
+    assert [event.name for event in span.events] == ["exception"]
+
+
+def test_an_attempt_without_a_stored_context_starts_its_own_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    with tracing.attempt_span(_job(), None):
+        tracing.attempt_outcome("dlq")
+    [span] = spans.get_finished_spans()
+    assert span.parent is None and span.links == ()
+    assert dict(span.attributes or {})["jobpool.outcome"] == "dead"
+
+
+# -- the OTEL_* variables ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("environ", "names"), [
+    ({}, ()),
+    ({"OTEL_SERVICE_NAME": "mail"}, ()),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, ("otlp",)),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, ("otlp",)),
+    ({"OTEL_TRACES_EXPORTER": "console, otlp"}, ("console", "otlp")),
+    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ()),
+    ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"}, ()),
+])
+def test_the_variables_choose_the_exporters(environ: dict[str, str],
+                                            names: tuple[str, ...]) -> None:
+    assert tracing.exporter_names(environ) == names
+
+
+def test_an_unknown_exporter_is_named() -> None:
+    out = _python(textwrap.dedent("""
+        from jobpool.worker import tracing
+        try:
+            tracing.configure_from_environment({"OTEL_TRACES_EXPORTER": "zipkn"})
+        except ValueError as exc:
+            print(exc)
+    """))
+    assert out.startswith("OTEL_TRACES_EXPORTER names 'zipkn', which no installed package "
+                          "provides (installed: ")
+    assert "otlp" in out and "console" in out
+
+
+def test_the_sdk_is_set_up_from_the_variables_where_the_process_has_no_provider() -> None:
+    out = _python(textwrap.dedent("""
+        from opentelemetry import trace
+        from jobpool.worker import tracing
+        environ = {"OTEL_TRACES_EXPORTER": "console"}
+        first = tracing.configure_from_environment(environ)
+        provider = trace.get_tracer_provider()
+        print(first, type(provider).__name__, tracing.configure_from_environment(environ))
+    """))
+    assert out == "True TracerProvider False"
+
+
+# -- the workers' environment on Kubernetes ------------------------------------------------
+
+
+def _pool(env: list[dict[str, str]] | None = None) -> PoolSpec:
+    worker: dict[str, object] = {} if env is None else {"env": env}
+    return load_pool({"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+                      "metadata": {"name": "mail", "namespace": "mdm"},
+                      "spec": {"image": "jobpool:1", "worker": worker,
+                               "database": {"secretName": "db", "key": "dsn"},
+                               "lanes": [{"name": "default", "kinds": ["email_send"]}]}})
+
+
+def _worker_env(pool: PoolSpec) -> dict[str, str]:
+    lane = pool.lanes[0]
+    return {item["name"]: item.get("value") for item in manifests.build_worker_env(pool, lane)}
+
+
+def test_the_operators_otel_variables_reach_every_workers_pod() -> None:
+    operator_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "HOME": "/x"}
+    env = _worker_env(with_tracing_env(_pool(), operator_env))
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317"
+    assert env["OTEL_SERVICE_NAME"] == "jobpool-mail"
+    assert "HOME" not in env
+
+
+def test_a_pools_own_otel_variables_win() -> None:
+    pool = _pool([{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://own:4317"},
+                  {"name": "OTEL_SERVICE_NAME", "value": "mailer"}])
+    env = _worker_env(with_tracing_env(pool, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}))
+    assert (env["OTEL_EXPORTER_OTLP_ENDPOINT"], env["OTEL_SERVICE_NAME"]) == (
+        "http://own:4317", "mailer")
+
+
+def test_without_otel_variables_the_pool_is_unchanged() -> None:
+    pool = _pool()
+    assert with_tracing_env(pool, {"HOME": "/x"}) is pool
+    named = with_tracing_env(pool, {"OTEL_SERVICE_NAME": "mail"})
+    assert dict(named.env) == {"OTEL_SERVICE_NAME": "mail"}  # passed on, nothing exported
