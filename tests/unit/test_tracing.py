@@ -102,8 +102,8 @@ def test_the_current_span_is_kept_as_w3c_trace_context(spans: InMemorySpanExport
         kept = current_trace_context()
     assert kept is not None
     carrier = json.loads(kept)
-    context = span.get_span_context()
-    assert carrier["traceparent"] == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    c = span.get_span_context()
+    assert carrier["traceparent"] == f"00-{c.trace_id:032x}-{c.span_id:016x}-{c.trace_flags:02x}"
 
 
 @pytest.mark.parametrize("stored", [None, [], {}, {"traceparent": 5}, {"traceparent": "junk"}])
@@ -229,3 +229,27 @@ def test_without_otel_variables_the_pool_is_unchanged() -> None:
     assert with_tracing_env(pool, {"HOME": "/x"}) is pool
     named = with_tracing_env(pool, {"OTEL_SERVICE_NAME": "mail"})
     assert dict(named.env) == {"OTEL_SERVICE_NAME": "mail"}  # passed on, nothing exported
+
+
+# -- docs/tracing.md -------------------------------------------------------------------------
+
+
+def _first_column(table_header: str) -> list[str]:
+    """The backquoted first cells of the table that starts with `table_header`."""
+    text = (ROOT / "docs" / "tracing.md").read_text()
+    lines = text[text.index(table_header):].splitlines()[2:]
+    cells = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells.append(line.split("|")[1].strip().strip("`"))
+    return cells
+
+
+def test_the_docs_list_every_attribute_of_an_attempts_span() -> None:
+    assert _first_column("| attribute | value |") == [*tracing.span_attributes(_job()),
+                                                       tracing.OUTCOME]
+
+
+def test_the_docs_list_every_outcome() -> None:
+    assert _first_column("| `jobpool.outcome` | the attempt |") == list(tracing.OUTCOMES.values())

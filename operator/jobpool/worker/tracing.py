@@ -105,10 +105,14 @@ def _exporter(name: str) -> Callable[[], Any]:
 
 @cache
 def _tracer() -> Any:
-    """The worker's tracer, the provider set up from the environment on first use."""
+    """The worker's tracer, the provider set up from the environment on first use. A bad
+    exporter name is logged: tracing never stops the jobs."""
     api = opentelemetry_api()
     assert api is not None
-    configure_from_environment()
+    try:
+        configure_from_environment()
+    except ValueError as exc:
+        log.error("traces are not exported: %s", exc)
     return api[0].get_tracer(TRACER_NAME)
 
 
