@@ -309,12 +309,13 @@ async def enqueue_many(
     inserter commits or rolls back first. `actor` is the audit principal (default: the
     database role). `notify` False sends no NOTIFY: PostgreSQL serialises the commits of
     transactions that notify, so many concurrent enqueuers may skip it and leave waiting
-    workers to find the jobs by polling (`--poll-interval`). The jobs keep the current span's
-    trace context where the `otel` extra is installed (docs/tracing.md). Raises ValueError
-    naming the job and the problem for a bad payload or field (before anything is sent; the
-    rules are in the README, "Enqueueing from a service"), UnknownKindError,
-    UnknownTenantError (the caller's transaction is then aborted, as with any failed
-    statement).
+    workers to find the jobs by polling (`--poll-interval`). Raises ValueError naming the
+    job and the problem for a bad payload or field (before anything is sent; the rules are in
+    the README, "Enqueueing from a service"), UnknownKindError, UnknownTenantError (the
+    caller's transaction is then aborted, as with any failed statement).
+
+    Where the `otel` extra is installed and a span is current, the jobs keep its trace
+    context, so that their attempts' spans join the caller's trace (docs/tracing.md).
     """
     if not jobs:
         return []
