@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -117,3 +119,18 @@ async def test_a_hand_written_trace_context_does_not_stop_the_job(
     assert (await job(conn, enqueued.id))["status"] == "done"
     [span] = [s for s in spans.get_finished_spans() if s.name == "test_record process"]
     assert span.parent is None
+
+
+async def test_the_docs_example_enqueues_in_the_requests_trace(
+    conn: Conn, tenant: uuid.UUID, spans: InMemorySpanExporter
+) -> None:
+    await prepare(conn)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tracing.md").read_text("utf-8")
+    [example] = re.findall(r"^```python\n(.*?)^```$", page, flags=re.S | re.M)
+    names: dict[str, Any] = {}
+    exec(compile(example, "docs/tracing.md", "exec"), names)
+    enqueued = await names["checkout"](conn, tenant)
+    [checkout] = spans.get_finished_spans()
+    stored = (await job(conn, enqueued.id))["trace_context"]
+    assert stored["traceparent"].split("-")[1:3] == [f"{checkout.context.trace_id:032x}",
+                                                     f"{checkout.context.span_id:016x}"]

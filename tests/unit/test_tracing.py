@@ -5,6 +5,7 @@ conventions."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_spans import memory_exporter
@@ -253,3 +256,16 @@ def test_the_docs_list_every_attribute_of_an_attempts_span() -> None:
 
 def test_the_docs_list_every_outcome() -> None:
     assert _first_column("| `jobpool.outcome` | the attempt |") == list(tracing.OUTCOMES.values())
+
+
+def test_the_docs_yaml_examples_are_a_valid_value_and_a_valid_pool() -> None:
+    page = (ROOT / "docs" / "tracing.md").read_text("utf-8")
+    values, pool_spec = (yaml.safe_load(block) for block in
+                         re.findall(r"^```yaml\n(.*?)^```$", page, flags=re.S | re.M))
+    schema = json.loads((ROOT / "charts" / "jobpool" / "values.schema.json").read_text())
+    jsonschema.validate(values, schema)
+    operator_env = values["tracing"]["env"]
+    pool = _pool(pool_spec["spec"]["worker"]["env"])
+    env = _worker_env(with_tracing_env(pool, operator_env))
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == operator_env["OTEL_EXPORTER_OTLP_ENDPOINT"]
