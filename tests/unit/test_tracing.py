@@ -182,6 +182,29 @@ def test_an_unknown_exporter_is_named() -> None:
     assert "otlp" in out and "console" in out
 
 
+def test_with_the_api_alone_export_is_refused_by_name_and_attempts_still_run() -> None:
+    blocked = _BLOCKED.replace('name == "opentelemetry" or name.startswith("opentelemetry.")',
+                               'name.startswith("opentelemetry.sdk")')
+    out = _python(blocked + textwrap.dedent("""
+        import logging, os, uuid
+        from datetime import UTC, datetime
+        from jobpool.job import Job
+        from jobpool.worker import tracing
+        try:
+            tracing.configure_from_environment({"OTEL_TRACES_EXPORTER": "console"})
+        except ValueError as exc:
+            print(exc)
+        logging.basicConfig(level=logging.ERROR, format="%(message)s")
+        os.environ["OTEL_TRACES_EXPORTER"] = "console"
+        now = datetime.now(UTC)
+        job = Job(1, uuid.uuid4(), "k", {}, "running", 100, now, now, "w", now, 1, 1, None, None)
+        with tracing.attempt_span(job) as span:
+            print(span.is_recording())
+    """))
+    assert out == ("exporting traces needs OpenTelemetry's SDK: pip install 'jobpool[otel]'\n"
+                   "False")
+
+
 def test_the_sdk_is_set_up_from_the_variables_where_the_process_has_no_provider() -> None:
     out = _python(textwrap.dedent("""
         from opentelemetry import trace

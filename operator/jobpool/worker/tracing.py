@@ -72,9 +72,10 @@ def exporter_names(environ: Mapping[str, str]) -> tuple[str, ...]:
 def configure_from_environment(environ: Mapping[str, str] = os.environ) -> bool:
     """Set up the SDK's tracer provider with the exporters `environ` names (see
     `exporter_names`), unless the process set a provider of its own. True when one was set
-    up. Raises ValueError naming an exporter no installed package provides (the
-    `opentelemetry_traces_exporter` entry points: `otlp`, `otlp_proto_grpc`,
-    `otlp_proto_http` from the exporter the extra installs, `console` from the SDK)."""
+    up. Raises ValueError where the SDK is missing, or naming an exporter no installed
+    package provides (the `opentelemetry_traces_exporter` entry points: `otlp`,
+    `otlp_proto_grpc`, `otlp_proto_http` from the exporter the extra installs, `console`
+    from the SDK)."""
     names = exporter_names(environ)
     api = opentelemetry_api()
     if not names or api is None:
@@ -82,8 +83,12 @@ def configure_from_environment(environ: Mapping[str, str] = os.environ) -> bool:
     trace, _ = api
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the application's own provider
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        raise ValueError("exporting traces needs OpenTelemetry's SDK: "
+                         "pip install 'jobpool[otel]'") from None
 
     provider = TracerProvider()  # resource and sampler from the OTEL_* variables
     for name in names:
@@ -135,8 +140,8 @@ def span_attributes(job: Job) -> dict[str, str | int]:
 @contextmanager
 def attempt_span(job: Job, trace_context: Any = None) -> Iterator[Any]:
     """The current span of one attempt of `job` while the block runs; trace_context: the
-    job's stored `trace_context` (a mapping, or None). Yields the span (a non-recording one
-    where OpenTelemetry is absent: None). An exception leaving the block is recorded."""
+    job's stored `trace_context` (a mapping, or None). Yields the span, None where
+    OpenTelemetry is absent. An exception leaving the block is recorded on the span."""
     api = opentelemetry_api()
     if api is None:
         yield None
