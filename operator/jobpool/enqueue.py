@@ -24,6 +24,7 @@ from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.payloads import decode_payload, payload_json
 from jobpool.registry import REGISTRY
 from jobpool.sql import QUERIES
+from jobpool.trace_context import current_trace_context
 
 _ROUNDS = 5
 """Insert/look-up rounds for an idempotency key whose holder vanishes in between."""
@@ -126,6 +127,7 @@ class _Batch:
     """
 
     def __init__(self, jobs: Sequence[NewJob]) -> None:
+        self.trace_context = current_trace_context()
         models: dict[Any, type[msgspec.Struct] | None] = {}
         tenants: dict[Any, str] = {}
         self.tenant_ids: list[str] = []
@@ -218,7 +220,7 @@ class _Batch:
                   "kinds": ",".join(column(self.kinds) or ()),
                   "priorities": column(self.priorities),
                   "available_at": column(self.times), "max_attempts": column(self.attempts),
-                  "actor": actor, "notify": notify}
+                  "actor": actor, "notify": notify, "trace_context": self.trace_context}
         if not self.keyed:
             return QUERIES["enqueue_unkeyed_jobs"].text, params
         params["idempotency_keys"] = column(self.keys)
@@ -311,6 +313,9 @@ async def enqueue_many(
     job and the problem for a bad payload or field (before anything is sent; the rules are in
     docs/enqueueing.md), UnknownKindError, UnknownTenantError (the
     caller's transaction is then aborted, as with any failed statement).
+
+    Where the `otel` extra is installed and a span is current, the jobs keep its trace
+    context, so that their attempts' spans join the caller's trace (docs/tracing.md).
     """
     if not jobs:
         return []

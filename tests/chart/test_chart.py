@@ -46,6 +46,8 @@ OPTIONS: dict[str, list[str]] = {
     "crds-not-kept": ["--set", "crds.keep=false"],
     "alerts": ["--set", "alerts.enabled=true"],
     "no-dashboards": ["--set", "dashboards.enabled=false"],
+    "tracing": ["--set", "tracing.env.OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317",
+                "--set", "tracing.env.OTEL_TRACES_SAMPLER=parentbased_always_on"],
     "api": ["--set", "api.enabled=true", "--set", "database.secretName=jobpool-db",
             "--set", "api.jwt.secretName=jobpool-api-jwt", "--set", "api.jwt.secretKey=secret"],
     "api-public-key": ["--set", "api.enabled=true", "--set", "database.secretName=jobpool-db",
@@ -165,6 +167,15 @@ def test_pod_settings_reach_the_operator_pod(helm: str) -> None:
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     assert {"name": "JOBPOOL_LOG_LEVEL", "value": "debug"} in spec["containers"][0]["env"]
+
+
+def test_tracing_variables_reach_the_operator_which_passes_them_to_workers(helm: str) -> None:
+    env = operator_deployment(template(helm, *OPTIONS["tracing"]))["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://collector:4317"} in env
+    assert {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_always_on"} in env
+    default = operator_deployment(template(helm))["spec"]["template"]["spec"]["containers"][0]
+    assert not [item for item in default["env"] if item["name"].startswith("OTEL_")]
 
 
 def test_security_context_is_configurable_for_operator_and_migrations(helm: str) -> None:

@@ -72,6 +72,7 @@ TYPOS = [
     "api.jwt.secretKy=jwt",  # misspelt: the API would start without its key
     "api.port=80",  # below 1024: the image's user cannot bind it
     "api.logLevel=verbose",
+    "tracing.env.JOBPOOL_DSN=postgresql://x",  # not an OpenTelemetry variable
 ]
 
 

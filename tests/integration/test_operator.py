@@ -264,6 +264,17 @@ async def test_example_pool_becomes_one_owned_deployment_per_lane(cluster: Clust
     assert cluster.server.refusals == [], "the operator asked for what the chart does not grant"
 
 
+async def test_the_operators_otel_variables_reach_every_lanes_workers(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    for name, deployment in (await apply_example(cluster)).items():
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317", name
+        assert env["OTEL_SERVICE_NAME"] == "jobpool-mdm-jobs", name
+
+
 async def status_written_or_fail(
     check: Callable[[], Awaitable[dict[str, Any] | None]]
 ) -> dict[str, Any]:

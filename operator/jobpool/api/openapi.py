@@ -49,6 +49,10 @@ _JOB = {
         "completed_at": _NULLABLE_TIME,
         "idempotency_key": _NULLABLE_TEXT,
         "result": {"nullable": True},
+        "trace_context": {"type": "object", "nullable": True,
+                          "additionalProperties": {"type": "string"},
+                          "description": "the enqueuer's W3C trace context (traceparent, "
+                                         "tracestate); null without one"},
     },
     "additionalProperties": True,
 }

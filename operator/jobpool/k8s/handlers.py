@@ -76,6 +76,7 @@ from jobpool.k8s.status import (
     status_changed,
     timestamp,
 )
+from jobpool.k8s.tracing_env import with_tracing_env
 from jobpool.sql import QUERIES
 
 VERSION = "v1alpha1"
@@ -309,7 +310,7 @@ class PoolController:
         namespace, generation = str(meta["namespace"]), meta.get("generation")
         previous = body.get("status") or {}
         try:
-            pool = load_pool(body)
+            pool = with_tracing_env(load_pool(body), os.environ)
         except PoolSpecError as exc:
             return await self._report_invalid(body, exc, now, generation)
         outcome, live = await self._reconcile(pool, body, namespace)

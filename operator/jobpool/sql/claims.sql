@@ -106,7 +106,7 @@ claimed AS (
      WHERE j.id = ANY (ARRAY(SELECT id FROM next))
     RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
               j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
-              j.max_attempts, j.last_error, j.idempotency_key,
+              j.max_attempts, j.last_error, j.idempotency_key, j.trace_context,
               -- epochs, not a difference of timestamps: that fails for an infinite created_at
               (extract(epoch FROM j.claimed_at) - extract(epoch FROM j.created_at))::float8
                   AS claim_latency

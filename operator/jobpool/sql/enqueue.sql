@@ -4,7 +4,8 @@
 -- text, %(tenant_ids)s and %(kinds)s comma-separated text (a uuid or a kind name holds no
 -- comma; one join on the client, one split here, whatever the batch's size), the others
 -- arrays. An array that is NULL stands for one that holds only NULLs (ROWS FROM pads the
--- shorter ones with NULLs), so the common batch sends none of them.
+-- shorter ones with NULLs), so the common batch sends none of them. %(trace_context)s is the
+-- enqueuer's trace context (a JSON object, the same for every job of the call) or NULL.
 
 -- name: enqueue_unkeyed_jobs :one
 -- Insert jobs that have no idempotency key (kind defaults fill priority and max_attempts),
@@ -22,9 +23,11 @@ WITH input AS (
            WITH ORDINALITY AS i(payload, tenant_id, job_kind, priority, available_at,
                                 max_attempts, ord)
 ), inserted AS (
-    INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at, max_attempts)
+    INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at, max_attempts,
+                            trace_context)
     SELECT i.tenant_id, i.job_kind, i.payload, coalesce(i.priority, k.priority, 100),
-           coalesce(i.available_at, now()), coalesce(i.max_attempts, k.max_attempts, 1)
+           coalesce(i.available_at, now()), coalesce(i.max_attempts, k.max_attempts, 1),
+           %(trace_context)s::jsonb
       FROM input i LEFT JOIN mdm.aa_job_kind k ON k.name = i.job_kind
      ORDER BY i.ord
     RETURNING id, tenant_id, job_kind
@@ -55,10 +58,10 @@ WITH input AS (
                                 max_attempts, idempotency_key, ord)
 ), inserted AS (
     INSERT INTO mdm.aa_job (tenant_id, job_kind, payload, priority, available_at, max_attempts,
-                            idempotency_key)
+                            idempotency_key, trace_context)
     SELECT i.tenant_id, i.job_kind, i.payload, coalesce(i.priority, k.priority, 100),
            coalesce(i.available_at, now()), coalesce(i.max_attempts, k.max_attempts, 1),
-           i.idempotency_key
+           i.idempotency_key, %(trace_context)s::jsonb
       FROM input i LEFT JOIN mdm.aa_job_kind k ON k.name = i.job_kind
      ORDER BY i.ord
     ON CONFLICT (tenant_id, job_kind, idempotency_key) WHERE idempotency_key IS NOT NULL

@@ -41,6 +41,7 @@ from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec
+from jobpool.worker import tracing
 from jobpool.worker.completer import ResultRefused
 from jobpool.worker.slot_connections import NoSlotConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
@@ -290,6 +291,7 @@ class JobExecutor:
 
     async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
         """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
+        tracing.attempt_failed(exc)
         self.leases.finishing(job.id)
         decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
                                 policy=spec.defaults.backoff, rng=self.rng)

@@ -21,6 +21,7 @@ from jobpool.db.store import Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import Outcome
 from jobpool.registry import KindSpec
+from jobpool.worker import tracing
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.stops import Stops
@@ -130,7 +131,8 @@ class Producer:
                                                limit=free, throttled=self.throttled)
                 self.claimed(claimed)
                 for row in claimed:
-                    self._start(executor, Job.from_row(row, self.job_context))
+                    self._start(executor, Job.from_row(row, self.job_context),
+                                row.get("trace_context"))
             if not self.online.is_set():
                 continue  # the claim failed: claim again once the database answers
             # a job that finished during the claim may have enqueued more: claim again first
@@ -143,22 +145,27 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.poll_interval)
 
-    def _start(self, executor: Attempts, job: Job) -> None:
+    def _start(self, executor: Attempts, job: Job, trace_context: Any = None) -> None:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
-        task = asyncio.create_task(self._attempt(executor, job), name=f"job-{job.id}")
+        task = asyncio.create_task(self._attempt(executor, job, trace_context),
+                                   name=f"job-{job.id}")
         self.in_flight[job.id] = task
         self.stops.running(job.id, job.job_kind, task)  # a stop cancels it: worker/stops.py
         task.add_done_callback(lambda _: self.finished(job.id))
 
-    async def _attempt(self, executor: Attempts, job: Job) -> None:
+    async def _attempt(self, executor: Attempts, job: Job, trace_context: Any) -> None:
+        """Run one attempt in its span (`trace_context`: the enqueuer's, stored with the job;
+        worker/tracing.py) and report its outcome."""
         started = time.monotonic()
-        try:
-            outcome = await executor.execute(job)
-        except asyncio.CancelledError:
-            stopped = self.stops.stopping(job.id)  # stopped: its own outcome, nothing handed back
-            self.observe(job, self.stops.outcome(job.id) if stopped else "released", started)
-            raise
-        self.observe(job, outcome, started)
+        with tracing.attempt_span(job, trace_context):
+            try:
+                outcome = await executor.execute(job)
+            except asyncio.CancelledError:
+                stopped = self.stops.stopping(job.id)  # stopped: its outcome, no hand-back
+                self.observe(job, self.stops.outcome(job.id) if stopped else "released",
+                             started)
+                raise
+            self.observe(job, outcome, started)
 
     def finished(self, job_id: int) -> None:
         """The job's task ended (or a stopped job's handler was abandoned): free its slot."""

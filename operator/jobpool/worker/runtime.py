@@ -38,6 +38,7 @@ from jobpool.registry import KindSpec, Registry
 from jobpool.settings import Settings
 from jobpool.settings import current as current_settings
 from jobpool.sql import QUERIES
+from jobpool.worker import tracing
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.completer import Completer
 from jobpool.worker.config import (
@@ -356,7 +357,8 @@ class Worker:
     def observe(self, job: Job, outcome: Outcome, started: float) -> None:
         """Record one finished attempt of `job` (`started`: its `time.monotonic()` at the
         start): tell `on_outcome`, count a `done` for the live-worker registry, and put its
-        claim latency and run time in metrics."""
+        claim latency and run time in metrics (and on the attempt's span, worker/tracing.py)."""
+        tracing.attempt_outcome(outcome)
         if self.on_outcome is not None:
             self.on_outcome(job, outcome)
         ran = outcome != "rate_limited"
