@@ -3,9 +3,9 @@ only what the control-plane tier (tests/controlplane) cannot do, see docs/operat
 "Control-plane tests".
 
 The operator runs in a thread of the test's own process, as the chart's ServiceAccount under
-RBAC the test renders: the fake answers 403 for every request not granted and records each
-refusal, reads and watches included. Scenarios: a full life of a pool under RBAC of exactly
-tests/operator_rbac.py's list; a leader that stops releases its Lease at once.
+RBAC the test generates: the fake answers 403 for every request not granted and records each
+refusal, reads and watches included. Scenario: a full life of a pool under RBAC of exactly
+tests/operator_rbac.py's list.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,9 +23,7 @@ from typing import Any, TypeVar
 import kmock
 import pytest
 import yaml
-from helm_binary import render_chart, require_helm
 from k8s_emulator import (
-    Failure,
     KubernetesApi,
     RawClient,
     User,
@@ -63,22 +60,11 @@ class Cluster:
     url: str
 
 
-@functools.cache
-def chart_objects(helm: str, *values: str) -> tuple[dict[str, Any], ...]:
-    """The chart rendered with `values` (e.g. "--set", "rbac.keda=true")."""
-    return tuple(render_chart(helm, *values))
-
-
 def operator_account(objects: Sequence[dict[str, Any]]) -> User:
-    """The chart's ServiceAccount with what the chart's RBAC objects grant it."""
+    """The ServiceAccount in `objects` with what their RBAC objects grant it."""
     (account,) = [obj for obj in objects if obj["kind"] == "ServiceAccount"]
     meta = account["metadata"]
     return service_account(objects, meta["namespace"], meta["name"])
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    return require_helm()
 
 
 @asynccontextmanager
@@ -104,21 +90,20 @@ async def fake_cluster(
 
 @asynccontextmanager
 async def operator_process(
-    cluster: Cluster, kubeconfig: Path, *, token: str = OPERATOR_TOKEN,
-    identity: str | None = None, lease: LeaseTiming = QUICK_LEASE,
+    cluster: Cluster, kubeconfig: Path
 ) -> AsyncIterator[None]:
-    """The operator running against `cluster` with `token`, as in a process of its own,
+    """The operator running against `cluster` as OPERATOR_TOKEN, as in a process of its own,
     once kopf runs."""
-    write_kubeconfig(kubeconfig, cluster.url, token)
+    write_kubeconfig(kubeconfig, cluster.url, OPERATOR_TOKEN)
     # kopf gets a thread and event loop of its own, as in a real process: on stopping it
     # cancels every task its loop started after it, which must not be the test's.
     stop, ready = threading.Event(), threading.Event()
     config = OperatorConfig(scale_interval=0.5, kubeconfig=str(kubeconfig),
-                            lease_namespace=OPERATOR_NAMESPACE, lease=lease, identity=identity)
+                            lease_namespace=OPERATOR_NAMESPACE, lease=QUICK_LEASE)
     thread = threading.Thread(
         target=asyncio.run,
         args=(run_operator(config, stop_flag=stop, ready_flag=ready),),
-        name=f"operator {identity or ''}", daemon=True,
+        name="operator", daemon=True,
     )
     thread.start()
     try:
@@ -201,47 +186,6 @@ async def condition_reason(
 
 def image_of(deployment: dict[str, Any]) -> str:
     return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
-
-
-# -- two replicas -------------------------------------------------------------------------------
-
-
-async def lease_holder(cluster: Cluster) -> str | None:
-    try:
-        lease = await cluster.api.request(
-            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/"
-                   "jobpool-operator")
-    except Failure:
-        return None
-    holder = lease["spec"].get("holderIdentity")
-    return str(holder) if holder else None
-
-
-async def test_a_leader_that_stops_hands_over_at_once(
-    tmp_path: Path, dsn: str, helm: str
-) -> None:
-    operator = operator_account(chart_objects(helm))
-    async with fake_cluster(dsn, operator) as cluster, AsyncExitStack() as b:
-        cluster.server.tokens["second-token"] = operator
-        timing = LeaseTiming(duration=600.0, renew_every=5.0, renew_deadline=10.0,
-                             retry_every=0.5)
-        async with operator_process(cluster, tmp_path / "a", identity="replica-a",
-                                    lease=timing):
-            async def a_leads() -> bool:
-                return await lease_holder(cluster) == "replica-a"
-
-            await eventually(a_leads, "replica-a holding the Lease")
-            await b.enter_async_context(operator_process(
-                cluster, tmp_path / "b", token="second-token", identity="replica-b",
-                lease=timing))
-            assert await lease_holder(cluster) == "replica-a"
-
-        # a released the Lease on its way out: b need not wait out the 600 s
-
-        async def b_leads() -> bool:
-            return await lease_holder(cluster) == "replica-b"
-
-        await eventually(b_leads, "replica-b holding the Lease")
 
 
 @pytest.mark.parametrize("keda", [False, True], ids=["without-keda", "with-keda"])
