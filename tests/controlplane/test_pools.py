@@ -159,7 +159,9 @@ def test_pending_jobs_scale_the_lanes_that_serve_them_through_the_scale_subresou
         f"{POOL}-default", f"{POOL}-acme", f"{POOL}-bulk"}, described(scale_writes)
     assert all(w["user"]["username"] == OPERATOR_USER for w in scale_writes)
 
-    # the children are applied without replicas, which the scaler alone writes
+    # the children are applied without replicas, which the scaler alone writes (a merge
+    # patch of /scale on replicas nobody owned gets no managedFields entry on a real
+    # server: only the operator's side can be checked)
     bulk = deployments(plane, namespace)[f"{POOL}-bulk"]
     (applied,) = owned_fields(bulk, "jobpool-operator")
     assert applied["operation"] == "Apply"
