@@ -25,6 +25,7 @@ from helm_binary import CHART, require_helm
 
 from .control_plane import (
     ADMIN_TOKEN,
+    ApiError,
     ControlPlane,
     binaries_folder,
     free_port,
@@ -128,8 +129,20 @@ def keda(release: Tools) -> Iterator[None]:
                        for c in (crd.get("status") or {}).get("conditions") or [])
                    for crd in found)
 
+    def served() -> bool:  # storage comes up after Established: 429 until then
+        try:
+            for name in names:
+                plural, group = name.split(".", 1)
+                plane.admin.items(f"/apis/{group}/v1alpha1/{plural}")
+        except ApiError as exc:
+            if exc.status == 429:
+                return False
+            raise
+        return True
+
     try:
         plane.wait_for(established, "KEDA's CRDs to be Established")
+        plane.wait_for(served, "KEDA's resources to be served")
         yield
     finally:
         for name in names:
