@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build the control plane for the tests in tests/controlplane/ from pinned Go modules:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (nodes and pods without
-# a kubelet).
+# a kubelet); and KEDA's ScaledObject and TriggerAuthentication CRDs, from KEDA's module.
 #
 #   tests/controlplane/build.sh            build into the cache folder (reused when complete)
 #   tests/controlplane/build.sh --gomod    rewrite gomod/go.mod for the versions below
 #
 # The binaries go to ${JOBPOOL_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-~/.cache}/jobpool/controlplane}/<versions>/bin,
-# never into the repository. Prints that folder on success. Needs Go (>= the go line of
+# never into the repository, KEDA's CRDs to <cache>/keda-<version>/crds. Prints the binaries'
+# folder on success. Needs Go (>= the go line of
 # gomod/go.mod) and the Go module proxy.
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces each k8s.io/* staging module
@@ -19,13 +20,16 @@ set -euo pipefail
 KUBERNETES_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
+KEDA_VERSION=v2.21.0
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 GOMOD="$HERE/gomod"
 STAGING_VERSION="v0.${KUBERNETES_VERSION#v1.}"
 CACHE="${JOBPOOL_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobpool/controlplane}"
 DEST="$CACHE/kubernetes-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
+KEDA_DEST="$CACHE/keda-$KEDA_VERSION/crds"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_triggerauthentications.yaml)
 
 command -v go >/dev/null || { echo "controlplane: go is needed" >&2; exit 1; }
 export GOFLAGS=-mod=mod CGO_ENABLED=0
@@ -78,6 +82,22 @@ complete() {
     [ -f "$DEST/kwok-stages.yaml" ] || return 1
     [ -f "$DEST/.complete" ]
 }
+
+# KEDA's CRDs are in no package registry; KEDA's Go module ships them (config/crd/bases).
+# Only these two: the operator makes ScaledObjects and TriggerAuthentications, nothing else.
+fetch_keda_crds() {
+    [ -f "$KEDA_DEST/.complete" ] && return 0
+    local keda_dir name
+    keda_dir="$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+    mkdir -p "$KEDA_DEST"
+    for name in "${KEDA_CRDS[@]}"; do
+        cp "$keda_dir/config/crd/bases/$name" "$KEDA_DEST/$name"
+        chmod u+w "$KEDA_DEST/$name"
+    done
+    touch "$KEDA_DEST/.complete"
+}
+fetch_keda_crds
 
 if complete; then
     echo "$DEST"

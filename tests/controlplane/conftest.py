@@ -20,9 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from helm_binary import CHART, require_helm
 
-from .control_plane import ADMIN_TOKEN, ControlPlane, binaries_folder, free_port, run, started
+from .control_plane import (
+    ADMIN_TOKEN,
+    ApiError,
+    ControlPlane,
+    binaries_folder,
+    free_port,
+    keda_crd_files,
+    run,
+    started,
+)
 from .helpers import OPERATOR_NAMESPACE, RELEASE, SERVICE_ACCOUNT
 
 _namespaces = itertools.count(1)
@@ -31,7 +41,7 @@ _namespaces = itertools.count(1)
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     folder = binaries_folder()
-    if folder is None:
+    if folder is None or keda_crd_files() is None:
         reason = "control plane not built: run tests/controlplane/build.sh"
         if os.environ.get("JOBPOOL_CONTROLPLANE_REQUIRED"):
             pytest.fail(f"{reason}; JOBPOOL_CONTROLPLANE_REQUIRED is set", pytrace=False)
@@ -97,6 +107,48 @@ def release(tools: Tools) -> Tools:
                "--create-namespace", "--set", "rbac.keda=true", "--wait=false")
     tools.plane.wait_for(lambda: crd_established(tools.plane), "the CRD to be Established")
     return tools
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+@pytest.fixture
+def keda(release: Tools) -> Iterator[None]:
+    """KEDA's ScaledObject and TriggerAuthentication CRDs (as KEDA ships them) installed and
+    established for the test, and deleted after it: the other tests run without KEDA."""
+    plane = release.plane
+    names = []
+    for path in keda_crd_files() or ():
+        crd = yaml.safe_load(path.read_text())
+        names.append(crd["metadata"]["name"])
+        plane.admin.create(CRDS, crd)
+
+    def established() -> bool:
+        found = [plane.admin.get(f"{CRDS}/{name}") or {} for name in names]
+        return all(any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or [])
+                   for crd in found)
+
+    def served() -> bool:  # storage comes up after Established: 429 until then
+        try:
+            for name in names:
+                plural, group = name.split(".", 1)
+                plane.admin.items(f"/apis/{group}/v1alpha1/{plural}")
+        except ApiError as exc:
+            if exc.status == 429:
+                return False
+            raise
+        return True
+
+    try:
+        plane.wait_for(established, "KEDA's CRDs to be Established")
+        plane.wait_for(served, "KEDA's resources to be served")
+        yield
+    finally:
+        for name in names:
+            plane.admin.delete(f"{CRDS}/{name}")
+        plane.wait_for(lambda: all(plane.admin.get(f"{CRDS}/{name}") is None for name in names),
+                       "KEDA's CRDs to be deleted")
 
 
 def restricted_namespace(plane: ControlPlane, dsn: str) -> str:

@@ -41,6 +41,21 @@ class ControlPlaneError(Exception):
     """A process of the control plane did not start or answer."""
 
 
+def _pins() -> dict[str, str]:
+    """The versions build.sh pins (KUBERNETES_VERSION=..., KEDA_VERSION=...)."""
+    pins = {}
+    for line in BUILD.read_text().splitlines():
+        name, sign, value = line.partition("=")
+        if sign and name.endswith("_VERSION") and name.isupper():
+            pins[name] = value.strip()
+    return pins
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("JOBPOOL_CONTROLPLANE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jobpool" / "controlplane")
+
+
 def binaries_folder() -> Path | None:
     """The folder build.sh fills (None when it has not been built: build.sh would build it).
 
@@ -51,17 +66,20 @@ def binaries_folder() -> Path | None:
     if explicit:
         folder = Path(explicit)
         return folder if all((folder / name).is_file() for name in BINARIES) else None
-    versions = {}
-    for line in BUILD.read_text().splitlines():
-        for name in ("KUBERNETES_VERSION", "ETCD_VERSION", "KWOK_VERSION"):
-            if line.startswith(f"{name}="):
-                versions[name] = line.split("=", 1)[1].strip()
-    cache = Path(os.environ.get("JOBPOOL_CONTROLPLANE_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jobpool" / "controlplane")
-    folder = cache / (f"kubernetes-{versions['KUBERNETES_VERSION']}-etcd-"
-                      f"{versions['ETCD_VERSION']}-kwok-{versions['KWOK_VERSION']}") / "bin"
+    versions = _pins()
+    folder = _cache() / (f"kubernetes-{versions['KUBERNETES_VERSION']}-etcd-"
+                         f"{versions['ETCD_VERSION']}-kwok-{versions['KWOK_VERSION']}") / "bin"
     complete = (folder / ".complete").is_file() and (folder / "kwok-stages.yaml").is_file()
     return folder if complete else None
+
+
+def keda_crd_files() -> list[Path] | None:
+    """KEDA's ScaledObject and TriggerAuthentication CRDs (YAML files) that build.sh fetched
+    from KEDA's module, or None when it has not fetched them."""
+    folder = _cache() / f"keda-{_pins()['KEDA_VERSION']}" / "crds"
+    if not (folder / ".complete").is_file():
+        return None
+    return sorted(folder.glob("*.yaml"))
 
 
 def free_port() -> int:

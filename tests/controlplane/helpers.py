@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +97,55 @@ def eventually(check: Any, what: str, wait: float = WAIT, *, logs: Any = None) -
             tail = "" if logs is None else "\noperator log:\n" + logs.output()[-4000:]
             pytest.fail(f"gave up waiting: {what}{tail}", pytrace=False)
         time.sleep(0.5)
+
+
+APPLICATION_ROLE = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{RELEASE}-jobpool-application"
+"""The chart's ClusterRole for pools and their children (operator.watchNamespaces empty)."""
+
+
+@contextmanager
+def role_without(plane: ControlPlane, group: str, resources: set[str],
+                 verb: str | None = None) -> Iterator[None]:
+    """The chart's application ClusterRole without `verb` (every verb, if None) on
+    `resources` of API group `group`, as for an operator whose RBAC lacks it; restored on
+    exit."""
+    role = plane.admin.get(APPLICATION_ROLE)
+    rules = []
+    for rule in role["rules"]:
+        matched = set(rule.get("resources", ())) & resources
+        if group not in rule.get("apiGroups", ()) or not matched:
+            rules.append(rule)
+            continue
+        rest = [r for r in rule["resources"] if r not in matched]
+        verbs = [] if verb is None else [v for v in rule["verbs"] if v != verb]
+        if rest:
+            rules.append({**rule, "resources": rest})
+        if verbs:
+            rules.append({**rule, "resources": sorted(matched), "verbs": verbs})
+    plane.admin.patch(APPLICATION_ROLE, {"rules": rules})
+    try:
+        yield
+    finally:
+        plane.admin.patch(APPLICATION_ROLE, {"rules": role["rules"]})
+
+
+KEDA = "/apis/keda.sh/v1alpha1/namespaces/{namespace}/{resource}"
+
+
+def with_lane_mode(document: dict[str, Any], lane: str, mode: str) -> dict[str, Any]:
+    """`document` (a pool) with lane `lane`'s autoscaling mode set to `mode`."""
+    changed = copy.deepcopy(document)
+    for entry in changed["spec"]["lanes"]:
+        if entry["name"] == lane:
+            entry["autoscaling"] = {**(entry.get("autoscaling") or {}), "mode": mode}
+    return changed
+
+
+def reason_of(plane: ControlPlane, namespace: str, kind: str, reason: str,
+              logs: Any = None, name: str = POOL) -> dict[str, Any]:
+    """Pool `name` once its condition `kind` has `reason`."""
+    def check() -> dict[str, Any] | None:
+        pool = pool_object(plane, namespace, name)
+        return pool if condition(pool, kind).get("reason") == reason else None
+
+    return dict(eventually(check, f"{kind}/{reason} on pool {name}", logs=logs))

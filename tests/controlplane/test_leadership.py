@@ -1,7 +1,8 @@
 """Two operator processes share the Lease jobpool-operator: one leads at a time. The leader
 killed: the standby takes over (failover measured, within 30 s). The leader paused (SIGSTOP)
 past its Lease: the standby takes over, and the paused one writes nothing once it resumes.
-Clocks 10 s or 30 s apart (libfaketime) give no second leader."""
+Clocks 10 s or 30 s apart (libfaketime) give no second leader. A leader stopped cleanly
+(SIGTERM) gives the Lease up."""
 
 from __future__ import annotations
 
@@ -95,6 +96,25 @@ def test_failover_after_the_leader_is_killed_or_paused(
         assert led_by(plane, third)
     finally:
         for operator in (first, second, third):
+            if operator is not None:
+                operator.stop()
+
+
+def test_a_leader_that_stops_cleanly_gives_its_lease_up(
+    release: Tools, tmp_path: Path
+) -> None:
+    plane = release.plane
+    first = Operator(plane, tmp_path, "first").start()
+    second = None
+    try:
+        eventually(lambda: led_by(plane, first), "the first operator to lead", logs=first)
+        first.stop()  # SIGTERM, as a rolling update sends it
+        # released, not left to expire: a standby takes it at its next look
+        assert holder(plane) == ""
+        second = Operator(plane, tmp_path, "second").start()
+        eventually(lambda: led_by(plane, second), "the second operator to lead", logs=second)
+    finally:
+        for operator in (first, second):
             if operator is not None:
                 operator.stop()
 

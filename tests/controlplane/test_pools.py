@@ -22,6 +22,7 @@ from .helpers import (
     described,
     events,
     eventually,
+    example_pool,
     operator_writes,
     pods,
     pool_object,
@@ -65,10 +66,18 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
             "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "name": POOL,
             "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
         }], name
+        labels = deployment["metadata"]["labels"]
+        assert labels["jobs.mdm.io/pool"] == POOL
+        assert f"{POOL}-{labels['jobs.mdm.io/lane']}" == name
+        assert not any(key.startswith("kopf.") for key in deployment["metadata"].get(
+            "annotations", {})), "kopf bookkeeping leaked onto a child"
+        assert "finalizers" not in deployment["metadata"]
     container = found[f"{POOL}-heavy"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "jobpool:0.1.0"
     assert container["args"] == ["run", "--slots", "1", "--grace", "30", "--kinds",
                                  "gin_backfill,index_sync"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["JOBPOOL_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "jobpool-db", "key": "dsn"}
     assert found[f"{POOL}-default"]["spec"]["replicas"] == 1  # minReplicas
 
     def default_lane_ready() -> bool:
@@ -76,7 +85,10 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
         return status.get("readyReplicas") == 1
 
     eventually(default_lane_ready, "the default lane's pod to be ready", logs=operator)
-    (pod,) = pods(plane, namespace)
+    # the default lane's pod (lanes at minReplicas 0 may still be removing the one pod the
+    # server's default of 1 replica started before the scaler set 0)
+    (pod,) = [p for p in pods(plane, namespace)
+              if p["metadata"]["name"].startswith(f"{POOL}-default-")]
     assert pod["status"]["phase"] == "Running"  # admitted under "restricted", then scheduled
     refused = [e for e in events(plane, namespace) if e.get("reason") == "FailedCreate"]
     assert refused == [], [e["message"] for e in refused]
@@ -90,6 +102,9 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
 
     status = eventually(ready, "a Reconciled and Ready status", logs=operator)["status"]
     assert status["observedGeneration"] == 1
+    assert [lane["name"] for lane in status["lanes"]] == list(LANES)
+    assert {c["type"] for c in status["conditions"]} == {
+        "Ready", "Degraded", "ScalingActive", "Reconciled"}
     assert condition({"status": status}, "Degraded").get("status") != "True", status
     reasons = [e["reason"] for e in events(plane, namespace)
                if e["involvedObject"].get("kind") == "JobWorkerPool"]
@@ -99,32 +114,118 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
                and e["reason"] == "Reconciled")
 
 
-def test_pending_jobs_scale_a_lane_through_the_scale_subresource(
+def add_jobs(dsn: str, tenant: str, kind: str, count: int, status: str) -> None:
+    """`count` jobs of `kind` for tenant key `tenant` (made if new), in `status`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES (%s) ON CONFLICT DO NOTHING",
+                     (tenant,))
+        conn.execute("INSERT INTO mdm.aa_job_kind (name) VALUES (%s) ON CONFLICT DO NOTHING",
+                     (kind,))
+        running = status == "running"
+        conn.execute(
+            """
+            INSERT INTO mdm.aa_job (tenant_id, job_kind, status, max_attempts, claimed_by,
+                                    claimed_at)
+            SELECT (SELECT id FROM mdm.aa_tenant WHERE key = %(tenant)s), %(kind)s,
+                   %(status)s::mdm.job_status, 3,
+                   CASE WHEN %(running)s THEN 'w/1/x' END, CASE WHEN %(running)s THEN now() END
+              FROM generate_series(1, %(count)s)
+            """, {"tenant": tenant, "kind": kind, "status": status, "running": running,
+                  "count": count})
+
+
+def owned_fields(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
+    return [entry for entry in obj["metadata"].get("managedFields") or ()
+            if entry["manager"] == manager]
+
+
+def test_pending_jobs_scale_the_lanes_that_serve_them_through_the_scale_subresource(
     release: Tools, namespace: str, operator: Operator, dsn: str
 ) -> None:
     plane = release.plane
     apply_example(release, namespace, operator)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        tenant = conn.execute(
-            "INSERT INTO mdm.aa_tenant (key) VALUES ('scaling') RETURNING id").fetchone()
-        assert tenant is not None
-        conn.execute("INSERT INTO mdm.aa_job_kind (name) VALUES ('reindex') "
-                     "ON CONFLICT DO NOTHING")
-        conn.execute(
-            "INSERT INTO mdm.aa_job (tenant_id, job_kind, status, max_attempts) "
-            "SELECT %s, 'reindex', 'pending', 3 FROM generate_series(1, 5)", (tenant[0],))
+    # acme's outbox jobs: served by "default" (all tenants) and "acme"; reindex by "bulk"
+    add_jobs(dsn, "acme", "outbox_dispatch", 17, "pending")
+    add_jobs(dsn, "acme", "outbox_dispatch", 3, "running")
+    add_jobs(dsn, "scaling", "reindex", 5, "pending")
 
-    def bulk_scaled() -> int:
-        replicas = int(deployments(plane, namespace)[f"{POOL}-bulk"]["spec"]["replicas"])
-        return replicas if replicas >= 3 else 0
+    def replicas() -> dict[str, int]:
+        return {name.removeprefix(f"{POOL}-"): int(d["spec"]["replicas"])
+                for name, d in deployments(plane, namespace).items()}
 
-    # bulk: 2 workers a pod, 5 pending jobs: 3 pods (maxReplicas 4)
-    assert eventually(bulk_scaled, "the bulk lane scaled up", logs=operator) == 3
+    # default: 20 jobs / 4 slots; acme: its maxReplicas 4; bulk: 5 jobs / 2 slots
+    expected = {"default": 5, "acme": 4, "bulk": 3, "heavy": 0}
+    eventually(lambda: replicas() == expected, f"replicas {expected}", logs=operator)
     scale_writes = [w for w in operator_writes(plane, namespace)
-                    if w["objectRef"].get("name") == f"{POOL}-bulk"
-                    and w["objectRef"].get("subresource") == "scale"]
-    assert scale_writes, described(operator_writes(plane, namespace))
+                    if w["objectRef"].get("subresource") == "scale"]
+    assert {w["objectRef"]["name"] for w in scale_writes} >= {
+        f"{POOL}-default", f"{POOL}-acme", f"{POOL}-bulk"}, described(scale_writes)
     assert all(w["user"]["username"] == OPERATOR_USER for w in scale_writes)
+
+    # the children are applied without replicas, which the scaler alone writes (a merge
+    # patch of /scale on replicas nobody owned gets no managedFields entry on a real
+    # server: only the operator's side can be checked)
+    bulk = deployments(plane, namespace)[f"{POOL}-bulk"]
+    (applied,) = owned_fields(bulk, "jobpool-operator")
+    assert applied["operation"] == "Apply"
+    assert "f:replicas" not in applied["fieldsV1"]["f:spec"]
+    assert "f:template" in applied["fieldsV1"]["f:spec"]
+
+    def reported() -> dict[str, Any] | None:
+        lanes = {lane["name"]: lane for lane in
+                 ((pool_object(plane, namespace) or {}).get("status") or {}).get("lanes") or []}
+        return lanes if (lanes.get("default") or {}).get("lastScaleReason") == "ScaledUp" \
+            else None
+
+    lanes = eventually(reported, "the scale-up in the status", logs=operator)
+    assert (lanes["default"]["readyJobs"], lanes["default"]["runningJobs"]) == (17, 3)
+    assert lanes["default"]["desiredReplicas"] == 5
+    assert any(e.get("reason") == "ScaledUp" for e in events(plane, namespace))
+
+    # a new image keeps the scaled replicas and what another manager added
+    plane.admin.patch(f"{deployments_path(namespace)}/{POOL}-heavy",
+                      {"metadata": {"annotations": {"mesh.example/inject": "true"}}},
+                      params={"fieldManager": "mesh-injector"})
+    plane.admin.patch(f"{pools_path(namespace)}/{POOL}", {"spec": {"image": "jobpool:0.2.0"}})
+
+    def rolled() -> dict[str, Any] | None:
+        found = deployments(plane, namespace)
+        images = {d["spec"]["template"]["spec"]["containers"][0]["image"]
+                  for d in found.values()}
+        return found if images == {"jobpool:0.2.0"} else None
+
+    found = eventually(rolled, "every lane on the new image", logs=operator)
+    assert found[f"{POOL}-heavy"]["metadata"]["annotations"]["mesh.example/inject"] == "true"
+    assert replicas() == expected
+    eventually(lambda: ((pool_object(plane, namespace) or {}).get("status") or {}).get(
+        "observedGeneration") == 2, "observedGeneration 2", logs=operator)
+
+
+def test_a_removed_lane_loses_its_deployment(
+    release: Tools, namespace: str, operator: Operator
+) -> None:
+    plane = release.plane
+    apply_example(release, namespace, operator)
+    lanes = [lane for lane in example_pool()["spec"]["lanes"] if lane["name"] != "bulk"]
+    plane.admin.patch(f"{pools_path(namespace)}/{POOL}", {"spec": {"lanes": lanes}})
+    found = eventually(lambda: (lambda d: d if f"{POOL}-bulk" not in d else None)(
+        deployments(plane, namespace)), "mdm-jobs-bulk deleted", logs=operator)
+    assert set(found) == CHILDREN - {f"{POOL}-bulk"}
+    args = found[f"{POOL}-default"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--exclude-kinds") + 1] == "gin_backfill,index_sync"
+
+
+def test_the_finalizer_of_older_versions_is_removed(
+    release: Tools, namespace: str, operator: Operator
+) -> None:
+    plane = release.plane
+    document = example_pool()
+    document["metadata"]["finalizers"] = ["jobs.mdm.io/finalizer"]
+    plane.admin.create(pools_path(namespace), document)
+    eventually(lambda: not (pool_object(plane, namespace) or {"metadata": {"finalizers": [1]}})[
+        "metadata"].get("finalizers"), "the old finalizer removed", logs=operator)
+    plane.admin.delete(f"{pools_path(namespace)}/{POOL}")
+    eventually(lambda: pool_object(plane, namespace) is None, "the pool deleted")
 
 
 def test_deleting_the_pool_garbage_collects_its_children(
