@@ -29,8 +29,11 @@ from psycopg.rows import dict_row
 
 from jobpool.db.connect import prepare_threshold, with_tcp_liveness
 from jobpool.db.live_workers import DEAD_AFTER
+from jobpool.db.queries import One
 from jobpool.db.store import OWN_ISOLATION
-from jobpool.sql import QUERIES
+
+LIVE_WORKER_GAUGES = One("live_worker_gauges")
+QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
 
 log = logging.getLogger("jobpool.metrics")
 
@@ -202,13 +205,12 @@ class QueueGauges(Collector):
                 conn = await self._connection()
                 async with conn.pipeline():
                     await conn.execute(GAUGE_SETTINGS)
-                    cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
+                    cur = await conn.execute(QUEUE_GAUGE_SNAPSHOT.text,
                                              {"max_age": self.max_age})
                     await conn.commit()
                 row = await cur.fetchone()
-                cur = await conn.execute(QUERIES["live_worker_gauges"].text,
+                workers = await LIVE_WORKER_GAUGES(conn,
                                          {"dead_after": DEAD_AFTER})
-                workers = await cur.fetchone()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
                 self.failure = str(exc) or type(exc).__name__

@@ -13,8 +13,10 @@ import pytest
 
 from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.core.scaling import LaneJobs, ScalingPolicy, decide_replicas
+from jobpool.db.queries import Many
 from jobpool.k8s import manifests, reconcile, status
-from jobpool.sql import QUERIES
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33.0"
@@ -23,7 +25,7 @@ OWNER_BODY = {
     "metadata": {"name": "mdm-jobs", "namespace": "mdm", "uid": "5b1e-uid"},
 }
 OWNER = manifests.build_owner_reference(OWNER_BODY)
-COUNT = QUERIES["count_lane_jobs"].text
+COUNT = COUNT_LANE_JOBS.text
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 

@@ -25,8 +25,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.retry import retry_pause
 from jobpool.db.connect import lost_connection, open_live_pool, probe
+from jobpool.db.queries import One
 from jobpool.errors import JobpoolError, SchemaNotMigratedError
-from jobpool.sql import QUERIES
+
+PING = One("ping")
 
 log = logging.getLogger("jobpool.api")
 
@@ -106,7 +108,7 @@ class DatabaseLink:
             # a pool busy with other calls is not an outage: only a failed connection counts
             with contextlib.suppress(psycopg.OperationalError, TimeoutError):
                 async with asyncio.timeout(READY_CHECK_TIMEOUT), self.connection() as conn:
-                    await conn.execute(QUERIES["ping"].text)
+                    await PING(conn)
         return self.not_ready()
 
     def lost(self, exc: BaseException) -> None:

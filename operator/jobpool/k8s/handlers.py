@@ -41,6 +41,7 @@ from jobpool.core.scaling import (
     fixed_replicas,
 )
 from jobpool.db.lane_counts import LaneCounter
+from jobpool.db.queries import Many
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
 from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
@@ -75,7 +76,8 @@ from jobpool.k8s.status import (
     status_changed,
     timestamp,
 )
-from jobpool.sql import QUERIES
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 VERSION = "v1alpha1"
 PLURAL = "jobworkerpools"
@@ -337,7 +339,7 @@ class PoolController:
             outcome.problems.append(Problem("ReconcileFailed", f"reading the pool's children "
                                             f"failed: {exc}"))
             return outcome, {}
-        plan = plan_reconcile(pool, owner, live, keda, QUERIES["count_lane_jobs"].text)
+        plan = plan_reconcile(pool, owner, live, keda, COUNT_LANE_JOBS.text)
         outcome.problems += [Problem("NameConflict", c.message) for c in plan.conflicts]
         if problem is not None:
             outcome.problems.append(problem)

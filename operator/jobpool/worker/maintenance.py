@@ -24,9 +24,14 @@ from psycopg import AsyncConnection
 
 from jobpool import settings
 from jobpool.db.connect import connect
-from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
+from jobpool.db.queries import Many, One, Row
+from jobpool.db.store import QueueStore
 from jobpool.job import Job
 from jobpool.registry import kind
+
+DELETE_EXPIRED_DONE_JOBS = One("delete_expired_done_jobs")
+RECOVER_STALE_CLAIMS = Many("recover_stale_claims")
+TAKE_MAINTENANCE_TURN = One("take_maintenance_turn")
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +64,21 @@ def cleanup_step(name: str) -> Callable[[Step], Step]:
 async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
     """Take back the claims whose lease lapsed, in `conn`'s transaction; return their
     (id, job_kind, status, attempts). `actor` is the audit principal of the DLQ moves."""
-    return await fetch_all(conn, "recover_stale_claims", {"actor": actor})
+    return await RECOVER_STALE_CLAIMS(conn, {"actor": actor})
 
 
 async def delete_expired_done_jobs(
     conn: AsyncConnection[Any], *, retention: float, batch: int
 ) -> int:
     """Delete up to `batch` done jobs older than `retention` seconds; return how many."""
-    row = await fetch_one(conn, "delete_expired_done_jobs",
-                          {"retention": retention, "batch": batch})
+    row = await DELETE_EXPIRED_DONE_JOBS(conn, {"retention": retention, "batch": batch})
     return int(row["deleted"]) if row else 0
 
 
 async def take_maintenance_turn(conn: AsyncConnection[Any], task: str, every: float) -> bool:
     """Whether this worker takes the turn at `task` (it last ran `every` seconds ago or more).
     Commit at once: the other workers skip the turn from then on."""
-    return await fetch_one(conn, "take_maintenance_turn", {"task": task, "every": every}) \
+    return await TAKE_MAINTENANCE_TURN(conn, {"task": task, "every": every}) \
         is not None
 
 

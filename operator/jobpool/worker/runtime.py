@@ -49,6 +49,7 @@ from jobpool.db.connect import (
     transaction_conflict,
     with_tcp_liveness,
 )
+from jobpool.db.queries import Exec, One
 from jobpool.db.store import Completion, QueueStore
 from jobpool.errors import (
     ConnectionBudgetError,
@@ -61,7 +62,6 @@ from jobpool.job import Job
 from jobpool.metrics import Outcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
-from jobpool.sql import QUERIES
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.config import (
     POLL_ONLY_INTERVAL,
@@ -74,6 +74,9 @@ from jobpool.worker.leases import LeaseKeeper
 from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.slot_connections import LazyConnection, NoSlotConnection, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
+
+LISTEN_FOR_JOBS = Exec("listen_for_jobs")
+PING = One("ping")
 
 log = logging.getLogger("jobpool.worker")
 
@@ -1005,7 +1008,7 @@ class Worker:
                 assert self.listen_dsn is not None
                 async with await AsyncConnection.connect(with_tcp_liveness(self.listen_dsn),
                                                          autocommit=True) as conn:
-                    await conn.execute(QUERIES["listen_for_jobs"].text)
+                    await LISTEN_FOR_JOBS(conn)
                     self.listening, failures = True, 0
                     self.background.healthy("listen")
                     self.wake.set()  # catch up with whatever arrived while not listening
@@ -1013,7 +1016,7 @@ class Worker:
                         async for note in conn.notifies(timeout=15.0):
                             if note.payload in served:
                                 self.wake.set()
-                        await conn.execute(QUERIES["ping"].text)
+                        await PING(conn)
             except psycopg.OperationalError as exc:
                 self.listening = False  # readiness says so during the pause below
                 failures += 1
