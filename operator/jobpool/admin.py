@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from jobpool.core.tenants import tenant_id_of, tenant_ref
-from jobpool.db.queries import Many, One
+from jobpool.db.queries import Many, One, Row
 from jobpool.errors import JobNotFoundError, JobStateError, UnknownTenantError
 
 DISCARD_JOB = One("discard_job")
@@ -35,7 +35,6 @@ STOP_JOB = One("stop_job")
 STATUSES = ("pending", "running", "done", "dlq", "failed")
 """The values of `mdm.job_status` (`failed` is the manual stop flag)."""
 
-Row = dict[str, Any]
 
 MAX_JOB_ID = 9_223_372_036_854_775_807
 """Job ids are bigint."""

@@ -37,7 +37,7 @@ QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
 
 log = logging.getLogger("jobpool.metrics")
 
-Outcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "error"]
+JobOutcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "error"]
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -142,7 +142,7 @@ class WorkerMetrics(MetricsExposition):
         self._attempts: dict[tuple[str, str], Any] = {}
         self._timings: dict[str, tuple[Any, Any]] = {}
 
-    def observe(self, kind: str, outcome: Outcome, *, claim_latency: float | None,
+    def observe(self, kind: str, outcome: JobOutcome, *, claim_latency: float | None,
                 processing: float | None) -> None:
         """Count one finished attempt; record the latency and duration when given (seconds)."""
         attempts = self._attempts.get((kind, outcome))

@@ -27,7 +27,7 @@ from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
 from jobpool.job import Job
-from jobpool.metrics import Outcome
+from jobpool.metrics import JobOutcome
 from jobpool.registry import load_kind_modules
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import PROBE_TIMEOUT, Worker, pool_size
@@ -230,7 +230,7 @@ class _CountingWorker(Worker):
         super().__init__(*args, **kwargs)
         self.outcomes: Counter[str] = Counter()
 
-    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
+    def observe(self, job: Job, outcome: JobOutcome, started: float) -> None:
         """Count the outcome, then record it in metrics as every worker does."""
         self.outcomes[outcome] += 1
         super().observe(job, outcome, started)

@@ -17,7 +17,7 @@ from jobpool.core.actors import actor_kind, actor_name
 from jobpool.core.lane_activity import lane_activity
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.live_workers import live_workers, running_jobs
-from jobpool.db.queries import Many, One
+from jobpool.db.queries import Many, One, Row
 
 AUDIT_ENTRY = One("audit_entry")
 DATABASE_NOW = One("database_now")
@@ -27,7 +27,6 @@ SCOPED_RATE_LIMITS = Many("scoped_rate_limits")
 WAITING_JOBS = Many("waiting_jobs")
 
 
-Row = dict[str, Any]
 
 MAX_HISTORY = 500
 """Audit rows of one job that its history lists (a job replayed this often is a bug)."""

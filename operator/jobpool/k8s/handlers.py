@@ -205,7 +205,7 @@ class PoolIndex:
 
 
 @dataclass
-class Outcome:
+class SyncOutcome:
     """What one sync of a pool did and met."""
 
     done: list[Action] = field(default_factory=list)
@@ -326,9 +326,9 @@ class PoolController:
 
     async def _reconcile(
         self, pool: PoolSpec, body: Mapping[str, Any], namespace: str
-    ) -> tuple[Outcome, dict[str, dict[str, Any]]]:
+    ) -> tuple[SyncOutcome, dict[str, dict[str, Any]]]:
         """Read, plan and apply the pool's children; the Deployments live afterwards."""
-        outcome = Outcome()
+        outcome = SyncOutcome()
         try:
             owner = build_owner_reference(body)
             live = await self._children("Deployment", namespace, pool.name,
@@ -349,7 +349,7 @@ class PoolController:
 
     async def _carry_out(
         self, pool: PoolSpec, plan: ReconcilePlan, namespace: str,
-        own: dict[str, dict[str, Any]], outcome: Outcome,
+        own: dict[str, dict[str, Any]], outcome: SyncOutcome,
     ) -> None:
         first_replicas = {deployment_name(pool.name, lane.name): lane.min_replicas
                           for lane in pool.lanes}
@@ -424,7 +424,7 @@ class PoolController:
         return KedaChildren(scaled, auth), None
 
     async def _announce(
-        self, body: Mapping[str, Any], pool: PoolSpec, outcome: Outcome,
+        self, body: Mapping[str, Any], pool: PoolSpec, outcome: SyncOutcome,
         previous: Mapping[str, Any], now: datetime,
     ) -> None:
         """Events: what was done, and each warning or problem once (not on every sync)."""

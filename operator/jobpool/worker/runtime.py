@@ -59,7 +59,7 @@ from jobpool.errors import (
     UnknownTenantError,
 )
 from jobpool.job import Job
-from jobpool.metrics import Outcome, WorkerMetrics
+from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import current as current_settings
 from jobpool.worker.background import BackgroundTasks
@@ -690,13 +690,13 @@ class Worker:
                 f"handler returned {type(result).__name__}, expected a mapping or None")
         return result
 
-    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
+    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> JobOutcome:
         """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
         assert self.store is not None
         self.leases.finishing(job.id)
         decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
                                 policy=spec.defaults.backoff, rng=self.rng)
-        outcome: Outcome
+        outcome: JobOutcome
         store = self.store
         try:
             match decision:
@@ -722,7 +722,7 @@ class Worker:
             return "lost_claim"
         return outcome
 
-    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> Outcome:
+    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> JobOutcome:
         """Hand back a job that the database, not its handler, stopped: its connection failed
         (a restart, a switchover, a pooler), or the server rolled its transaction back for a
         conflict with another, or no slot connection was ready after an outage. The attempt
@@ -826,7 +826,7 @@ class Worker:
         """Wake the fetch loop when something this worker scheduled `delay` s ahead falls due."""
         asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
 
-    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
+    def observe(self, job: Job, outcome: JobOutcome, started: float) -> None:
         """Record one finished attempt of `job` (its claim latency and run time) in metrics."""
         ran = outcome != "rate_limited"
         if outcome == "done":

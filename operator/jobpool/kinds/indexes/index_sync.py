@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from jobpool import settings
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
-from jobpool.db.queries import Exec, One
+from jobpool.db.queries import Exec, One, Row
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.kinds.entities.attributes import DataType
@@ -59,7 +59,6 @@ EXPLAIN_ATTRIBUTE_SORT = One("explain_attribute_sort")
 DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=3 * 3600.0)
 """Per-kind build limits (seconds); a payload may override either."""
 
-Row = dict[str, Any]
 
 
 class SyncPayload(BuildPayload, frozen=True, kw_only=True):

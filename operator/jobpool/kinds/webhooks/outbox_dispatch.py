@@ -41,8 +41,8 @@ from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.kinds.webhooks.signing import (
     Delivered,
+    DeliveryOutcome,
     Gone,
-    Outcome,
     Rejected,
     Transient,
     Undeliverable,
@@ -274,7 +274,7 @@ def _allow_networks() -> tuple[Network, ...]:
     return parse_networks(settings.current().webhook_allow_networks)
 
 
-async def _attempt(delivery: Mapping[str, Any], body: bytes) -> Outcome:
+async def _attempt(delivery: Mapping[str, Any], body: bytes) -> DeliveryOutcome:
     """Send one signed attempt and say what the answer means."""
     try:
         headers = signed_headers(delivery["secret"], delivery["webhook_id"],
