@@ -35,6 +35,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from jobpool.core.crd import API_VERSION
 from jobpool.db.queries import Many, One
 
 CLAIM_JOBS = Many("claim_jobs")
@@ -434,7 +435,7 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
                          for _ in range(repeat)]
             from jobpool.core.poolspec import load_pool
 
-            pool = load_pool({"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+            pool = load_pool({"apiVersion": API_VERSION, "kind": "JobWorkerPool",
                               "metadata": {"name": "bench"},
                               "spec": {"image": "i", "database": {"secretName": "s"},
                                        "lanes": [{"name": "default"},

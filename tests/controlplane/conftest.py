@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from helm_binary import CHART, require_helm
 
+from jobpool.core.crd import CRD_NAME
+
 from .control_plane import ADMIN_TOKEN, ControlPlane, binaries_folder, free_port, run, started
 from .helpers import OPERATOR_NAMESPACE, RELEASE, SERVICE_ACCOUNT
 
@@ -84,7 +86,7 @@ def tools(control_plane: ControlPlane, helm: str, kubectl: str,
 
 def crd_established(plane: ControlPlane) -> bool:
     crd = plane.admin.get(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobworkerpools.jobs.mdm.io")
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
     conditions = ((crd or {}).get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 

@@ -41,13 +41,14 @@ from k8s_emulator import (
 )
 from operator_rbac import KEDA_NEEDS, OPERATOR_NEEDS, rbac_objects
 
+from jobpool.core.crd import API_VERSION, PLURAL
 from jobpool.db.lane_counts import count_lane_jobs_at
 from jobpool.k8s.handlers import CountJobs, OperatorConfig, run_operator
 from jobpool.k8s.lease import LeaseTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "mdm"
-POOLS = f"/apis/jobs.mdm.io/v1alpha1/namespaces/{NAMESPACE}/jobworkerpools"
+POOLS = f"/apis/{API_VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 SCALED_OBJECTS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/scaledobjects"
 TRIGGER_AUTHS = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/triggerauthentications"
@@ -235,7 +236,7 @@ async def test_example_pool_becomes_one_owned_deployment_per_lane(cluster: Clust
     uid = pool["metadata"]["uid"]
     for name, deployment in found.items():
         owners = deployment["metadata"]["ownerReferences"]
-        assert owners == [{"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        assert owners == [{"apiVersion": API_VERSION, "kind": "JobWorkerPool",
                            "name": "mdm-jobs", "uid": uid, "controller": True,
                            "blockOwnerDeletion": True}], name
         labels = deployment["metadata"]["labels"]

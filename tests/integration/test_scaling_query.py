@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.core.scaling import LaneJobs
 from jobpool.db.lane_counts import LaneCounter, count_lane_jobs, count_lane_jobs_at
@@ -22,7 +23,7 @@ KINDS = ["email_send", "outbox_dispatch", "bulk_import", "reindex", "index_sync"
 
 def pool_of(*lanes: dict[str, Any]) -> PoolSpec:
     return load_pool({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": "p"},
         "spec": {"image": "i", "database": {"secretName": "s"}, "lanes": list(lanes)},
     })

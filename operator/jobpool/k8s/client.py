@@ -26,7 +26,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Secret
 from lightkube.types import CascadeType, PatchType
 
-from jobpool.core.poolspec import API_VERSION, KIND
+from jobpool.core.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from jobpool.errors import JobpoolError
 
 FIELD_MANAGER = "jobpool-operator"
@@ -44,7 +44,7 @@ ScaledObject = create_namespaced_resource(
 TriggerAuthentication = create_namespaced_resource(
     "keda.sh", "v1alpha1", "TriggerAuthentication", "triggerauthentications")
 JobWorkerPool = create_namespaced_resource(
-    "jobs.mdm.io", "v1alpha1", KIND, "jobworkerpools")
+    GROUP, VERSION, KIND, PLURAL)
 ChildKind = Literal["Deployment", "ScaledObject", "TriggerAuthentication"]
 _CHILDREN: dict[str, Any] = {
     "Deployment": Deployment, "ScaledObject": ScaledObject,

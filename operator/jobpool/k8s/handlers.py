@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 import kopf
 from lightkube.config.kubeconfig import SingleConfig
 
+from jobpool.core.crd import GROUP, PLURAL, VERSION
 from jobpool.core.poolspec import Lane, PoolSpec, PoolSpecError, load_pool
 from jobpool.core.scaling import (
     LaneJobs,
@@ -46,7 +47,6 @@ from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, lo
 from jobpool.k8s.leader import Leader, NotLeading
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
-    GROUP,
     build_owner_reference,
     deployment_name,
     pool_selector,
@@ -79,8 +79,6 @@ from jobpool.k8s.status import (
 
 COUNT_LANE_JOBS = Many("count_lane_jobs")
 
-VERSION = "v1alpha1"
-PLURAL = "jobworkerpools"
 DEFAULT_SCALE_INTERVAL = 15.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
