@@ -26,8 +26,8 @@ VALUE_ERRORS = [
     "jobpool.kinds.entities.attributes.FieldValueError",
     "jobpool.kinds.email.mail.PayloadError",
     "jobpool.core.poolspec.PoolSpecError",
-    "jobpool.kinds.webhooks.ssrf.InvalidWebhookURL",
-    "jobpool.kinds.webhooks.ssrf.TargetRefused",
+    "jobpool.kinds.webhooks.ssrf.InvalidWebhookURLError",
+    "jobpool.kinds.webhooks.ssrf.TargetRefusedError",
     "jobpool.kinds.webhooks.signing.WebhookVerificationError",
     "jobpool.core.yamlfile.YamlLimitError",
 ]
@@ -108,3 +108,28 @@ def test_try_again_later_has_one_name_per_idea() -> None:
     assert retries == ["jobpool.core.retry.Retry", "jobpool.errors.RetryAfter"]
     assert "jobpool.kinds.webhooks.signing.Transient" in classes
     assert "jobpool.kinds.attachments.clamd.Transient" in classes
+
+
+KEEP_THEIR_NAMES: dict[str, str] = {
+    # "jobpool.module.Name": why it is not named `...Error`
+    "jobpool.errors.RetryAfter": "a request to retry later, not an error; README API",
+    "jobpool.kinds.email.email_send.SmtpNotConfigured": "named in `last_error`, README",
+    "jobpool.kinds.attachments.virus_scan.ScanFailed": "named in `last_error`, README",
+    "jobpool.kinds.webhooks.outbox_dispatch.DeliveryFailed": "named in `last_error`, README",
+    "jobpool.worker.runtime.ClaimLost": "worker internals, renamed with the worker's split",
+    "jobpool.worker.runtime.ResultRefused": "named in `last_error`, README",
+    "jobpool.worker.runtime.HandlerExit": "named in `last_error`, README",
+    "jobpool.worker.slot_connections.NoSlotConnection": "renamed with the worker's split",
+}
+"""Exceptions whose names stay: a name a user reads in a job's `last_error` changes only
+together with the docs that list it."""
+
+
+def test_error_classes_are_named_error() -> None:
+    misnamed = sorted(name for name in defined_exceptions()
+                      if not name.endswith("Error") and name not in KEEP_THEIR_NAMES)
+    assert misnamed == []
+
+
+def test_the_names_kept_are_still_defined() -> None:
+    assert sorted(set(KEEP_THEIR_NAMES) - set(defined_exceptions())) == []

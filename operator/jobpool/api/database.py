@@ -45,14 +45,14 @@ READY_CHECK_TIMEOUT = 5.0
 """Seconds /readyz's check of a pooled connection may take."""
 
 
-class DatabaseAway(JobpoolError):
+class DatabaseAwayError(JobpoolError):
     """The API's database does not answer (or is not migrated) now: a 503 naming why."""
 
 
 class DatabaseLink:
     """The pool of the API's connections to `dsn`, and why there is none while there is none.
 
-    `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAway
+    `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAwayError
     at once (never waits for a database that is away); `close()` ends it all.
     """
 
@@ -88,11 +88,11 @@ class DatabaseLink:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection (dict rows). Raises DatabaseAway while the database is away;
+        """A pooled connection (dict rows). Raises DatabaseAwayError while the database is away;
         a connection that fails on the way (psycopg.OperationalError, raised) starts the
         probe again."""
         if self.problem is not None or self.pool is None:
-            raise DatabaseAway(self.problem or "waiting for the database")
+            raise DatabaseAwayError(self.problem or "waiting for the database")
         try:
             async with self.pool.connection() as conn:
                 yield conn

@@ -63,20 +63,20 @@ class ApiError(JobpoolError):
         self.message = message
 
 
-class NoCredentials(JobpoolError):
+class NoCredentialsError(JobpoolError):
     """Neither a kubeconfig nor an in-cluster ServiceAccount gives access to a cluster."""
 
 
 def load_config(kubeconfig: str | None = None) -> SingleConfig:
     """The cluster and credentials to use: `kubeconfig` if given, else in-cluster, else
-    KUBECONFIG or ~/.kube/config. Raises NoCredentials when none works."""
+    KUBECONFIG or ~/.kube/config. Raises NoCredentialsError when none works."""
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     except ConfigError as exc:
-        raise NoCredentials(str(exc)) from exc
+        raise NoCredentialsError(str(exc)) from exc
     single = config.get()
     if single is None:
-        raise NoCredentials("the kubeconfig has no current context")
+        raise NoCredentialsError("the kubeconfig has no current context")
     return single
 
 

@@ -44,7 +44,7 @@ from jobpool.core.scaling import (
 from jobpool.db.lane_counts import LaneCounter
 from jobpool.db.queries import Many
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
-from jobpool.k8s.leader import Leader, NotLeading
+from jobpool.k8s.leader import Leader, NotLeadingError
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
     build_owner_reference,
@@ -251,14 +251,14 @@ class PoolController:
     async def _write(self, call: Awaitable[T]) -> T:
         """Await the write `call` if this replica leads, within the seconds it may take.
 
-        Raises NotLeading (the write never goes out) when it does not lead any more, which
+        Raises NotLeadingError (the write never goes out) when it does not lead any more, which
         a round of many requests can outlast, and ApiError 504 when the write took too
         long (a standby may lead by then)."""
         budget = self.write_budget()
         if budget is None:
             if inspect.iscoroutine(call):
                 call.close()
-            raise NotLeading("this replica does not lead: writes stop")
+            raise NotLeadingError("this replica does not lead: writes stop")
         try:
             async with asyncio.timeout(budget):
                 return await call
@@ -286,7 +286,7 @@ class PoolController:
                 continue
             try:
                 written = await self.sync(body)
-            except NotLeading:
+            except NotLeadingError:
                 log.warning("leadership ended during a round: its other syncs are left out")
                 return
             except Exception:  # one pool's failure must not stop the others
@@ -685,7 +685,7 @@ async def run_operator(
     count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
-    on the way out. Raises NoCredentials when there is no cluster to talk to, ValueError
+    on the way out. Raises NoCredentialsError when there is no cluster to talk to, ValueError
     for a health endpoint that is not http://.
 
     It serves pools once their API answers (see wait_for_pools_api); until then its

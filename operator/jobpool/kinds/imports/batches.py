@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 Conn = AsyncConnection[dict[str, Any]]
 
 
-class ImportClaimLost(JobpoolError):
+class ImportClaimLostError(JobpoolError):
     """The job no longer holds its claim; another run owns the import now."""
 
 
@@ -158,14 +158,15 @@ def _staged(row: dict[str, Any]) -> StagedRow:
 async def run_batch(side: Conn, job: Job, spec: ImportSpec, batch_size: int) -> BatchCounts | None:
     """Commit the next batch after the progress marker; None when no staged row is left.
 
-    Raises ImportClaimLost when the job lost its claim (nothing of the batch commits).
+    Raises ImportClaimLostError when the job lost its claim (nothing of the batch commits).
     """
     async with side.transaction():
         progress = await LOCK_IMPORT_PROGRESS(side, {
             "id": spec.id, "job_id": job.id, "claimed_by": job.claimed_by,
             "attempts": job.attempts})
         if progress is None:
-            raise ImportClaimLost(f"job {job.id} no longer holds its claim on import {spec.id}")
+            raise ImportClaimLostError(
+                f"job {job.id} no longer holds its claim on import {spec.id}")
         rows = [_staged(row) for row in await NEXT_IMPORT_ROWS(side, {
             "id": spec.id, "after": progress["last_line"], "limit": batch_size,
             "max_chars": MAX_BATCH_CHARS})]

@@ -47,7 +47,7 @@ LOCK_POLL = 1.0
 """Seconds between tries for the index DDL lock."""
 
 
-class BuildBlocked(JobpoolError):
+class BuildBlockedError(JobpoolError):
     """A build or drop gave up waiting (lock_timeout/statement_timeout); retried with backoff."""
 
 
@@ -156,7 +156,7 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
         ) from exc
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
         note = await _cleanup_invalid(side, work.name)
-        raise BuildBlocked(
+        raise BuildBlockedError(
             f"building index {work.name} gave up: {exc.diag.message_primary or exc} "
             f"(lock_timeout {timeouts.lock_timeout:g}s, statement_timeout "
             f"{timeouts.statement_timeout:g}s; a long transaction may hold a lock on "
@@ -178,7 +178,7 @@ async def _drop(side: Conn, name: str, timeouts: BuildTimeouts) -> None:
     try:
         await drop_index(side, name)
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-        raise BuildBlocked(
+        raise BuildBlockedError(
             f"dropping index {name} gave up: {exc.diag.message_primary or exc} "
             f"(lock_timeout {timeouts.lock_timeout:g}s)") from exc
 
@@ -236,7 +236,7 @@ async def sync_index(
     timeouts apply: builds conflict with each other on the table's lock, and a queue behind
     the advisory lock beats failing on lock_timeout. After a build the table is ANALYZEd so
     that the EXPLAIN shows what the planner does with real statistics. Raises PermanentError
-    (duplicate key on a unique build; a value that does not convert), BuildBlocked (gave up
+    (duplicate key on a unique build; a value that does not convert), BuildBlockedError (gave up
     waiting; no INVALID index is left where it could be dropped), RuntimeError (the job's
     own transaction holds a snapshot), or psycopg errors (transient).
     """

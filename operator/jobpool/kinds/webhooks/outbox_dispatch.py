@@ -53,10 +53,10 @@ from jobpool.kinds.webhooks.signing import (
 )
 from jobpool.kinds.webhooks.ssrf import (
     Address,
-    InvalidWebhookURL,
+    InvalidWebhookURLError,
     Network,
     Target,
-    TargetRefused,
+    TargetRefusedError,
     check_target,
     parse_networks,
     webhook_target,
@@ -162,7 +162,7 @@ class PinnedResolver(AbstractResolver):
 async def checked_addresses(target: Target, allow: tuple[Network, ...]) -> list[Address]:
     """Resolve the target's host once and check every address.
 
-    Raises TargetRefused (a refused address), TransportError (DNS failure).
+    Raises TargetRefusedError (a refused address), TransportError (DNS failure).
     """
     if target.address is not None:
         addresses = [target.address]
@@ -203,7 +203,8 @@ async def post_webhook(
 
     Host header and TLS SNI stay the URL's host name. No redirects, no proxies from the
     environment, CONNECT_TIMEOUT / TOTAL_TIMEOUT, at most RESPONSE_READ_LIMIT bytes read.
-    Raises InvalidWebhookURL, TargetRefused (both: nothing was connected to), TransportError.
+    Raises InvalidWebhookURLError, TargetRefusedError (both: nothing was connected to),
+    TransportError.
     """
     target = webhook_target(url)
     addresses = await checked_addresses(target, allow)
@@ -283,7 +284,7 @@ async def _attempt(delivery: Mapping[str, Any], body: bytes) -> DeliveryOutcome:
         return Undeliverable(f"subscription {delivery['subscription_id']}: {exc}")
     try:
         answer = await post_webhook(delivery["url"], headers, body, _allow_networks())
-    except (InvalidWebhookURL, TargetRefused) as exc:
+    except (InvalidWebhookURLError, TargetRefusedError) as exc:
         return Undeliverable(str(exc))
     except TransportError as exc:
         return Transient(str(exc))
