@@ -45,7 +45,7 @@ def _explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query)
     with conn.transaction(force_rollback=True):
         if claim:
-            conn.execute(CLAIM_SESSION.text)
+            CLAIM_SESSION.sync(conn)
         lines = [row["QUERY PLAN"] for row in conn.execute(explain, params).fetchall()]
     text = "\n".join(lines)
     top = next((line for line in lines if "Buffers:" in line), "")
@@ -85,8 +85,8 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
         for _ in range(max(10, repeat * 10)):
             for label, params in (("claim_all_kinds", claim), ("claim_one_kind", one_kind)):
                 t = time.perf_counter()
-                conn.execute(CLAIM_SESSION.text)
-                rows = conn.execute(CLAIM_JOBS.text, params).fetchall()
+                CLAIM_SESSION.sync(conn)
+                rows = CLAIM_JOBS.sync(conn, params)
                 conn.commit()
                 timings[label].append((time.perf_counter() - t) * 1000)
                 assert len(rows) == 4

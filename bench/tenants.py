@@ -79,7 +79,7 @@ def _explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
 
     with conn.transaction(force_rollback=True):
         if plan_claim:
-            conn.execute(CLAIM_SESSION.text)
+            CLAIM_SESSION.sync(conn)
         lines = [row["QUERY PLAN"] for row in conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query), params).fetchall()]
     text = "\n".join(lines)

@@ -70,8 +70,7 @@ def seeded(dsn: str) -> Seeded:
     """
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         registry = load_kind_modules()
-        conn.execute(REGISTER_KINDS.text,
-                     kind_rows([registry.get(kind) for kind in KINDS]))
+        REGISTER_KINDS.sync(conn, kind_rows([registry.get(kind) for kind in KINDS]))
         tenants: dict[str, uuid.UUID] = {}
         for key, metadata in (("acme", '{"rate_limit": {"email_send": {"rps": 5, "burst": 10}}}'),
                               ("globex", "{}")):
