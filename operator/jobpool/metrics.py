@@ -32,6 +32,7 @@ from jobpool.db.live_workers import DEAD_AFTER
 from jobpool.db.queries import One
 from jobpool.db.store import OWN_ISOLATION
 
+GAUGE_TRANSACTION_SETTINGS = One("gauge_transaction_settings")
 LIVE_WORKER_GAUGES = One("live_worker_gauges")
 QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
 
@@ -47,12 +48,6 @@ DURATION_BUCKETS = (
 
 GAUGE_MAX_AGE = 5.0
 """Seconds a queue gauge snapshot is served before one worker of the pool takes a new one."""
-
-GAUGE_SETTINGS = ("SELECT set_config('statement_timeout', '10000', true) AS statement_timeout,"
-                  " set_config('jit', 'off', true) AS jit")
-"""The gauge transaction's own settings (SET LOCAL, which a transaction pooler passes, unlike
-startup options): the grouped count stops after 10 s, and JIT compiling it would cost more
-than the count itself."""
 
 QUEUE_GAUGES = (
     ("mdm_jobs_pending", "pending", "Jobs in status pending (runnable now or later)."),
@@ -204,13 +199,12 @@ class QueueGauges(Collector):
             try:
                 conn = await self._connection()
                 async with conn.pipeline():
-                    await conn.execute(GAUGE_SETTINGS)
+                    await conn.execute(GAUGE_TRANSACTION_SETTINGS.text)
                     cur = await conn.execute(QUEUE_GAUGE_SNAPSHOT.text,
                                              {"max_age": self.max_age})
                     await conn.commit()
                 row = await cur.fetchone()
-                workers = await LIVE_WORKER_GAUGES(conn,
-                                         {"dead_after": DEAD_AFTER})
+                workers = await LIVE_WORKER_GAUGES(conn, {"dead_after": DEAD_AFTER})
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)
                 self.failure = str(exc) or type(exc).__name__
