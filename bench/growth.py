@@ -16,7 +16,13 @@ from common import PREFIX, drop_database, recreate_database
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from jobpool.sql import QUERIES
+from jobpool.db.queries import Many, One
+
+CLAIM_JOBS = Many("claim_jobs")
+CLAIM_SESSION = One("claim_session")
+COUNT_LANE_JOBS = Many("count_lane_jobs")
+QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
+
 
 KINDS = [f"bench_k{i}" for i in range(8)]
 TENANTS = 50
@@ -39,7 +45,7 @@ def _explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query)
     with conn.transaction(force_rollback=True):
         if claim:
-            conn.execute(QUERIES["claim_session"].text)
+            CLAIM_SESSION.sync(conn)
         lines = [row["QUERY PLAN"] for row in conn.execute(explain, params).fetchall()]
     text = "\n".join(lines)
     top = next((line for line in lines if "Buffers:" in line), "")
@@ -79,8 +85,8 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
         for _ in range(max(10, repeat * 10)):
             for label, params in (("claim_all_kinds", claim), ("claim_one_kind", one_kind)):
                 t = time.perf_counter()
-                conn.execute(QUERIES["claim_session"].text)
-                rows = conn.execute(QUERIES["claim_jobs"].text, params).fetchall()
+                CLAIM_SESSION.sync(conn)
+                rows = CLAIM_JOBS.sync(conn, params)
                 conn.commit()
                 timings[label].append((time.perf_counter() - t) * 1000)
                 assert len(rows) == 4
@@ -89,14 +95,14 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
         result: dict[str, Any] = {
             "pending": size, "fill_s": round(fill_s, 1),
             **{f"{k}_ms_median": statistics.median(v) for k, v in timings.items()},
-            "claim_explain": _explain(conn, QUERIES["claim_jobs"].text, claim, claim=True),
-            "claim_one_kind_explain": _explain(conn, QUERIES["claim_jobs"].text, one_kind,
+            "claim_explain": _explain(conn, CLAIM_JOBS.text, claim, claim=True),
+            "claim_one_kind_explain": _explain(conn, CLAIM_JOBS.text, one_kind,
                                                claim=True),
-            "queue_gauges_explain": _explain(conn, QUERIES["queue_gauge_snapshot"].text,
+            "queue_gauges_explain": _explain(conn, QUEUE_GAUGE_SNAPSHOT.text,
                                              {"max_age": 0}),
         }
         result["count_lane_jobs_explain"] = _explain(
-            conn, QUERIES["count_lane_jobs"].text, {"lanes": lanes})
+            conn, COUNT_LANE_JOBS.text, {"lanes": lanes})
     drop_database(name)
     return result
 

@@ -24,7 +24,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobpool.db.migrate import migrate
-from jobpool.sql import QUERIES
+from jobpool.db.queries import Many
+
+MEASURED = (Many("overview_counts"), Many("job_counts"))
 
 DATABASE = "console_overview_cost"
 
@@ -60,8 +62,8 @@ def _seed(conn: psycopg.Connection[Any], args: argparse.Namespace) -> None:
     conn.execute("VACUUM ANALYZE mdm.aa_job")
 
 
-def _buffers(conn: psycopg.Connection[Any], name: str) -> int:
-    plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(QUERIES[name].text),
+def _buffers(conn: psycopg.Connection[Any], query: Many) -> int:
+    plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query.text),
                         {"tenants": None}).fetchall()
     for (line,) in plan:  # the top node's line comes first: the whole query's buffers
         found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", line)
@@ -88,16 +90,16 @@ def main() -> None:
         asyncio.run(_migrate(dsn))
         with psycopg.connect(dsn, autocommit=True) as conn:
             _seed(conn, args)
-            times: dict[str, list[float]] = {"overview_counts": [], "job_counts": []}
+            times: dict[Many, list[float]] = {query: [] for query in MEASURED}
             for _ in range(args.repeat):
-                for name, runs in times.items():
+                for query, runs in times.items():
                     start = time.perf_counter()
-                    conn.execute(QUERIES[name].text, {"tenants": None}).fetchall()
+                    query.sync(conn, {"tenants": None})
                     runs.append((time.perf_counter() - start) * 1000)
-            for name, runs in times.items():
-                print(f"{name:16} median {statistics.median(runs):8.1f} ms  "
+            for query, runs in times.items():
+                print(f"{query.name:16} median {statistics.median(runs):8.1f} ms  "
                       f"(min {min(runs):.1f}, max {max(runs):.1f}; {args.repeat} runs)  "
-                      f"shared buffers {_buffers(conn, name)}")
+                      f"shared buffers {_buffers(conn, query)}")
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(

@@ -29,12 +29,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import jobpool
 from jobpool.db.migrate import migrate
+from jobpool.db.queries import Many, One
 from jobpool.db.store import register_kinds
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.pauses import pause
 from jobpool.registry import REGISTRY
-from jobpool.sql import QUERIES
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 from jobpool.worker.token_store import TokenStore
@@ -42,6 +42,9 @@ from jobpool.worker.token_store import TokenStore
 KIND = "bench_rl_job"
 SCENARIOS = ("alone", "flooded", "no-exclude", "paused")
 DONE: dict[str, int] = {}
+
+CLAIM_JOBS = Many("claim_jobs")
+CLAIM_SESSION = One("claim_session")
 
 
 @jobpool.kind(KIND)
@@ -101,9 +104,9 @@ async def claim_buffers(dsn: str) -> int:
     (ANALYZE, BUFFERS) counts them, in a transaction rolled back: what B's claim pays for A's
     backlog, independent of the machine's load."""
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        await conn.execute(QUERIES["claim_session"].text)
+        await conn.execute(CLAIM_SESSION.text)
         cur = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_jobs"].text,
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_JOBS.text,
             {"kinds": [KIND], "tenants": None, "limit": 4, "lease": 30, "worker_id": "bench",
              "throttled": []})
         row = await cur.fetchone()

@@ -35,6 +35,14 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from jobpool.core.crd import API_VERSION
+from jobpool.db.queries import Many, One
+
+CLAIM_JOBS = Many("claim_jobs")
+CLAIM_SESSION = One("claim_session")
+COUNT_LANE_JOBS = Many("count_lane_jobs")
+QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
+
 SCENARIOS = ("foreign-backlog", "throttled-flood", "fairness", "counts")
 KINDS = [f"bench_k{i}" for i in range(8)]
 TENANTS = 50
@@ -68,11 +76,10 @@ def _explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
              plan_claim: bool = False) -> dict[str, Any]:
     """Execution ms, shared buffers and temp blocks of one EXPLAIN (ANALYZE, BUFFERS), rolled
     back."""
-    from jobpool.sql import QUERIES
 
     with conn.transaction(force_rollback=True):
         if plan_claim:
-            conn.execute(QUERIES["claim_session"].text)
+            CLAIM_SESSION.sync(conn)
         lines = [row["QUERY PLAN"] for row in conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + sql.SQL(query), params).fetchall()]
     text = "\n".join(lines)
@@ -129,7 +136,6 @@ def foreign_backlog(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     tenant without jobs), on an empty queue and next to N pending jobs of other kinds/tenants."""
     from common import drop_database
 
-    from jobpool.sql import QUERIES
 
     rows = []
     name, dsn = _database("foreign")
@@ -146,7 +152,7 @@ def foreign_backlog(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
             with psycopg.connect(dsn, row_factory=dict_row) as conn:
                 for lane in ("heavy", "tenant"):
                     params = _claim_params(conn, lane)
-                    samples = [_explain(conn, QUERIES["claim_jobs"].text, params, True)
+                    samples = [_explain(conn, CLAIM_JOBS.text, params, True)
                                for _ in range(max(5, repeat))]
                     row = {"pending": size, "lane": lane,
                            "exec_ms": [s["exec_ms"] for s in samples],
@@ -414,7 +420,6 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
     from common import drop_database
 
     from jobpool.db.lane_counts import LaneCounter
-    from jobpool.sql import QUERIES
 
     rows = []
     for size in sizes:
@@ -424,13 +429,13 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
             lanes = json.dumps(LANES)
             # the operator's and the gauges' sessions turn JIT off, as here
             with psycopg.connect(dsn, row_factory=dict_row, options="-c jit=off") as conn:
-                count = [_explain(conn, QUERIES["count_lane_jobs"].text, {"lanes": lanes})
+                count = [_explain(conn, COUNT_LANE_JOBS.text, {"lanes": lanes})
                          for _ in range(max(5, repeat))]
-                gauge = [_explain(conn, QUERIES["queue_gauge_snapshot"].text, {"max_age": 0})
+                gauge = [_explain(conn, QUEUE_GAUGE_SNAPSHOT.text, {"max_age": 0})
                          for _ in range(repeat)]
             from jobpool.core.poolspec import load_pool
 
-            pool = load_pool({"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+            pool = load_pool({"apiVersion": API_VERSION, "kind": "JobWorkerPool",
                               "metadata": {"name": "bench"},
                               "spec": {"image": "i", "database": {"secretName": "s"},
                                        "lanes": [{"name": "default"},

@@ -58,6 +58,8 @@ import kmock
 import yaml
 from kmock._internal import k8s, rendering
 
+from jobpool.core.crd import CRD_FILE
+
 _versions = itertools.count(1)
 _DISCOVERY_URLS = ("/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi",
                    "/openapi/*", "/readyz", "/version", "/version/")
@@ -935,7 +937,7 @@ def _scale_of(deployment: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-CRD = Path(__file__).resolve().parents[1] / "crds" / "jobworkerpools.jobs.mdm.io.yaml"
+CRD = Path(__file__).resolve().parents[1] / "crds" / CRD_FILE
 _ALL_VERBS = ["list", "watch", "get", "create", "update", "patch", "delete"]
 RESOURCES: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {

@@ -11,13 +11,15 @@ from typing import Any
 
 from k8s_emulator import Attributes, User
 
+from jobpool.core.crd import GROUP, PLURAL
+
 Need = tuple[str, str, tuple[str, ...], str]
 OPERATOR_NEEDS: tuple[Need, ...] = (
     ("coordination.k8s.io", "leases", ("get", "create", "update"), "release"),
     ("", "events", ("create",), "pools"),
-    ("jobs.mdm.io", "jobworkerpools", ("list", "watch", "patch"), "pools"),
-    ("jobs.mdm.io", "jobworkerpools/status", ("patch",), "pools"),
-    ("jobs.mdm.io", "jobworkerpools/finalizers", ("update",), "pools"),
+    (GROUP, PLURAL, ("list", "watch", "patch"), "pools"),
+    (GROUP, f"{PLURAL}/status", ("patch",), "pools"),
+    (GROUP, f"{PLURAL}/finalizers", ("update",), "pools"),
     ("apps", "deployments", ("get", "list", "create", "patch", "delete"), "pools"),
     ("apps", "deployments/scale", ("patch",), "pools"),
     ("", "secrets", ("get",), "pools"),

@@ -20,14 +20,20 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from jobpool.db.store import fetch_all, fetch_one
+from jobpool.db.queries import Many, One, Row
 from jobpool.db.tenant_lookup import resolve_tenant as resolve_tenant  # its home for the worker too
 from jobpool.errors import JobNotFoundError, JobStateError
+
+DISCARD_JOB = One("discard_job")
+GET_JOB = One("get_job")
+JOB_COUNTS = Many("job_counts")
+LIST_DLQ = Many("list_dlq")
+REPLAY_JOB = One("replay_job")
+STOP_JOB = One("stop_job")
 
 STATUSES = ("pending", "running", "done", "dlq", "failed")
 """The values of `mdm.job_status` (`failed` is the manual stop flag)."""
 
-Row = dict[str, Any]
 
 MAX_JOB_ID = 9_223_372_036_854_775_807
 """Job ids are bigint."""
@@ -69,7 +75,7 @@ def _keys(tenants: Tenants) -> list[str] | None:
 async def get_job(conn: AsyncConnection[Any], job_id: int, *, tenants: Tenants = None) -> Row:
     """Every column of job `job_id` plus `tenant_key`; raises JobNotFoundError (also for a
     job of a tenant outside `tenants`)."""
-    row = await fetch_one(conn, "get_job", {"id": job_id, "tenants": _keys(tenants)})
+    row = await GET_JOB(conn, {"id": job_id, "tenants": _keys(tenants)})
     if row is None:
         raise JobNotFoundError(job_id)
     return row
@@ -88,7 +94,7 @@ async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     Raises JobNotFoundError, or JobStateError (changing nothing) unless the job is in the DLQ.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await fetch_one(conn, "replay_job", params) is None:
+    if await REPLAY_JOB(conn, params) is None:
         await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed", tenants)
 
 
@@ -100,7 +106,7 @@ async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     pending or running job first.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await fetch_one(conn, "discard_job", params) is None:
+    if await DISCARD_JOB(conn, params) is None:
         await _refuse(conn, job_id, "discard",
                       "only dlq or stopped (failed) jobs can be discarded; stop it first",
                       tenants)
@@ -115,7 +121,7 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     Raises JobNotFoundError, or JobStateError for a done or already stopped job.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await fetch_one(conn, "stop_job", params) is None:
+    if await STOP_JOB(conn, params) is None:
         await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped",
                       tenants)
 
@@ -132,7 +138,7 @@ async def list_dlq(
     `last_error_preview` (ERROR_PREVIEW_CHARS characters), `last_error_length` (characters),
     `last_error_truncated`. The whole job is `get_job`'s.
     """
-    return await fetch_all(conn, "list_dlq", {
+    return await LIST_DLQ(conn, {
         "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
         "tenants": _keys(tenants), **preview_params(),
     })
@@ -140,4 +146,4 @@ async def list_dlq(
 
 async def job_counts(conn: AsyncConnection[Any], *, tenants: Tenants = None) -> list[Row]:
     """Counts per (tenant_key, tenant_id, job_kind, status)."""
-    return await fetch_all(conn, "job_counts", {"tenants": _keys(tenants)})
+    return await JOB_COUNTS(conn, {"tenants": _keys(tenants)})

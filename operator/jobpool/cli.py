@@ -43,14 +43,23 @@ from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
 from jobpool.core.worker_run import WorkerRun
 from jobpool.db.connect import connect, open_database, resolve_dsn
 from jobpool.db.migrate import migrate, migration_script
+from jobpool.db.queries import Many, One
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError, UnknownKindError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
 from jobpool.pause_command import add_pause_commands, print_pauses
-from jobpool.settings import PREFIX, Settings, configure
-from jobpool.sql import QUERIES
+from jobpool.settings import (
+    PREFIX,
+    Settings,
+    configure,
+)
+
+CREATE_TENANT = One("create_tenant")
+DATABASE_NOW = One("database_now")
+LIST_KINDS = Many("list_kinds")
+LIST_TENANTS = Many("list_tenants")
 
 log = logging.getLogger("jobpool")
 
@@ -234,8 +243,7 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         tenant = await admin.resolve_tenant(conn, args.tenant)
         available_at = None
         if args.delay:
-            cur = await conn.execute(QUERIES["database_now"].text)
-            row = await cur.fetchone()
+            row = await DATABASE_NOW(conn)
             assert row is not None
             available_at = row["now"] + timedelta(seconds=args.delay)
         jobs = [
@@ -247,8 +255,7 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             results = await enqueue_many(conn, jobs, actor=actor_of(args))
         except UnknownKindError as exc:
             await conn.rollback()
-            cur = await conn.execute(QUERIES["list_kinds"].text)
-            raise UnknownKindError(exc.kind, [row["name"] for row in await cur.fetchall()]) \
+            raise UnknownKindError(exc.kind, [row["name"] for row in await LIST_KINDS(conn)]) \
                 from None
         await conn.commit()
     for result in results[:20]:
@@ -369,7 +376,7 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"--metadata: {exc}") from None
     async with await open_database(settings) as conn:
         try:
-            cur = await conn.execute(QUERIES["create_tenant"].text,
+            cur = await conn.execute(CREATE_TENANT.text,
                                      {"key": args.key, "metadata": Jsonb(metadata)})
         except psycopg.errors.CheckViolation as exc:
             if exc.diag.constraint_name != "aa_tenant_metadata_size":
@@ -385,8 +392,7 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_tenants_list(args: argparse.Namespace, settings: Settings) -> int:
     async with await open_database(settings) as conn:
-        cur = await conn.execute(QUERIES["list_tenants"].text)
-        rows = await cur.fetchall()
+        rows = await LIST_TENANTS(conn)
     _print_rows(rows, ["key", "id", "metadata"], args.json)
     return 0
 
@@ -398,8 +404,7 @@ async def cmd_kinds_list(args: argparse.Namespace, settings: Settings) -> int:
     async with await open_database(settings) as conn:
         await register_kinds(conn, registry.specs())
         await conn.commit()
-        cur = await conn.execute(QUERIES["list_kinds"].text)
-        rows = await cur.fetchall()
+        rows = await LIST_KINDS(conn)
     _print_rows(rows, ["name", "priority", "max_attempts", "stale_ttl"], args.json)
     return 0
 

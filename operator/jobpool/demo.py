@@ -16,9 +16,12 @@ from jobpool import admin
 from jobpool.cli_arguments import actor_of
 from jobpool.core.poolspec import PoolSpec, load_pool_file
 from jobpool.core.tenants import tenant_id_of
+from jobpool.db.queries import Exec, One
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.settings import Settings
-from jobpool.sql import QUERIES
+
+CREATE_TENANT = One("create_tenant")
+SUPPRESS_ADDRESS = Exec("suppress_address")
 
 EXAMPLE_POOL = Path(__file__).parent / "examples" / "pool.yaml"
 """The repository's examples/pool.yaml, shipped with the package: `jobpool demo` runs it from
@@ -81,10 +84,10 @@ async def seed(conn: Any, pool: PoolSpec, count: int, actor: str) -> None:
 
     tenants: dict[str, uuid.UUID] = {}
     for key in sorted(lane_tenant_keys(pool) | {"acme", "globex"}):
-        cur = await conn.execute(QUERIES["create_tenant"].text, {"key": key, "metadata": Jsonb({})})
-        row = await cur.fetchone()
+        row = await CREATE_TENANT(conn, {"key": key, "metadata": Jsonb({})})
+        assert row is not None  # an upsert returns its row
         tenants[key] = row["id"]
-    await conn.execute(QUERIES["suppress_address"].text, {
+    await SUPPRESS_ADDRESS(conn, {
         "tenant_id": tenants["acme"], "address": "bounced@example.com", "reason": "hard bounce"})
     from jobpool.db.store import register_kinds
     from jobpool.registry import load_kind_modules

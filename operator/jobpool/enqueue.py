@@ -20,11 +20,15 @@ from psycopg.rows import tuple_row
 
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
+from jobpool.db.queries import Many, One
 from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.payloads import decode_payload, payload_json
 from jobpool.registry import REGISTRY
-from jobpool.sql import QUERIES
 from jobpool.trace_context import current_trace_context
+
+ENQUEUE_JOBS = Many("enqueue_jobs")
+ENQUEUE_UNKEYED_JOBS = One("enqueue_unkeyed_jobs")
+FIND_IDEMPOTENT_JOBS = Many("find_idempotent_jobs")
 
 _ROUNDS = 5
 """Insert/look-up rounds for an idempotency key whose holder vanishes in between."""
@@ -222,9 +226,9 @@ class _Batch:
                   "available_at": column(self.times), "max_attempts": column(self.attempts),
                   "actor": actor, "notify": notify, "trace_context": self.trace_context}
         if not self.keyed:
-            return QUERIES["enqueue_unkeyed_jobs"].text, params
+            return ENQUEUE_UNKEYED_JOBS.text, params
         params["idempotency_keys"] = column(self.keys)
-        return QUERIES["enqueue_jobs"].text, params
+        return ENQUEUE_JOBS.text, params
 
     def take_ids(self, ids: list[int], results: list[Enqueued | None]) -> None:
         """Give the ids `enqueue_unkeyed_jobs` returned to the jobs, in batch order."""
@@ -336,7 +340,7 @@ async def enqueue_many(
             keyed = batch.take_inserted(pending, await cur.fetchall(), results)
             if not keyed:
                 break
-            await cur.execute(QUERIES["find_idempotent_jobs"].text, batch.lookup(keyed))
+            await cur.execute(FIND_IDEMPOTENT_JOBS.text, batch.lookup(keyed))
             pending = batch.take_existing(keyed, await cur.fetchall(), results)
             if not pending:
                 break
@@ -386,7 +390,7 @@ def enqueue_many_sync(
             keyed = batch.take_inserted(pending, cur.fetchall(), results)
             if not keyed:
                 break
-            cur.execute(QUERIES["find_idempotent_jobs"].text, batch.lookup(keyed))
+            cur.execute(FIND_IDEMPOTENT_JOBS.text, batch.lookup(keyed))
             pending = batch.take_existing(keyed, cur.fetchall(), results)
             if not pending:
                 break

@@ -31,13 +31,18 @@ from psycopg.rows import dict_row
 
 from jobpool.db.connect import prepare_threshold, with_tcp_liveness
 from jobpool.db.live_workers import DEAD_AFTER
+from jobpool.db.queries import Many, One
 from jobpool.db.store import OWN_ISOLATION
-from jobpool.sql import QUERIES
+
+GAUGE_TRANSACTION_SETTINGS = One("gauge_transaction_settings")
+LIVE_WORKER_GAUGES = One("live_worker_gauges")
+LIST_SCHEDULES = Many("list_schedules")
+QUEUE_GAUGE_SNAPSHOT = One("queue_gauge_snapshot")
 
 log = logging.getLogger("jobpool.metrics")
 
-Outcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released", "stopped",
-                  "error"]
+JobOutcome = Literal["done", "retry", "dlq", "rate_limited", "lost_claim", "released",
+                     "stopped", "error"]
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -47,12 +52,6 @@ DURATION_BUCKETS = (
 
 GAUGE_MAX_AGE = 5.0
 """Seconds a queue gauge snapshot is served before one worker of the pool takes a new one."""
-
-GAUGE_SETTINGS = ("SELECT set_config('statement_timeout', '10000', true) AS statement_timeout,"
-                  " set_config('jit', 'off', true) AS jit")
-"""The gauge transaction's own settings (SET LOCAL, which a transaction pooler passes, unlike
-startup options): the grouped count stops after 10 s, and JIT compiling it would cost more
-than the count itself."""
 
 QUEUE_GAUGES = (
     ("mdm_jobs_pending", "pending", "Jobs in status pending (runnable now or later)."),
@@ -152,7 +151,7 @@ class WorkerMetrics(MetricsExposition):
         self._attempts: dict[tuple[str, str], Any] = {}
         self._timings: dict[str, tuple[Any, Any]] = {}
 
-    def observe(self, kind: str, outcome: Outcome, *, claim_latency: float | None,
+    def observe(self, kind: str, outcome: JobOutcome, *, claim_latency: float | None,
                 processing: float | None) -> None:
         """Count one finished attempt; record the latency and duration when given (seconds)."""
         attempts = self._attempts.get((kind, outcome))
@@ -215,16 +214,13 @@ class QueueGauges(Collector):
             try:
                 conn = await self._connection()
                 async with conn.pipeline():
-                    await conn.execute(GAUGE_SETTINGS)
-                    cur = await conn.execute(QUERIES["queue_gauge_snapshot"].text,
+                    await conn.execute(GAUGE_TRANSACTION_SETTINGS.text)
+                    cur = await conn.execute(QUEUE_GAUGE_SNAPSHOT.text,
                                              {"max_age": self.max_age})
                     await conn.commit()
                 row = await cur.fetchone()
-                cur = await conn.execute(QUERIES["live_worker_gauges"].text,
-                                         {"dead_after": DEAD_AFTER})
-                workers = await cur.fetchone()
-                cur = await conn.execute(QUERIES["list_schedules"].text)
-                schedules = await cur.fetchall()
+                workers = await LIVE_WORKER_GAUGES(conn, {"dead_after": DEAD_AFTER})
+                schedules = await LIST_SCHEDULES(conn)
                 await conn.commit()
             except (psycopg.Error, OSError) as exc:
                 log.warning("queue gauges not refreshed (serving the last values): %s", exc)

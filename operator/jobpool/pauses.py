@@ -22,8 +22,17 @@ from psycopg.types.json import Jsonb
 from jobpool import admin
 from jobpool.core.kinds import check_kind_name
 from jobpool.core.pause_scopes import check_reason, check_scope, scope_text, with_held_jobs
-from jobpool.db.store import fetch_all, fetch_one
+from jobpool.db.queries import Many, One
 from jobpool.errors import JobpoolError, JobStateError, UnknownKindError, UnknownTenantError
+
+GET_PAUSE = One("get_pause")
+KIND_EXISTS = One("kind_exists")
+LIST_KINDS = Many("list_kinds")
+LIST_PAUSES = Many("list_pauses")
+LIST_TENANTS = Many("list_tenants")
+OVERVIEW_COUNTS = Many("overview_counts")
+PAUSE_SCOPE = One("pause_scope")
+RESUME_SCOPE = One("resume_scope")
 
 Row = dict[str, Any]
 
@@ -48,9 +57,9 @@ async def pause(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | N
     UnknownTenantError or UnknownKindError (each with a "did you mean"), PauseScopeError.
     """
     params = await _scope_params(conn, tenant, kind, tenants)
-    row = await fetch_one(conn, "pause_scope", {
+    row = await PAUSE_SCOPE(conn, {
         **params, "actor": actor, "reason": check_reason(reason), "scope": _scope(tenants)})
-    current = await fetch_one(conn, "get_pause", params)
+    current = await GET_PAUSE(conn, params)
     assert current is not None
     return current, row is not None
 
@@ -66,10 +75,10 @@ async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | 
     errors of `pause`.
     """
     params = await _scope_params(conn, tenant, kind, tenants)
-    row = await fetch_one(conn, "resume_scope", {
+    row = await RESUME_SCOPE(conn, {
         **params, "actor": actor, "scope": _scope(tenants)})
     if row is None:
-        paused = await fetch_all(conn, "list_pauses", {"tenants": _keys(tenants)})
+        paused = await LIST_PAUSES(conn, {"tenants": _keys(tenants)})
         named = "; ".join(scope_text(p["tenant"], p["kind"]) for p in paused) or "nothing"
         raise NotPausedError(f"{scope_text(params['tenant_key'], kind)} is not paused "
                              f"(paused: {named})")
@@ -83,9 +92,9 @@ async def list_pauses(conn: AsyncConnection[Any], *, tenants: admin.Tenants = No
     the `pending` and `ready` jobs it holds (from `counts`, the overview's counts rows, when
     the caller has read them; else read here)."""
     keys = _keys(tenants)
-    pauses = await fetch_all(conn, "list_pauses", {"tenants": keys})
+    pauses = await LIST_PAUSES(conn, {"tenants": keys})
     if counts is None:
-        counts = await fetch_all(conn, "overview_counts", {"tenants": keys}) if pauses else []
+        counts = await OVERVIEW_COUNTS(conn, {"tenants": keys}) if pauses else []
     return with_held_jobs(pauses, counts)
 
 
@@ -99,16 +108,16 @@ async def _scope_params(conn: AsyncConnection[Any], tenant: str | None, kind: st
             "for every tenant: name one of its tenants")
     if kind is not None:
         check_kind_name(kind)
-        found = await fetch_one(conn, "kind_exists", {"kind": kind})
+        found = await KIND_EXISTS(conn, {"kind": kind})
         if not (found and found["registered"]):
-            kinds = await fetch_all(conn, "list_kinds")
+            kinds = await LIST_KINDS(conn)
             raise UnknownKindError(kind, [k["name"] for k in kinds])
     tenant_id = tenant_key = None
     if tenant is not None:
         try:
             found_tenant = await admin.resolve_tenant(conn, tenant, tenants=tenants)
         except UnknownTenantError:
-            rows = await fetch_all(conn, "list_tenants")
+            rows = await LIST_TENANTS(conn)
             keys = [r["key"] for r in rows if tenants is None or r["key"] in tenants]
             raise UnknownTenantError(tenant, keys) from None
         tenant_id, tenant_key = found_tenant["id"], found_tenant["key"]

@@ -21,7 +21,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.admin import STATUSES, get_job, resolve_tenant
 from jobpool.db.connect import connect
-from jobpool.db.store import Completion, QueueStore, Row, fetch_all, fetch_one
+from jobpool.db.queries import Many, One, Row
+from jobpool.db.store import Completion, QueueStore
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
@@ -29,6 +30,9 @@ from jobpool.registry import Registry, load_kind_modules
 from jobpool.settings import Settings
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
+
+CLAIM_JOB = One("claim_job")
+FIND_JOBS = Many("find_jobs")
 
 ACTOR = "jobpool.testing"
 """The audit principal of the jobs these functions enqueue and run, and of what their
@@ -185,8 +189,7 @@ async def enqueued(
     if status is not None and status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
     tenant_id = None if tenant is None else (await resolve_tenant(conn, str(tenant)))["id"]
-    rows = await fetch_all(conn, "find_jobs",
-                           {"kind": kind, "tenant_id": tenant_id, "status": status})
+    rows = await FIND_JOBS(conn, {"kind": kind, "tenant_id": tenant_id, "status": status})
     return [JobRecord.from_row(row) for row in rows]
 
 
@@ -224,7 +227,7 @@ class _OneJobStore(QueueStore):
             return held, []
         self.tried = True
         async with self.pool.connection() as conn:
-            row = await fetch_one(conn, "claim_job", {"id": self.job_id,
+            row = await CLAIM_JOB(conn, {"id": self.job_id,
                                                       "worker_id": self.worker_id})
         self.claimed = row is not None
         return held, [] if row is None else [row]

@@ -26,10 +26,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from jobpool.db.queries import Exec
 from jobpool.db.store import kind_rows
 from jobpool.enqueue import NewJob, enqueue_many_sync
 from jobpool.registry import load_kind_modules
-from jobpool.sql import QUERIES
+
+REGISTER_KINDS = Exec("register_kinds")
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "docs" / "console"
@@ -68,8 +70,7 @@ def seeded(dsn: str) -> Seeded:
     """
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         registry = load_kind_modules()
-        conn.execute(QUERIES["register_kinds"].text,
-                     kind_rows([registry.get(kind) for kind in KINDS]))
+        REGISTER_KINDS.sync(conn, kind_rows([registry.get(kind) for kind in KINDS]))
         tenants: dict[str, uuid.UUID] = {}
         for key, metadata in (("acme", '{"rate_limit": {"email_send": {"rps": 5, "burst": 10}}}'),
                               ("globex", "{}")):

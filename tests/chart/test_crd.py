@@ -13,13 +13,14 @@ import pytest
 import yaml
 from helm_binary import render_chart
 
+from jobpool.core.crd import CRD_FILE, CRD_NAME, GROUP, KIND, PLURAL, VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "jobpool"
-CRD_NAME = "jobworkerpools.jobs.mdm.io.yaml"
-SOURCE = ROOT / "crds" / CRD_NAME
+SOURCE = ROOT / "crds" / CRD_FILE
 CRD_COPIES = [
-    CHART / "files" / "crds" / CRD_NAME,
-    ROOT / "operator" / "jobpool" / "crds" / CRD_NAME,
+    CHART / "files" / "crds" / CRD_FILE,
+    ROOT / "operator" / "jobpool" / "crds" / CRD_FILE,
 ]
 K8S_VERSION = "1.33.0"
 HPA_MAX_STABILIZATION_SECONDS = 3600  # the HPA's (and so KEDA's) cap on a stabilization window
@@ -48,7 +49,7 @@ def rendered_crds(helm: str, *values: str) -> list[dict[str, Any]]:
 def test_crd_copies_are_byte_identical() -> None:
     source = SOURCE.read_bytes()
     for copy_ in CRD_COPIES:
-        assert copy_.read_bytes() == source, f"{copy_} differs from crds/{CRD_NAME}"
+        assert copy_.read_bytes() == source, f"{copy_} differs from crds/{CRD_FILE}"
 
 
 def test_the_chart_has_no_crds_folder() -> None:
@@ -150,3 +151,12 @@ def test_crd_ranges_admit_only_values_that_make_valid_children(
         assert not list(validator.iter_errors(_with(path, value))), value
     for value in refused:
         assert list(validator.iter_errors(_with(path, value))), value
+
+
+def test_the_crd_declares_the_operators_group_version_and_names() -> None:
+    document = crd()
+    assert document["metadata"]["name"] == CRD_NAME
+    assert document["spec"]["group"] == GROUP
+    assert document["spec"]["names"]["kind"] == KIND
+    assert document["spec"]["names"]["plural"] == PLURAL
+    assert [v["name"] for v in document["spec"]["versions"] if v["served"]] == [VERSION]

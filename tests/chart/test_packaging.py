@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from jobpool.core.crd import CRD_FILE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,4 +51,4 @@ def test_skaffold_builds_the_image_and_deploys_the_chart_with_its_crd() -> None:
 def test_the_crd_ships_as_package_data() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "crds/*.yaml" in project["tool"]["setuptools"]["package-data"]["jobpool"]
-    assert (ROOT / "operator" / "jobpool" / "crds" / "jobworkerpools.jobs.mdm.io.yaml").is_file()
+    assert (ROOT / "operator" / "jobpool" / "crds" / CRD_FILE).is_file()

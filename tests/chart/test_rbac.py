@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from helm_binary import render_chart
 
+from jobpool.core.crd import GROUP, PLURAL
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "jobpool"
 RELEASE_NAMESPACE = "jobpool-system"
@@ -25,11 +27,11 @@ LEADER_ELECTION: set[Grant] = {
 }
 APPLICATION: set[Grant] = {
     ("", "events", "create"),
-    ("jobs.mdm.io", "jobworkerpools", "list"),
-    ("jobs.mdm.io", "jobworkerpools", "watch"),
-    ("jobs.mdm.io", "jobworkerpools", "patch"),
-    ("jobs.mdm.io", "jobworkerpools/status", "patch"),
-    ("jobs.mdm.io", "jobworkerpools/finalizers", "update"),
+    (GROUP, PLURAL, "list"),
+    (GROUP, PLURAL, "watch"),
+    (GROUP, PLURAL, "patch"),
+    (GROUP, f"{PLURAL}/status", "patch"),
+    (GROUP, f"{PLURAL}/finalizers", "update"),
     ("apps", "deployments", "get"),
     ("apps", "deployments", "list"),
     ("apps", "deployments", "create"),

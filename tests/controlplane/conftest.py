@@ -23,6 +23,8 @@ import pytest
 import yaml
 from helm_binary import CHART, require_helm
 
+from jobpool.core.crd import CRD_NAME
+
 from .control_plane import (
     ADMIN_TOKEN,
     ApiError,
@@ -94,7 +96,7 @@ def tools(control_plane: ControlPlane, helm: str, kubectl: str,
 
 def crd_established(plane: ControlPlane) -> bool:
     crd = plane.admin.get(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobworkerpools.jobs.mdm.io")
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
     conditions = ((crd or {}).get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 

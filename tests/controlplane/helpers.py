@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from jobpool.core.crd import API_VERSION, PLURAL
+
 from .control_plane import ControlPlane
 
 RELEASE, OPERATOR_NAMESPACE = "jp", "jobpool-system"
@@ -25,7 +27,7 @@ OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
 def pools_path(namespace: str) -> str:
-    return f"/apis/jobs.mdm.io/v1alpha1/namespaces/{namespace}/jobworkerpools"
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
 
 
 def deployments_path(namespace: str) -> str:

@@ -10,6 +10,8 @@ import psycopg
 import pytest
 import yaml
 
+from jobpool.core.crd import API_VERSION
+
 from .conftest import Operator, Tools, crd_established
 from .helpers import (
     LANES,
@@ -63,7 +65,7 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
     assert pool is not None
     for name, deployment in found.items():
         assert deployment["metadata"]["ownerReferences"] == [{
-            "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "name": POOL,
+            "apiVersion": API_VERSION, "kind": "JobWorkerPool", "name": POOL,
             "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
         }], name
         labels = deployment["metadata"]["labels"]

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from helm_binary import CHART
 
+from jobpool.core.crd import CRD_FILE, CRD_NAME
+
 from .conftest import Tools, crd_established, restricted_namespace
 from .helpers import OPERATOR_NAMESPACE, POOL, RELEASE, example_pool, pool_object, pools_path
 
 pytestmark = pytest.mark.controlplane
 
-CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobworkerpools.jobs.mdm.io"
-CRD_FILE = Path("files") / "crds" / "jobworkerpools.jobs.mdm.io.yaml"
+CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+CRD_FILE = Path("files") / "crds" / CRD_FILE
 
 
 def printer_columns(release: Tools) -> list[str]:

@@ -9,12 +9,14 @@ import pytest
 import requests
 from helm_binary import CHART
 
+from jobpool.core.crd import CRD_NAME
+
 from .conftest import Operator, Tools, crd_established, restricted_namespace
 from .helpers import OPERATOR_NAMESPACE, RELEASE, deployments, eventually, example_pool, pools_path
 
 pytestmark = pytest.mark.controlplane
 
-CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobworkerpools.jobs.mdm.io"
+CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
 
 
 def answer(url: str) -> tuple[int, str]:

@@ -214,7 +214,7 @@ async def test_a_build_blocked_by_a_repeatable_read_transaction_times_out_then_s
 
         [job] = await jobs_of(conn, "index_sync")
         assert job["status"] == "pending" and job["attempts"] == 1
-        assert "BuildBlocked" in job["last_error"] and "lock_timeout 1s" in job["last_error"]
+        assert "BuildBlockedError" in job["last_error"] and "lock_timeout 1s" in job["last_error"]
         assert "the INVALID index it left was dropped" in job["last_error"]
         assert await index_state(conn, name) is None  # no INVALID index left behind
         assert (await _attribute(conn, attr_id))["index_status"] == "building"

@@ -26,6 +26,7 @@ from k8s_emulator import (
     write_kubeconfig,
 )
 
+from jobpool.core.crd import API_VERSION, PLURAL
 from jobpool.k8s.client import ApiError, KubeApi, load_config
 
 OPERATOR = 'User "system:serviceaccount:jobpool-system:jp-jobpool"'
@@ -103,7 +104,7 @@ async def test_a_role_binding_grants_only_its_namespace(connect: Connect) -> Non
 
 async def test_subresources_are_granted_by_name(connect: Connect) -> None:
     operator = connect("operator")
-    pool = "/apis/jobs.mdm.io/v1alpha1/namespaces/mdm/jobworkerpools/p"
+    pool = f"/apis/{API_VERSION}/namespaces/mdm/{PLURAL}/p"
     assert (await refusal(operator, "PATCH", f"{pool}/status")).status == 404  # granted
     assert (await refusal(operator, "PATCH",
                           "/apis/apps/v1/namespaces/mdm/deployments/d/scale")).status == 404
@@ -127,14 +128,14 @@ async def test_create_of_a_taken_name_is_already_exists(connect: Connect) -> Non
 
 # -- writes as a real API server makes them ----------------------------------------------------
 
-POOLS = "/apis/jobs.mdm.io/v1alpha1/namespaces/mdm/jobworkerpools"
+POOLS = f"/apis/{API_VERSION}/namespaces/mdm/{PLURAL}"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/mdm/deployments"
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 
 
 def a_pool(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+    return {"apiVersion": API_VERSION, "kind": "JobWorkerPool",
             "metadata": {"name": "p", "namespace": "mdm"},
             "spec": {"image": "jobpool:1", "database": {"secretName": "db"},
                      "lanes": [{"name": "default"}], **spec}}
@@ -308,7 +309,7 @@ async def test_an_owner_reference_that_blocks_deletion_needs_the_owners_finalize
 ) -> None:
     owned = a_deployment()
     owned["metadata"]["ownerReferences"] = [{
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "name": "p",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool", "name": "p",
         "uid": "u", "controller": True, "blockOwnerDeletion": True}]
     error = await refusal_of(connect("creator").request("POST", DEPLOYMENTS, body=owned))
     assert error.status == 403

@@ -8,11 +8,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.core.scaling import LaneJobs
 from jobpool.db.lane_counts import LaneCounter, count_lane_jobs, count_lane_jobs_at
+from jobpool.db.queries import Many
 from jobpool.k8s.manifests import keda_query
-from jobpool.sql import QUERIES
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 KINDS = ["email_send", "outbox_dispatch", "bulk_import", "reindex", "index_sync", "gin_backfill"]
@@ -20,7 +23,7 @@ KINDS = ["email_send", "outbox_dispatch", "bulk_import", "reindex", "index_sync"
 
 def pool_of(*lanes: dict[str, Any]) -> PoolSpec:
     return load_pool({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": "p"},
         "spec": {"image": "i", "database": {"secretName": "s"}, "lanes": list(lanes)},
     })
@@ -134,7 +137,7 @@ async def test_keda_query_runs_and_totals_one_lane(
     await add_jobs(conn, tenant, "bulk_import", 6)
     await add_jobs(conn, tenant, "reindex", 1, status="running")
     await add_jobs(conn, tenant, "email_send", 9)
-    query = keda_query(QUERIES["count_lane_jobs"].text, POOL.lane("bulk"))
+    query = keda_query(COUNT_LANE_JOBS.text, POOL.lane("bulk"))
     cur = await conn.execute(query.encode())
     row = await cur.fetchone()
     assert row is not None

@@ -10,7 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.db.connect import JobConnection, open_pool
 from jobpool.worker.executor import JobTransaction
-from jobpool.worker.slot_connections import NoSlotConnection, SlotConnections
+from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ async def test_with_no_connection_ready_the_job_gets_a_clear_error(
     await slots.fill(pool, timeout=5.0)
     first = JobTransaction(slots)
     first.connection()
-    with pytest.raises(NoSlotConnection, match="no database connection is ready"):
+    with pytest.raises(NoSlotConnectionError, match="no database connection is ready"):
         JobTransaction(slots).connection()
     await first.release()
     await slots.close()

@@ -11,16 +11,18 @@ import jobpool
 from integration.helpers import prepare
 from jobpool import admin
 from jobpool.db.connect import open_pool
+from jobpool.db.queries import Exec
 from jobpool.db.store import QueueStore
-from jobpool.sql import QUERIES
 from jobpool.worker.maintenance import recover_stale_claims
+
+LISTEN_FOR_JOBS = Exec("listen_for_jobs")
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
 async def _listener(dsn: str) -> psycopg.AsyncConnection[Any]:
     listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await listener.execute(QUERIES["listen_for_jobs"].text)
+    await LISTEN_FOR_JOBS(listener)
     return listener
 
 

@@ -14,16 +14,19 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
+from jobpool.db.queries import Many
 from jobpool.k8s import drift, manifests, reconcile
-from jobpool.sql import QUERIES
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = manifests.build_owner_reference({
-    "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+    "apiVersion": API_VERSION, "kind": "JobWorkerPool",
     "metadata": {"name": "mdm-jobs", "namespace": "mdm", "uid": "5b1e-uid"},
 })
-COUNT = QUERIES["count_lane_jobs"].text
+COUNT = COUNT_LANE_JOBS.text
 K8S_SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 K8S_VERSION = "1.33.0"
 Live = dict[str, Any]

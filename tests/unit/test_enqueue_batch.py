@@ -8,9 +8,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from jobpool.db.queries import Many, One
 from jobpool.enqueue import NewJob, _Batch
 from jobpool.errors import UnknownKindError
-from jobpool.sql import QUERIES
+
+ENQUEUE_JOBS = Many("enqueue_jobs")
+ENQUEUE_UNKEYED_JOBS = One("enqueue_unkeyed_jobs")
 
 TENANT = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 WHEN = datetime(2030, 1, 1, tzinfo=UTC)
@@ -19,7 +22,7 @@ WHEN = datetime(2030, 1, 1, tzinfo=UTC)
 def test_a_batch_without_keys_takes_the_plain_insert_and_sends_no_empty_columns() -> None:
     batch = _Batch([NewJob(TENANT, "k_one", {"n": 1}), NewJob(str(TENANT), "k_two")])
     query, params = batch.statement([0, 1], None, True)
-    assert query == QUERIES["enqueue_unkeyed_jobs"].text
+    assert query == ENQUEUE_UNKEYED_JOBS.text
     assert "ON CONFLICT" not in query
     assert json.loads(params["payloads"]) == [{"n": 1}, {}]
     assert params["tenant_ids"] == f"{TENANT},{TENANT}"
@@ -36,7 +39,7 @@ def test_a_later_round_sends_only_the_pending_jobs_columns() -> None:
             NewJob(TENANT, "k_three", {"n": 3}, idempotency_key="b", max_attempts=4)]
     batch = _Batch(jobs)
     query, params = batch.statement([1, 3], "me", False)
-    assert query == QUERIES["enqueue_jobs"].text
+    assert query == ENQUEUE_JOBS.text
     assert json.loads(params["payloads"]) == [{"n": 1}, {"n": 3}]
     assert params["kinds"] == "k_two,k_three"
     assert params["priorities"] == [None, None]
@@ -66,8 +69,8 @@ def test_both_enqueue_statements_audit_and_notify_alike() -> None:
     def audit_and_notify(query: str) -> str:
         return query[query.index("), audited AS ("):query.rindex("\nSELECT")]  # the last one
 
-    unkeyed = QUERIES["enqueue_unkeyed_jobs"].text
-    keyed = QUERIES["enqueue_jobs"].text
+    unkeyed = ENQUEUE_UNKEYED_JOBS.text
+    keyed = ENQUEUE_JOBS.text
     assert "'job_enqueued'" in audit_and_notify(unkeyed)
     assert "pg_notify('jobpool', job_kind)" in audit_and_notify(unkeyed)
     assert audit_and_notify(unkeyed) == audit_and_notify(keyed)

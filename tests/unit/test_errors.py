@@ -26,8 +26,8 @@ VALUE_ERRORS = [
     "jobpool.kinds.entities.attributes.FieldValueError",
     "jobpool.kinds.email.mail.PayloadError",
     "jobpool.core.poolspec.PoolSpecError",
-    "jobpool.kinds.webhooks.ssrf.InvalidWebhookURL",
-    "jobpool.kinds.webhooks.ssrf.TargetRefused",
+    "jobpool.kinds.webhooks.ssrf.InvalidWebhookURLError",
+    "jobpool.kinds.webhooks.ssrf.TargetRefusedError",
     "jobpool.kinds.webhooks.signing.WebhookVerificationError",
     "jobpool.core.yamlfile.YamlLimitError",
 ]
@@ -63,7 +63,7 @@ def public_errors() -> list[str]:
 def test_the_walk_finds_the_package_exceptions() -> None:
     found = defined_exceptions()
     assert "jobpool.errors.PermanentError" in found
-    assert "jobpool.worker.executor.ClaimLost" in found
+    assert "jobpool.worker.executor.ClaimLostError" in found
     assert "jobpool.k8s.client.ApiError" in found
     assert len(found) >= 30
 
@@ -108,3 +108,26 @@ def test_try_again_later_has_one_name_per_idea() -> None:
     assert retries == ["jobpool.core.retry.Retry", "jobpool.errors.RetryAfter"]
     assert "jobpool.kinds.webhooks.signing.Transient" in classes
     assert "jobpool.kinds.attachments.clamd.Transient" in classes
+
+
+KEEP_THEIR_NAMES: dict[str, str] = {
+    # "jobpool.module.Name": why it is not named `...Error`
+    "jobpool.errors.RetryAfter": "a request to retry later, not an error; public API",
+    "jobpool.kinds.email.email_send.SmtpNotConfigured": "named in `last_error`, the docs",
+    "jobpool.kinds.attachments.virus_scan.ScanFailed": "named in `last_error`, the docs",
+    "jobpool.kinds.webhooks.outbox_dispatch.DeliveryFailed": "named in `last_error`, the docs",
+    "jobpool.worker.completer.ResultRefused": "named in `last_error`, docs/writing-kinds.md",
+    "jobpool.worker.executor.HandlerExit": "named in `last_error`, docs/writing-kinds.md",
+}
+"""Exceptions whose names stay: a name a user reads in a job's `last_error` changes only
+together with the docs that list it."""
+
+
+def test_error_classes_are_named_error() -> None:
+    misnamed = sorted(name for name in defined_exceptions()
+                      if not name.endswith("Error") and name not in KEEP_THEIR_NAMES)
+    assert misnamed == []
+
+
+def test_the_names_kept_are_still_defined() -> None:
+    assert sorted(set(KEEP_THEIR_NAMES) - set(defined_exceptions())) == []

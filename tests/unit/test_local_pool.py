@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.k8s.manifests import build_worker_container, build_worker_env
 from jobpool.settings import Settings
@@ -39,7 +40,7 @@ def test_each_local_process_gets_its_lanes_pod_environment() -> None:
 def test_each_local_process_gets_its_lanes_pod_arguments() -> None:
     """The pool's graceSeconds and imports reach the local processes as they reach pods."""
     pool = load_pool({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": "local"},
         "spec": {"image": "jobpool:test", "database": {"secretName": "db"},
                  "worker": {"graceSeconds": 7, "imports": ["mykinds"]},
@@ -57,7 +58,7 @@ def test_each_local_process_gets_its_lanes_pod_arguments() -> None:
 
 def _pool_with(min_replicas: int) -> PoolSpec:
     return load_pool({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": "local"},
         "spec": {"image": "jobpool:test", "database": {"secretName": "db"},
                  "lanes": [{"name": "all", "minReplicas": min_replicas,

@@ -11,26 +11,29 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from jobpool.core.crd import API_VERSION, CRD_FILE
 from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.core.scaling import LaneJobs, ScalingPolicy, decide_replicas
+from jobpool.db.queries import Many
 from jobpool.k8s import manifests, reconcile, status
-from jobpool.sql import QUERIES
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33.0"
 OWNER_BODY = {
-    "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+    "apiVersion": API_VERSION, "kind": "JobWorkerPool",
     "metadata": {"name": "mdm-jobs", "namespace": "mdm", "uid": "5b1e-uid"},
 }
 OWNER = manifests.build_owner_reference(OWNER_BODY)
-COUNT = QUERIES["count_lane_jobs"].text
+COUNT = COUNT_LANE_JOBS.text
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 def example(**changes: Any) -> PoolSpec:
     spec = load_pool_file(ROOT / "examples" / "pool.yaml")
     document = {
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": spec.name, "namespace": "mdm"},
         "spec": {**_example_spec(), **changes},
     }
@@ -64,7 +67,7 @@ def test_one_deployment_per_lane_named_pool_dash_lane_owned_by_the_pool() -> Non
     body = bodies["mdm-jobs-default"]
     assert body["metadata"]["namespace"] == "mdm"
     assert body["metadata"]["ownerReferences"] == [{
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "name": "mdm-jobs",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool", "name": "mdm-jobs",
         "uid": "5b1e-uid", "controller": True, "blockOwnerDeletion": True,
     }]
     labels = body["metadata"]["labels"]
@@ -446,7 +449,7 @@ def test_a_capped_count_is_shown_as_at_least() -> None:
 def test_status_fields_are_declared_in_the_crd() -> None:
     import yaml
 
-    crd = yaml.safe_load((ROOT / "crds" / "jobworkerpools.jobs.mdm.io.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
     declared = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     pool = example()
     live = live_copy(deployment(pool, "default"), 5)
@@ -493,7 +496,7 @@ def test_missing_or_unready_lanes_make_the_pool_not_ready() -> None:
 
 
 def test_unserved_kinds_degrade_the_pool() -> None:
-    pool = load_pool({"apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+    pool = load_pool({"apiVersion": API_VERSION, "kind": "JobWorkerPool",
                       "metadata": {"name": "p"},
                       "spec": {"image": "i", "database": {"secretName": "s"},
                                "lanes": [{"name": "mail", "kinds": ["email_send"]}]}})

@@ -12,6 +12,7 @@ import yaml
 
 from jobpool.cli_arguments import worker_command
 from jobpool.core import poolspec
+from jobpool.core.crd import API_VERSION
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.poolspec import PoolSpecError, load_pool, load_pool_file
 
@@ -22,7 +23,7 @@ EXAMPLE = ROOT / "examples" / "pool.yaml"
 def pool(*lanes: dict[str, Any], **spec: Any) -> dict[str, Any]:
     """A minimal valid document with `lanes` and extra `spec` fields."""
     return {
-        "apiVersion": "jobs.mdm.io/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "JobWorkerPool",
         "metadata": {"name": "p", "namespace": "ns"},
         "spec": {

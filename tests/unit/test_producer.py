@@ -17,7 +17,7 @@ from typing import Any
 from jobpool.core.kinds import KindDefaults
 from jobpool.db.store import Row
 from jobpool.job import Job, JobContext
-from jobpool.metrics import Outcome
+from jobpool.metrics import JobOutcome
 from jobpool.registry import KindSpec
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
@@ -69,7 +69,7 @@ class Runs:
         self.release.set()
         self.ran: list[int] = []
 
-    async def execute(self, job: Job) -> Outcome:
+    async def execute(self, job: Job) -> JobOutcome:
         self.ran.append(job.id)
         await self.release.wait()
         return "done"
@@ -88,7 +88,7 @@ class Leases:
 
 
 def producer(*, slots: int, until_empty: bool = True, grace: float = 0.01,
-             observed: list[tuple[int, Outcome]] | None = None,
+             observed: list[tuple[int, JobOutcome]] | None = None,
              leases: Leases | None = None) -> Producer:
     online = asyncio.Event()
     online.set()

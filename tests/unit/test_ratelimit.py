@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from jobpool.cli_arguments import worker_command
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import load_pool_file
 from jobpool.core.ratelimit import (
     STORE_RETRY,
@@ -368,7 +369,7 @@ def test_pool_spec_to_env_to_worker_is_the_identity(tmp_path: Path,
     smallest rps too, which its JSON spells `1e-05`."""
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool", "metadata": {"name": "p"},
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool", "metadata": {"name": "p"},
         "spec": {"image": "jobpool:1", "database": {"secretName": "db"},
                  "lanes": [{"name": "a", "rateLimits": rate_limits}]},
     }))

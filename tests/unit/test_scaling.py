@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import load_pool
 from jobpool.core.scaling import (
     ScalingPolicy,
@@ -114,7 +115,7 @@ def test_stepwise_scale_down_keeps_the_window_open_until_demand_is_met() -> None
 
 def test_other_lanes_kinds_do_not_count_for_a_lane() -> None:
     spec = load_pool({
-        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "apiVersion": API_VERSION, "kind": "JobWorkerPool",
         "metadata": {"name": "p"},
         "spec": {"image": "i", "database": {"secretName": "s"}, "lanes": [
             {"name": "default"}, {"name": "mail", "kinds": ["email_send"]},

@@ -2,8 +2,9 @@ import pytest
 from psycopg import _queries as psycopg_queries
 
 from jobpool.db.connect import COMMIT_AND_RESET
+from jobpool.db.store import CLAIM_JOBS, COMPLETE_JOBS, COMPLETED_BEFORE
 from jobpool.settings import Settings
-from jobpool.sql import MAX_CACHED_TEXT, QUERIES, migrations, parse_queries
+from jobpool.sql import MAX_CACHED_TEXT, load_queries, migrations, parse_queries
 
 
 def test_settings_from_env() -> None:
@@ -63,8 +64,8 @@ def test_comment_lines_and_indentation_are_left_out_of_the_text() -> None:
 
 def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
     assert MAX_CACHED_TEXT == psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
-    for name in ("claim_jobs", "complete_jobs", "completed_before"):
-        assert len(QUERIES[name].text.encode()) <= MAX_CACHED_TEXT, name
+    for query in (CLAIM_JOBS, COMPLETE_JOBS, COMPLETED_BEFORE):
+        assert len(query.text.encode()) <= MAX_CACHED_TEXT, query.name
 
 
 def test_a_writing_job_commits_before_its_session_is_reset() -> None:
@@ -82,8 +83,8 @@ def test_duplicate_query_names_are_refused() -> None:
 
 
 def test_every_query_has_a_description_and_the_claim_is_the_spec_form() -> None:
-    assert all(query.doc for query in QUERIES.values())
-    claim = QUERIES["claim_jobs"].text
+    assert all(query.doc for query in load_queries().values())
+    claim = CLAIM_JOBS.text
     assert "FOR UPDATE SKIP LOCKED" in claim
     assert "ORDER BY j.priority, j.available_at, j.id" in claim
 

@@ -31,9 +31,9 @@ from jobpool.kinds.webhooks.signing import (
     verify_webhook,
 )
 from jobpool.kinds.webhooks.ssrf import (
-    InvalidWebhookURL,
+    InvalidWebhookURLError,
     Target,
-    TargetRefused,
+    TargetRefusedError,
     check_target,
     embedded_ipv4,
     parse_networks,
@@ -228,10 +228,10 @@ def test_the_allow_list_opens_only_its_networks() -> None:
 
 def test_one_refused_answer_refuses_the_host() -> None:
     mixed = [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.0.0.1")]
-    with pytest.raises(TargetRefused, match=r"'rebind\.example' resolves to 10\.0\.0\.1 "
+    with pytest.raises(TargetRefusedError, match=r"'rebind\.example' resolves to 10\.0\.0\.1 "
                                             r"\(private address\): refused, no connection"):
         check_target("rebind.example", mixed, ())
-    with pytest.raises(TargetRefused, match="no address"):
+    with pytest.raises(TargetRefusedError, match="no address"):
         check_target("empty.example", [], ())
     check_target("ok.example", [ipaddress.ip_address("1.1.1.1")], ())
 
@@ -294,7 +294,7 @@ def test_embedded_ipv4() -> None:
     ("https://hooks.example.com/\u202ein", "contains '\\u202e'"),
 ])
 def test_bad_webhook_urls_are_refused_naming_the_problem(url: str, problem: str) -> None:
-    with pytest.raises(InvalidWebhookURL) as refused:
+    with pytest.raises(InvalidWebhookURLError) as refused:
         webhook_target(url)
     assert problem in str(refused.value)
     assert "pw" not in str(refused.value)  # credentials are not echoed into logs

@@ -9,7 +9,7 @@ import pytest
 
 from jobpool.k8s.client import ApiError, KubeApi
 from jobpool.k8s.handlers import PoolController
-from jobpool.k8s.leader import NotLeading
+from jobpool.k8s.leader import NotLeadingError
 
 
 def controller(budget: Budget) -> PoolController:
@@ -36,7 +36,7 @@ async def test_a_write_after_leadership_ended_never_goes_out() -> None:
     fenced = controller(budget)
     await fenced._write(write())
     budget.seconds = None  # the renew deadline passed mid-round
-    with pytest.raises(NotLeading):
+    with pytest.raises(NotLeadingError):
         await fenced._write(write())
     assert sent == ["patch"]
 

@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobpool import admin, pauses
 from jobpool.admin import DEFAULT_PAGE, MAX_JOB_ID, MAX_PAGE
 from jobpool.api.auth import AuthError, Principal, TokenVerifier
-from jobpool.api.database import DatabaseAway, DatabaseLink
+from jobpool.api.database import DatabaseAwayError, DatabaseLink
 from jobpool.api.openapi import KIND_NAME, document
 from jobpool.api.overview import audit_entry, gather_overview, job_history
 from jobpool.core.actors import token_subject
@@ -78,11 +78,11 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class BadRequest(JobpoolError):
+class BadRequestError(JobpoolError):
     """A bad path or query parameter, or a body that cannot be read (400)."""
 
 
-class AuditEntryNotFound(JobpoolError):
+class AuditEntryNotFoundError(JobpoolError):
     """No audit row with that id among the token's tenants (404)."""
 
 
@@ -120,10 +120,10 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
     except AuthError as exc:
         headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if exc.status == 401 else {}
         return problem(exc.status, exc.message, headers)
-    except BadRequest as exc:
+    except BadRequestError as exc:
         return problem(400, str(exc))
     except (JobNotFoundError, UnknownTenantError, UnknownKindError,
-            AuditEntryNotFound) as exc:
+            AuditEntryNotFoundError) as exc:
         return problem(404, str(exc))
     except PauseScopeError as exc:
         return problem(403, str(exc))
@@ -134,7 +134,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
             raise
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
         return problem(exc.status, exc.reason, allow)
-    except DatabaseAway as exc:
+    except DatabaseAwayError as exc:
         return problem(503, f"{exc}; try again later")
     except (psycopg.OperationalError, PoolTimeout) as exc:
         log.warning("database unreachable: %s", exc)
@@ -155,7 +155,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         try:
             await request.read()  # raises 413 beyond client_max_size
         except web.RequestPayloadError as exc:
-            raise BadRequest(f"the request body cannot be read: {_first_line(exc)}") from None
+            raise BadRequestError(f"the request body cannot be read: {_first_line(exc)}") from None
     return await handler(request)
 
 
@@ -173,15 +173,15 @@ def _first_line(exc: Exception) -> str:
 
 def _integer(text: str, name: str, low: int, high: int) -> int:
     if not re.fullmatch(r"-?[0-9]{1,20}", text):
-        raise BadRequest(f"{name} must be an integer, got {text[:40]!r}")
+        raise BadRequestError(f"{name} must be an integer, got {text[:40]!r}")
     value = int(text)
     if not low <= value <= high:
-        raise BadRequest(f"{name} must be between {low} and {high}, got {value}")
+        raise BadRequestError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
 def job_id(request: web.Request) -> int:
-    """The {id} path parameter; raises BadRequest."""
+    """The {id} path parameter; raises BadRequestError."""
     return _integer(request.match_info["id"], "job id", 1, MAX_JOB_ID)
 
 
@@ -193,7 +193,7 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
 def _query_match(request: web.Request, name: str, pattern: str, what: str) -> str | None:
     text = request.query.get(name)
     if text is not None and not re.fullmatch(pattern, text):
-        raise BadRequest(f"{name} must be {what}, got {text[:80]!r}")
+        raise BadRequestError(f"{name} must be {what}, got {text[:80]!r}")
     return text
 
 
@@ -203,7 +203,7 @@ def _query_tenant(request: web.Request) -> str | None:
     try:
         return None if text is None else tenant_ref(text)
     except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequestError(str(exc)) from None
 
 
 # -- handlers ------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ async def get_audit_entry(request: web.Request) -> web.Response:
     async with request.app[DATABASE].connection() as conn:
         row = await audit_entry(conn, ident, tenants=_tenants(request))
     if row is None:
-        raise AuditEntryNotFound(f"no audit entry with id {ident}")
+        raise AuditEntryNotFoundError(f"no audit entry with id {ident}")
     return ok(row)
 
 
@@ -286,7 +286,7 @@ async def discard_job(request: web.Request) -> web.Response:
 
 
 def _pause_scope(request: web.Request) -> dict[str, str | None]:
-    """The tenant and kind query parameters of a pause or resume, checked: BadRequest for a
+    """The tenant and kind query parameters of a pause or resume, checked: BadRequestError for a
     bad name, PauseScopeError (403) for neither, a scope of everything, which is refused as
     a kind for every tenant is refused to a scoped token (both are well-formed requests)."""
     kind = _query_match(request, "kind", KIND_NAME, "a kind name (lower-case identifier)")
@@ -310,7 +310,7 @@ async def pause(request: web.Request) -> web.Response:
     try:
         reason = check_reason(request.query.get("reason"))
     except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequestError(str(exc)) from None
     principal = request[PRINCIPAL]
     async with request.app[DATABASE].connection() as conn:
         row, created = await pauses.pause(

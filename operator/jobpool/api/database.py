@@ -25,8 +25,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.retry import retry_pause
 from jobpool.db.connect import lost_connection, open_live_pool, probe
+from jobpool.db.queries import One
 from jobpool.errors import JobpoolError, SchemaNotMigratedError
-from jobpool.sql import QUERIES
+
+PING = One("ping")
 
 log = logging.getLogger("jobpool.api")
 
@@ -43,14 +45,14 @@ READY_CHECK_TIMEOUT = 5.0
 """Seconds /readyz's check of a pooled connection may take."""
 
 
-class DatabaseAway(JobpoolError):
+class DatabaseAwayError(JobpoolError):
     """The API's database does not answer (or is not migrated) now: a 503 naming why."""
 
 
 class DatabaseLink:
     """The pool of the API's connections to `dsn`, and why there is none while there is none.
 
-    `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAway
+    `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAwayError
     at once (never waits for a database that is away); `close()` ends it all.
     """
 
@@ -86,11 +88,11 @@ class DatabaseLink:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection (dict rows). Raises DatabaseAway while the database is away;
+        """A pooled connection (dict rows). Raises DatabaseAwayError while the database is away;
         a connection that fails on the way (psycopg.OperationalError, raised) starts the
         probe again."""
         if self.problem is not None or self.pool is None:
-            raise DatabaseAway(self.problem or "waiting for the database")
+            raise DatabaseAwayError(self.problem or "waiting for the database")
         try:
             async with self.pool.connection() as conn:
                 yield conn
@@ -106,7 +108,7 @@ class DatabaseLink:
             # a pool busy with other calls is not an outage: only a failed connection counts
             with contextlib.suppress(psycopg.OperationalError, TimeoutError):
                 async with asyncio.timeout(READY_CHECK_TIMEOUT), self.connection() as conn:
-                    await conn.execute(QUERIES["ping"].text)
+                    await PING(conn)
         return self.not_ready()
 
     def lost(self, exc: BaseException) -> None:

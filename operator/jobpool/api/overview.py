@@ -19,9 +19,16 @@ from jobpool.core.lane_activity import lane_activity
 from jobpool.core.pause_scopes import with_held_jobs
 from jobpool.core.ratelimit import WILDCARD_KIND, parse_tenant_limits_json
 from jobpool.db.live_workers import live_workers, running_jobs
-from jobpool.db.store import fetch_all, fetch_one
+from jobpool.db.queries import Many, One, Row
 
-Row = dict[str, Any]
+AUDIT_ENTRY = One("audit_entry")
+DATABASE_NOW = One("database_now")
+JOB_HISTORY = Many("job_history")
+LIST_PAUSES = Many("list_pauses")
+LIST_SCHEDULES = Many("list_schedules")
+OVERVIEW_COUNTS = Many("overview_counts")
+SCOPED_RATE_LIMITS = Many("scoped_rate_limits")
+WAITING_JOBS = Many("waiting_jobs")
 
 MAX_HISTORY = 500
 """Audit rows of one job that its history lists (a job replayed this often is a bug)."""
@@ -36,15 +43,15 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
     live workers come from their registry (`jobpool.db.live_workers`).
     """
     keys = None if tenants is None else list(tenants)
-    now = (await fetch_one(conn, "database_now") or {})["now"]
+    now = (await DATABASE_NOW(conn) or {})["now"]
     counts = [{**row, "jobs": int(row["jobs"]), "ready": int(row["ready"])}
-              for row in await fetch_all(conn, "overview_counts", {"tenants": keys})]
-    limits = await fetch_all(conn, "scoped_rate_limits", {"tenants": keys})
-    waiting = await fetch_all(conn, "waiting_jobs", {"tenants": keys})
+              for row in await OVERVIEW_COUNTS(conn, {"tenants": keys})]
+    limits = await SCOPED_RATE_LIMITS(conn, {"tenants": keys})
+    waiting = await WAITING_JOBS(conn, {"tenants": keys})
     workers = scoped_workers(await live_workers(conn), tenants)
     running = await running_jobs(conn, tenants=keys)
     shown_lanes = scoped_lanes(lanes, tenants)
-    paused = with_held_jobs(await fetch_all(conn, "list_pauses", {"tenants": keys}), counts)
+    paused = with_held_jobs(await LIST_PAUSES(conn, {"tenants": keys}), counts)
     return {
         "now": now,
         "counts": counts,
@@ -54,7 +61,7 @@ async def gather_overview(conn: AsyncConnection[Any], *, tenants: Sequence[str] 
         "workers": workers,
         "running": running,
         "rate_limits": rate_limited_pairs(limits, waiting),
-        "schedules": scoped_schedules(await fetch_all(conn, "list_schedules"), tenants),
+        "schedules": scoped_schedules(await LIST_SCHEDULES(conn), tenants),
         "paused": paused,
     }
 
@@ -69,7 +76,7 @@ async def job_history(conn: AsyncConnection[Any], job_id: int, *,
     Each row carries a preview of its payload (`payload_preview`, `payload_size`,
     `payload_truncated`, as `admin.list_dlq`): a discard's payload holds the whole job.
     """
-    rows = await fetch_all(conn, "job_history", {
+    rows = await JOB_HISTORY(conn, {
         "id": job_id, "tenants": None if tenants is None else list(tenants),
         "limit": MAX_HISTORY, **preview_params()})
     return [with_actor(row) for row in rows]
@@ -84,7 +91,7 @@ async def audit_entry(conn: AsyncConnection[Any], entry_id: int, *,
                       tenants: Sequence[str] | None) -> Row | None:
     """Audit row `entry_id` with its whole payload and its actor's kind and name, if `tenants`
     may see it (else None)."""
-    row = await fetch_one(conn, "audit_entry", {
+    row = await AUDIT_ENTRY(conn, {
         "id": entry_id, "tenants": None if tenants is None else list(tenants)})
     return None if row is None else with_actor(row)
 

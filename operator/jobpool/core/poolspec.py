@@ -20,6 +20,7 @@ from typing import Any, Literal, cast
 import jsonschema
 import yaml
 
+from jobpool.core.crd import API_VERSION, CRD_FILE, KIND
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
@@ -28,10 +29,6 @@ from jobpool.core.worker_run import WorkerRun
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
 from jobpool.settings import default_of, setting_of_pool_field, variable
-
-API_VERSION = "jobs.mdm.io/v1alpha1"
-KIND = "JobWorkerPool"
-CRD_FILE = "jobworkerpools.jobs.mdm.io.yaml"
 
 HEAVY_LANE = "heavy"
 """Name of the implicit lane that serves heavy kinds no lane lists."""

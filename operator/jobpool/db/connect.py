@@ -22,13 +22,18 @@ from psycopg_pool import AsyncConnectionPool
 from jobpool.core.connection_budget import Allowance
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema, migrate
+from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
 from jobpool.settings import current as current_settings
-from jobpool.sql import QUERIES
+
+CONNECTION_ALLOWANCE = One("connection_allowance")
+DEALLOCATE = Exec("deallocate")
+PING = One("ping")
+RESET_SESSION = One("reset_session")
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,7 @@ class JobConnection(AsyncConnection[Any]):
         """`AsyncConnection.transaction`, nested in the job's transaction while in job scope."""
         if (self.job_scope and not self.autocommit
                 and self.info.transaction_status == TransactionStatus.IDLE):
-            await self.execute(QUERIES["ping"].text)  # its implicit BEGIN opens the job's one
+            await PING(self)  # its implicit BEGIN opens the job's one
         async with super().transaction(savepoint_name, force_rollback) as tx:
             yield tx
 
@@ -171,7 +176,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             await conn.rollback()
         await conn.set_autocommit(True)  # each statement takes effect at once
-        left = await last_row(await conn.execute(QUERIES["reset_session"].text, prepare=False))
+        left = await last_row(await conn.execute(RESET_SESSION.text, prepare=False))
         await conn.set_autocommit(False)
     except psycopg.Error as exc:
         await _replace(conn, [_session_failure(exc)])
@@ -182,7 +187,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     await _finish_reset(conn, left)
 
 
-COMMIT_AND_RESET = "COMMIT;\n" + QUERIES["reset_session"].text
+COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
 """The end of a writing job's transaction, then its session reset, in one query. COMMIT comes
 first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
 its session advisory locks are held until its writes are visible."""
@@ -250,7 +255,7 @@ async def _drop_handler_statements(conn: AsyncConnection[Any], left: dict[str, A
     if made:
         await conn.set_autocommit(True)
         for name in made:
-            await conn.execute(sql.SQL(QUERIES["deallocate"].text).format(
+            await conn.execute(sql.SQL(DEALLOCATE.text).format(
                 name=sql.Identifier(name)), prepare=False)
         await conn.set_autocommit(False)
     if left.get("prepared", -1) >= len(conn._prepared._names):
@@ -340,7 +345,7 @@ async def open_live_pool(
     await pool.open()
     try:
         async with pool.connection(timeout=timeout) as conn:
-            await conn.execute(QUERIES["ping"].text)
+            await PING(conn)
     except BaseException:
         await pool.close()
         raise
@@ -371,8 +376,7 @@ async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:
     try:
         async with asyncio.timeout(timeout):
             async with await connect(dsn, autocommit=True) as conn:
-                cur = await conn.execute(QUERIES["connection_allowance"].text, prepare=False)
-                row = await cur.fetchone()
+                row = await CONNECTION_ALLOWANCE(conn, prepare=False)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
     if row is None:

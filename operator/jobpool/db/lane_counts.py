@@ -8,15 +8,17 @@ of index entries whatever the backlog; a capped count is reported as "at least".
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
-from jobpool.sql import QUERIES
+from jobpool.db.queries import Many, Row
+
+COUNT_LANE_JOBS = Many("count_lane_jobs")
+SCHEDULE_RUNS = Many("schedule_runs")
 
 CONNECT_TIMEOUT = 10
 """Seconds to wait for the database before a scaling round gives up."""
@@ -64,9 +66,7 @@ async def count_lane_jobs(
     """
     if not lanes:
         return {}
-    async with conn.cursor() as cur:
-        await cur.execute(QUERIES["count_lane_jobs"].text, {"lanes": lanes_parameter(lanes)})
-        rows = await cur.fetchall()
+    rows = await COUNT_LANE_JOBS(conn, {"lanes": lanes_parameter(lanes)})
     counts = {lane.name: LaneJobs() for lane in lanes}
     for row in rows:
         name, ready, running, cap = _row(row)
@@ -98,9 +98,7 @@ class LaneCounter:
         """The `schedule_runs` rows (last and next run) of the schedules `names` at `dsn`."""
         conn = await self._connection(dsn)
         try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(QUERIES["schedule_runs"].text, {"names": list(names)})
-                return await cur.fetchall()
+            return await SCHEDULE_RUNS(conn, {"names": list(names)})
         except psycopg.Error:
             await self._drop(dsn)
             raise
@@ -134,7 +132,5 @@ async def count_lane_jobs_at(dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJ
         return await count_lane_jobs(conn, lanes)
 
 
-def _row(row: Sequence[Any] | Mapping[str, Any]) -> tuple[str, int, int, int]:
-    if isinstance(row, Mapping):
-        return str(row["lane"]), int(row["ready"]), int(row["running"]), int(row["cap"])
-    return str(row[0]), int(row[1]), int(row[2]), int(row[3])
+def _row(row: Row) -> tuple[str, int, int, int]:
+    return str(row["lane"]), int(row["ready"]), int(row["running"]), int(row["cap"])

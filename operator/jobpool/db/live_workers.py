@@ -18,8 +18,14 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobpool.db.store import Row, fetch_all, fetch_one
-from jobpool.sql import QUERIES
+from jobpool.db.queries import Exec, Many, One, Row
+
+BEAT_WORKER = One("beat_worker")
+FORGET_DEAD_WORKERS = Many("forget_dead_workers")
+FORGET_WORKER = Exec("forget_worker")
+LIVE_WORKERS = Many("live_workers")
+REGISTER_WORKER = Exec("register_worker")
+RUNNING_JOBS = Many("running_jobs")
 
 HEARTBEAT_EVERY = 5.0
 """Seconds between a worker's heartbeats."""
@@ -68,33 +74,33 @@ def _params(identity: WorkerIdentity, beat: WorkerBeat) -> dict[str, Any]:
 async def register_worker(conn: AsyncConnection[Any], identity: WorkerIdentity,
                           beat: WorkerBeat) -> None:
     """Add the worker's row (or renew it, if it exists)."""
-    await conn.execute(QUERIES["register_worker"].text, _params(identity, beat))
+    await REGISTER_WORKER(conn, _params(identity, beat))
 
 
 async def beat_worker(conn: AsyncConnection[Any], identity: WorkerIdentity,
                       beat: WorkerBeat) -> bool:
     """Renew the worker's heartbeat; False when its row is gone (deleted as dead while the
     worker could not beat: register again)."""
-    return await fetch_one(conn, "beat_worker", {
+    return await BEAT_WORKER(conn, {
         "worker_id": identity.worker_id, **asdict(beat)}) is not None
 
 
 async def forget_worker(conn: AsyncConnection[Any], worker_id: str) -> None:
     """Delete the worker's row (a clean exit)."""
-    await conn.execute(QUERIES["forget_worker"].text, {"worker_id": worker_id})
+    await FORGET_WORKER(conn, {"worker_id": worker_id})
 
 
 async def forget_dead_workers(conn: AsyncConnection[Any], *,
                               dead_after: float = DEAD_AFTER) -> list[str]:
     """Delete the rows of workers silent for more than `dead_after` seconds; their ids."""
-    rows = await fetch_all(conn, "forget_dead_workers", {"dead_after": dead_after})
+    rows = await FORGET_DEAD_WORKERS(conn, {"dead_after": dead_after})
     return [row["worker_id"] for row in rows]
 
 
 async def live_workers(conn: AsyncConnection[Any], *,
                        dead_after: float = DEAD_AFTER) -> list[Row]:
     """The rows of the workers that beat within `dead_after` seconds (by lane, host, pid)."""
-    return await fetch_all(conn, "live_workers", {"dead_after": dead_after})
+    return await LIVE_WORKERS(conn, {"dead_after": dead_after})
 
 
 async def running_jobs(conn: AsyncConnection[Any], *, tenants: Sequence[str] | None,
@@ -103,7 +109,7 @@ async def running_jobs(conn: AsyncConnection[Any], *, tenants: Sequence[str] | N
     """Running jobs of `tenants` (keys; None: all), longest-running first, at most `limit`:
     id, tenant, kind, holder, claimed_at, age_seconds, the holder's lane and `holder_live`
     (False: its holder no longer beats)."""
-    return await fetch_all(conn, "running_jobs", {
+    return await RUNNING_JOBS(conn, {
         "tenants": None if tenants is None else list(tenants), "limit": limit,
         "dead_after": dead_after})
 

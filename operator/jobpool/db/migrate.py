@@ -20,12 +20,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from psycopg import AsyncConnection, sql
-from psycopg.rows import tuple_row
 
+from jobpool.db.queries import Exec, Many, One
 from jobpool.db.store import kind_rows, register_kinds
 from jobpool.errors import SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
-from jobpool.sql import QUERIES, migrations
+from jobpool.sql import migrations
+
+APPLIED_MIGRATIONS = Many("applied_migrations")
+CREATE_MIGRATION_TABLE = Exec("create_migration_table")
+MIGRATION_LOCK = One("migration_lock")
+MIGRATION_TABLE_EXISTS = One("migration_table_exists")
+MIGRATION_UNLOCK = Exec("migration_unlock")
+RECORD_MIGRATION = Exec("record_migration")
+REGISTER_KINDS = Exec("register_kinds")
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +61,10 @@ def statements(text: str) -> list[str]:
 
 async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
     """Versions recorded in `mdm.jobpool_migration` (empty on a fresh database)."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(QUERIES["migration_table_exists"].text)
-        present = await cur.fetchone()
-        if not (present and present[0]):
-            return set()
-        await cur.execute(QUERIES["applied_migrations"].text)
-        return {int(row[0]) for row in await cur.fetchall()}
+    present = await MIGRATION_TABLE_EXISTS(conn)
+    if not (present and present["present"]):
+        return set()
+    return {int(row["version"]) for row in await APPLIED_MIGRATIONS(conn)}
 
 
 async def migrate(conn: AsyncConnection[Any]) -> list[str]:
@@ -75,7 +80,7 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
     await conn.set_autocommit(True)
     await _lock(conn)
     try:
-        await conn.execute(QUERIES["create_migration_table"].text)
+        await CREATE_MIGRATION_TABLE(conn)
         done = await applied_versions(conn)
         for version, name, text in migrations():
             if version in done:
@@ -83,31 +88,29 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
             if runs_outside_transaction(text):
                 for statement in statements(text):
                     await conn.execute(statement.encode())
-                await conn.execute(QUERIES["record_migration"].text,
+                await RECORD_MIGRATION(conn,
                                    {"version": version, "name": name})
             else:
                 async with conn.transaction():
                     await conn.execute(text)
-                    await conn.execute(QUERIES["record_migration"].text,
+                    await RECORD_MIGRATION(conn,
                                        {"version": version, "name": name})
             applied.append(f"{version:04d}_{name}")
             log.info("applied migration %04d_%s", version, name)
         await register_kinds(conn, builtin_kinds())
     finally:
-        await conn.execute(QUERIES["migration_unlock"].text, {"key": _LOCK_KEY})
+        await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
     return applied
 
 
 async def _lock(conn: AsyncConnection[Any]) -> None:
     """Take the migration lock, polling: a session waiting inside pg_advisory_lock would hold
     a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        while True:
-            await cur.execute(QUERIES["migration_lock"].text, {"key": _LOCK_KEY})
-            row = await cur.fetchone()
-            if row is not None and row[0]:
-                return
-            await asyncio.sleep(_LOCK_POLL)
+    while True:
+        row = await MIGRATION_LOCK(conn, {"key": _LOCK_KEY})
+        if row is not None and row["locked"]:
+            return
+        await asyncio.sleep(_LOCK_POLL)
 
 
 async def check_schema(conn: AsyncConnection[Any]) -> None:
@@ -127,7 +130,7 @@ def migration_script() -> str:
     that build indexes CONCURRENTLY come without BEGIN/COMMIT and cannot run inside one
     multi-statement query.
     """
-    parts = [QUERIES["create_migration_table"].text]
+    parts = [CREATE_MIGRATION_TABLE.text]
     for version, name, text in migrations():
         record = (f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, "
                   f"'{name}') ON CONFLICT DO NOTHING;")
@@ -138,7 +141,7 @@ def migration_script() -> str:
         else:
             parts.append(f"-- {version:04d}_{name}\nBEGIN;\n{text.strip()}\n{record}\nCOMMIT;")
     parts.append("-- the built-in kinds and their declared defaults\n"
-                 + _inline(QUERIES["register_kinds"].text, kind_rows(builtin_kinds())))
+                 + _inline(REGISTER_KINDS.text, kind_rows(builtin_kinds())))
     return "\n\n".join(parts) + "\n"
 
 

@@ -6,19 +6,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
-from jobpool.sql import QUERIES
 
-Row = dict[str, Any]
+CLAIM_TRANSACTION = One("claim_transaction")
+CLAIM_SESSION = One("claim_session")
+COMPLETE_JOBS = Many("complete_jobs")
+COMPLETED_BEFORE = Many("completed_before")
+CLAIM_JOBS = Many("claim_jobs")
+COMPLETE_JOB = One("complete_job")
+RETRY_JOB = One("retry_job")
+DEAD_LETTER_JOB = One("dead_letter_job")
+RELEASE_JOB = One("release_job")
+RELEASE_UNRUN_CLAIMS = Many("release_unrun_claims")
+REGISTER_KINDS = Exec("register_kinds")
 
 OWN_ISOLATION = IsolationLevel.READ_COMMITTED
 """The isolation of every transaction a worker opens, sent with its BEGIN (so that it holds
@@ -49,24 +58,6 @@ class Completion(NamedTuple):
     result: str | None
     resent: bool = False
     """Sent before on a connection that failed, so that try may have committed unseen."""
-
-
-async def fetch_one(
-    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any] | None = None
-) -> Row | None:
-    """The first row (a dict) of named query `name` on `conn`, whatever its row factory."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES[name].text, params)
-        return await cur.fetchone()
-
-
-async def fetch_all(
-    conn: AsyncConnection[Any], name: str, params: Mapping[str, Any] | None = None
-) -> list[Row]:
-    """Every row (dicts) of named query `name` on `conn`, whatever its row factory."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES[name].text, params)
-        return await cur.fetchall()
 
 
 class QueueStore:
@@ -132,14 +123,14 @@ class QueueStore:
         try:
             async with conn.pipeline():
                 if self.transaction_pooler:
-                    await conn.execute(QUERIES["claim_transaction"].text)
-                done = await conn.execute(QUERIES["complete_jobs"].text,
+                    await conn.execute(CLAIM_TRANSACTION.text)
+                done = await conn.execute(COMPLETE_JOBS.text,
                                           self._completions(completions)) if completions else None
                 resent = [c for c in completions if c.resent]
-                before = await conn.execute(QUERIES["completed_before"].text, {
+                before = await conn.execute(COMPLETED_BEFORE.text, {
                     "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
                     "worker_id": self.worker_id}) if resent else None
-                claim = await conn.execute(QUERIES["claim_jobs"].text, {
+                claim = await conn.execute(CLAIM_JOBS.text, {
                     "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
                     "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
                     "lease": self.lease,
@@ -168,7 +159,7 @@ class QueueStore:
                 self._claimer = conn  # closed by `_drop_claim_connection` if the next fails
                 await conn.set_isolation_level(OWN_ISOLATION)
                 if not self.transaction_pooler:
-                    await conn.execute(QUERIES["claim_session"].text)
+                    await conn.execute(CLAIM_SESSION.text)
                     await conn.commit()
         except BaseException as exc:
             await self._drop_claim_connection()
@@ -237,15 +228,14 @@ class QueueStore:
 
         result: checked JSON text (`core.jsondata.to_json_text`) or None.
         """
-        row = await fetch_one(conn, "complete_job", {**self._cas(job_id, attempts),
-                                                     "result": result})
+        row = await COMPLETE_JOB(conn, {**self._cas(job_id, attempts), "result": result})
         return bool(row and row["changed"])
 
     async def committed_done(self, job_id: int, attempts: int) -> bool:
         """Whether this worker's `done` of attempt `attempts` of job `job_id` committed (when
         the query that ended with its COMMIT failed after it, or the answer was lost)."""
         async with self.pool.connection() as conn:
-            rows = await fetch_all(conn, "completed_before", {
+            rows = await COMPLETED_BEFORE(conn, {
                 "ids": [job_id], "attempts": [attempts], "worker_id": self.worker_id})
         return bool(rows)
 
@@ -259,22 +249,20 @@ class QueueStore:
     async def retry(self, job_id: int, attempts: int, *, delay: float, error: str) -> bool:
         """Back to pending in `delay` seconds; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await fetch_one(conn, "retry_job", {**self._cas(job_id, attempts),
-                                                 "delay": delay, "error": error})
+            row = await RETRY_JOB(conn, {**self._cas(job_id, attempts),
+                                        "delay": delay, "error": error})
         return row is not None
 
     async def dead_letter(self, job_id: int, attempts: int, *, error: str) -> bool:
         """Park in the DLQ with audit `job_dlq`; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await fetch_one(conn, "dead_letter_job", {**self._cas(job_id, attempts),
-                                                       "error": error})
+            row = await DEAD_LETTER_JOB(conn, {**self._cas(job_id, attempts), "error": error})
         return row is not None
 
     async def release(self, job_id: int, attempts: int, *, delay: float = 0.0) -> bool:
         """Hand back without using up the attempt; False if this worker lost the claim."""
         async with self.pool.connection() as conn:
-            row = await fetch_one(conn, "release_job",
-                                  {**self._cas(job_id, attempts), "delay": delay})
+            row = await RELEASE_JOB(conn, {**self._cas(job_id, attempts), "delay": delay})
         return row is not None
 
     async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]:
@@ -283,13 +271,13 @@ class QueueStore:
         (id, job_kind). They keep their place in the queue and their attempt is not counted:
         they never ran."""
         async with self.pool.connection() as conn:
-            return await fetch_all(conn, "release_unrun_claims",
-                                   {"running": list(running), "worker_id": self.worker_id})
+            return await RELEASE_UNRUN_CLAIMS(
+                conn, {"running": list(running), "worker_id": self.worker_id})
 
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:
     """Upsert kinds on `conn` (for processes without a QueueStore)."""
-    await conn.execute(QUERIES["register_kinds"].text, kind_rows(specs))
+    await REGISTER_KINDS(conn, kind_rows(specs))
 
 
 def kind_rows(specs: Iterable[KindSpec]) -> dict[str, list[Any]]:

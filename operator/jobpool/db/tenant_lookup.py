@@ -8,8 +8,10 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from jobpool.core.tenants import tenant_id_of, tenant_ref
-from jobpool.db.store import Row, fetch_one
+from jobpool.db.queries import One, Row
 from jobpool.errors import UnknownTenantError
+
+RESOLVE_TENANT = One("resolve_tenant")
 
 
 async def resolve_tenant(conn: AsyncConnection[Any], ref: str, *,
@@ -21,7 +23,7 @@ async def resolve_tenant(conn: AsyncConnection[Any], ref: str, *,
     """
     canonical = tenant_ref(ref)
     tenant_id = tenant_id_of(canonical)
-    row = await fetch_one(conn, "resolve_tenant", {
+    row = await RESOLVE_TENANT(conn, {
         "key": canonical if tenant_id is None else None, "id": tenant_id})
     if row is None or (tenants is not None and row["key"] not in tenants):
         raise UnknownTenantError(ref)

@@ -26,7 +26,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Secret
 from lightkube.types import CascadeType, PatchType
 
-from jobpool.core.poolspec import API_VERSION, KIND
+from jobpool.core.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from jobpool.errors import JobpoolError
 
 FIELD_MANAGER = "jobpool-operator"
@@ -44,7 +44,7 @@ ScaledObject = create_namespaced_resource(
 TriggerAuthentication = create_namespaced_resource(
     "keda.sh", "v1alpha1", "TriggerAuthentication", "triggerauthentications")
 JobWorkerPool = create_namespaced_resource(
-    "jobs.mdm.io", "v1alpha1", KIND, "jobworkerpools")
+    GROUP, VERSION, KIND, PLURAL)
 ChildKind = Literal["Deployment", "ScaledObject", "TriggerAuthentication"]
 _CHILDREN: dict[str, Any] = {
     "Deployment": Deployment, "ScaledObject": ScaledObject,
@@ -63,20 +63,20 @@ class ApiError(JobpoolError):
         self.message = message
 
 
-class NoCredentials(JobpoolError):
+class NoCredentialsError(JobpoolError):
     """Neither a kubeconfig nor an in-cluster ServiceAccount gives access to a cluster."""
 
 
 def load_config(kubeconfig: str | None = None) -> SingleConfig:
     """The cluster and credentials to use: `kubeconfig` if given, else in-cluster, else
-    KUBECONFIG or ~/.kube/config. Raises NoCredentials when none works."""
+    KUBECONFIG or ~/.kube/config. Raises NoCredentialsError when none works."""
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     except ConfigError as exc:
-        raise NoCredentials(str(exc)) from exc
+        raise NoCredentialsError(str(exc)) from exc
     single = config.get()
     if single is None:
-        raise NoCredentials("the kubeconfig has no current context")
+        raise NoCredentialsError("the kubeconfig has no current context")
     return single
 
 

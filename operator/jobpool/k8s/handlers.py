@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 import kopf
 from lightkube.config.kubeconfig import SingleConfig
 
+from jobpool.core.crd import GROUP, PLURAL, VERSION
 from jobpool.core.poolspec import Lane, PoolSpec, PoolSpecError, load_pool
 from jobpool.core.scaling import (
     LaneJobs,
@@ -41,11 +42,11 @@ from jobpool.core.scaling import (
     fixed_replicas,
 )
 from jobpool.db.lane_counts import LaneCounter
+from jobpool.db.queries import Many
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
-from jobpool.k8s.leader import Leader, NotLeading
+from jobpool.k8s.leader import Leader, NotLeadingError
 from jobpool.k8s.lease import LeaseTiming
 from jobpool.k8s.manifests import (
-    GROUP,
     build_owner_reference,
     deployment_name,
     pool_selector,
@@ -77,10 +78,9 @@ from jobpool.k8s.status import (
     timestamp,
 )
 from jobpool.k8s.tracing_env import with_tracing_env
-from jobpool.sql import QUERIES
 
-VERSION = "v1alpha1"
-PLURAL = "jobworkerpools"
+COUNT_LANE_JOBS = Many("count_lane_jobs")
+
 DEFAULT_SCALE_INTERVAL = 15.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -205,7 +205,7 @@ class PoolIndex:
 
 
 @dataclass
-class Outcome:
+class SyncOutcome:
     """What one sync of a pool did and met."""
 
     done: list[Action] = field(default_factory=list)
@@ -253,14 +253,14 @@ class PoolController:
     async def _write(self, call: Awaitable[T]) -> T:
         """Await the write `call` if this replica leads, within the seconds it may take.
 
-        Raises NotLeading (the write never goes out) when it does not lead any more, which
+        Raises NotLeadingError (the write never goes out) when it does not lead any more, which
         a round of many requests can outlast, and ApiError 504 when the write took too
         long (a standby may lead by then)."""
         budget = self.write_budget()
         if budget is None:
             if inspect.iscoroutine(call):
                 call.close()
-            raise NotLeading("this replica does not lead: writes stop")
+            raise NotLeadingError("this replica does not lead: writes stop")
         try:
             async with asyncio.timeout(budget):
                 return await call
@@ -288,7 +288,7 @@ class PoolController:
                 continue
             try:
                 written = await self.sync(body)
-            except NotLeading:
+            except NotLeadingError:
                 log.warning("leadership ended during a round: its other syncs are left out")
                 return
             except Exception:  # one pool's failure must not stop the others
@@ -328,9 +328,9 @@ class PoolController:
 
     async def _reconcile(
         self, pool: PoolSpec, body: Mapping[str, Any], namespace: str
-    ) -> tuple[Outcome, dict[str, dict[str, Any]]]:
+    ) -> tuple[SyncOutcome, dict[str, dict[str, Any]]]:
         """Read, plan and apply the pool's children; the Deployments live afterwards."""
-        outcome = Outcome()
+        outcome = SyncOutcome()
         try:
             owner = build_owner_reference(body)
             live = await self._children("Deployment", namespace, pool.name,
@@ -341,7 +341,7 @@ class PoolController:
             outcome.problems.append(Problem("ReconcileFailed", f"reading the pool's children "
                                             f"failed: {exc}"))
             return outcome, {}
-        plan = plan_reconcile(pool, owner, live, keda, QUERIES["count_lane_jobs"].text)
+        plan = plan_reconcile(pool, owner, live, keda, COUNT_LANE_JOBS.text)
         outcome.problems += [Problem("NameConflict", c.message) for c in plan.conflicts]
         if problem is not None:
             outcome.problems.append(problem)
@@ -351,7 +351,7 @@ class PoolController:
 
     async def _carry_out(
         self, pool: PoolSpec, plan: ReconcilePlan, namespace: str,
-        own: dict[str, dict[str, Any]], outcome: Outcome,
+        own: dict[str, dict[str, Any]], outcome: SyncOutcome,
     ) -> None:
         first_replicas = {deployment_name(pool.name, lane.name): lane.min_replicas
                           for lane in pool.lanes}
@@ -426,7 +426,7 @@ class PoolController:
         return KedaChildren(scaled, auth), None
 
     async def _announce(
-        self, body: Mapping[str, Any], pool: PoolSpec, outcome: Outcome,
+        self, body: Mapping[str, Any], pool: PoolSpec, outcome: SyncOutcome,
         previous: Mapping[str, Any], now: datetime,
     ) -> None:
         """Events: what was done, and each warning or problem once (not on every sync)."""
@@ -694,7 +694,7 @@ async def run_operator(
     count_jobs: CountJobs | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); a leader releases its Lease
-    on the way out. Raises NoCredentials when there is no cluster to talk to, ValueError
+    on the way out. Raises NoCredentialsError when there is no cluster to talk to, ValueError
     for a health endpoint that is not http://.
 
     It serves pools once their API answers (see wait_for_pools_api); until then its

@@ -25,7 +25,7 @@ from jobpool.k8s.lease import (
 log = logging.getLogger(__name__)
 
 
-class NotLeading(JobpoolError):
+class NotLeadingError(JobpoolError):
     """A write was about to go out from a replica that does not (or no longer) lead."""
 
 

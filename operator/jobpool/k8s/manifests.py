@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobpool.cli_arguments import worker_command
-from jobpool.core.poolspec import API_VERSION, KIND, Lane, PoolSpec
+from jobpool.core.crd import API_VERSION, GROUP, KIND
+from jobpool.core.poolspec import Lane, PoolSpec
 from jobpool.core.scaling import lane_count_cap
 from jobpool.settings import variable
 
-GROUP = "jobs.mdm.io"
 POOL_LABEL = f"{GROUP}/pool"
 LANE_LABEL = f"{GROUP}/lane"
 TEMPLATE_HASH = f"{GROUP}/template-hash"

@@ -39,7 +39,7 @@ async def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:
     """Run the operator until it is stopped (SIGTERM / SIGINT)."""
     import sys
 
-    from jobpool.k8s.client import NoCredentials
+    from jobpool.k8s.client import NoCredentialsError
     from jobpool.k8s.handlers import OperatorConfig, run_operator
 
     config = OperatorConfig(
@@ -51,7 +51,7 @@ async def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         await run_operator(config)
-    except NoCredentials as exc:
+    except NoCredentialsError as exc:
         print(f"jobpool operator: error: no Kubernetes credentials: {exc}", file=sys.stderr)
         return 2
     return 0

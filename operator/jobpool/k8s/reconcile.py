@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jobpool.core.poolspec import KIND, PoolSpec
+from jobpool.core.crd import GROUP, KIND
+from jobpool.core.poolspec import PoolSpec
 from jobpool.k8s.drift import in_sync
 from jobpool.k8s.manifests import (
-    GROUP,
     LANE_LABEL,
     MANAGED_BY,
     POOL_LABEL,

@@ -1,7 +1,8 @@
 """Named SQL queries, loaded once from the `.sql` files of a package folder.
 
 Each query starts with `-- name: <name> :<shape>` and a one-line description; the shape
-(`:one`, `:many`, `:exec`) tells the caller what comes back. `QUERIES` holds the queue's
+(`:one`, `:many`, `:exec`) tells the caller what comes back; code runs a query through its
+typed handle (`jobpool.db.queries`), never by looking its name up here. `QUERIES` holds the queue's
 files (this folder) and each feature slice's own file (`jobpool/kinds/<slice>/<noun>.sql`), in
 one namespace, so that a name defined twice anywhere fails at load.
 """

@@ -1,5 +1,12 @@
 -- Named queries of metrics.
 
+-- name: gauge_transaction_settings :one
+-- The gauge transaction's own settings (SET LOCAL, which a transaction pooler passes, unlike
+-- startup options): the grouped count stops after 10 s, and JIT compiling it would cost more
+-- than the count itself.
+SELECT set_config('statement_timeout', '10000', true) AS statement_timeout,
+       set_config('jit', 'off', true) AS jit;
+
 -- name: queue_gauge_snapshot :one
 -- The queue gauges of the whole pool: recomputed by the first process that finds the snapshot older than %(max_age)s seconds, read by every other.
 -- Election: that process locks the snapshot row (the others skip the locked row and serve

@@ -23,7 +23,8 @@ import psycopg
 
 from jobpool.core.retry import error_text, retry_pause
 from jobpool.db.connect import lost_connection
-from jobpool.db.store import Completion, Row
+from jobpool.db.queries import Row
+from jobpool.db.store import Completion
 from jobpool.errors import PermanentError
 from jobpool.worker.database_link import RECONNECT_FIRST
 

@@ -1,7 +1,7 @@
 """Running one attempt of one job: `JobExecutor.execute` is the one place an attempt runs.
 
 It checks the payload, takes a rate-limit token, runs the handler in the job's transaction
-and writes the outcome (done, retry, DLQ, handed back), returning it as an `Outcome`.
+and writes the outcome (done, retry, DLQ, handed back), returning it as a `JobOutcome`.
 
 The job's transaction: the handler's `tx` is a `JobTransaction`, which takes the slot's
 connection (`SlotConnections`) on the handler's first use of it and puts that connection in
@@ -39,11 +39,11 @@ from jobpool.db.connect import (
 from jobpool.db.store import Completion
 from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
-from jobpool.metrics import Outcome, WorkerMetrics
+from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
 from jobpool.worker import tracing
 from jobpool.worker.completer import ResultRefused
-from jobpool.worker.slot_connections import NoSlotConnection, SlotConnections
+from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
 log = logging.getLogger("jobpool.worker")
@@ -59,7 +59,7 @@ rolled back for a conflict runs again: long enough for the other transaction to 
 spread so that the two do not meet again."""
 
 
-class ClaimLost(JobpoolError):
+class ClaimLostError(JobpoolError):
     """The job's row is no longer running under this worker's claim.
 
     Raised by the worker's own `done` write, after the handler returned, and caught in
@@ -163,7 +163,7 @@ class JobExecutor:
         self.stopped = stopped
         """Whether a job's cancellation is its stop (worker/stops.py): nothing to hand back."""
 
-    async def execute(self, job: Job) -> Outcome:
+    async def execute(self, job: Job) -> JobOutcome:
         """Run one attempt of `job` and write its outcome; return that outcome. Raises
         CancelledError (after handing the job back) when the worker cancels it."""
         spec = self.specs[job.job_kind]
@@ -176,7 +176,7 @@ class JobExecutor:
             return await self._requeue_rate_limited(job, denied)
         try:
             result = await self._run_in_transaction(job, spec)
-        except ClaimLost:
+        except ClaimLostError:
             log.warning("job %d (%s): claim lost, its changes were rolled back",
                         job.id, job.job_kind)
             return "lost_claim"
@@ -186,7 +186,7 @@ class JobExecutor:
             raise
         except Exception as exc:
             if transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
-                    exc, NoSlotConnection):
+                    exc, NoSlotConnectionError):
                 return await self._hand_back_interrupted(job, exc)
             return await self._fail(job, spec, exc)
         if log.isEnabledFor(logging.INFO):
@@ -200,7 +200,7 @@ class JobExecutor:
 
         The handler's `tx` is taken from the slot connections on its first use. A handler
         that never used it, or sent no statement, has nothing to commit with its `done`: that
-        job is completed later in a batch with others (`complete_jobs`). Raises ClaimLost when
+        job is completed later in a batch with others (`complete_jobs`). Raises ClaimLostError when
         this worker no longer holds the claim.
         """
         tx = JobTransaction(self.slot_connections)
@@ -229,7 +229,7 @@ class JobExecutor:
             await tx.release()
         self.leases.finishing(job.id)
         if not await self.completer.complete(Completion(job.id, job.attempts, stored)):
-            raise ClaimLost
+            raise ClaimLostError
         return result
 
     async def _commit(self, tx: JobTransaction, job: Job) -> None:
@@ -250,14 +250,14 @@ class JobExecutor:
                         job.id, job.job_kind, error_text(exc))
 
     async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
-        """Mark the job done in its transaction; raises ClaimLost, or ResultRefused."""
+        """Mark the job done in its transaction; raises ClaimLostError, or ResultRefused."""
         self.leases.finishing(job.id)
         try:
             held = await self.store.complete(conn, job.id, job.attempts, stored)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             raise ResultRefused(exc) from exc
         if not held:
-            raise ClaimLost
+            raise ClaimLostError
 
     async def _call_handler(
         self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
@@ -289,13 +289,13 @@ class JobExecutor:
                 f"handler returned {type(result).__name__}, expected a mapping or None")
         return result
 
-    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> Outcome:
+    async def _fail(self, job: Job, spec: KindSpec, exc: Exception) -> JobOutcome:
         """Carry out `decide_retry` for the failed attempt: write it, log it, wake for it."""
         tracing.attempt_failed(exc)
         self.leases.finishing(job.id)
         decision = decide_retry(attempts=job.attempts, max_attempts=job.max_attempts, exc=exc,
                                 policy=spec.defaults.backoff, rng=self.rng)
-        outcome: Outcome
+        outcome: JobOutcome
         store = self.store
         try:
             match decision:
@@ -321,7 +321,7 @@ class JobExecutor:
             return "lost_claim"
         return outcome
 
-    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> Outcome:
+    async def _hand_back_interrupted(self, job: Job, exc: Exception) -> JobOutcome:
         """Hand back a job that the database, not its handler, stopped: its connection failed
         (a restart, a switchover, a pooler), or the server rolled its transaction back for a
         conflict with another, or no slot connection was ready after an outage. The attempt
@@ -363,7 +363,7 @@ class JobExecutor:
             log.warning("job %d (%s) did not finish within the grace period; handed back",
                         job.id, job.job_kind)
 
-    async def _requeue_rate_limited(self, job: Job, denied: Denied) -> Outcome:
+    async def _requeue_rate_limited(self, job: Job, denied: Denied) -> JobOutcome:
         """No token: back to pending until the next one is due; the attempt is not used up."""
         store = self.store
         self.leases.finishing(job.id)
@@ -416,7 +416,7 @@ class JobTransaction:
         return self._conn
 
     def connection(self) -> AsyncConnection[Any]:
-        """The connection, taken now if it was not yet (raises NoSlotConnection)."""
+        """The connection, taken now if it was not yet (raises NoSlotConnectionError)."""
         conn = self._conn
         if conn is None:
             conn, self._pool = self._slots.take()

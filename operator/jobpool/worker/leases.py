@@ -35,8 +35,14 @@ from psycopg.rows import dict_row
 
 from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
-from jobpool.sql import QUERIES
+from jobpool.db.queries import Many, One
 from jobpool.worker.maintenance import log_recovered
+
+LEASE_SESSION = One("lease_session")
+RECOVER_STALE_CLAIMS = Many("recover_stale_claims")
+RECOVERY_TURN = One("recovery_turn")
+RENEW_LEASES = Many("renew_leases")
+STOPPED_JOBS = Many("stopped_jobs")
 
 log = logging.getLogger("jobpool.worker")
 
@@ -220,7 +226,7 @@ class LeaseKeeper:
                       "job runs again elsewhere", job_id, held.kind)
         if not renewing:
             return
-        rows = self._execute("renew_leases", {"ids": sorted(renewing), "lease": self.lease,
+        rows = self._execute(RENEW_LEASES, {"ids": sorted(renewing), "lease": self.lease,
                                               "worker_id": self.worker_id})
         lost = renewing - {row["id"] for row in rows}
         stopped = self._stopped(lost)
@@ -248,7 +254,7 @@ class LeaseKeeper:
         if not lost:
             return set()
         try:
-            return {row["id"] for row in self._execute("stopped_jobs", {"ids": sorted(lost)})}
+            return {row["id"] for row in self._execute(STOPPED_JOBS, {"ids": sorted(lost)})}
         except psycopg.Error as exc:
             log.warning("could not read whether lost claims were stopped: %s", error_text(exc))
             return set()
@@ -259,9 +265,8 @@ class LeaseKeeper:
             conn = self._connection()
             try:
                 with conn.transaction():
-                    turn = conn.execute(QUERIES["recovery_turn"].text).fetchone()
-                    rows = conn.execute(QUERIES["recover_stale_claims"].text,
-                                        {"actor": self.actor}).fetchall() \
+                    turn = RECOVERY_TURN.sync(conn)
+                    rows = RECOVER_STALE_CLAIMS.sync(conn, {"actor": self.actor}) \
                         if turn and turn["locked"] else []
             except psycopg.Error:
                 self._drop_connection()
@@ -292,11 +297,11 @@ class LeaseKeeper:
             return f"job {job_id} ({held.kind if held else 'finished'})"
         return f"task {name}"
 
-    def _execute(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _execute(self, query: Many, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._conn_lock:
             conn = self._connection()
             try:
-                return conn.execute(QUERIES[name].text, params).fetchall()
+                return query.sync(conn, params)
             except psycopg.Error:
                 self._drop_connection()
                 raise
@@ -313,8 +318,7 @@ class LeaseKeeper:
         conn = psycopg.Connection.connect(make_conninfo("", **params), autocommit=True,
                                           row_factory=dict_row, prepare_threshold=None)
         try:
-            conn.execute(QUERIES["lease_session"].text,
-                         {"timeout_ms": int(self.lease / 3 * 1000)})
+            LEASE_SESSION.sync(conn, {"timeout_ms": int(self.lease / 3 * 1000)})
         except BaseException:
             conn.close()
             raise

@@ -26,11 +26,15 @@ from psycopg import AsyncConnection
 
 from jobpool.core.schedules import BUILTIN_CLEANUP, cleanup_schedule
 from jobpool.db.connect import connect
-from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
+from jobpool.db.queries import Many, One, Row
+from jobpool.db.store import QueueStore
 from jobpool.job import Job
 from jobpool.registry import Step, cleanup_step, kind
 from jobpool.settings import Settings
 from jobpool.worker.scheduler import declarations_for, keep_scheduled
+
+DELETE_EXPIRED_DONE_JOBS = One("delete_expired_done_jobs")
+RECOVER_STALE_CLAIMS = Many("recover_stale_claims")
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +54,14 @@ Steps = Sequence[tuple[str, Step]]
 async def recover_stale_claims(conn: AsyncConnection[Any], *, actor: str) -> list[Row]:
     """Take back the claims whose lease lapsed, in `conn`'s transaction; return their
     (id, job_kind, status, attempts). `actor` is the audit principal of the DLQ moves."""
-    return await fetch_all(conn, "recover_stale_claims", {"actor": actor})
+    return await RECOVER_STALE_CLAIMS(conn, {"actor": actor})
 
 
 async def delete_expired_done_jobs(
     conn: AsyncConnection[Any], *, retention: float, batch: int
 ) -> int:
     """Delete up to `batch` done jobs older than `retention` seconds; return how many."""
-    row = await fetch_one(conn, "delete_expired_done_jobs",
-                          {"retention": retention, "batch": batch})
+    row = await DELETE_EXPIRED_DONE_JOBS(conn, {"retention": retention, "batch": batch})
     return int(row["deleted"]) if row else 0
 
 

@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from jobpool.db.store import Row
+from jobpool.db.queries import Row
 from jobpool.job import Job, JobContext
-from jobpool.metrics import Outcome
+from jobpool.metrics import JobOutcome
 from jobpool.registry import KindSpec
 from jobpool.worker import tracing
 from jobpool.worker.completer import Pending
@@ -52,7 +52,7 @@ class Attempts(Protocol):
 
     releasing: bool
 
-    async def execute(self, job: Job) -> Outcome: ...
+    async def execute(self, job: Job) -> JobOutcome: ...
 
 
 class Holds(Protocol):
@@ -78,7 +78,7 @@ class Producer:
         wake: asyncio.Event, online: asyncio.Event, leases: Holds, slots: Callable[[], int],
         tenants: Callable[[], Sequence[uuid.UUID] | None], throttled: Callable[[], list[str]],
         claimed: Callable[[list[Row]], None],
-        observe: Callable[[Job, Outcome, float], None], poll_interval: float,
+        observe: Callable[[Job, JobOutcome, float], None], poll_interval: float,
         worker_id: str, job_context: JobContext, stops: Stops,
     ) -> None:
         self.config = config

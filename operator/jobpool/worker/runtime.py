@@ -29,15 +29,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.db.connect import connection_allowance, with_tcp_liveness
-from jobpool.db.store import QueueStore, Row
+from jobpool.db.queries import Exec, One, Row
+from jobpool.db.store import QueueStore
 from jobpool.db.tenant_lookup import resolve_tenant
 from jobpool.errors import UnknownTenantError
 from jobpool.job import Job, JobContext
-from jobpool.metrics import Outcome, WorkerMetrics
+from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec, Registry
 from jobpool.settings import Settings
 from jobpool.settings import current as current_settings
-from jobpool.sql import QUERIES
 from jobpool.worker import tracing
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.completer import Completer
@@ -58,6 +58,10 @@ from jobpool.worker.stops import STOP_CHANNEL, Stops
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore
 
 log = logging.getLogger("jobpool.worker")
+
+LISTEN_FOR_JOBS = Exec("listen_for_jobs")
+LISTEN_FOR_STOPS = Exec("listen_for_stops")
+PING = One("ping")
 
 TENANT_CHECK_EVERY = 5.0
 """Seconds between checks for a lane's tenants that do not exist yet."""
@@ -97,7 +101,7 @@ class Worker:
         self, dsn: str, registry: Registry, config: WorkerConfig, *, actor: str,
         rng: random.Random | None = None, limiter: TokenStore | None = None,
         make_store: StoreFactory = QueueStore,
-        on_outcome: Callable[[Job, Outcome], None] | None = None,
+        on_outcome: Callable[[Job, JobOutcome], None] | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.settings = current_settings() if settings is None else settings
@@ -354,7 +358,7 @@ class Worker:
         self.slots = self.slot_connections.count = budget.slots
         self.metrics.slots.set(budget.slots)
 
-    def observe(self, job: Job, outcome: Outcome, started: float) -> None:
+    def observe(self, job: Job, outcome: JobOutcome, started: float) -> None:
         """Record one finished attempt of `job` (`started`: its `time.monotonic()` at the
         start): tell `on_outcome`, count a `done` for the live-worker registry, and put its
         claim latency and run time in metrics (and on the attempt's span, worker/tracing.py)."""
@@ -449,8 +453,8 @@ class Worker:
             try:
                 async with await AsyncConnection.connect(with_tcp_liveness(listen_dsn),
                                                          autocommit=True) as conn:
-                    await conn.execute(QUERIES["listen_for_jobs"].text)
-                    await conn.execute(QUERIES["listen_for_stops"].text)
+                    await LISTEN_FOR_JOBS(conn)
+                    await LISTEN_FOR_STOPS(conn)
                     self.listening, failures = True, 0
                     self.background.healthy("listen")
                     self.wake.set()  # catch up with whatever arrived while not listening
@@ -460,7 +464,7 @@ class Worker:
                                 self.stops.notified(note.payload)
                             elif note.payload in served:
                                 self.wake.set()
-                        await conn.execute(QUERIES["ping"].text)
+                        await PING(conn)
             except psycopg.OperationalError as exc:
                 self.listening = False  # readiness says so during the pause below
                 failures += 1

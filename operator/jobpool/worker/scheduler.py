@@ -40,12 +40,19 @@ from jobpool.core.schedules import (
     parse_schedules,
     plan_ticks,
 )
-from jobpool.db.store import QueueStore, Row, fetch_all, fetch_one
+from jobpool.db.queries import Exec, Many, One, Row
+from jobpool.db.store import QueueStore
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import UnknownKindError, UnknownTenantError
-from jobpool.sql import QUERIES
 
 log = logging.getLogger(__name__)
+
+DECLARE_SCHEDULE = One("declare_schedule")
+LOCK_DUE_SCHEDULES = Many("lock_due_schedules")
+NEXT_SCHEDULE_DUE = One("next_schedule_due")
+RECORD_SCHEDULE_RUN = Exec("record_schedule_run")
+RETIRE_SCHEDULES = Many("retire_schedules")
+SCHEDULE_CLOCK = One("schedule_clock")
 
 SCHEDULES_VARIABLE = "JOBPOOL_SCHEDULES"
 BUILTIN_NAMES = frozenset({BUILTIN_CLEANUP})
@@ -88,7 +95,7 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
     which a new database needs at once) at its latest tick before now, and belongs to no pool.
     """
     async with conn.transaction():
-        clock = await fetch_one(conn, "schedule_clock")
+        clock = await SCHEDULE_CLOCK(conn)
         assert clock is not None
         owned: list[str] = []
         for schedule in declarations.schedules:
@@ -96,7 +103,7 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
             owner = BUILTIN_OWNER if builtin else declarations.owner
             if not builtin:
                 owned.append(schedule.name)
-            await fetch_one(conn, "declare_schedule", {
+            await DECLARE_SCHEDULE(conn, {
                 "name": schedule.name, "owner": owner, "kind": schedule.kind,
                 "tenant": schedule.tenant, "expression": schedule.expression,
                 "time_zone": schedule.zone if schedule.cron is not None else None,
@@ -104,8 +111,7 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
                 "next_run_at": (schedule.previous_tick(clock["now"]) if builtin
                                 else schedule.next_tick(clock["now"]))})
         if declarations.retire:
-            for row in await fetch_all(conn, "retire_schedules",
-                                       {"owner": declarations.owner, "names": owned}):
+            for row in await RETIRE_SCHEDULES(conn, {"owner": declarations.owner, "names": owned}):
                 log.info("schedule %s retired: pool %r no longer declares it", row["name"],
                          declarations.owner)
 
@@ -139,8 +145,7 @@ async def enqueue_due_ticks(conn: AsyncConnection[Any], *, actor: str,
     runs: list[TickRun] = []
     unhandled = sorted(BUILTIN_NAMES - set(in_process))
     async with conn.transaction():
-        for row in await fetch_all(conn, "lock_due_schedules",
-                                   {"limit": LOCK_LIMIT, "unhandled": unhandled}):
+        for row in await LOCK_DUE_SCHEDULES(conn, {"limit": LOCK_LIMIT, "unhandled": unhandled}):
             runs.append(await _run_schedule(conn, row, actor, row["name"] in BUILTIN_NAMES))
     return runs
 
@@ -153,7 +158,7 @@ async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
     job_ids: tuple[int, ...] = ()
     created = 0
     if plan.ticks and in_process:
-        await conn.execute(QUERIES["record_schedule_run"].text, {
+        await RECORD_SCHEDULE_RUN(conn, {
             "name": schedule.name, "next_run_at": plan.next_run_at,
             "last_run_at": plan.ticks[-1], "last_job_id": None, "missed": plan.missed,
             "error": None})
@@ -172,7 +177,7 @@ async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
         except (UnknownKindError, UnknownTenantError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:4000]
             log.error("schedule %s: its ticks are not enqueued: %s", schedule.name, error)
-    await conn.execute(QUERIES["record_schedule_run"].text, {
+    await RECORD_SCHEDULE_RUN(conn, {
         "name": schedule.name, "next_run_at": plan.next_run_at,
         "last_run_at": plan.ticks[-1] if job_ids else None,
         "last_job_id": job_ids[-1] if job_ids else None,
@@ -186,7 +191,7 @@ async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
 
 async def seconds_to_next_check(conn: AsyncConnection[Any]) -> float:
     """Seconds until the earliest schedule is due, by the database's clock (`check_wait`)."""
-    row = await fetch_one(conn, "next_schedule_due")
+    row = await NEXT_SCHEDULE_DUE(conn)
     assert row is not None
     return check_wait(row["next_due"], row["now"])
 

@@ -34,7 +34,7 @@ REPLACE_TIMEOUT = 1.0
 job's outcome is written after it); without one in time, the next reconnect tops up."""
 
 
-class NoSlotConnection(JobpoolError):
+class NoSlotConnectionError(JobpoolError):
     """No connection is ready for the job: the database was unreachable when one was due."""
 
 
@@ -53,7 +53,7 @@ class SlotConnections:
         one connection per slot not lent is taken again.
 
         A server near its connection limit may give fewer within `timeout` seconds: the
-        worker runs with those (a job whose handler finds none fails with NoSlotConnection and
+        worker runs with those (a job whose handler finds none fails with NoSlotConnectionError and
         is retried), and every connection handed back tops the list up again.
         """
         previous, self.pool = self.pool, pool
@@ -84,12 +84,12 @@ class SlotConnections:
     def take(self) -> tuple[AsyncConnection[Any], AsyncConnectionPool[Any]]:
         """A connection for one job, and the pool it belongs to; never waits.
 
-        Raises NoSlotConnection when none is ready (only after the database was unreachable;
+        Raises NoSlotConnectionError when none is ready (only after the database was unreachable;
         the next reconnect tops the list up).
         """
         if not self.idle or self.pool is None:
-            raise NoSlotConnection("no database connection is ready for this job (the database "
-                                   "was unreachable); it is retried")
+            raise NoSlotConnectionError("no database connection is ready for this job (the "
+                                        "database was unreachable); it is retried")
         self.lent += 1
         return self.idle.pop(), self.pool
 

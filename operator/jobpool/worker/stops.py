@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jobpool.metrics import Outcome
+from jobpool.metrics import JobOutcome
 
 log = logging.getLogger("jobpool.worker")
 
@@ -43,7 +43,7 @@ class Running:
     kind: str
     task: asyncio.Task[None]
     stopped_at: float | None = None
-    outcome: Outcome = "stopped"
+    outcome: JobOutcome = "stopped"
     """What the cancelled attempt counts as: `stopped`, or `lost_claim` (taken back by
     stale-claim recovery)."""
     overdue: asyncio.TimerHandle | None = field(default=None, repr=False)
@@ -87,7 +87,7 @@ class Stops:
         job = self._running.get(job_id)
         return job is not None and job.stopped_at is not None
 
-    def outcome(self, job_id: int) -> Outcome:
+    def outcome(self, job_id: int) -> JobOutcome:
         """What job `job_id`'s cancelled attempt counts as (`stopping` is True)."""
         return self._running[job_id].outcome
 
@@ -109,7 +109,7 @@ class Stops:
         else:
             self.stop(job_id, "lost its claim to stale-claim recovery", outcome="lost_claim")
 
-    def stop(self, job_id: int, why: str, *, outcome: Outcome = "stopped") -> None:
+    def stop(self, job_id: int, why: str, *, outcome: JobOutcome = "stopped") -> None:
         """Cancel job `job_id`'s handler, unless it is not running here, is already being
         stopped, or its outcome is being written."""
         job = self._running.get(job_id)

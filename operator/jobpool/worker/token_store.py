@@ -42,8 +42,11 @@ from jobpool.core.ratelimit import (
     wait_time,
 )
 from jobpool.core.yamlfile import provider_caps_from_text
+from jobpool.db.queries import Many
 from jobpool.settings import Settings
-from jobpool.sql import QUERIES
+
+LEASE_TOKENS = Many("lease_tokens")
+TENANT_RATE_LIMITS = Many("tenant_rate_limits")
 
 log = logging.getLogger("jobpool.ratelimit")
 
@@ -226,7 +229,7 @@ class TokenStore:
         async with pool.connection() as conn:
             async with conn.pipeline():
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(QUERIES["lease_tokens"].text, params)
+                await cur.execute(LEASE_TOKENS.text, params)
                 await conn.commit()
             rows: list[dict[str, Any]] = await cur.fetchall()
             return rows
@@ -264,8 +267,7 @@ class TokenStore:
     async def refresh(self, pool: AsyncConnectionPool[Any]) -> None:
         """Reload the tenants' limits; log (once per change) entries that are invalid."""
         async with pool.connection() as conn:
-            cur = await conn.execute(QUERIES["tenant_rate_limits"].text)
-            rows = await cur.fetchall()
+            rows = await TENANT_RATE_LIMITS(conn)
         problems = self.set_tenant_limits(rows)
         if problems != self._reported:
             for problem in problems:

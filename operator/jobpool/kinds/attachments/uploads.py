@@ -27,9 +27,9 @@ from urllib.parse import unquote, urlsplit
 
 import psycopg
 from psycopg import AsyncConnection, Connection
-from psycopg.rows import dict_row
 
 from jobpool.core.jsondata import text_problem
+from jobpool.db.queries import One
 from jobpool.enqueue import NewJob, enqueue_many, enqueue_many_sync
 from jobpool.errors import (
     AttachmentNotFoundError,
@@ -38,7 +38,9 @@ from jobpool.errors import (
     UnknownTenantError,
 )
 from jobpool.registry import Fetcher
-from jobpool.sql import QUERIES
+
+INSERT_ATTACHMENT = One("insert_attachment")
+RECOMMIT_ATTACHMENT = One("recommit_attachment")
 
 CHUNK_SIZE = 64 * 1024
 """Bytes per chunk a built-in fetcher yields (and the scan streams to clamd)."""
@@ -114,16 +116,14 @@ async def commit_upload(
     AttachmentNotFoundError.
     """
     params = check_upload(upload)
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    async with conn.transaction():
         try:
             if attachment_id is None:
-                await cur.execute(QUERIES["insert_attachment"].text, params)
+                row = await INSERT_ATTACHMENT(conn, params)
             else:
-                await cur.execute(QUERIES["recommit_attachment"].text,
-                                  {**params, "id": attachment_id})
+                row = await RECOMMIT_ATTACHMENT(conn, {**params, "id": attachment_id})
         except psycopg.errors.ForeignKeyViolation as exc:
             raise UnknownTenantError(str(params["tenant_id"])) from exc
-        row = await cur.fetchone()
         if row is None:
             raise AttachmentNotFoundError(
                 f"no attachment {attachment_id} of tenant {params['tenant_id']}")
@@ -137,15 +137,14 @@ def commit_upload_sync(
 ) -> CommittedUpload:
     """`commit_upload` for a synchronous psycopg connection."""
     params = check_upload(upload)
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    with conn.transaction():
         try:
             if attachment_id is None:
-                cur.execute(QUERIES["insert_attachment"].text, params)
+                row = INSERT_ATTACHMENT.sync(conn, params)
             else:
-                cur.execute(QUERIES["recommit_attachment"].text, {**params, "id": attachment_id})
+                row = RECOMMIT_ATTACHMENT.sync(conn, {**params, "id": attachment_id})
         except psycopg.errors.ForeignKeyViolation as exc:
             raise UnknownTenantError(str(params["tenant_id"])) from exc
-        row = cur.fetchone()
         if row is None:
             raise AttachmentNotFoundError(
                 f"no attachment {attachment_id} of tenant {params['tenant_id']}")

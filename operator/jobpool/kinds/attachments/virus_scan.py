@@ -27,8 +27,8 @@ from typing import Annotated, Any, assert_never
 import aiohttp
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
+from jobpool.db.queries import One
 from jobpool.errors import FetchError, JobpoolError, PermanentError
 from jobpool.job import Job, JobContext
 from jobpool.kinds.attachments.clamd import (
@@ -50,7 +50,9 @@ from jobpool.kinds.attachments.clamd import (
 )
 from jobpool.kinds.attachments.uploads import CHUNK_SIZE, fetcher_for, file_fetcher, redact
 from jobpool.registry import Fetcher, kind
-from jobpool.sql import QUERIES
+
+ATTACHMENT_TO_SCAN = One("attachment_to_scan")
+RECORD_SCAN_RESULT = One("record_scan_result")
 
 CONNECT_TIMEOUT = 10.0
 """Seconds to connect to clamd."""
@@ -284,9 +286,7 @@ def fetchers_of(context: JobContext) -> dict[str, Fetcher]:
 
 
 async def _attachment(tx: AsyncConnection[Any], attachment_id: int) -> Mapping[str, Any] | None:
-    async with tx.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES["attachment_to_scan"].text, {"id": attachment_id})
-        return await cur.fetchone()
+    return await ATTACHMENT_TO_SCAN(tx, {"id": attachment_id})
 
 
 def _clamd_address(url: str | None) -> ClamdAddress:
@@ -303,15 +303,13 @@ async def _record(
     verdict: Clean | Infected | Unscannable,
 ) -> bool:
     """Patch the verdict onto the attachment; False if it was re-committed meanwhile."""
-    async with tx.cursor(row_factory=dict_row) as cur:
-        await cur.execute(QUERIES["record_scan_result"].text, {
-            "id": row["id"], "sha256": row["sha256"], "storage_uri": row["storage_uri"],
-            "status": status_of(verdict), "job_id": job.id,
-            "signature": verdict.signature if isinstance(verdict, Infected) else None,
-            "detail": verdict.reason if isinstance(verdict, Unscannable) else None,
-            "actor": job.context.actor,
-        })
-        changed = await cur.fetchone()
+    changed = await RECORD_SCAN_RESULT(tx, {
+        "id": row["id"], "sha256": row["sha256"], "storage_uri": row["storage_uri"],
+        "status": status_of(verdict), "job_id": job.id,
+        "signature": verdict.signature if isinstance(verdict, Infected) else None,
+        "detail": verdict.reason if isinstance(verdict, Unscannable) else None,
+        "actor": job.context.actor,
+    })
     return bool(changed and changed["changed"])
 
 

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from psycopg import AsyncConnection
 
+from jobpool.db.queries import One
 from jobpool.errors import JobpoolError, PermanentError
 from jobpool.job import Job
 from jobpool.kinds.email.mail import (
@@ -30,7 +31,9 @@ from jobpool.kinds.email.mail import (
     parse_address,
 )
 from jobpool.registry import kind
-from jobpool.sql import QUERIES
+
+LOG_EMAIL = One("log_email")
+SUPPRESSED_ADDRESS = One("suppressed_address")
 
 SMTP_TIMEOUT = 30.0
 
@@ -140,9 +143,8 @@ async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Send one email unless the tenant suppresses the address; log it once by Message-ID."""
     config = job.context.settings
     mail, delivery = prepare(job, config.smtp_from)
-    cur = await tx.execute(QUERIES["suppressed_address"].text,
+    suppressed = await SUPPRESSED_ADDRESS(tx,
                            {"tenant_id": job.tenant_id, "addresses": list(mail.to.forms)})
-    suppressed = await cur.fetchone()
     status = "suppressed" if suppressed else "sent"
     if not suppressed:
         if not config.smtp_url:
@@ -150,7 +152,7 @@ async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                                     " the job retries until it is configured")
         await asyncio.to_thread(send, parse_smtp_url(config.smtp_url), delivery)
     message_id = delivery.message["Message-ID"]
-    await tx.execute(QUERIES["log_email"].text, {
+    await LOG_EMAIL(tx, {
         "tenant_id": job.tenant_id, "job_id": job.id, "message_id": message_id,
         "recipient": delivery.rcpt_to, "subject": mail.subject, "status": status,
         "actor": job.context.actor,

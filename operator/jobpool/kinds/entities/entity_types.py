@@ -7,16 +7,17 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobpool.db.store import fetch_one
+from jobpool.db.queries import One
 from jobpool.errors import PermanentError
+
+ENTITY_TYPE_BY_KEY = One("entity_type_by_key")
 
 
 async def find_entity_type(
     conn: AsyncConnection[Any], tenant_id: uuid.UUID, type_key: str
 ) -> dict[str, Any] | None:
     """The tenant's `ddm_entity_type` row with `type_key` (a checked key), or None."""
-    return await fetch_one(conn, "entity_type_by_key",
-                           {"tenant_id": tenant_id, "type_key": type_key})
+    return await ENTITY_TYPE_BY_KEY(conn, {"tenant_id": tenant_id, "type_key": type_key})
 
 
 async def require_entity_type(

@@ -20,6 +20,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from jobpool.db.queries import Exec, Many, One
 from jobpool.errors import JobpoolError
 from jobpool.job import Job
 from jobpool.kinds.entities.attributes import AttributeSpec, DataType, UnknownKeys
@@ -31,14 +32,21 @@ from jobpool.kinds.imports.batch_plan import (
     StagedRow,
     plan_batch,
 )
-from jobpool.sql import QUERIES
+
+ADVANCE_IMPORT = Exec("advance_import")
+ENTITY_TYPE_ATTRIBUTES = Many("entity_type_attributes")
+IMPORT_JOB_FOR_RUN = One("import_job_for_run")
+LOCK_IMPORT_PROGRESS = One("lock_import_progress")
+MARK_IMPORT_ROWS = Exec("mark_import_rows")
+NEXT_IMPORT_ROWS = Many("next_import_rows")
+UPSERT_ENTITIES = Many("upsert_entities")
 
 log = logging.getLogger(__name__)
 
 Conn = AsyncConnection[dict[str, Any]]
 
 
-class ImportClaimLost(JobpoolError):
+class ImportClaimLostError(JobpoolError):
     """The job no longer holds its claim; another run owns the import now."""
 
 
@@ -82,14 +90,12 @@ def attribute_spec(row: dict[str, Any]) -> AttributeSpec:
 
 async def load_import(side: Conn, import_job_id: int, tenant_id: uuid.UUID) -> ImportSpec | None:
     """The import job of this tenant with its type's attributes, or None."""
-    cur = await side.execute(QUERIES["import_job_for_run"].text,
+    job = await IMPORT_JOB_FOR_RUN(side,
                              {"id": import_job_id, "tenant_id": tenant_id})
-    job = await cur.fetchone()
     if job is None:
         return None
-    cur = await side.execute(QUERIES["entity_type_attributes"].text,
+    rows = await ENTITY_TYPE_ATTRIBUTES(side,
                              {"entity_type_id": job["entity_type_id"]})
-    rows = await cur.fetchall()
     return ImportSpec(
         id=job["id"], tenant_id=job["tenant_id"], entity_type_id=job["entity_type_id"],
         type_key=job["type_key"], key_field=job["key_field"],
@@ -100,13 +106,12 @@ async def load_import(side: Conn, import_job_id: int, tenant_id: uuid.UUID) -> I
 
 
 async def _upsert(side: Conn, spec: ImportSpec, chunk: list[Entity]) -> tuple[int, int]:
-    cur = await side.execute(QUERIES["upsert_entities"].text, {
+    written = await UPSERT_ENTITIES(side, {
         "tenant_id": spec.tenant_id, "entity_type_id": spec.entity_type_id,
         "search_keys": spec.search_keys,
         "external_keys": [e.external_key for e in chunk],
         "attributes": [Jsonb(e.attributes) for e in chunk],
     })
-    written = await cur.fetchall()
     inserted = sum(1 for row in written if row["inserted"])
     return inserted, len(written) - inserted
 
@@ -153,32 +158,31 @@ def _staged(row: dict[str, Any]) -> StagedRow:
 async def run_batch(side: Conn, job: Job, spec: ImportSpec, batch_size: int) -> BatchCounts | None:
     """Commit the next batch after the progress marker; None when no staged row is left.
 
-    Raises ImportClaimLost when the job lost its claim (nothing of the batch commits).
+    Raises ImportClaimLostError when the job lost its claim (nothing of the batch commits).
     """
     async with side.transaction():
-        cur = await side.execute(QUERIES["lock_import_progress"].text, {
+        progress = await LOCK_IMPORT_PROGRESS(side, {
             "id": spec.id, "job_id": job.id, "claimed_by": job.claimed_by,
             "attempts": job.attempts})
-        progress = await cur.fetchone()
         if progress is None:
-            raise ImportClaimLost(f"job {job.id} no longer holds its claim on import {spec.id}")
-        cur = await side.execute(QUERIES["next_import_rows"].text, {
+            raise ImportClaimLostError(
+                f"job {job.id} no longer holds its claim on import {spec.id}")
+        rows = [_staged(row) for row in await NEXT_IMPORT_ROWS(side, {
             "id": spec.id, "after": progress["last_line"], "limit": batch_size,
-            "max_chars": MAX_BATCH_CHARS})
-        rows = [_staged(row) for row in await cur.fetchall()]
+            "max_chars": MAX_BATCH_CHARS})]
         if not rows:
             return None
         plan = plan_batch(rows, spec.attributes, key_field=spec.key_field,
                           unknown_keys=spec.unknown_keys, type_key=spec.type_key)
         inserted, updated, unchanged = await _write_entities(side, spec, plan)
         outcomes = sorted(plan.outcomes.values(), key=lambda o: o.line_no)
-        await side.execute(QUERIES["mark_import_rows"].text, {
+        await MARK_IMPORT_ROWS(side, {
             "id": spec.id, "line_nos": [o.line_no for o in outcomes],
             "statuses": [o.status for o in outcomes],
             "error_fields": [o.error_field for o in outcomes],
             "errors": [o.error for o in outcomes]})
         counts = BatchCounts(plan.last_line, inserted, updated, unchanged, plan.rejected)
-        await side.execute(QUERIES["advance_import"].text, {
+        await ADVANCE_IMPORT(side, {
             "id": spec.id, "last_line": counts.last_line, "inserted": counts.inserted,
             "updated": counts.updated, "unchanged": counts.unchanged,
             "rejected": counts.rejected})

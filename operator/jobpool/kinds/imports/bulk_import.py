@@ -21,12 +21,14 @@ import msgspec
 from psycopg import AsyncConnection
 
 from jobpool.db.connect import open_side_connection
+from jobpool.db.queries import One
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.kinds.entities.payload_fields import DEFAULT_BATCH, BatchSize, PositiveId
 from jobpool.kinds.imports.batches import load_import, run_batch
 from jobpool.registry import kind
-from jobpool.sql import QUERIES
+
+FINISH_IMPORT = One("finish_import")
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,8 @@ async def bulk_import(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                 break
             batches += 1
             log.debug("import %d: committed up to line %d", spec.id, counts.last_line)
-    cur = await tx.execute(QUERIES["finish_import"].text, {
+    done = await FINISH_IMPORT(tx, {
         "id": spec.id, "job_id": job.id, "actor": job.context.actor})
-    done = await cur.fetchone()
     assert done is not None
     return {"import_job_id": spec.id, "rows": done["total_rows"], "inserted": done["inserted"],
             "updated": done["updated"], "unchanged": done["unchanged"],

@@ -95,10 +95,3 @@ WITH done AS (
       FROM done
 )
 SELECT id, total_rows, inserted, updated, unchanged, rejected FROM done;
-
--- name: rejected_import_rows :many
--- The rejected records of an import, in line order.
-SELECT line_no, error_field, error
-  FROM mdm.aa_import_row
- WHERE import_job_id = %(id)s AND status = 'rejected'
- ORDER BY line_no;

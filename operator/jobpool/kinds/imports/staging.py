@@ -21,11 +21,15 @@ from typing import Any, Literal, TextIO
 
 from psycopg import AsyncConnection
 
+from jobpool.db.queries import Exec, One
 from jobpool.enqueue import enqueue
 from jobpool.kinds.entities.attributes import UnknownKeys, check_key
 from jobpool.kinds.entities.entity_types import find_entity_type
 from jobpool.kinds.imports.batch_plan import MAX_RECORD_CHARS, KeyLines, check_header
-from jobpool.sql import QUERIES
+
+COPY_IMPORT_ROWS = Exec("copy_import_rows")
+CREATE_IMPORT_JOB = One("create_import_job")
+SET_IMPORT_TOTAL = Exec("set_import_total")
 
 Format = Literal["csv", "jsonl"]
 FORMATS: dict[str, Format] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -166,16 +170,15 @@ async def stage_import(
     entity_type = await find_entity_type(conn, tenant_id, type_key)
     if entity_type is None:
         raise ValueError(f"the tenant has no entity type {type_key!r}")
-    cur = await conn.execute(QUERIES["create_import_job"].text, {
+    created = await CREATE_IMPORT_JOB(conn, {
         "tenant_id": tenant_id, "entity_type_id": entity_type["id"], "source_name": source_name,
         "format": fmt, "key_field": key_field, "unknown_keys": unknown_keys,
         "created_by": actor or "jobpool-cli"})
-    created = await cur.fetchone()
     assert created is not None
     import_job_id: int = created["id"]
     rows = 0
     keys = KeyLines(key_field)
-    async with conn.cursor() as copy_cur, copy_cur.copy(QUERIES["copy_import_rows"].text) as copy:
+    async with conn.cursor() as copy_cur, copy_cur.copy(COPY_IMPORT_ROWS.text) as copy:
         for record in records:
             duplicate = None if record.error else keys.duplicate(record.line_no, record.raw)
             error = record.error or duplicate
@@ -183,7 +186,7 @@ async def stage_import(
             await copy.write_row((import_job_id, record.line_no, record.raw, status,
                                   key_field if duplicate else None, error))
             rows += 1
-    await conn.execute(QUERIES["set_import_total"].text, {"id": import_job_id})
+    await SET_IMPORT_TOTAL(conn, {"id": import_job_id})
     payload: dict[str, Any] = {"import_job_id": import_job_id}
     if batch_size is not None:
         payload["batch_size"] = batch_size

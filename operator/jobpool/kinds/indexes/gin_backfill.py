@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
+from jobpool.db.queries import Exec, One
 from jobpool.job import Job
 from jobpool.kinds.entities.entity_types import require_entity_type
 from jobpool.kinds.entities.payload_fields import check_entity_keys
@@ -38,7 +39,11 @@ from jobpool.kinds.indexes.index_plans import (
     gin_index_name,
 )
 from jobpool.registry import kind
-from jobpool.sql import QUERIES
+
+AUDIT_DATA_JOB = Exec("audit_data_job")
+SET_GIN_INDEX_STATUS = Exec("set_gin_index_status")
+CREATE_GIN_INDEX = Exec("create_gin_index")
+EXPLAIN_CONTAINMENT = One("explain_containment")
 
 DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=6 * 3600.0)
 """Per-kind build limits (seconds); a payload may override either."""
@@ -61,8 +66,8 @@ def index_work(index: GinIndex) -> IndexWork:
     type_id = sql.Literal(index.entity_type_id)
     return IndexWork(
         index.name, index.signature,
-        template("create_gin_index", index=sql.Identifier(index.name), entity_type_id=type_id),
-        {"containment": template("explain_containment", entity_type_id=type_id,
+        template(CREATE_GIN_INDEX, index=sql.Identifier(index.name), entity_type_id=type_id),
+        {"containment": template(EXPLAIN_CONTAINMENT, entity_type_id=type_id,
                                  sample=sql.Literal(PROBE))},
     )
 
@@ -86,15 +91,15 @@ async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                                        tx_pid=tx.info.backend_pid)
         except Exception as exc:
             if is_last_attempt(job.attempts, job.max_attempts, exc):
-                await record_failure(side, "set_gin_index_status", {
+                await record_failure(side, SET_GIN_INDEX_STATUS, {
                     "id": entity_type["id"], "status": "failed",
                     "error": truncate_error(f"{type(exc).__name__}: {exc}")})
             raise
     result = {"type_key": request.type_key, **outcome.as_result(name)}
-    await tx.execute(QUERIES["set_gin_index_status"].text,
+    await SET_GIN_INDEX_STATUS(tx,
                      {"id": entity_type["id"], "status": "active", "error": None})
     if outcome.plan.action in ("build", "rebuild"):
-        await tx.execute(QUERIES["audit_data_job"].text, {
+        await AUDIT_DATA_JOB(tx, {
             "actor": job.context.actor, "tenant_id": job.tenant_id,
             "job_id": job.id, "action": "index_built", "payload": Jsonb(result)})
     return result

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from jobpool.db.queries import Exec, NamedQuery, One
 from jobpool.errors import JobpoolError, PermanentError
 from jobpool.kinds.indexes.index_plans import (
     BuildTimeouts,
@@ -26,7 +27,16 @@ from jobpool.kinds.indexes.index_plans import (
     plan_outline,
     plan_uses_index,
 )
-from jobpool.sql import QUERIES
+
+ANALYZE_ENTITIES = Exec("analyze_entities")
+INSPECT_INDEX = One("inspect_index")
+PLANNER_PREFERS_INDEXES = Exec("planner_prefers_indexes")
+SET_BUILD_TIMEOUTS = Exec("set_build_timeouts")
+TRANSACTION_FOOTPRINT = One("transaction_footprint")
+TRY_LOCK_ENTITY_INDEX_BUILDS = One("try_lock_entity_index_builds")
+UNLOCK_ENTITY_INDEX_BUILDS = Exec("unlock_entity_index_builds")
+COMMENT_INDEX = Exec("comment_index")
+DROP_INDEX_CONCURRENTLY = Exec("drop_index_concurrently")
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +51,13 @@ CANCELLED_CLEANUP_TIMEOUT = 5.0
 left; past that the next attempt drops it first."""
 
 
-class BuildBlocked(JobpoolError):
+class BuildBlockedError(JobpoolError):
     """A build or drop gave up waiting (lock_timeout/statement_timeout); retried with backoff."""
 
 
-def template(name: str, **parts: sql.Composable) -> sql.Composed:
+def template(query: NamedQuery, **parts: sql.Composable) -> sql.Composed:
     """A named query of indexes.sql with its {placeholders} filled (identifiers, literals)."""
-    return sql.SQL(QUERIES[name].text).format(**parts)
+    return sql.SQL(query.text).format(**parts)
 
 
 def mdm_index(name: str) -> sql.Identifier:
@@ -97,8 +107,7 @@ async def check_own_transaction(side: Conn, tx_pid: int) -> None:
     CREATE INDEX CONCURRENTLY waits for every such transaction, the worker's own included: it
     would wait for itself until lock_timeout. Raises RuntimeError (a programming error).
     """
-    cur = await side.execute(QUERIES["transaction_footprint"].text, {"pid": tx_pid})
-    row = await cur.fetchone()
+    row = await TRANSACTION_FOOTPRINT(side, {"pid": tx_pid})
     if row and (row["has_snapshot"] or row["locks_table"]):
         raise RuntimeError(
             "the job's transaction already ran a statement (it holds a snapshot or a lock on "
@@ -107,8 +116,7 @@ async def check_own_transaction(side: Conn, tx_pid: int) -> None:
 
 async def inspect_index(side: Conn, name: str) -> ExistingIndex | None:
     """The index called `name` in schema mdm, or None."""
-    cur = await side.execute(QUERIES["inspect_index"].text, {"name": name})
-    row = await cur.fetchone()
+    row = await INSPECT_INDEX(side, {"name": name})
     if row is None:
         return None
     return ExistingIndex(row["table_name"], row["valid"], row["ready"], row["comment"])
@@ -116,12 +124,12 @@ async def inspect_index(side: Conn, name: str) -> ExistingIndex | None:
 
 async def set_timeouts(side: Conn, timeouts: BuildTimeouts) -> None:
     """Apply lock_timeout and statement_timeout to the side connection's session."""
-    await side.execute(QUERIES["set_build_timeouts"].text, timeouts.as_settings())
+    await SET_BUILD_TIMEOUTS(side, timeouts.as_settings())
 
 
 async def drop_index(side: Conn, name: str) -> None:
     """DROP INDEX CONCURRENTLY IF EXISTS mdm.<name>."""
-    await side.execute(template("drop_index_concurrently", index=mdm_index(name)))
+    await side.execute(template(DROP_INDEX_CONCURRENTLY, index=mdm_index(name)))
 
 
 async def _cleanup_invalid(side: Conn, name: str) -> str:
@@ -159,7 +167,7 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
         ) from exc
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
         note = await _cleanup_invalid(side, work.name)
-        raise BuildBlocked(
+        raise BuildBlockedError(
             f"building index {work.name} gave up: {exc.diag.message_primary or exc} "
             f"(lock_timeout {timeouts.lock_timeout:g}s, statement_timeout "
             f"{timeouts.statement_timeout:g}s; a long transaction may hold a lock on "
@@ -173,7 +181,7 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
     except psycopg.Error:
         await _cleanup_invalid(side, work.name)
         raise
-    await side.execute(template("comment_index", index=mdm_index(work.name),
+    await side.execute(template(COMMENT_INDEX, index=mdm_index(work.name),
                                 signature=sql.Literal(work.signature)))
 
 
@@ -181,7 +189,7 @@ async def _drop(side: Conn, name: str, timeouts: BuildTimeouts) -> None:
     try:
         await drop_index(side, name)
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-        raise BuildBlocked(
+        raise BuildBlockedError(
             f"dropping index {name} gave up: {exc.diag.message_primary or exc} "
             f"(lock_timeout {timeouts.lock_timeout:g}s)") from exc
 
@@ -189,7 +197,7 @@ async def _drop(side: Conn, name: str, timeouts: BuildTimeouts) -> None:
 async def analyze_entities(side: Conn) -> bool:
     """ANALYZE mdm.ddm_entity after a build; False (logged) when it could not run."""
     try:
-        await side.execute(QUERIES["analyze_entities"].text)
+        await ANALYZE_ENTITIES(side)
     except psycopg.Error as exc:
         log.warning("could not ANALYZE mdm.ddm_entity after a build: %s", exc)
         return False
@@ -200,7 +208,7 @@ async def explain_index(side: Conn, name: str,
                         explains: Mapping[str, sql.Composed]) -> dict[str, dict[str, Any]]:
     """Run each EXPLAIN with sequential scans disabled: can the index serve the query?"""
     verdicts: dict[str, dict[str, Any]] = {}
-    await side.execute(QUERIES["planner_prefers_indexes"].text, {"off": "off"})
+    await PLANNER_PREFERS_INDEXES(side, {"off": "off"})
     try:
         for label, statement in explains.items():
             cur = await side.execute(statement)
@@ -209,7 +217,7 @@ async def explain_index(side: Conn, name: str,
             verdicts[label] = {"uses_index": plan_uses_index(plan, name),
                                "plan": plan_outline(plan)}
     finally:
-        await side.execute(QUERIES["planner_prefers_indexes"].text, {"off": "on"})
+        await PLANNER_PREFERS_INDEXES(side, {"off": "on"})
     return verdicts
 
 
@@ -221,8 +229,7 @@ async def lock_entity_index_builds(side: Conn, poll: float = LOCK_POLL) -> None:
     """
     waited = False
     while True:
-        cur = await side.execute(QUERIES["try_lock_entity_index_builds"].text)
-        row = await cur.fetchone()
+        row = await TRY_LOCK_ENTITY_INDEX_BUILDS(side)
         if row and row["locked"]:
             return
         if not waited:
@@ -240,7 +247,7 @@ async def sync_index(
     timeouts apply: builds conflict with each other on the table's lock, and a queue behind
     the advisory lock beats failing on lock_timeout. After a build the table is ANALYZEd so
     that the EXPLAIN shows what the planner does with real statistics. Raises PermanentError
-    (duplicate key on a unique build; a value that does not convert), BuildBlocked (gave up
+    (duplicate key on a unique build; a value that does not convert), BuildBlockedError (gave up
     waiting; no INVALID index is left where it could be dropped), RuntimeError (the job's
     own transaction holds a snapshot), or psycopg errors (transient).
     """
@@ -262,7 +269,7 @@ async def sync_index(
         return IndexOutcome(plan, seconds, explain, analyzed)
     finally:
         with contextlib.suppress(psycopg.Error):  # closing the connection releases it anyway
-            await side.execute(QUERIES["unlock_entity_index_builds"].text)
+            await UNLOCK_ENTITY_INDEX_BUILDS(side)
 
 
 def is_last_attempt(attempts: int, max_attempts: int, exc: BaseException) -> bool:
@@ -270,9 +277,9 @@ def is_last_attempt(attempts: int, max_attempts: int, exc: BaseException) -> boo
     return isinstance(exc, PermanentError) or attempts >= max_attempts
 
 
-async def record_failure(side: Conn, query: str, params: Mapping[str, Any]) -> None:
+async def record_failure(side: Conn, query: Exec, params: Mapping[str, Any]) -> None:
     """Run a status query on the side connection; a broken connection only logs a warning."""
     try:
-        await side.execute(QUERIES[query].text, params)
+        await query(side, params)
     except psycopg.Error as exc:
-        log.warning("could not record the failed index status (%s): %s", query, exc)
+        log.warning("could not record the failed index status (%s): %s", query.name, exc)

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
+from jobpool.db.queries import Exec, One, Row
 from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.kinds.entities.attributes import DataType
@@ -45,12 +46,18 @@ from jobpool.kinds.indexes.index_plans import (
     sample_value,
 )
 from jobpool.registry import kind
-from jobpool.sql import QUERIES
+
+ATTRIBUTE_BY_ID = One("attribute_by_id")
+AUDIT_DATA_JOB = Exec("audit_data_job")
+SET_ATTRIBUTE_INDEX_STATUS = Exec("set_attribute_index_status")
+CREATE_ATTRIBUTE_INDEX = Exec("create_attribute_index")
+CREATE_UNIQUE_ATTRIBUTE_INDEX = Exec("create_unique_attribute_index")
+EXPLAIN_ATTRIBUTE_EQUALITY = One("explain_attribute_equality")
+EXPLAIN_ATTRIBUTE_SORT = One("explain_attribute_sort")
 
 DEFAULT_TIMEOUTS = BuildTimeouts(lock_timeout=60.0, statement_timeout=3 * 3600.0)
 """Per-kind build limits (seconds); a payload may override either."""
 
-Row = dict[str, Any]
 
 
 class SyncPayload(BuildPayload, frozen=True, kw_only=True):
@@ -90,23 +97,22 @@ def index_work(name: str, index: AttributeIndex | None) -> IndexWork:
         "attr_key": sql.Literal(index.attr_key),
         "entity_type_id": sql.Literal(index.entity_type_id),
     }
-    statement = "create_unique_attribute_index" if index.unique else "create_attribute_index"
+    statement = CREATE_UNIQUE_ATTRIBUTE_INDEX if index.unique else CREATE_ATTRIBUTE_INDEX
     create = template(statement, **parts)
     del parts["index"]
     explains: dict[str, sql.Composed] = {}
     if index.sortable:
-        explains["sort"] = template("explain_attribute_sort", **parts)
+        explains["sort"] = template(EXPLAIN_ATTRIBUTE_SORT, **parts)
     if index.searchable:
         sample = json.dumps({index.attr_key: sample_value(index.function)})
-        explains["equality"] = template("explain_attribute_equality", **parts,
+        explains["equality"] = template(EXPLAIN_ATTRIBUTE_EQUALITY, **parts,
                                         sample=sql.Literal(sample))
     return IndexWork(name, index.signature, create, explains)
 
 
 async def _load_attribute(side: AsyncConnection[Any], attribute_id: int,
                           tenant_id: uuid.UUID) -> Row | None:
-    cur = await side.execute(QUERIES["attribute_by_id"].text, {"id": attribute_id})
-    row: Row | None = await cur.fetchone()
+    row: Row | None = await ATTRIBUTE_BY_ID(side, {"id": attribute_id})
     if row is not None and row["tenant_id"] != tenant_id:
         raise PermanentError(f"attribute {attribute_id} belongs to another tenant")
     return row
@@ -122,11 +128,11 @@ async def _record(tx: AsyncConnection[Any], job: Job, attribute: Row | None,
                   outcome: IndexOutcome, result: dict[str, Any]) -> None:
     if attribute is not None:
         status = "active" if outcome.present else "dropped"
-        await tx.execute(QUERIES["set_attribute_index_status"].text,
+        await SET_ATTRIBUTE_INDEX_STATUS(tx,
                          _status_params(attribute, status, None))
     if outcome.plan.action in ("build", "rebuild", "drop"):
         action = "index_dropped" if outcome.plan.action == "drop" else "index_built"
-        await tx.execute(QUERIES["audit_data_job"].text, {
+        await AUDIT_DATA_JOB(tx, {
             "actor": job.context.actor, "tenant_id": job.tenant_id,
             "job_id": job.id, "action": action, "payload": Jsonb(result)})
 
@@ -147,7 +153,7 @@ async def index_sync(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
                                        tx_pid=tx.info.backend_pid)
         except Exception as exc:
             if attribute is not None and is_last_attempt(job.attempts, job.max_attempts, exc):
-                await record_failure(side, "set_attribute_index_status", _status_params(
+                await record_failure(side, SET_ATTRIBUTE_INDEX_STATUS, _status_params(
                     attribute, "failed", truncate_error(f"{type(exc).__name__}: {exc}")))
             raise
     result = {"attribute_id": request.attribute_id, **outcome.as_result(name)}

@@ -21,11 +21,15 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from jobpool.db.connect import open_side_connection
+from jobpool.db.queries import Exec, Many, One
 from jobpool.job import Job
 from jobpool.kinds.entities.entity_types import require_entity_type
 from jobpool.kinds.entities.payload_fields import DEFAULT_BATCH, BatchSize, check_entity_keys
 from jobpool.registry import kind
-from jobpool.sql import QUERIES
+
+AUDIT_DATA_JOB = Exec("audit_data_job")
+ENTITY_TYPE_ATTRIBUTES = Many("entity_type_attributes")
+REINDEX_BATCH = One("reindex_batch")
 
 
 class ReindexPayload(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -39,9 +43,8 @@ class ReindexPayload(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 async def _search_keys(side: AsyncConnection[Any], entity_type_id: int) -> list[str]:
-    cur = await side.execute(QUERIES["entity_type_attributes"].text,
-                             {"entity_type_id": entity_type_id})
-    return [row["attr_key"] for row in await cur.fetchall() if row["searchable"]]
+    return [row["attr_key"] for row in await ENTITY_TYPE_ATTRIBUTES(side,
+                             {"entity_type_id": entity_type_id}) if row["searchable"]]
 
 
 async def rebuild_vectors(side: AsyncConnection[Any], entity_type_id: int,
@@ -50,10 +53,9 @@ async def rebuild_vectors(side: AsyncConnection[Any], entity_type_id: int,
     totals = {"scanned": 0, "updated": 0, "batches": 0}
     after = 0
     while True:
-        cur = await side.execute(QUERIES["reindex_batch"].text, {
+        row = await REINDEX_BATCH(side, {
             "entity_type_id": entity_type_id, "after": after, "limit": batch_size,
             "search_keys": search_keys})
-        row = await cur.fetchone()
         if row is None or row["last_id"] is None:
             return totals
         after = row["last_id"]
@@ -74,7 +76,7 @@ async def reindex(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
         keys = await _search_keys(side, entity_type["id"])
         totals = await rebuild_vectors(side, entity_type["id"], keys, request.batch_size)
     result = {"type_key": request.type_key, "search_keys": keys, **totals}
-    await tx.execute(QUERIES["audit_data_job"].text, {
+    await AUDIT_DATA_JOB(tx, {
         "actor": job.context.actor, "tenant_id": job.tenant_id,
         "job_id": job.id, "action": "search_reindexed", "payload": Jsonb(result)})
     return result

@@ -26,10 +26,13 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
 from jobpool.core.jsondata import to_json_text
+from jobpool.db.queries import One
 from jobpool.errors import UnknownTenantError
 from jobpool.kinds.webhooks.signing import encode_secret, signing_key
 from jobpool.kinds.webhooks.ssrf import webhook_target
-from jobpool.sql import QUERIES
+
+INSERT_OUTBOX_EVENT = One("insert_outbox_event")
+INSERT_WEBHOOK_SUBSCRIPTION = One("insert_webhook_subscription")
 
 EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 """Event types: dot-separated lower-case words, e.g. `entity.updated` (at most 200 chars)."""
@@ -85,7 +88,7 @@ def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> 
 
 
 async def _insert_for_tenant(
-    conn: AsyncConnection[Any], query: str, params: dict[str, Any]
+    conn: AsyncConnection[Any], query: One, params: dict[str, Any]
 ) -> dict[str, Any]:
     """Run the INSERT ... RETURNING `query` for `params["tenant_id"]`; return its row.
 
@@ -93,7 +96,7 @@ async def _insert_for_tenant(
     """
     async with conn.cursor(row_factory=dict_row) as cur:
         try:
-            await cur.execute(QUERIES[query].text, params)
+            await cur.execute(query.text, params)
         except psycopg.errors.ForeignKeyViolation as exc:
             raise UnknownTenantError(str(params["tenant_id"])) from exc
         row = await cur.fetchone()
@@ -116,7 +119,7 @@ async def publish_event(
     transaction is then aborted, as with any failed statement.
     """
     return _published(await _insert_for_tenant(
-        conn, "insert_outbox_event", _event_params(tenant_id, event_type, payload)))
+        conn, INSERT_OUTBOX_EVENT, _event_params(tenant_id, event_type, payload)))
 
 
 def publish_event_sync(
@@ -126,7 +129,7 @@ def publish_event_sync(
     params = _event_params(tenant_id, event_type, payload)
     with conn.cursor(row_factory=dict_row) as cur:
         try:
-            cur.execute(QUERIES["insert_outbox_event"].text, params)
+            cur.execute(INSERT_OUTBOX_EVENT.text, params)
         except psycopg.errors.ForeignKeyViolation as exc:
             raise UnknownTenantError(str(params["tenant_id"])) from exc
         row = cur.fetchone()
@@ -165,5 +168,5 @@ async def subscribe_webhook(
     signing_key(key)
     params = {"tenant_id": _tenant(tenant_id), "url": check_webhook_url(url), "secret": key,
               "event_types": list(types)}
-    row = await _insert_for_tenant(conn, "insert_webhook_subscription", params)
+    row = await _insert_for_tenant(conn, INSERT_WEBHOOK_SUBSCRIPTION, params)
     return Subscription(row["id"], row["tenant_id"], row["url"], tuple(row["event_types"]), key)

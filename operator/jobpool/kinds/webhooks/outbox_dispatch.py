@@ -34,14 +34,14 @@ from psycopg import AsyncConnection
 
 from jobpool.core.retry import truncate_error
 from jobpool.db.connect import open_side_connection
-from jobpool.db.store import fetch_all, fetch_one
+from jobpool.db.queries import Exec, Many, One
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.kinds.webhooks.signing import (
     Delivered,
+    DeliveryOutcome,
     Gone,
-    Outcome,
     Rejected,
     Transient,
     Undeliverable,
@@ -52,16 +52,25 @@ from jobpool.kinds.webhooks.signing import (
 )
 from jobpool.kinds.webhooks.ssrf import (
     Address,
-    InvalidWebhookURL,
+    InvalidWebhookURLError,
     Network,
     Target,
-    TargetRefused,
+    TargetRefusedError,
     check_target,
     parse_networks,
     webhook_target,
 )
 from jobpool.registry import cleanup_step, kind
-from jobpool.sql import QUERIES
+
+COMPACT_OUTBOX_EVENTS = One("compact_outbox_events")
+DELIVERY_TO_SEND = One("delivery_to_send")
+FAN_OUT_OUTBOX_EVENT = Many("fan_out_outbox_event")
+LOCK_OUTBOX_EVENT = One("lock_outbox_event")
+RECORD_DELIVERED = Exec("record_delivered")
+RECORD_DELIVERY_SKIPPED = Exec("record_delivery_skipped")
+RECORD_GONE = One("record_gone")
+SET_DELIVERY_JOBS = Exec("set_delivery_jobs")
+RECORD_DELIVERY_ATTEMPT = Exec("record_delivery_attempt")
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +160,7 @@ class PinnedResolver(AbstractResolver):
 async def checked_addresses(target: Target, allow: tuple[Network, ...]) -> list[Address]:
     """Resolve the target's host once and check every address.
 
-    Raises TargetRefused (a refused address), TransportError (DNS failure).
+    Raises TargetRefusedError (a refused address), TransportError (DNS failure).
     """
     if target.address is not None:
         addresses = [target.address]
@@ -192,7 +201,8 @@ async def post_webhook(
 
     Host header and TLS SNI stay the URL's host name. No redirects, no proxies from the
     environment, CONNECT_TIMEOUT / TOTAL_TIMEOUT, at most RESPONSE_READ_LIMIT bytes read.
-    Raises InvalidWebhookURL, TargetRefused (both: nothing was connected to), TransportError.
+    Raises InvalidWebhookURLError, TargetRefusedError (both: nothing was connected to),
+    TransportError.
     """
     target = webhook_target(url)
     addresses = await checked_addresses(target, allow)
@@ -217,7 +227,8 @@ async def post_webhook(
 # -- database ------------------------------------------------------------------------------
 
 
-async def record_outside(tx: AsyncConnection[Any], name: str, params: Mapping[str, Any]) -> None:
+async def record_outside(tx: AsyncConnection[Any], query: Exec, params: Mapping[str, Any]
+                         ) -> None:
     """Run query `name` on a second, autocommit connection to `tx`'s database.
 
     For bookkeeping that must survive the rollback of the job's transaction; a failure is
@@ -225,9 +236,9 @@ async def record_outside(tx: AsyncConnection[Any], name: str, params: Mapping[st
     """
     try:
         async with await open_side_connection(tx, application_name="jobpool outbox") as side:
-            await side.execute(QUERIES[name].text, params)
+            await query(side, params)
     except psycopg.Error as exc:
-        log.warning("could not record a failed webhook attempt (%s): %s", name, exc)
+        log.warning("could not record a failed webhook attempt (%s): %s", query.name, exc)
 
 
 # -- the kind ------------------------------------------------------------------------------
@@ -235,7 +246,7 @@ async def record_outside(tx: AsyncConnection[Any], name: str, params: Mapping[st
 
 async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str, Any]:
     """Create the event's deliveries and their jobs in the job's transaction."""
-    event = await fetch_one(tx, "lock_outbox_event", {"id": event_id})
+    event = await LOCK_OUTBOX_EVENT(tx, {"id": event_id})
     if event is None:
         raise PermanentError(f"outbox event {event_id} does not exist (compacted?)")
     if event["dispatched"]:
@@ -245,14 +256,14 @@ async def fan_out(job: Job, tx: AsyncConnection[Any], event_id: int) -> dict[str
             f"outbox event {event_id} has created_at {event['created_at_text']}, which an "
             "RFC 3339 timestamp cannot carry (years 0001-9999)")
     body = event_body(event["event_type"], event["occurred_at"], event["data_json"])
-    rows = await fetch_all(tx, "fan_out_outbox_event", {"id": event_id, "body": body})
+    rows = await FAN_OUT_OUTBOX_EVENT(tx, {"id": event_id, "body": body})
     jobs = await enqueue_many(tx, [
         NewJob(row["tenant_id"], "outbox_dispatch", {"delivery_id": row["id"]},
                idempotency_key=f"webhook_delivery:{row['id']}")
         for row in rows
     ], actor=job.context.actor)
     if rows:
-        await tx.execute(QUERIES["set_delivery_jobs"].text, {
+        await SET_DELIVERY_JOBS(tx, {
             "ids": [row["id"] for row in rows], "job_ids": [j.id for j in jobs]})
     return {"event_id": event_id, "deliveries": len(rows)}
 
@@ -265,7 +276,7 @@ def _allow_networks(job: Job) -> tuple[Network, ...]:
 
 async def _attempt(
     delivery: Mapping[str, Any], body: bytes, allow: tuple[Network, ...]
-) -> Outcome:
+) -> DeliveryOutcome:
     """Send one signed attempt (to a target resolving into public networks or `allow`) and
     say what the answer means."""
     try:
@@ -275,7 +286,7 @@ async def _attempt(
         return Undeliverable(f"subscription {delivery['subscription_id']}: {exc}")
     try:
         answer = await post_webhook(delivery["url"], headers, body, allow)
-    except (InvalidWebhookURL, TargetRefused) as exc:
+    except (InvalidWebhookURLError, TargetRefusedError) as exc:
         return Undeliverable(str(exc))
     except TransportError as exc:
         return Transient(str(exc))
@@ -288,7 +299,7 @@ async def _failed(
     status_code: int | None,
 ) -> None:
     """Record a failed attempt: `failed` when no retry follows, else still `pending`."""
-    await record_outside(tx, "record_delivery_attempt", {
+    await record_outside(tx, RECORD_DELIVERY_ATTEMPT, {
         "id": delivery_id, "status": "failed" if final else "pending",
         "status_code": status_code, "error": truncate_error(reason),
     })
@@ -296,24 +307,24 @@ async def _failed(
 
 async def deliver(job: Job, tx: AsyncConnection[Any], delivery_id: int) -> dict[str, Any]:
     """Send one delivery; record success or 410 in the job's transaction, failures apart."""
-    delivery = await fetch_one(tx, "delivery_to_send", {"id": delivery_id})
+    delivery = await DELIVERY_TO_SEND(tx, {"id": delivery_id})
     if delivery is None:
         raise PermanentError(f"webhook delivery {delivery_id} does not exist (compacted?)")
     result: dict[str, Any] = {"delivery_id": delivery_id, "webhook_id": delivery["webhook_id"]}
     if delivery["status"] in ("delivered", "gone", "skipped"):
         return {**result, "status": delivery["status"], "already": True}
     if not delivery["active"]:
-        await tx.execute(QUERIES["record_delivery_skipped"].text, {
+        await RECORD_DELIVERY_SKIPPED(tx, {
             "id": delivery_id, "reason": "subscription is not active"})
         return {**result, "status": "skipped"}
     outcome = await _attempt(delivery, bytes(delivery["body"]), _allow_networks(job))
     match outcome:
         case Delivered(status=code):
-            await tx.execute(QUERIES["record_delivered"].text,
+            await RECORD_DELIVERED(tx,
                              {"id": delivery_id, "status_code": code})
             return {**result, "status": "delivered", "status_code": code}
         case Gone(reason=reason):
-            await tx.execute(QUERIES["record_gone"].text, {
+            await RECORD_GONE(tx, {
                 "id": delivery_id, "reason": truncate_error(reason), "job_id": job.id,
                 "actor": job.context.actor})
             log.warning("webhook subscription %d answered 410 and was deactivated",
@@ -352,8 +363,8 @@ async def compact_outbox(tx: AsyncConnection[Any]) -> dict[str, int]:
     """Delete events dispatched more than OUTBOX_RETENTION ago whose deliveries settled."""
     total = 0
     for _ in range(COMPACT_MAX_BATCHES):
-        row = await fetch_one(tx, "compact_outbox_events",
-                         {"retention": OUTBOX_RETENTION, "batch": COMPACT_BATCH})
+        row = await COMPACT_OUTBOX_EVENTS(
+            tx, {"retention": OUTBOX_RETENTION, "batch": COMPACT_BATCH})
         deleted = int(row["deleted"]) if row else 0
         total += deleted
         if deleted < COMPACT_BATCH:

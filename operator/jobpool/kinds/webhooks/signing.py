@@ -159,7 +159,7 @@ class Undeliverable:
     reason: str
 
 
-Outcome = Delivered | Transient | Gone | Rejected | Undeliverable
+DeliveryOutcome = Delivered | Transient | Gone | Rejected | Undeliverable
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
@@ -197,7 +197,7 @@ def failure_reason(message: str) -> str:
 def classify_response(
     status: int, *, now: datetime, body: bytes = b"", retry_after: str | None = None,
     location: str | None = None,
-) -> Outcome:
+) -> DeliveryOutcome:
     """What an HTTP answer means for a delivery.
 
     2xx delivered; 408, 429 and 5xx retry (honouring Retry-After); 410 gone; 3xx (never

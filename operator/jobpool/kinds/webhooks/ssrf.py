@@ -41,11 +41,11 @@ _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _USERINFO = re.compile(r"(?<=//)[^/?#]*@")
 
 
-class TargetRefused(JobpoolError, ValueError):
+class TargetRefusedError(JobpoolError, ValueError):
     """A webhook target resolves to an address the guard refuses; nothing was connected to."""
 
 
-class InvalidWebhookURL(JobpoolError, ValueError):
+class InvalidWebhookURLError(JobpoolError, ValueError):
     """A webhook URL that cannot be delivered to; the message names the problem."""
 
 
@@ -61,7 +61,7 @@ class Target:
 
 
 def webhook_target(url: str) -> Target:
-    """Check a webhook URL and say where it points; raise InvalidWebhookURL naming the problem.
+    """Check a webhook URL and say where it points; raise InvalidWebhookURLError naming the problem.
 
     url: `http://` or `https://`, a host and an optional port (1-65535), at most
     MAX_URL_LENGTH characters, no whitespace or control characters. Refused because they make
@@ -72,30 +72,30 @@ def webhook_target(url: str) -> Target:
     gives the A-label form to use instead). Where the host resolves to is checked at delivery.
     """
     if not isinstance(url, str):
-        raise InvalidWebhookURL(f"a webhook URL must be a string, got {type(url).__name__}")
+        raise InvalidWebhookURLError(f"a webhook URL must be a string, got {type(url).__name__}")
     if len(url) > MAX_URL_LENGTH:
-        raise InvalidWebhookURL(
+        raise InvalidWebhookURLError(
             f"webhook URL is {len(url)} characters long; at most {MAX_URL_LENGTH} are allowed")
     shown = _USERINFO.sub("***@", url)
     bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
     if bad is not None:
-        raise InvalidWebhookURL(f"webhook URL {shown!r} contains {bad!r} (whitespace or a "
+        raise InvalidWebhookURLError(f"webhook URL {shown!r} contains {bad!r} (whitespace or a "
                                 "control character); percent-encode it")
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise InvalidWebhookURL(f"webhook URL {shown!r} cannot be parsed: {exc}") from None
+        raise InvalidWebhookURLError(f"webhook URL {shown!r} cannot be parsed: {exc}") from None
     if parts.scheme not in ("http", "https") or not url.lower().startswith(
             f"{parts.scheme}://"):
-        raise InvalidWebhookURL(
+        raise InvalidWebhookURLError(
             f"webhook URL must be an absolute http:// or https:// URL, got {shown!r}")
     if "@" in parts.netloc:
-        raise InvalidWebhookURL(
+        raise InvalidWebhookURLError(
             f"webhook URL {shown!r} must not carry user information (user:password@): "
             "receivers authenticate a delivery by its signature")
     authority = _AUTHORITY.fullmatch(parts.netloc)
     if authority is None:
-        raise InvalidWebhookURL(f"webhook URL {url!r}: {parts.netloc!r} is not host[:port]")
+        raise InvalidWebhookURLError(f"webhook URL {url!r}: {parts.netloc!r} is not host[:port]")
     default_port = 443 if parts.scheme == "https" else 80
     host, address = _host(url, authority.group("host"))
     return Target(parts.scheme, host, _port(url, authority.group("port"), default_port), address)
@@ -106,7 +106,7 @@ def _port(url: str, text: str | None, default: int) -> int:
     if not text:
         return default
     if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
-        raise InvalidWebhookURL(f"webhook URL {url!r}: port {text!r} is not a number from 1 "
+        raise InvalidWebhookURLError(f"webhook URL {url!r}: port {text!r} is not a number from 1 "
                                 "to 65535")
     return int(text)
 
@@ -114,30 +114,30 @@ def _port(url: str, text: str | None, default: int) -> int:
 def _host(url: str, text: str) -> tuple[str, Address | None]:
     """The lower-case host of a URL and, for an IP literal, its address."""
     if not text:
-        raise InvalidWebhookURL(f"webhook URL {url!r} has no host")
+        raise InvalidWebhookURLError(f"webhook URL {url!r} has no host")
     if text.startswith("["):
         inner = text[1:-1]
         if "%" in inner:
-            raise InvalidWebhookURL(f"webhook URL {url!r}: IPv6 zone ids ({inner!r}) are not "
+            raise InvalidWebhookURLError(f"webhook URL {url!r}: IPv6 zone ids ({inner!r}) are not "
                                     "allowed; they name a network interface of one machine")
         try:
             return inner.lower(), IPv6Address(inner)
         except ValueError:
-            raise InvalidWebhookURL(
+            raise InvalidWebhookURLError(
                 f"webhook URL {url!r}: {text!r} is not an IPv6 address") from None
     if not text.isascii():
-        raise InvalidWebhookURL(f"webhook URL {url!r}: host {text!r} {_a_label_hint(text)}")
+        raise InvalidWebhookURLError(f"webhook URL {url!r}: host {text!r} {_a_label_hint(text)}")
     host = text.lower()
     labels = host.removesuffix(".").split(".")
     if _NUMERIC_LABEL.fullmatch(labels[-1]):
         try:
             return host, IPv4Address(host)
         except ValueError:
-            raise InvalidWebhookURL(
+            raise InvalidWebhookURLError(
                 f"webhook URL {url!r}: host {text!r} is neither a dotted-decimal IPv4 address "
                 "(a.b.c.d) nor a host name") from None
     if len(host.removesuffix(".")) > 253 or not all(_LABEL.fullmatch(x) for x in labels):
-        raise InvalidWebhookURL(
+        raise InvalidWebhookURLError(
             f"webhook URL {url!r}: host {text!r} is not a valid host name (dot-separated "
             "labels of letters, digits, '-' and '_', 1-63 characters each, 253 in all)")
     return host, None
@@ -225,18 +225,18 @@ def refusal(address: Address, allow: Sequence[Network]) -> str | None:
 
 
 def check_target(host: str, addresses: Iterable[Address], allow: Sequence[Network]) -> None:
-    """Raise TargetRefused unless every address `host` resolved to may be connected to.
+    """Raise TargetRefusedError unless every address `host` resolved to may be connected to.
 
     One refused address refuses the host (a name mixing public and private answers is the
     DNS-rebinding pattern), and so does an empty answer.
     """
     resolved = list(addresses)
     if not resolved:
-        raise TargetRefused(f"webhook target {host!r} resolved to no address")
+        raise TargetRefusedError(f"webhook target {host!r} resolved to no address")
     for address in resolved:
         reason = refusal(address, allow)
         if reason is not None:
-            raise TargetRefused(
+            raise TargetRefusedError(
                 f"webhook target {host!r} resolves to {address} ({reason}): refused, no "
                 "connection made; allow it with JOBPOOL_WEBHOOK_ALLOW_NETWORKS"
             )
