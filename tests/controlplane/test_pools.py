@@ -87,10 +87,12 @@ def test_example_pool_rolls_out_under_restricted_pod_security(
         return status.get("readyReplicas") == 1
 
     eventually(default_lane_ready, "the default lane's pod to be ready", logs=operator)
-    # the default lane's pod (lanes at minReplicas 0 may still be removing the one pod the
-    # server's default of 1 replica started before the scaler set 0)
-    (pod,) = [p for p in pods(plane, namespace)
-              if p["metadata"]["name"].startswith(f"{POOL}-default-")]
+    # the default lane's pod, and no other: a lane at minReplicas 0 never started one
+    (pod,) = pods(plane, namespace)
+    started = [e["message"] for e in events(plane, namespace)
+               if e.get("reason") == "SuccessfulCreate" and "Created pod" in e.get("message", "")]
+    assert all(message.startswith(f"Created pod: {POOL}-default-") for message in started), (
+        started)
     assert pod["status"]["phase"] == "Running"  # admitted under "restricted", then scheduled
     refused = [e for e in events(plane, namespace) if e.get("reason") == "FailedCreate"]
     assert refused == [], [e["message"] for e in refused]

@@ -157,6 +157,23 @@ class KubeApi:
             _CHILDREN[kind], name, dict(body), namespace=namespace,
             patch_type=PatchType.APPLY, force=True)))
 
+    async def create_deployment(self, namespace: str, body: Mapping[str, Any],
+                                replicas: int) -> bool:
+        """Create the Deployment `body` with `replicas` (its lane's first count), written as
+        the scaler, which owns replicas from then on; False when it exists already. A
+        Deployment first applied without replicas would get the server's default of 1, and
+        its pod would start (and claim jobs) before the scaler could set 0."""
+        obj = cast(Deployment, Deployment.from_dict({
+            **body, "metadata": {**body["metadata"], "namespace": namespace},
+            "spec": {**body["spec"], "replicas": replicas}}))
+        try:
+            await _call(lambda: self._client.create(obj, field_manager=SCALER), retry=False)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+
     async def delete_child(self, kind: ChildKind, namespace: str, name: str) -> None:
         """Delete a child and, in the background, what it owns; gone already is fine."""
         try:

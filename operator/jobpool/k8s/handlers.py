@@ -364,15 +364,13 @@ class PoolController:
                         own.pop(action.name, None)
                     outcome.done.append(action)
                     continue
+                if action.kind == "Deployment" and action.creates:
+                    # created at the lane's first count, then applied as the operator's
+                    await self._write(self.api.create_deployment(
+                        namespace, action.body or {}, first_replicas[action.name]))
                 applied = await self._write(
                     self.api.apply_child(action.kind, namespace, action.body or {}))
                 if action.kind == "Deployment":
-                    if action.creates:  # the server gave it 1 replica: the lane's first count
-                        replicas = first_replicas[action.name]
-                        await self._write(
-                            self.api.scale_deployment(namespace, action.name, replicas))
-                        applied["spec"]["replicas"] = replicas
-                        applied.pop("status", None)  # of the 1 replica, not known yet
                     own[action.name] = applied
             except ApiError as exc:  # report it, carry on with the others
                 outcome.problems.append(Problem(
