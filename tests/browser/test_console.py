@@ -184,7 +184,8 @@ def test_stop_a_running_job_from_its_detail_page(
     page.goto(f"{console}#/jobs/{running}")
     expect(page.locator("#job-body")).to_contain_text("jobpool-default-7d9f/1/3f2a")
     page.get_by_role("button", name="Stop").click()
-    expect(page.locator("#confirm-text")).to_contain_text("a worker running it now loses its claim")
+    expect(page.locator("#confirm-text")).to_contain_text(
+        "a worker running it now interrupts its handler and its writes are rolled back")
     page.click("#confirm-ok")
     expect(page.locator("#job-title")).to_contain_text("failed")
     expect(page.locator("#job-body tr[data-action='job_stop']")).to_be_visible()
