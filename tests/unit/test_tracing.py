@@ -138,6 +138,26 @@ def test_an_attempt_span_follows_the_messaging_conventions(
     assert [event.name for event in span.events] == ["exception"]
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(4)
+
+
+def test_an_exception_that_cannot_be_printed_is_recorded_without_raising(
+    spans: InMemorySpanExporter,
+) -> None:
+    # a handler's exception: formatting it must fail nothing, least of all the worker
+    with pytest.raises(_Unprintable), tracing.attempt_span(_job(attempts=1)):
+        tracing.attempt_failed(_Unprintable())
+        raise _Unprintable()
+    [span] = spans.get_finished_spans()
+    assert [event.name for event in span.events] == ["exception", "exception"]
+    event = dict(span.events[0].attributes or {})
+    assert event["exception.type"] == "_Unprintable"
+    assert "could not be built" in str(event["exception.message"])
+    assert span.status.status_code == trace.StatusCode.ERROR
+
+
 def test_an_attempt_without_a_stored_context_starts_its_own_trace(
     spans: InMemorySpanExporter,
 ) -> None:

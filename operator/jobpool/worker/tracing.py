@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
+from jobpool.core.retry import error_text, safe_str
 from jobpool.job import Job
 from jobpool.trace_context import extract_context, opentelemetry_api
 
@@ -147,10 +149,17 @@ def attempt_span(job: Job, trace_context: Any = None) -> Iterator[Any]:
     parent = extract_context(trace_context)
     links = [] if parent is None else [trace.Link(trace.get_current_span(parent)
                                                   .get_span_context())]
+    # the SDK's own recording of an exception leaving the block formats it with str(), which
+    # a handler's exception may make raise anything: it is recorded here, safely, instead
     with _tracer().start_as_current_span(
             f"{job.job_kind} process", context=parent, kind=trace.SpanKind.CONSUMER,
-            attributes=span_attributes(job), links=links) as span:
-        yield span
+            attributes=span_attributes(job), links=links, record_exception=False,
+            set_status_on_exception=False) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            attempt_failed(exc)
+            raise
 
 
 def attempt_outcome(outcome: str) -> None:
@@ -175,6 +184,11 @@ def attempt_failed(exc: BaseException) -> None:
     trace = api[0]
     span = trace.get_current_span()
     if span.is_recording():
-        span.record_exception(exc)
+        text = error_text(exc)  # str(exc) may raise anything: a handler made it
+        span.add_event("exception", {
+            "exception.type": type(exc).__qualname__,
+            "exception.message": safe_str(exc, what="its message"),
+            "exception.stacktrace": "".join(traceback.format_tb(exc.__traceback__)),
+        })
         span.set_attribute("error.type", type(exc).__qualname__)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_status(trace.Status(trace.StatusCode.ERROR, text))
