@@ -14,14 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dockerfile_is_multi_stage_non_root_with_jobpool_entrypoint() -> None:
-    """The image installs the extras of what its pods run: workers, operator, admin API."""
+    """The image installs the extras of what its pods run: workers, operator, admin API, and
+    the tracing extra (workers export spans when the pool sets OTEL_* variables)."""
     text = (ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+\S+(?:\s+AS\s+(\w+))?", text, re.M)
     assert len(stages) >= 2 and stages[0] == "build"
     assert "python -m build --wheel" in text
     assert re.search(r"^COPY --from=build /wheels", text, re.M)
     installed = re.search(r'pip install .*--no-index --find-links=/wheels "jobpool\[(.*)\]"', text)
-    assert installed and set(installed[1].split(",")) == {"worker", "api", "operator"}
+    assert installed and set(installed[1].split(",")) == {"worker", "api", "operator", "otel"}
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert re.search(r'^ENTRYPOINT \["jobpool"\]', text, re.M)
