@@ -85,6 +85,29 @@ async def stopped(w: Worker, task: asyncio.Task[None]) -> None:
     await asyncio.wait_for(task, DEADLINE)
 
 
+async def connect(dsn: str) -> Conn:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row)
+
+
+async def seed_outage_steps(dsn: str, total: int) -> None:
+    """The test tables and `total` test_outage_step jobs of one tenant."""
+    async with await connect(dsn) as setup:
+        await prepare(setup)
+        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
+                              " RETURNING id")
+        await jobpool.enqueue_many(setup, [jobpool.NewJob(tenant, "test_outage_step")] * total)
+
+
+async def runs_at_least(dsn: str, n: int) -> bool:
+    async with await connect(dsn) as conn:
+        return int(await scalar(conn, "SELECT count(*) FROM test_runs")) >= n
+
+
+async def drained(dsn: str, total: int) -> bool:
+    async with await connect(dsn) as conn:
+        return await all_done(conn, total)
+
+
 async def test_a_claim_committed_unseen_is_handed_back_when_the_connection_returns(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
@@ -151,39 +174,20 @@ async def test_a_retry_wakes_the_worker_when_it_falls_due(
 async def test_two_restarts_during_a_drain_lose_and_strand_nothing(
     private_server: PrivateServer,
 ) -> None:
-    total = 400
-    async with await psycopg.AsyncConnection.connect(
-        private_server.dsn(), autocommit=True, row_factory=dict_row
-    ) as setup:
-        await prepare(setup)
-        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
-                              " RETURNING id")
-        await jobpool.enqueue_many(setup, [jobpool.NewJob(tenant, "test_outage_step")] * total)
-    w = worker(private_server.dsn(), ("test_outage_step",), until_empty=False, slots=8,
-               poll_interval=0.5)
+    total, dsn = 400, private_server.dsn()
+    await seed_outage_steps(dsn, total)
+    w = worker(dsn, ("test_outage_step",), until_empty=False, slots=8, poll_interval=0.5)
     task = await started(w)
-
-    async def connect() -> Conn:
-        return await psycopg.AsyncConnection.connect(private_server.dsn(), autocommit=True,
-                                                     row_factory=dict_row)
-
-    async def done_at_least(n: int) -> bool:
-        async with await connect() as conn:
-            return int(await scalar(conn, "SELECT count(*) FROM test_runs")) >= n
-
-    async def all_finished() -> bool:
-        async with await connect() as conn:
-            return await all_done(conn, total)
-
     try:
         for share in (0.2, 0.5):
-            await wait_until(lambda share=share: done_at_least(int(total * share)), "progress")
+            await wait_until(lambda share=share: runs_at_least(dsn, int(total * share)),
+                             "progress")
             await asyncio.to_thread(private_server.restart)
-        await wait_until(all_finished, "every job done after two restarts")
+        await wait_until(lambda: drained(dsn, total), "every job done after two restarts")
         await wait_until(lambda: w.not_ready() == [], "the worker ready again")
     finally:
         await stopped(w, task)
-    async with await connect() as conn:
+    async with await connect(dsn) as conn:
         assert await scalar(conn, "SELECT count(*) FROM test_runs") == total
         assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total
 
@@ -196,44 +200,25 @@ async def test_a_primary_switchover_during_a_drain_loses_duplicates_and_burns_no
     target_session_attrs=read-write, carries on against the new primary. The jobs whose
     connection died mid-run are handed back: none uses an attempt for it."""
     total = 400
-    async with await psycopg.AsyncConnection.connect(
-        private_server.dsn(), autocommit=True, row_factory=dict_row
-    ) as setup:
-        await prepare(setup)
-        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
-                              " RETURNING id")
-        await jobpool.enqueue_many(setup, [jobpool.NewJob(tenant, "test_outage_step")] * total)
+    await seed_outage_steps(private_server.dsn(), total)
     standby = private_server.standby()
     try:
         standby.start()
         both = (f"host=127.0.0.1,127.0.0.1 port={private_server.port},{standby.port}"
                 " user=postgres dbname=postgres target_session_attrs=read-write")
-
-        async def connect() -> Conn:
-            return await psycopg.AsyncConnection.connect(both, autocommit=True,
-                                                         row_factory=dict_row)
-
-        async def done_at_least(n: int) -> bool:
-            async with await connect() as conn:
-                return int(await scalar(conn, "SELECT count(*) FROM test_runs")) >= n
-
-        async def all_finished() -> bool:
-            async with await connect() as conn:
-                return await all_done(conn, total)
-
         w = worker(both, ("test_outage_step",), until_empty=False, slots=8, poll_interval=0.5)
         task = await started(w)
         try:
-            await wait_until(lambda: done_at_least(total // 4), "progress")
+            await wait_until(lambda: runs_at_least(both, total // 4), "progress")
             await asyncio.to_thread(private_server.stop)
             await asyncio.to_thread(standby.promote)
-            async with await connect() as conn:  # the drain goes on on the new primary
+            async with await connect(both) as conn:  # the drain goes on on the new primary
                 assert await scalar(conn, "SELECT count(*) FROM test_runs") < total
-            await wait_until(all_finished, "every job done on the promoted standby")
+            await wait_until(lambda: drained(both, total), "every job done on the standby")
             await wait_until(lambda: w.not_ready() == [], "the worker ready again")
         finally:
             await stopped(w, task)
-        async with await connect() as conn:
+        async with await connect(both) as conn:
             assert await scalar(conn, "SELECT pg_is_in_recovery()") is False
             assert await scalar(conn, "SELECT count(*) FROM test_runs") == total
             assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == total
