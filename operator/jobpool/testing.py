@@ -20,8 +20,9 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.admin import STATUSES, get_job, resolve_tenant
+from jobpool.core.pause_scopes import covers, scope_text
 from jobpool.db.connect import connect
-from jobpool.db.queries import Many, One, Row
+from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.db.store import Completion, QueueStore
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
@@ -31,14 +32,20 @@ from jobpool.settings import Settings
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 
-CLAIM_JOB = One("claim_job")
 FIND_JOBS = Many("find_jobs")
+HOLD_PAIR_BUT = Exec("hold_pair_but")
+LIST_PAUSES = Many("list_pauses")
+MAKE_JOB_DUE = One("make_job_due")
+RESTORE_DUE_TIME = Exec("restore_due_time")
 
 ACTOR = "jobpool.testing"
 """The audit principal of the jobs these functions enqueue and run, and of what their
 handlers write (`job.context.actor`)."""
 
-"""The values of `mdm.job_status`."""
+
+class JobPausedError(JobStateError):
+    """`run_pending` of a job that a pause holds (its tenant, its kind, or the pair): no
+    worker claims it until that scope is resumed (docs/pause-and-stop.md)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,9 @@ async def run_pending(
 
     For the next attempt of a job `run_job` left pending, or a job your own code enqueued
     (and committed). Only that job runs: other jobs, also those the handler enqueues, stay.
+    The job goes through the worker's own claim, so what keeps a worker from claiming it
+    keeps this call from running it: a pause of its tenant, its kind or the pair raises
+    JobPausedError (naming the pause) and leaves the job as it was, due when it was due.
     Raises JobNotFoundError, JobStateError when the job is not pending (the message names
     its status), UnknownKindError when its kind is not loaded. `registry` and `settings` as
     for `run_job`.
@@ -128,22 +138,28 @@ async def run_pending(
     registry = load_kind_modules() if registry is None else registry
     async with await connect(dsn, autocommit=True) as conn:
         row = await get_job(conn, job_id)
-    registry.get(row["job_kind"])
-    _require_pending(row)
+        registry.get(row["job_kind"])
+        _require_pending(row)
+        moved = await MAKE_JOB_DUE(conn, {"id": job_id})
     stores: list[_OneJobStore] = []
 
     def one_job_store(pool: AsyncConnectionPool[Any], **kwargs: Any) -> QueueStore:
         stores.append(_OneJobStore(pool, job_id=job_id, **kwargs))
         return stores[-1]
 
-    worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],), slots=1,
+    worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],),
+                                                tenants=(str(row["tenant_id"]),), slots=1,
                                                 until_empty=True), actor=ACTOR,
                     make_store=one_job_store, settings=settings)
     await worker.run()
     async with await connect(dsn, autocommit=True) as conn:
+        if any(store.claimed for store in stores):
+            return JobRecord.from_row(await get_job(conn, job_id))
+        if moved is not None:
+            await RESTORE_DUE_TIME(conn, {"id": job_id, **moved})
         row = await get_job(conn, job_id)
-    if not any(store.claimed for store in stores):  # another process took or finished it
-        _require_pending(row)
+        _require_pending(row)  # another process took or finished it
+        await _require_not_paused(conn, row)
     return JobRecord.from_row(row)
 
 
@@ -199,6 +215,17 @@ def _require_pending(row: Row) -> None:
                             "pending job can run")
 
 
+async def _require_not_paused(conn: AsyncConnection[Any], row: Row) -> None:
+    tenant = await resolve_tenant(conn, str(row["tenant_id"]))
+    holding = [p for p in await LIST_PAUSES(conn, {"tenants": [tenant["key"]]})
+               if covers(p, row["tenant_id"], row["job_kind"])]
+    if holding:
+        raise JobPausedError(
+            f"cannot run job {row['id']}: it is paused ("
+            + "; ".join(scope_text(p["tenant"], p["kind"]) for p in holding)
+            + "); resume that to run it")
+
+
 def _nonempty(name: str, values: list[str]) -> tuple[str, ...]:
     if not values:
         raise ValueError(f"{name} is empty, so nothing would run: pass None for all {name}")
@@ -206,7 +233,12 @@ def _nonempty(name: str, values: list[str]) -> tuple[str, ...]:
 
 
 class _OneJobStore(QueueStore):
-    """A worker's store whose claims take job `job_id` alone, once, whenever it is due."""
+    """A worker's store whose first claim can take job `job_id` alone, and later ones none.
+
+    That claim is the worker's own (`claim_jobs`: pauses, rate-limited pairs, tenant turns,
+    the lease), made while the other pending jobs of the job's (tenant, kind) pair are locked
+    in a transaction beside it, so that the claim skips them.
+    """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, job_id: int, **kwargs: Any) -> None:
         super().__init__(pool, **kwargs)
@@ -218,16 +250,16 @@ class _OneJobStore(QueueStore):
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
     ) -> tuple[set[int], list[Row]]:
-        """Write the batched `done`s; claim the job if it was not claimed before."""
-        held: set[int] = set()
-        if completions:
-            held, _ = await super().complete_and_claim(
-                completions, kinds=kinds, tenants=tenants, limit=0)
+        """Write the batched `done`s; claim the job if no claim was tried before."""
         if limit <= 0 or self.tried:
-            return held, []
+            if not completions:
+                return set(), []
+            return await super().complete_and_claim(
+                completions, kinds=kinds, tenants=tenants, limit=0)
         self.tried = True
-        async with self.pool.connection() as conn:
-            row = await CLAIM_JOB(conn, {"id": self.job_id,
-                                                      "worker_id": self.worker_id})
-        self.claimed = row is not None
-        return held, [] if row is None else [row]
+        async with self.pool.connection() as conn, conn.transaction():
+            await HOLD_PAIR_BUT(conn, {"id": self.job_id})
+            held, rows = await super().complete_and_claim(
+                completions, kinds=kinds, tenants=tenants, limit=1, throttled=throttled)
+        self.claimed = any(row["id"] == self.job_id for row in rows)
+        return held, rows

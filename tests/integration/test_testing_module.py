@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,7 @@ import pytest
 
 import jobpool
 from integration.helpers import scalar
-from jobpool import testing
+from jobpool import pauses, testing
 from jobpool.job import Job
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -124,6 +125,63 @@ async def test_run_job_runs_its_job_alone_and_leaves_the_follow_up_pending(
     assert (follow_up.status, follow_up.result) == ("done", {"total": 5})
     assert [job.status for job in await testing.enqueued(conn, kind="tm_invoice")] == [
         "pending", "done"]
+
+
+@pytest.mark.parametrize(("tenant_key", "kind", "named"), [
+    ("acme", "tm_invoice", "tenant acme, kind tm_invoice"),
+    (None, "tm_invoice", "kind tm_invoice (every tenant)"),
+    ("acme", None, "tenant acme (every kind)"),
+])
+async def test_run_pending_leaves_a_paused_job_as_a_worker_does_until_it_is_resumed(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tenant_key: str | None, kind: str | None,
+    named: str,
+) -> None:
+    """Not due for an hour and paused: the call refuses, the job keeps its due time and its
+    attempts; `drain` leaves it too. Once resumed it runs."""
+    await _prepare(conn)
+    due_at = datetime.now(UTC) + timedelta(hours=1)
+    job_id = await _enqueue(conn, tenant, "tm_invoice", {"lines": [2]}, available_at=due_at)
+    await pauses.pause(conn, tenant=tenant_key, kind=kind, actor="user:test")
+    with pytest.raises(testing.JobPausedError,
+                       match=rf"cannot run job {job_id}: it is paused \({re.escape(named)}\)"):
+        await testing.run_pending(dsn, job_id)
+    [job] = await testing.enqueued(conn, kind="tm_invoice")
+    assert (job.status, job.attempts, job.available_at) == ("pending", 0, due_at)
+    assert await testing.drain(dsn) == Counter()
+
+    await pauses.resume(conn, tenant=tenant_key, kind=kind, actor="user:test")
+    run = await testing.run_pending(dsn, job_id)
+    assert (run.status, run.attempts, run.result) == ("done", 1, {"total": 2})
+
+
+async def test_run_job_of_a_paused_pair_enqueues_the_job_and_leaves_it_pending(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await _prepare(conn)
+    await pauses.pause(conn, tenant="acme", kind="tm_invoice", actor="user:test")
+    with pytest.raises(testing.JobPausedError, match="tenant acme, kind tm_invoice"):
+        await testing.run_job(dsn, "tm_invoice", {"lines": [1]}, tenant="acme")
+    [job] = await testing.enqueued(conn, kind="tm_invoice")
+    assert (job.status, job.attempts) == ("pending", 0)
+    assert await scalar(conn, "SELECT count(*) FROM tm_invoice") == 0
+
+
+async def test_run_pending_runs_the_job_named_ahead_of_the_pairs_other_jobs(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Two jobs of the pair ahead of it (one before it in priority), one of another tenant
+    first in priority: only the job named runs."""
+    await _prepare(conn)
+    globex = await _tenant(conn, "globex")
+    first = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]}, priority=0)
+    second = await _enqueue(conn, tenant, "tm_invoice", {"lines": [2]})
+    other = await _enqueue(conn, globex, "tm_invoice", {"lines": [3]}, priority=0)
+    later = await _enqueue(conn, tenant, "tm_invoice", {"lines": [4]},
+                           available_at=datetime.now(UTC) + timedelta(days=1))
+    run = await testing.run_pending(dsn, later)
+    assert (run.status, run.result) == ("done", {"total": 4})
+    assert {job.id for job in await testing.enqueued(conn, status="pending")} == {
+        first, second, other}
 
 
 async def test_drain_runs_the_jobs_handlers_enqueue(

@@ -1,15 +1,28 @@
--- Named queries of jobpool.testing: run one given job inline, list jobs for assertions.
+-- Named queries of jobpool.testing: run one given job inline through the worker's claim, list
+-- jobs for assertions.
 
--- name: claim_job :one
--- Claim job %(id)s as claim_jobs does, if pending, however far ahead its available_at is.
+-- name: make_job_due :one
+-- Make pending job %(id)s due now if it is due later; returns when it was due and when it is due now (no row: it is due already or not pending).
+-- The worker's claim (claim_jobs) takes only due jobs: so it can run the job at once.
 UPDATE mdm.aa_job j
-   SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
-       heartbeat_at = now(), attempts = j.attempts + 1
- WHERE j.id = %(id)s AND j.status = 'pending'
-RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
-          j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
-          j.max_attempts, j.last_error, j.idempotency_key,
-          extract(epoch FROM j.claimed_at - j.created_at)::float8 AS claim_latency;
+   SET available_at = now()
+  FROM mdm.aa_job was
+ WHERE j.id = %(id)s AND was.id = j.id AND j.status = 'pending' AND j.available_at > now()
+RETURNING was.available_at AS due_at, j.available_at AS made_due_at;
+
+-- name: restore_due_time :exec
+-- Give job %(id)s back the due time %(due_at)s that make_job_due moved to %(made_due_at)s, if it is still pending and unclaimed since.
+UPDATE mdm.aa_job
+   SET available_at = %(due_at)s
+ WHERE id = %(id)s AND status = 'pending' AND available_at = %(made_due_at)s;
+
+-- name: hold_pair_but :exec
+-- Lock the pending jobs of job %(id)s's (tenant, kind) pair other than it, for the caller's transaction: a claim meanwhile skips them (SKIP LOCKED), so of that pair it can take job %(id)s alone.
+SELECT o.id
+  FROM mdm.aa_job j
+  JOIN mdm.aa_job o ON o.tenant_id = j.tenant_id AND o.job_kind = j.job_kind
+ WHERE j.id = %(id)s AND o.id <> j.id AND o.status = 'pending'
+   FOR UPDATE OF o;
 
 -- name: find_jobs :many
 -- Jobs of one kind, tenant and status (each NULL: any), in the order they were enqueued.
