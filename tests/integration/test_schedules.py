@@ -14,7 +14,7 @@ import pytest
 
 from integration.helpers import prepare, scalar, wait_until, worker
 from jobpool import settings
-from jobpool.core.schedules import cleanup_schedule, parse_schedule
+from jobpool.core.schedules import ScheduleError, cleanup_schedule, parse_schedule
 from jobpool.db.connect import open_pool
 from jobpool.worker.scheduler import (
     Declarations,
@@ -176,6 +176,72 @@ async def test_a_changed_declaration_starts_again_and_a_dropped_one_is_retired(
     restarted = await scalar(conn, "SELECT next_run_at > clock_timestamp() - interval '1 s'"
                              " AS r FROM mdm.aa_schedule WHERE name = 'tick'")
     assert restarted
+
+
+async def test_a_name_another_pool_declared_is_refused_naming_both_declarations(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Pool b's `tick` (another kind) and its identical `other` are refused, and nothing of
+    b's is written; a's rows keep their declarations, and b's own retire touches none of
+    them. Once a drops `tick`, b may declare it."""
+    await prepare(conn)
+    other = parse_schedule({"name": "other", "kind": "test_noop", "every": 60}, "s")
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND, other), retire=True))
+    await rewind(conn, "tick", 5)
+    theirs = parse_schedule({"name": "tick", "kind": "test_record", "tenant": "acme",
+                             "cron": "0 * * * *"}, "s")
+    mine = parse_schedule({"name": "mine", "kind": "test_noop", "every": 30}, "s")
+    with pytest.raises(ScheduleError) as refused:
+        await declare(conn, Declarations("pool-b", (mine, theirs, other), retire=True))
+    assert str(refused.value) == (
+        "schedule 'other' is declared by pool 'pool-a' (kind test_noop, tenant system, "
+        "every 60s); pool 'pool-b' declares the same schedule; "
+        "schedule 'tick' is declared by pool 'pool-a' (kind test_noop, tenant acme, "
+        "every 1s); pool 'pool-b' declares kind test_record, tenant acme, 0 * * * *: "
+        "a schedule's name is unique per database and belongs to the pool that declared it "
+        "first; rename it in one pool, or drop it from the other pool first")
+    cur = await conn.execute("SELECT name, owner, job_kind,"
+                             " next_run_at < clock_timestamp() - interval '4 s' AS kept"
+                             " FROM mdm.aa_schedule WHERE name <> 'cleanup_jobs' ORDER BY name")
+    assert await cur.fetchall() == [
+        {"name": "other", "owner": "pool-a", "job_kind": "test_noop", "kept": False},
+        {"name": "tick", "owner": "pool-a", "job_kind": "test_noop", "kept": True}]
+
+    await declare(conn, Declarations("pool-a", (other,), retire=True))
+    await declare(conn, Declarations("pool-b", (mine, theirs), retire=True))
+    cur = await conn.execute("SELECT name, owner, job_kind FROM mdm.aa_schedule"
+                             " WHERE name <> 'cleanup_jobs' ORDER BY name")
+    assert await cur.fetchall() == [
+        {"name": "mine", "owner": "pool-b", "job_kind": "test_noop"},
+        {"name": "other", "owner": "pool-a", "job_kind": "test_noop"},
+        {"name": "tick", "owner": "pool-b", "job_kind": "test_record"}]
+
+
+async def test_a_worker_whose_pool_declares_another_pools_name_is_not_ready_naming_it(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """The worker runs on (its other tasks, its jobs); its maintenance task fails and is
+    started again, and its readiness names the clash; the schedule stays pool a's."""
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    previous = settings.current()
+    settings.configure(settings.Settings.from_env(
+        {"JOBPOOL_POOL": "pool-b", "JOBPOOL_SCHEDULES": json.dumps([EVERY_SECOND.to_json()])}))
+    clashing = worker(dsn, ("test_noop",), until_empty=False)
+    run = asyncio.create_task(clashing.run())
+
+    async def refused() -> bool:
+        return any("schedule 'tick' is declared by pool 'pool-a'" in problem
+                   for problem in clashing.background.problems())
+
+    try:
+        await wait_until(refused, "the clash among the readiness problems", 30)
+    finally:
+        clashing.stop()
+        await run
+        settings.configure(previous)
+    assert [p for p in clashing.background.problems() if "maintenance" not in p] == []
+    assert await scalar(conn, "SELECT owner FROM mdm.aa_schedule WHERE name = 'tick'") == "pool-a"
 
 
 async def test_a_schedule_whose_job_cannot_exist_records_why(conn: Conn) -> None:

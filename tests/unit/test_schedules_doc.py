@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from jobpool.core import poolspec, schedules
@@ -36,3 +37,17 @@ def test_the_page_states_the_constants_the_code_uses() -> None:
     assert f"at most {schedules.MISSED_AFTER:g} seconds old" in text
     assert f"at least every {schedules.CHECK_MAX:g} seconds" in text
     assert f"1 to {schedules.MAX_INTERVAL}" in text
+
+
+def test_the_clash_shown_is_the_error_a_second_pool_gets() -> None:
+    shown = re.search(r"```text\n(schedule 'nightly-reindex'.*?)```", PAGE.read_text("utf-8"),
+                      re.S)
+    assert shown is not None
+    first = schedules.parse_schedule({"name": "nightly-reindex", "kind": "reindex",
+                                      "tenant": "acme", "cron": "30 2 * * *"}, "s")
+    second = schedules.parse_schedule({"name": "nightly-reindex", "kind": "bulk_import",
+                                       "tenant": "acme", "every": 3600}, "s")
+    with pytest.raises(schedules.ScheduleError) as refused:
+        schedules.check_owners("imports", [second], [
+            {"name": first.name, "owner": "mdm-jobs", "definition": first.to_json()}])
+    assert str(refused.value) == " ".join(shown.group(1).split())

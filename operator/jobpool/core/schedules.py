@@ -266,6 +266,40 @@ def parse_schedules(raw: Any, path: str) -> tuple[Schedule, ...]:
     return schedules
 
 
+def check_owners(owner: str, schedules: Sequence[Schedule],
+                 elsewhere: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse `owner`'s declarations of names that another owner declared before.
+
+    elsewhere: rows (name, owner, definition) of the schedules of those names that belong to
+    another owner (a pool's name; "" for workers of no pool). A name is one schedule of one
+    pool: that pool alone changes it and retires it when its file drops it, so a second
+    pool's declaration, the same or another, would be taken over or retired behind its back.
+    Raises ScheduleError naming each such schedule with both declarations.
+    """
+    mine = {schedule.name: schedule for schedule in schedules}
+    clashes = []
+    for row in elsewhere:
+        theirs = parse_schedule(row["definition"], f"schedule {row['name']}")
+        ours = mine[row["name"]]
+        also = ("the same schedule" if ours.to_json() == theirs.to_json()
+                else _summary(ours))
+        clashes.append(f"schedule {row['name']!r} is declared by {_owner_text(row['owner'])} "
+                       f"({_summary(theirs)}); {_owner_text(owner)} declares {also}")
+    if clashes:
+        raise ScheduleError(
+            "; ".join(clashes) + ": a schedule's name is unique per database and belongs to "
+            "the pool that declared it first; rename it in one pool, or drop it from the "
+            "other pool first")
+
+
+def _summary(schedule: Schedule) -> str:
+    return f"kind {schedule.kind}, tenant {schedule.tenant}, {schedule.expression}"
+
+
+def _owner_text(owner: str) -> str:
+    return f"pool {owner!r}" if owner else "a worker of no pool"
+
+
 def cleanup_schedule(every: float) -> Schedule:
     """The built-in schedule that enqueues `cleanup_jobs` every `every` seconds (rounded up to
     a whole second): recovery of lapsed claims, done-job retention and the registered steps."""

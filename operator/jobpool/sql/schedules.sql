@@ -8,6 +8,8 @@ SELECT clock_timestamp() AS now;
 -- name: declare_schedule :one
 -- Insert or replace a schedule's declaration; a changed declaration starts again from its
 -- %(next_run_at)s (no tick of the old one is enqueued after), an unchanged one keeps its place.
+-- A row of another owner is left alone (declared_elsewhere finds it, and the declaration is
+-- refused): a name is one schedule of one pool, which alone may change or retire it.
 INSERT INTO mdm.aa_schedule AS s (name, owner, job_kind, tenant, expression, time_zone, missed,
                                   definition, next_run_at)
 VALUES (%(name)s, %(owner)s, %(kind)s, %(tenant)s, %(expression)s, %(time_zone)s, %(missed)s,
@@ -17,8 +19,15 @@ ON CONFLICT (name) DO UPDATE
        expression = excluded.expression, time_zone = excluded.time_zone,
        missed = excluded.missed, definition = excluded.definition,
        next_run_at = excluded.next_run_at, last_error = NULL, declared_at = now()
- WHERE s.definition IS DISTINCT FROM excluded.definition OR s.owner <> excluded.owner
+ WHERE s.owner = excluded.owner AND s.definition IS DISTINCT FROM excluded.definition
 RETURNING s.name;
+
+-- name: declared_elsewhere :many
+-- The schedules named %(names)s that an owner other than %(owner)s declared, with their declarations.
+SELECT name, owner, definition
+  FROM mdm.aa_schedule
+ WHERE name = ANY(%(names)s::text[]) AND owner <> %(owner)s
+ ORDER BY name;
 
 -- name: retire_schedules :many
 -- Delete the schedules %(owner)s declared before that it no longer declares.

@@ -12,7 +12,7 @@ Declarations: a worker declares the built-in `cleanup_jobs` schedule and the sch
 `JOBPOOL_SCHEDULES` (JSON list as a pool file's `spec.schedules` writes it; the operator and
 `jobpool run pool.yaml` set it) under its pool's name (`JOBPOOL_POOL`), and retires the
 schedules its pool declared before and no longer does. The table is the truth from then on:
-the most recently started worker's declarations win.
+the most recently started worker of a pool wins; a name that another pool declared is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from jobpool.core.schedules import (
     BUILTIN_OWNER,
     Schedule,
     ScheduleError,
+    check_owners,
     check_wait,
     idempotency_key,
     parse_schedule,
@@ -48,6 +49,7 @@ from jobpool.errors import UnknownKindError, UnknownTenantError
 log = logging.getLogger(__name__)
 
 DECLARE_SCHEDULE = One("declare_schedule")
+DECLARED_ELSEWHERE = Many("declared_elsewhere")
 LOCK_DUE_SCHEDULES = Many("lock_due_schedules")
 NEXT_SCHEDULE_DUE = One("next_schedule_due")
 RECORD_SCHEDULE_RUN = Exec("record_schedule_run")
@@ -93,6 +95,8 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
 
     A new or changed schedule starts at its first tick after now; a built-in one (maintenance,
     which a new database needs at once) at its latest tick before now, and belongs to no pool.
+    Raises ScheduleError (`check_owners`), writing nothing, when another pool declared one of
+    the names already.
     """
     async with conn.transaction():
         clock = await SCHEDULE_CLOCK(conn)
@@ -110,6 +114,8 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
                 "missed": schedule.missed, "definition": Jsonb(schedule.to_json()),
                 "next_run_at": (schedule.previous_tick(clock["now"]) if builtin
                                 else schedule.next_tick(clock["now"]))})
+        check_owners(declarations.owner, declarations.schedules, await DECLARED_ELSEWHERE(
+            conn, {"names": owned, "owner": declarations.owner}))
         if declarations.retire:
             for row in await RETIRE_SCHEDULES(conn, {"owner": declarations.owner, "names": owned}):
                 log.info("schedule %s retired: pool %r no longer declares it", row["name"],
@@ -212,7 +218,9 @@ async def keep_scheduled(
     that got an answer calls `healthy()`; a failed connection goes to `database_error` (which
     pauses the worker until the database answers again), and the declarations are written
     again after it. The store's pool is read at each check, since the worker replaces it
-    after an outage.
+    after an outage. Raises ScheduleError when another pool declared one of the names
+    (`declare`): the worker's supervisor starts it again later, and its readiness names the
+    clash meanwhile.
     """
     declared = False
     while True:
