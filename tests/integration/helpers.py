@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +42,14 @@ async def job(conn: psycopg.AsyncConnection[Any], job_id: int) -> dict[str, Any]
     row = await cur.fetchone()
     assert row is not None
     return dict(row)
+
+
+async def add_tenant(conn: psycopg.AsyncConnection[Any], key: str) -> uuid.UUID:
+    """Insert tenant `key`; return its id."""
+    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))
+    row = await cur.fetchone()
+    assert row is not None
+    return uuid.UUID(str(row["id"] if isinstance(row, dict) else row[0]))
 
 
 async def scalar(conn: psycopg.AsyncConnection[Any], query: Any, params: Any = None) -> Any:

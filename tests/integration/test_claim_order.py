@@ -5,39 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-import pytest
 
-from integration.helpers import prepare
-from jobpool.db.connect import open_pool
+from integration.helpers import add_tenant
 from jobpool.db.store import QueueStore
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 KIND = "test_record"
 OTHER = "test_fail"
-
-
-@pytest.fixture
-async def store(conn: Conn, dsn: str) -> AsyncIterator[QueueStore]:
-    await prepare(conn)
-    pool = open_pool(dsn, size=8)
-    await pool.open()
-    try:
-        async with QueueStore(pool, worker_id="host/1/claims", actor="w") as store:
-            yield store
-    finally:
-        await pool.close()
-
-
-async def _tenant(conn: Conn, key: str) -> uuid.UUID:
-    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))
-    row = await cur.fetchone()
-    assert row is not None
-    return uuid.UUID(str(row["id"]))
 
 
 async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, *, kind: str = KIND,
@@ -63,7 +42,7 @@ async def _one_by_one(store: QueueStore, kinds: Sequence[str] = (KIND,),
 
 async def test_a_lower_priority_number_is_claimed_before_any_higher_one(
         conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     urgent_a = await _jobs(conn, a, 3, priority=50, later=0.001)
     bulk_b = await _jobs(conn, b, 3, priority=100, age=60, later=0.001)  # older, less urgent
     urgent_b = await _jobs(conn, b, 1, priority=10)
@@ -74,7 +53,7 @@ async def test_a_lower_priority_number_is_claimed_before_any_higher_one(
 
 
 async def test_tenants_take_turns_within_a_priority_level(conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     flood = await _jobs(conn, a, 6, age=60, later=0.001)  # queued first
     few = await _jobs(conn, b, 2, later=0.001)
     order = [row["id"] for row in await _one_by_one(store)]
@@ -83,7 +62,7 @@ async def test_tenants_take_turns_within_a_priority_level(conn: Conn, store: Que
 
 async def test_one_claim_of_several_slots_serves_every_tenant_with_ready_work(
         conn: Conn, store: QueueStore) -> None:
-    tenants = [await _tenant(conn, key) for key in ("a", "b", "c")]
+    tenants = [await add_tenant(conn, key) for key in ("a", "b", "c")]
     await _jobs(conn, tenants[0], 50, age=60, later=0.001)
     for tenant in tenants[1:]:
         await _jobs(conn, tenant, 2, later=0.001)
@@ -94,7 +73,7 @@ async def test_one_claim_of_several_slots_serves_every_tenant_with_ready_work(
 
 async def test_a_tenant_takes_turns_once_across_its_kinds(conn: Conn, store: QueueStore) -> None:
     """A tenant with ready jobs of two kinds does not get two turns to the other's one."""
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     await _jobs(conn, a, 5, age=60, later=0.001)
     await _jobs(conn, a, 5, kind=OTHER, age=59, later=0.001)
     await _jobs(conn, b, 5, later=0.001)
@@ -103,7 +82,7 @@ async def test_a_tenant_takes_turns_once_across_its_kinds(conn: Conn, store: Que
 
 
 async def test_throttled_pairs_are_never_claimed(conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     throttled = await _jobs(conn, a, 5, age=60)
     other_kind = await _jobs(conn, a, 2, kind=OTHER)
     other_tenant = await _jobs(conn, b, 2)
@@ -114,7 +93,7 @@ async def test_throttled_pairs_are_never_claimed(conn: Conn, store: QueueStore) 
 
 async def test_jobs_not_yet_available_or_of_other_kinds_are_not_claimed(
         conn: Conn, store: QueueStore) -> None:
-    a = await _tenant(conn, "a")
+    a = await add_tenant(conn, "a")
     await _jobs(conn, a, 3, kind=OTHER, age=60)
     await _jobs(conn, a, 2, age=-3600)  # available in an hour
     assert await store.claim(kinds=[KIND], tenants=None, limit=4) == []
@@ -123,7 +102,7 @@ async def test_jobs_not_yet_available_or_of_other_kinds_are_not_claimed(
 
 
 async def test_a_tenant_lane_claims_its_own_tenants_in_turns(conn: Conn, store: QueueStore) -> None:
-    a, b, c = [await _tenant(conn, key) for key in ("a", "b", "c")]
+    a, b, c = [await add_tenant(conn, key) for key in ("a", "b", "c")]
     await _jobs(conn, c, 20, age=120)  # not this lane's
     first = await _jobs(conn, a, 3, age=60, later=0.001)
     second = await _jobs(conn, b, 1)
@@ -133,7 +112,7 @@ async def test_a_tenant_lane_claims_its_own_tenants_in_turns(conn: Conn, store: 
 
 async def test_concurrent_claims_never_take_one_job_twice(
         conn: Conn, store: QueueStore) -> None:
-    tenants = [await _tenant(conn, f"t{n}") for n in range(4)]
+    tenants = [await add_tenant(conn, f"t{n}") for n in range(4)]
     ids: list[int] = []
     for n, tenant in enumerate(tenants):
         ids += await _jobs(conn, tenant, 40, kind=(KIND, OTHER)[n % 2], later=0.001)

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import jobpool
+from integration.helpers import add_tenant
 from integration.test_outbox_dispatch import LOOPBACK, Receiver, Reply, _serve
 from jobpool import settings, testing
 from jobpool.cli import main
@@ -46,13 +47,6 @@ def process_wide(dsn: str) -> Iterator[Settings]:
     settings.configure(previous)
 
 
-async def _tenant(conn: Conn, key: str) -> uuid.UUID:
-    cur = await conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))
-    row = await cur.fetchone()
-    assert row is not None
-    return uuid.UUID(str(row["id"]))
-
-
 async def _gone_event(conn: Conn, tenant: uuid.UUID, receiver: Receiver, path: str) -> None:
     """A subscription whose receiver answers 410, and an event for it (its fan-out job
     enqueued by the outbox trigger)."""
@@ -81,7 +75,7 @@ async def _enqueued_by(conn: Conn, tenant: uuid.UUID, kind: str) -> list[str]:
 async def test_jobpool_testing_runs_the_handlers_as_its_own_actor(
     conn: Conn, dsn: str, receiver: Receiver, process_wide: Settings
 ) -> None:
-    tenant = await _tenant(conn, "acme")
+    tenant = await add_tenant(conn, "acme")
     await _gone_event(conn, tenant, receiver, "/gone")
     assert await testing.drain(dsn, kinds=["outbox_dispatch"]) == {"done": 2}
     # the fan-out's follow-up job and the 410's deactivation are the handlers' writes
@@ -94,7 +88,7 @@ async def test_two_workers_in_one_process_keep_their_actor_and_settings(
 ) -> None:
     """Worker A may reach loopback receivers, worker B (like the defaults) may not; the
     process-wide settings, which allow loopback, are neither's."""
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     await _gone_event(conn, a, receiver, "/a")
     await _gone_event(conn, b, receiver, "/b")
 
@@ -124,7 +118,7 @@ def test_jobpool_run_audits_as_its_service_account(
     async def prepare() -> uuid.UUID:
         async with await psycopg.AsyncConnection.connect(
                 dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-            tenant = await _tenant(conn, "acme")
+            tenant = await add_tenant(conn, "acme")
             await jobpool.subscribe_webhook(conn, tenant_id=tenant, url="http://127.0.0.1:9/x",
                                             event_types=["order.paid"])
             await jobpool.publish_event(conn, tenant_id=tenant, event_type="order.paid",

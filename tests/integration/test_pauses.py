@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import pytest
 
-from integration.helpers import prepare, scalar
+from integration.helpers import add_tenant, scalar
 from integration.test_api import Client, api, token  # noqa: F401 (the api fixture)
 from jobpool import pauses
 from jobpool.cli import main
 from jobpool.core.poolspec import load_pool
-from jobpool.db.connect import open_pool
 from jobpool.db.lane_counts import count_lane_jobs
 from jobpool.db.store import QueueStore
 from jobpool.errors import UnknownKindError, UnknownTenantError
@@ -26,23 +25,6 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 KIND = "test_record"
 OTHER = "test_fail"
-
-
-@pytest.fixture
-async def store(conn: Conn, dsn: str) -> AsyncIterator[QueueStore]:
-    await prepare(conn)
-    pool = open_pool(dsn, size=4)
-    await pool.open()
-    try:
-        async with QueueStore(pool, worker_id="host/1/pauses", actor="w") as store:
-            yield store
-    finally:
-        await pool.close()
-
-
-async def _tenant(conn: Conn, key: str) -> uuid.UUID:
-    return uuid.UUID(str(await scalar(
-        conn, "INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))))
 
 
 async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, kind: str = KIND) -> list[int]:
@@ -90,7 +72,7 @@ async def _audit(conn: Conn) -> list[dict[str, Any]]:
 
 async def test_a_paused_pair_is_not_claimed_while_another_tenants_is(
         conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     held = await _jobs(conn, a, 5)
     a_other_kind = await _jobs(conn, a, 2, kind=OTHER)
     b_same_kind = await _jobs(conn, b, 2)
@@ -104,7 +86,7 @@ async def test_a_paused_pair_is_not_claimed_while_another_tenants_is(
 
 async def test_a_kind_paused_for_every_tenant_is_claimed_by_no_worker(
         conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     held = await _jobs(conn, a, 3) + await _jobs(conn, b, 3)
     free = await _jobs(conn, a, 2, kind=OTHER)
     await _pause(conn, None, KIND)
@@ -117,7 +99,7 @@ async def test_a_kind_paused_for_every_tenant_is_claimed_by_no_worker(
 
 async def test_a_paused_tenant_keeps_every_kind_and_its_paused_pair_outlives_its_resume(
         conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     a_kind, a_other = await _jobs(conn, a, 2), await _jobs(conn, a, 2, kind=OTHER)
     b_jobs = await _jobs(conn, b, 2)
     await _pause(conn, "a", None)
@@ -210,7 +192,7 @@ def test_the_cli_pauses_lists_and_resumes(dsn: str, capsys: pytest.CaptureFixtur
 
 async def test_the_api_pauses_and_resumes_within_the_tokens_tenants(
         api: Client, conn: Conn, store: QueueStore, tenant: uuid.UUID) -> None:  # noqa: F811
-    await _tenant(conn, "beta")
+    await add_tenant(conn, "beta")
     path = f"/v1/pauses?tenant=acme&kind={KIND}"
     assert (await api.call("POST", path))[0] == 401
     scoped = token(sub="ops", tenants=["acme"])
@@ -252,7 +234,7 @@ async def test_the_api_pauses_and_resumes_within_the_tokens_tenants(
 
 async def test_paused_work_is_no_demand_for_the_scaler_and_shows_in_the_gauges(
         conn: Conn, dsn: str, store: QueueStore, tenant: uuid.UUID) -> None:
-    beta = await _tenant(conn, "beta")
+    beta = await add_tenant(conn, "beta")
     await _jobs(conn, tenant, 4)
     await _jobs(conn, tenant, 3, kind=OTHER)
     await _jobs(conn, beta, 2)

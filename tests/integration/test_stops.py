@@ -7,7 +7,10 @@ Delivered by NOTIFY on the worker's LISTEN connection, or by the lease renewal w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -41,9 +44,9 @@ async def _write_run(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
                      (job.id, job.attempts))
 
 
-@jobpool.kind("test_stop_waits", stale_ttl=3600.0, timeout=3600.0)
-async def waits(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
-    """Write a row in the job's transaction, then wait for an event nobody sets."""
+async def _wait_until_cancelled(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Write a row in the job's transaction, then wait for an event nobody sets; note the
+    cancellation in INTERRUPTED and raise it."""
     await _write_run(job, tx)
     RUNNING.add(job.id)
     try:
@@ -53,15 +56,18 @@ async def waits(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
         raise
 
 
+@jobpool.kind("test_stop_waits", stale_ttl=3600.0, timeout=3600.0)
+async def waits(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Write a row in the job's transaction, then wait for an event nobody sets."""
+    await _wait_until_cancelled(job, tx)
+
+
 @jobpool.kind("test_stop_cleans_up", stale_ttl=3600.0, timeout=3600.0)
 async def cleans_up(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
     """Write a row, wait; when cancelled, clean up (a side connection's commit), re-raise."""
-    await _write_run(job, tx)
-    RUNNING.add(job.id)
     try:
-        await asyncio.Event().wait()
+        await _wait_until_cancelled(job, tx)
     except asyncio.CancelledError:
-        INTERRUPTED.add(job.id)
         await asyncio.sleep(0.1)
         async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True) as side:
             await side.execute("INSERT INTO test_failures (job_id) VALUES (%s)", (job.id,))
@@ -72,12 +78,8 @@ async def cleans_up(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
 @jobpool.kind("test_stop_ignores", stale_ttl=3600.0, timeout=3600.0)
 async def ignores(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
     """Write a row, wait; swallow the first cancellation and wait again."""
-    await _write_run(job, tx)
-    RUNNING.add(job.id)
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        INTERRUPTED.add(job.id)
+    with contextlib.suppress(asyncio.CancelledError):
+        await _wait_until_cancelled(job, tx)
     try:
         await asyncio.Event().wait()
     except asyncio.CancelledError:
@@ -105,6 +107,47 @@ async def _setup(conn: Conn) -> None:
 
 async def _enqueue(conn: Conn, tenant: uuid.UUID, kind: str, payload: Any = None) -> int:
     return (await jobpool.enqueue(conn, tenant_id=tenant, kind=kind, payload=payload)).id
+
+
+@dataclass(frozen=True)
+class _Running:
+    """A worker whose handlers have started: its run's task, the jobs by kind enqueued."""
+
+    worker: Worker
+    task: asyncio.Task[None]
+    jobs: list[int]
+
+
+async def _run(conn: Conn, dsn: str, tenant: uuid.UUID, kinds: Sequence[str], *,
+               running: int | None = None, **config: Any) -> _Running:
+    """Set up, enqueue a job of each of `kinds` (in order), start a worker serving them
+    (`config`: its WorkerConfig); return once the handlers of the first `running` jobs (None:
+    all) have written their row and wait."""
+    await _setup(conn)
+    jobs = [await _enqueue(conn, tenant, kind) for kind in kinds]
+    w = worker(dsn, tuple(dict.fromkeys(kinds)), **config)
+    task = await _started(w)
+    started = set(jobs[:running])
+    await wait_until(lambda: started <= RUNNING, "the handlers run", 30)
+    return _Running(w, task, jobs)
+
+
+async def _stop_the_first_of_two(conn: Conn, run: _Running) -> None:
+    """Stop the waiting first job of `run` while the gated second one runs: the first is
+    interrupted and its slot freed, the second finishes once let go."""
+    stopped, other = run.jobs
+    await admin.stop(conn, stopped, actor="alice@example.com")
+    await wait_until(lambda: stopped in INTERRUPTED, "the stopped handler is interrupted", 30)
+    await wait_until(lambda: stopped not in run.worker.producer.in_flight,
+                     "the stopped job's slot is free", 30)
+    assert other in run.worker.producer.in_flight and other not in INTERRUPTED
+    GATE.set()
+    await asyncio.wait_for(run.task, 30)
+
+    await _assert_stopped_by(conn, stopped, "alice@example.com")
+    assert (await job(conn, other))["status"] == "done"
+    assert await _rows_of(conn, other) == 1
+    assert _attempts(run.worker)[("test_stop_waits", "stopped")] == 1
 
 
 async def _started(w: Worker) -> asyncio.Task[None]:
@@ -141,40 +184,20 @@ async def _assert_stopped_by(conn: Conn, job_id: int, actor: str) -> None:
 async def test_a_stop_interrupts_the_handler_and_the_other_slot_completes(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
-    await _setup(conn)
-    stopped = await _enqueue(conn, tenant, "test_stop_waits")
-    other = await _enqueue(conn, tenant, "test_stop_gated")
-    w = worker(dsn, ("test_stop_waits", "test_stop_gated"), slots=2, lease_ttl=LONG_LEASE)
-    task = await _started(w)
-    await wait_until(lambda: {stopped, other} <= RUNNING, "both handlers run", 30)
-
-    await admin.stop(conn, stopped, actor="alice@example.com")
-    await wait_until(lambda: stopped in INTERRUPTED, "the stopped handler is interrupted", 30)
-    await wait_until(lambda: stopped not in w.producer.in_flight,
-                     "the stopped job's slot is free", 30)
-    assert other in w.producer.in_flight and other not in INTERRUPTED
-    GATE.set()
-    await asyncio.wait_for(task, 30)
-
-    await _assert_stopped_by(conn, stopped, "alice@example.com")
-    assert (await job(conn, other))["status"] == "done"
-    assert await _rows_of(conn, other) == 1
-    samples = _attempts(w)
-    assert samples[("test_stop_waits", "stopped")] == 1
-    assert samples[("test_stop_gated", "done")] == 1
+    run = await _run(conn, dsn, tenant, ("test_stop_waits", "test_stop_gated"), slots=2,
+                     lease_ttl=LONG_LEASE)
+    await _stop_the_first_of_two(conn, run)
+    assert _attempts(run.worker)[("test_stop_gated", "done")] == 1
 
 
 async def test_a_handler_that_catches_the_cancellation_cleans_up_within_the_grace(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
-    await _setup(conn)
-    stopped = await _enqueue(conn, tenant, "test_stop_cleans_up")
-    w = worker(dsn, ("test_stop_cleans_up",), slots=1, lease_ttl=LONG_LEASE, stop_grace=30.0)
-    task = await _started(w)
-    await wait_until(lambda: stopped in RUNNING, "the handler runs", 30)
-
+    run = await _run(conn, dsn, tenant, ("test_stop_cleans_up",), slots=1,
+                     lease_ttl=LONG_LEASE, stop_grace=30.0)
+    [stopped] = run.jobs
     await admin.stop(conn, stopped, actor="alice@example.com")
-    await asyncio.wait_for(task, 30)
+    await asyncio.wait_for(run.task, 30)
 
     assert stopped in CLEANED
     assert await scalar(conn, "SELECT count(*) FROM test_failures WHERE job_id = %s",
@@ -185,17 +208,13 @@ async def test_a_handler_that_catches_the_cancellation_cleans_up_within_the_grac
 async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_grace(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
-    await _setup(conn)
-    stopped = await _enqueue(conn, tenant, "test_stop_ignores")
-    after = await _enqueue(conn, tenant, "test_record")  # waits for the one slot
-    w = worker(dsn, ("test_stop_ignores", "test_record"), slots=1, lease_ttl=LONG_LEASE,
-               stop_grace=0.5)
-    task = await _started(w)
-    await wait_until(lambda: stopped in RUNNING, "the handler runs", 30)
+    run = await _run(conn, dsn, tenant, ("test_stop_ignores", "test_record"), running=1,
+                     slots=1, lease_ttl=LONG_LEASE, stop_grace=0.5)
+    stopped, after = run.jobs  # `after` waits for the one slot
     assert (await job(conn, after))["status"] == "pending"
 
     await admin.stop(conn, stopped, actor="alice@example.com")
-    await asyncio.wait_for(task, 30)
+    await asyncio.wait_for(run.task, 30)
 
     assert stopped in INTERRUPTED and stopped in CLEANED  # cancelled twice
     await _assert_stopped_by(conn, stopped, "alice@example.com")
@@ -205,23 +224,10 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
 async def test_without_listen_the_lease_renewal_delivers_the_stop(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
-    await _setup(conn)
-    stopped = await _enqueue(conn, tenant, "test_stop_waits")
-    other = await _enqueue(conn, tenant, "test_stop_gated")
-    w = worker(dsn, ("test_stop_waits", "test_stop_gated"), slots=2, lease_ttl=3.0,
-               pooler="transaction")  # no JOBPOOL_LISTEN_DSN: poll-only
-    assert w.listen_dsn is None
-    task = await _started(w)
-    await wait_until(lambda: {stopped, other} <= RUNNING, "both handlers run", 30)
-
-    await admin.stop(conn, stopped, actor="alice@example.com")
-    await wait_until(lambda: stopped in INTERRUPTED, "the stopped handler is interrupted", 30)
-    GATE.set()
-    await asyncio.wait_for(task, 30)
-
-    await _assert_stopped_by(conn, stopped, "alice@example.com")
-    assert (await job(conn, other))["status"] == "done"
-    assert _attempts(w)[("test_stop_waits", "stopped")] == 1
+    run = await _run(conn, dsn, tenant, ("test_stop_waits", "test_stop_gated"), slots=2,
+                     lease_ttl=3.0, pooler="transaction")  # no JOBPOOL_LISTEN_DSN: poll-only
+    assert run.worker.listen_dsn is None
+    await _stop_the_first_of_two(conn, run)
 
 
 async def test_a_claim_taken_back_by_recovery_interrupts_the_handler_too(
@@ -229,20 +235,16 @@ async def test_a_claim_taken_back_by_recovery_interrupts_the_handler_too(
 ) -> None:
     """Its work could not commit (the outcome write is compare-and-set on the claim), and the
     job runs elsewhere: the lease renewal that finds the claim gone cancels the handler."""
-    await _setup(conn)
-    taken = await _enqueue(conn, tenant, "test_stop_waits")
-    w = worker(dsn, ("test_stop_waits",), slots=1, lease_ttl=3.0)
-    task = await _started(w)
-    await wait_until(lambda: taken in RUNNING, "the handler runs", 30)
-
+    run = await _run(conn, dsn, tenant, ("test_stop_waits",), slots=1, lease_ttl=3.0)
+    [taken] = run.jobs
     await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s", (taken,))
     await wait_until(lambda: taken in INTERRUPTED, "the handler is interrupted", 30)
-    await asyncio.wait_for(task, 30)
+    await asyncio.wait_for(run.task, 30)
 
     row = await job(conn, taken)
     assert (row["status"], row["claimed_by"]) == ("running", "other/1/x")  # left to its owner
     assert await _rows_of(conn, taken) == 0
-    assert _attempts(w)[("test_stop_waits", "lost_claim")] == 1
+    assert _attempts(run.worker)[("test_stop_waits", "lost_claim")] == 1
 
 
 async def test_a_stopped_index_build_cancels_its_backend_and_drops_the_invalid_index(

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import jobpool
-from integration.helpers import scalar
+from integration.helpers import add_tenant, scalar
 from jobpool import pauses, testing
 from jobpool.job import Job
 
@@ -54,13 +54,6 @@ async def chain(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
 async def _prepare(conn: Conn) -> None:
     await conn.execute(INVOICES_DDL)
     await testing.register_kinds(conn)
-
-
-async def _tenant(conn: Conn, key: str) -> uuid.UUID:
-    row = await (await conn.execute(
-        "INSERT INTO mdm.aa_tenant (key) VALUES (%s) RETURNING id", (key,))).fetchone()
-    assert row is not None
-    return uuid.UUID(str(row["id"]))
 
 
 async def _enqueue(conn: Conn, tenant: uuid.UUID, kind: str, payload: Any,
@@ -172,7 +165,7 @@ async def test_run_pending_runs_the_job_named_ahead_of_the_pairs_other_jobs(
     """Two jobs of the pair ahead of it (one before it in priority), one of another tenant
     first in priority: only the job named runs."""
     await _prepare(conn)
-    globex = await _tenant(conn, "globex")
+    globex = await add_tenant(conn, "globex")
     first = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]}, priority=0)
     second = await _enqueue(conn, tenant, "tm_invoice", {"lines": [2]})
     other = await _enqueue(conn, globex, "tm_invoice", {"lines": [3]}, priority=0)
@@ -214,8 +207,8 @@ async def test_drain_and_enqueued_take_tenant_filters(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
     await _prepare(conn)
-    globex = await _tenant(conn, "globex")
-    await _tenant(conn, "initech")
+    globex = await add_tenant(conn, "globex")
+    await add_tenant(conn, "initech")
     acme_job = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]})
     globex_job = await _enqueue(conn, globex, "tm_invoice", {"lines": [2]})
     await _enqueue(conn, globex, "tm_reject", {})
