@@ -23,6 +23,8 @@ WAIT = 90.0
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "mdm-jobs"
 LANES = ("default", "bulk", "acme", "heavy")
+CHILDREN = frozenset(f"{POOL}-{lane}" for lane in LANES)
+"""The example pool's Deployments, one per lane."""
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
@@ -99,6 +101,23 @@ def eventually(check: Any, what: str, wait: float = WAIT, *, logs: Any = None) -
             tail = "" if logs is None else "\noperator log:\n" + logs.output()[-4000:]
             pytest.fail(f"gave up waiting: {what}{tail}", pytrace=False)
         time.sleep(0.5)
+
+
+def every_deployment(plane: ControlPlane, namespace: str, what: str = "the pool's Deployments",
+                     *, logs: Any = None) -> dict[str, dict[str, Any]]:
+    """The Deployments in `namespace` once they are the example pool's `CHILDREN`, by name
+    (`eventually`, failing with `what`)."""
+    def found() -> dict[str, dict[str, Any]] | None:
+        current = deployments(plane, namespace)
+        return current if set(current) == CHILDREN else None
+
+    return dict(eventually(found, what, logs=logs))
+
+
+def refused_writes(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    """The operator's writes in `namespace` that the API server refused (4xx, 5xx)."""
+    return [w for w in operator_writes(plane, namespace)
+            if w.get("responseStatus", {}).get("code", 200) >= 400]
 
 
 APPLICATION_ROLE = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{RELEASE}-jobpool-application"

@@ -13,13 +13,13 @@ import pytest
 from .conftest import Operator, Tools
 from .helpers import (
     KEDA,
-    LANES,
     POOL,
     condition,
     deployments,
     deployments_path,
     events,
     eventually,
+    every_deployment,
     example_pool,
     pool_object,
     pools_path,
@@ -30,7 +30,6 @@ from .helpers import (
 
 pytestmark = pytest.mark.controlplane
 
-CHILDREN = {f"{POOL}-{lane}" for lane in LANES}
 
 
 def warning(release: Tools, namespace: str, reason: str, operator: Operator) -> dict[str, Any]:
@@ -166,8 +165,7 @@ def test_a_deployment_deleted_by_hand_comes_back(
 ) -> None:
     plane = release.plane
     plane.admin.create(pools_path(namespace), example_pool())
-    found = eventually(lambda: (lambda d: d if set(d) == CHILDREN else None)(
-        deployments(plane, namespace)), "the pool's Deployments", logs=operator)
+    found = every_deployment(plane, namespace, logs=operator)
     uid = found[f"{POOL}-bulk"]["metadata"]["uid"]
     plane.admin.delete(f"{deployments_path(namespace)}/{POOL}-bulk")
 
@@ -217,8 +215,8 @@ def test_missing_secret_degrades_scaling(
     document = example_pool()
     document["spec"]["database"]["secretName"] = "no-such-secret"
     release.plane.admin.create(pools_path(namespace), document)
-    eventually(lambda: set(deployments(release.plane, namespace)) == CHILDREN,
-               "the Deployments despite the missing Secret", logs=operator)
+    every_deployment(release.plane, namespace, "the Deployments despite the missing Secret",
+                     logs=operator)
     pool = reason_of(release.plane, namespace, "Degraded", "CountFailed", operator)
     assert "'no-such-secret'" in condition(pool, "Degraded")["message"]
     assert condition(pool, "ScalingActive")["status"] == "False"

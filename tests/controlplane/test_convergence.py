@@ -18,6 +18,7 @@ from .helpers import (
     described,
     events,
     eventually,
+    every_deployment,
     example_pool,
     operator_writes,
     pool_object,
@@ -95,9 +96,10 @@ def test_a_converged_pool_makes_no_write_and_no_event(
         body = noncanonical_pool() if case == "noncanonical" else example_pool()
         plane.admin.create(pools_path(namespace), body)
     for namespace in cases.values():
+        every_deployment(plane, namespace, f"the pool's Deployments in {namespace}",
+                         logs=operator)
         eventually(lambda ns=namespace: condition(pool_object(plane, ns), "Reconciled").get(
-            "status") == "True" and len(deployments(plane, ns)) == 4,
-                   f"the pool in {namespace} reconciled", logs=operator)
+            "status") == "True", f"the pool in {namespace} reconciled", logs=operator)
     default = f"{POOL}-default"
     release.kubectl("set", "env", "-n", cases["env-by-another-manager"],
                     f"deployment/{default}", "EXTRA_SETTING=1")

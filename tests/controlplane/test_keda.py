@@ -12,18 +12,19 @@ import pytest
 
 from .conftest import Operator, Tools
 from .helpers import (
+    CHILDREN,
     KEDA,
-    LANES,
     POOL,
     condition,
     deployments,
     described,
     events,
     eventually,
+    every_deployment,
     example_pool,
-    operator_writes,
     pools_path,
     reason_of,
+    refused_writes,
     role_without,
     with_lane_mode,
 )
@@ -53,8 +54,7 @@ def test_keda_lane_gets_a_scaled_object_the_server_accepts_and_loses_it_when_it_
         {"parameter": "connection", "name": "jobpool-db", "key": "dsn"}]
     pool = reason_of(plane, namespace, "Reconciled", "ChildrenMatchSpec", operator)
     assert condition(pool, "Degraded")["status"] == "False"
-    refused = [w for w in operator_writes(plane, namespace)
-               if w.get("responseStatus", {}).get("code", 200) >= 400]
+    refused = refused_writes(plane, namespace)
     assert refused == [], described(refused)  # KEDA's schema took both as they were
 
     plane.admin.patch(f"{pools_path(namespace)}/{POOL}",
@@ -63,7 +63,7 @@ def test_keda_lane_gets_a_scaled_object_the_server_accepts_and_loses_it_when_it_
                "the ScaledObject of the lane that left keda mode deleted", logs=operator)
     eventually(lambda: not keda_objects(release, namespace, "triggerauthentications"),
                "the TriggerAuthentication of a pool without keda lanes deleted", logs=operator)
-    assert set(deployments(plane, namespace)) == {f"{POOL}-{lane}" for lane in LANES}
+    assert set(deployments(plane, namespace)) == CHILDREN
 
 
 @pytest.mark.parametrize(("granted", "expected"), [
@@ -82,8 +82,7 @@ def test_keda_lane_without_keda_still_gets_every_deployment_and_says_why(
     with contextlib.nullcontext() if granted else ungranted:
         operator: Operator = request.getfixturevalue("operator")
         plane.admin.create(pools_path(namespace), with_lane_mode(example_pool(), "acme", "keda"))
-        eventually(lambda: set(deployments(plane, namespace)) == {
-            f"{POOL}-{lane}" for lane in LANES}, "every lane's Deployment", logs=operator)
+        every_deployment(plane, namespace, "every lane's Deployment", logs=operator)
         pool = reason_of(plane, namespace, "Reconciled", "KedaUnavailable", operator)
         message = condition(pool, "Reconciled")["message"]
         assert "lanes in keda mode (acme) keep their current replicas" in message

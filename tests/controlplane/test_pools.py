@@ -14,6 +14,7 @@ from jobpool.core.crd import API_VERSION
 
 from .conftest import Operator, Tools, crd_established
 from .helpers import (
+    CHILDREN,
     LANES,
     OPERATOR_USER,
     POOL,
@@ -24,6 +25,7 @@ from .helpers import (
     described,
     events,
     eventually,
+    every_deployment,
     example_pool,
     operator_writes,
     pods,
@@ -33,17 +35,10 @@ from .helpers import (
 
 pytestmark = pytest.mark.controlplane
 
-CHILDREN = {f"{POOL}-{lane}" for lane in LANES}
-
-
 def apply_example(tools: Tools, namespace: str, operator: Operator) -> dict[str, Any]:
     tools.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "pool.yaml"))
-
-    def created() -> dict[str, Any] | None:
-        found = deployments(tools.plane, namespace)
-        return found if set(found) == CHILDREN else None
-
-    return dict(eventually(created, f"Deployments {sorted(CHILDREN)}", logs=operator))
+    return every_deployment(tools.plane, namespace, f"Deployments {sorted(CHILDREN)}",
+                            logs=operator)
 
 
 def test_chart_installs_the_crd_and_the_operators_account(release: Tools) -> None:
