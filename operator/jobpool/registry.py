@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from psycopg import AsyncConnection
 
-from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name
-from jobpool.core.retry import BackoffPolicy
+from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name, kind_defaults
 from jobpool.errors import UnknownKindError
 from jobpool.extras import missing_modules
 from jobpool.payloads import decode_payload
@@ -100,23 +99,9 @@ class Registry:
         the decorated handler is not an `async def` function or `payload` is not a Struct.
         """
         check_kind_name(name)
-        generic = KindDefaults()
-        backoff = BackoffPolicy(
-            base=generic.backoff.base if backoff_base is None else float(backoff_base),
-            max_delay=generic.backoff.max_delay if backoff_max is None else float(backoff_max),
-            jitter=generic.backoff.jitter if backoff_jitter is None else float(backoff_jitter),
-        )
-        # whole numbers stay as given, so that KindDefaults refuses 1.5 rather than cut it
-        given: dict[str, Any] = {
-            "priority": priority, "max_attempts": max_attempts,
-            "stale_ttl": None if stale_ttl is None else float(stale_ttl),
-            "timeout": None if timeout is None else float(timeout),
-        }
-        overrides = {key: value for key, value in given.items() if value is not None}
-        try:
-            defaults = replace(generic, backoff=backoff, **overrides)
-        except ValueError as exc:
-            raise ValueError(f"job kind {name!r}: {exc}") from None
+        defaults = kind_defaults(name, priority=priority, max_attempts=max_attempts,
+                                 stale_ttl=stale_ttl, timeout=timeout, backoff_base=backoff_base,
+                                 backoff_max=backoff_max, backoff_jitter=backoff_jitter)
 
         if payload is not None and not (
                 isinstance(payload, type) and issubclass(payload, msgspec.Struct)):

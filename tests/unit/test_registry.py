@@ -149,6 +149,9 @@ def test_a_handler_must_be_async() -> None:
     ("stale_ttl", float("inf"), "stale_ttl must be from 0.001 to 3.1536e+08 seconds, got inf"),
     ("stale_ttl", 1e-300, "stale_ttl must be from 0.001 to 3.1536e+08 seconds, got 1e-300"),
     ("timeout", float("nan"), "timeout must be from 0.001 to 3.1536e+08 seconds, got nan"),
+    ("backoff_base", -1, "backoff base must be a finite number >= 0, got -1.0"),
+    ("backoff_max", 1, "backoff max_delay must be finite and >= base (30.0), got 1.0"),
+    ("backoff_jitter", 2, "backoff jitter must be between 0 and 1, got 2.0"),
 ])
 def test_kind_defaults_the_database_cannot_hold_are_refused_naming_kind_and_option(
     option: str, value: object, problem: str

@@ -7,7 +7,8 @@ of any option a declaration leaves out.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from jobpool.core.retry import BackoffPolicy
 
@@ -75,6 +76,32 @@ class KindDefaults:
             if not MIN_SECONDS <= seconds <= MAX_SECONDS:
                 raise ValueError(f"{name} must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} "
                                  f"seconds, got {seconds!r}")
+
+
+def kind_defaults(
+    name: str, *, priority: int | None = None, max_attempts: int | None = None,
+    stale_ttl: float | None = None, timeout: float | None = None,
+    backoff_base: float | None = None, backoff_max: float | None = None,
+    backoff_jitter: float | None = None,
+) -> KindDefaults:
+    """The defaults kind `name` declares: the options given, and `KindDefaults()`'s for those
+    left None. Units as on `@jobpool.kind`: seconds, the jitter a fraction 0..1. Raises
+    ValueError naming the kind and the option that is out of range (a whole number given as
+    1.5 is refused, not cut)."""
+    generic = KindDefaults()
+    given: dict[str, Any] = {
+        "priority": priority, "max_attempts": max_attempts,
+        "stale_ttl": None if stale_ttl is None else float(stale_ttl),
+        "timeout": None if timeout is None else float(timeout),
+    }
+    backoff = {"base": backoff_base, "max_delay": backoff_max, "jitter": backoff_jitter}
+    try:
+        return replace(
+            generic, backoff=replace(generic.backoff, **{
+                key: float(value) for key, value in backoff.items() if value is not None}),
+            **{key: value for key, value in given.items() if value is not None})
+    except ValueError as exc:
+        raise ValueError(f"job kind {name!r}: {exc}") from None
 
 
 def check_kind_name(name: str) -> str:
