@@ -275,3 +275,23 @@ def conditions(facts: dict[str, Any]) -> str:
     return (f"Conditions: {facts['cores']} cores ({facts['cpu']}), PostgreSQL "
             f"{facts.get('server_version', '?')} ({facts['server']}): {shown}.\n"
             f"Peers: {peers}; jobpool from this checkout (Python {facts.get('python', '?')}).")
+
+
+def start_sleep_worker(dsn: str, slots: int, *flags: str) -> subprocess.Popen[str]:
+    """Start a long-running worker of the `bench_sleep` kind on `dsn` with `slots` slots
+    (quiet, no metrics port, a 5 s grace; `flags`: more `jobpool run` flags); the caller
+    stops it (`stop_workers`)."""
+    return subprocess.Popen(
+        [python(), "-m", "jobpool", "run", "--kinds", "bench_sleep", "--slots", str(slots),
+         "--import", "bench_kinds", "--log-level", "warning", "--metrics-port", "0",
+         "--grace", "5", *flags],
+        env=child_env(JOBPOOL_DSN=dsn), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        text=True)
+
+
+def stop_workers(workers: Sequence[subprocess.Popen[str]], timeout: float = 60.0) -> None:
+    """SIGTERM every worker at once, then wait for each, at most `timeout` seconds apiece."""
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(timeout=timeout)

@@ -33,18 +33,9 @@ sys.path.insert(0, str(BENCH))
 
 from _benchdb import bench_database  # noqa: E402
 from bench_kinds import RUNS_DDL  # noqa: E402
-from common import child_env, percentile  # noqa: E402
+from common import child_env, percentile, start_sleep_worker, stop_workers  # noqa: E402
 
 import jobpool  # noqa: E402
-
-
-def start_worker(dsn: str, args: argparse.Namespace) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "jobpool", "run", "--kinds", "bench_sleep", "--slots",
-         str(args.slots), "--import", "bench_kinds", "--log-level", "warning",
-         "--metrics-port", "0", "--lease-ttl", str(args.lease_ttl), "--grace", "5"],
-        env=child_env(JOBPOOL_DSN=dsn), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        text=True)
 
 
 def stranded_by(conn: psycopg.Connection[dict[str, Any]], pid: int) -> dict[int, str]:
@@ -74,6 +65,10 @@ def main() -> None:
             jobpool.enqueue_many_sync(conn, [jobpool.NewJob(tenant["id"], "bench_sleep",
                                                             {"ms": args.ms})] * args.jobs)
             report(conn, dsn, args)
+
+
+def start_worker(dsn: str, args: argparse.Namespace) -> subprocess.Popen[str]:
+    return start_sleep_worker(dsn, args.slots, "--lease-ttl", str(args.lease_ttl))
 
 
 def report(conn: psycopg.Connection[dict[str, Any]], dsn: str, args: argparse.Namespace) -> None:
@@ -115,10 +110,7 @@ def report(conn: psycopg.Connection[dict[str, Any]], dsn: str, args: argparse.Na
                 break
             time.sleep(0.2)
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            worker.wait(timeout=60)
+        stop_workers(workers)
     elapsed = time.monotonic() - started
     stats = conn.execute(
         "SELECT (SELECT count(*) FROM mdm.aa_job WHERE status <> 'done') AS lost,"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,14 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests"))
 
 from bench_kinds import RUNS_DDL  # noqa: E402
-from common import PRIVATE_SETTINGS, child_env, children_cpu, median  # noqa: E402
+from common import (  # noqa: E402
+    PRIVATE_SETTINGS,
+    child_env,
+    children_cpu,
+    median,
+    start_sleep_worker,
+    stop_workers,
+)
 from private_postgres import PrivateServer, find_bin  # noqa: E402
 
 import jobpool  # noqa: E402
@@ -41,15 +47,6 @@ import jobpool  # noqa: E402
 def both_hosts(primary: PrivateServer, standby: PrivateServer) -> str:
     return (f"host=127.0.0.1,127.0.0.1 port={primary.port},{standby.port} user=postgres "
             "dbname=postgres target_session_attrs=read-write")
-
-
-def start_worker(dsn: str, args: argparse.Namespace) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "jobpool", "run", "--kinds", "bench_sleep", "--slots",
-         str(args.slots), "--import", "bench_kinds", "--log-level", "warning",
-         "--metrics-port", "0", "--grace", "5"],
-        env=child_env(JOBPOOL_DSN=dsn), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        text=True)
 
 
 def count(conn: psycopg.Connection[dict[str, Any]], query: str) -> int:
@@ -87,7 +84,7 @@ def drain(primary: PrivateServer, standby: PrivateServer,
     dsn = both_hosts(primary, standby)
     cpu_before = children_cpu()
     started = time.monotonic()
-    workers = [start_worker(dsn, args) for _ in range(args.workers)]
+    workers = [start_sleep_worker(dsn, args.slots) for _ in range(args.workers)]
     try:
         with psycopg.connect(primary.dsn(), autocommit=True, row_factory=dict_row) as conn:
             while count(conn, "SELECT count(*) AS n FROM bench_runs") < args.jobs * args.at:
@@ -111,10 +108,7 @@ def drain(primary: PrivateServer, standby: PrivateServer,
                 " (SELECT count(*) FROM mdm.aa_job WHERE attempts > 1) AS burned").fetchone()
             assert facts is not None
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            worker.wait(timeout=60)
+        stop_workers(workers)
     cpu = children_cpu() - cpu_before
     return {"gap": gap, "elapsed": elapsed, "lost": facts["lost"],
             "duplicated": facts["duplicated"], "burned": facts["burned"],
