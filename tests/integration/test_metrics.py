@@ -24,7 +24,7 @@ from jobpool.db.store import register_kinds
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.errors import PermanentError, RetryAfter
 from jobpool.job import Job
-from jobpool.metrics import DURATION_BUCKETS, QUEUE_GAUGES, QueueGauges, WorkerMetrics
+from jobpool.metrics import DURATION_BUCKETS, QueueGauges, WorkerMetrics
 from jobpool.registry import REGISTRY
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.health import HealthServer, HealthServerError
@@ -263,7 +263,13 @@ def exported_names() -> set[str]:
     metrics.observe("k", "done", claim_latency=1.0, processing=1.0)
     metrics.rate_limited("t", "k", "tenant")
     names = {name for name in parse(generate_latest(metrics.registry).decode())}
-    return names | {name for name, _, _ in QUEUE_GAUGES} | {"mdm_jobs_gauges_age_seconds"}
+    return names | exported_families()
+
+
+def exported_families() -> set[str]:
+    """The name of every metric family a worker serves: its own and the queue gauges'."""
+    return ({family.name for family in WorkerMetrics().registry.collect()}
+            | {family.name for family in QueueGauges("").collect()})
 
 
 def dashboard_exprs() -> list[str]:
@@ -289,6 +295,21 @@ def test_dashboard_and_alerts_only_use_exported_metrics() -> None:
         (DEPLOY / "prometheus" / "jobpool-alerts.yaml").read_text())["groups"]
         for rule in group["rules"]}
     assert {"JobpoolDLQGrowing", "JobpoolClaimLatencyHigh", "JobpoolNoWorkerClaiming"} <= alerts
+
+
+def test_the_dashboard_shows_every_metric_the_worker_serves() -> None:
+    """A metric added without a panel is one nobody watches."""
+    used = {name for expr in dashboard_exprs() for name in re.findall(r"\bmdm_[a-z_]+", expr)}
+    suffixes = ("", "_total", "_bucket", "_count", "_sum")
+    unshown = {family for family in exported_families()
+               if not any(family + suffix in used for suffix in suffixes)}
+    assert unshown == set()
+
+
+def test_the_chart_ships_the_dashboard_and_the_alerts_of_deploy() -> None:
+    chart = DEPLOY.parent / "charts" / "jobpool" / "files"
+    for path in ("grafana/jobpool-dashboard.json", "prometheus/jobpool-alerts.yaml"):
+        assert (chart / path).read_text() == (DEPLOY / path).read_text(), path
 
 
 PROMTOOL = shutil.which("promtool")
