@@ -1,4 +1,4 @@
-"""The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
+"""The `jobpool` command; `jobpool COMMAND --help` tells what each command below takes.
 
 Flags that configure the process take their defaults from `Settings` (the `JOBPOOL_*`
 variables), and --help names the variable of each.
