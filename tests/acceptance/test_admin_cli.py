@@ -198,8 +198,23 @@ async def test_discard_refuses_a_pending_job(conn: Conn, dsn: str, tenant: uuid.
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
     result = cli(dsn, "dlq", "discard", str(job_id), check=False)
     assert result.returncode == 2
-    assert "only dlq or stopped (failed) jobs can be discarded" in result.stderr
+    assert "only dlq or stopped (failed) jobs can be discarded; stop it first" in result.stderr
     assert (await job(conn, job_id))["status"] == "pending"
+
+
+async def test_discard_of_a_done_job_does_not_say_to_stop_it(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """A done job cannot be stopped: the refusal says what becomes of it instead."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    cli(dsn, *worker_args("test_record", until_empty=True))
+    result = cli(dsn, "dlq", "discard", str(job_id), check=False)
+    assert result.returncode == 2
+    assert result.stderr == (f"jobpool: error: cannot discard job {job_id}: it is done, only dlq "
+                             "or stopped (failed) jobs can be discarded; done jobs are deleted "
+                             "by the queue's retention (cleanup_jobs), not by hand\n")
+    assert (await job(conn, job_id))["status"] == "done"
 
 
 def test_a_bad_data_dir_is_a_clear_error(tmp_path: Path) -> None:
