@@ -14,7 +14,7 @@ the scope as `tenant_scope` in their payload: `"*"` or the list of keys.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -81,10 +81,18 @@ async def get_job(conn: AsyncConnection[Any], job_id: int, *, tenants: Tenants =
     return row
 
 
+DISCARD_HINTS: Mapping[str, str] = {
+    "pending": "stop it first", "running": "stop it first",
+    "done": "done jobs are deleted by the queue's retention (cleanup_jobs), not by hand",
+}
+"""What to do instead of discarding a job of each status (a done job cannot be stopped)."""
+
+
 async def _refuse(conn: AsyncConnection[Any], job_id: int, action: str, allowed: str,
-                  tenants: Tenants) -> None:
+                  tenants: Tenants, hints: Mapping[str, str] | None = None) -> None:
     status = (await get_job(conn, job_id, tenants=tenants))["status"]
-    raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}")
+    hint = f"; {hints[status]}" if hints and status in hints else ""
+    raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}{hint}")
 
 
 async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,
@@ -102,14 +110,14 @@ async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str,
                   tenants: Tenants = None) -> None:
     """Delete a DLQ or stopped (`failed`) job; audit `job_discard` with a snapshot of the row.
 
-    Raises JobNotFoundError, or JobStateError (changing nothing) for any other status: stop a
-    pending or running job first.
+    Raises JobNotFoundError, or JobStateError (changing nothing) for any other status, saying
+    what to do instead: stop a pending or running job first; retention deletes done jobs.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
     if await DISCARD_JOB(conn, params) is None:
         await _refuse(conn, job_id, "discard",
-                      "only dlq or stopped (failed) jobs can be discarded; stop it first",
-                      tenants)
+                      "only dlq or stopped (failed) jobs can be discarded", tenants,
+                      DISCARD_HINTS)
 
 
 async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,

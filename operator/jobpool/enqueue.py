@@ -20,6 +20,7 @@ from psycopg.rows import tuple_row
 
 from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
+from jobpool.core.tenants import tenant_uuid
 from jobpool.db.queries import Many, One
 from jobpool.errors import UnknownKindError, UnknownTenantError
 from jobpool.payloads import decode_payload, payload_json
@@ -65,12 +66,7 @@ class Enqueued(NamedTuple):
 
 def _tenant_text(job: NewJob) -> str:
     """The job's tenant id as PostgreSQL writes a uuid; raises ValueError for a non-UUID."""
-    if isinstance(job.tenant_id, uuid.UUID):
-        return str(job.tenant_id)
-    try:
-        return str(uuid.UUID(job.tenant_id))
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"tenant_id must be a UUID, got {job.tenant_id!r}") from None
+    return str(tenant_uuid(job.tenant_id))
 
 
 def _kind_model(kind: Any) -> type[msgspec.Struct] | None:

@@ -198,8 +198,23 @@ async def test_discard_refuses_a_pending_job(conn: Conn, dsn: str, tenant: uuid.
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
     result = cli(dsn, "dlq", "discard", str(job_id), check=False)
     assert result.returncode == 2
-    assert "only dlq or stopped (failed) jobs can be discarded" in result.stderr
+    assert "only dlq or stopped (failed) jobs can be discarded; stop it first" in result.stderr
     assert (await job(conn, job_id))["status"] == "pending"
+
+
+async def test_discard_of_a_done_job_does_not_say_to_stop_it(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """A done job cannot be stopped: the refusal says what becomes of it instead."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+    cli(dsn, *worker_args("test_record", until_empty=True))
+    result = cli(dsn, "dlq", "discard", str(job_id), check=False)
+    assert result.returncode == 2
+    assert result.stderr == (f"jobpool: error: cannot discard job {job_id}: it is done, only dlq "
+                             "or stopped (failed) jobs can be discarded; done jobs are deleted "
+                             "by the queue's retention (cleanup_jobs), not by hand\n")
+    assert (await job(conn, job_id))["status"] == "done"
 
 
 def test_a_bad_data_dir_is_a_clear_error(tmp_path: Path) -> None:
@@ -227,19 +242,67 @@ async def invoice_pdf(job: jobpool.Job, tx) -> dict | None:
 leaves to the reader."""
 
 
+INSTALLED = Path(sys.executable).with_name("jobpool")
+"""The installed `jobpool` command, as a user runs it: unlike `python -m jobpool`, it does not
+put the current folder on sys.path by itself."""
+
+DOCUMENTED_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: invoices}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  worker: {imports: [mykinds]}
+  lanes:
+    - name: invoices
+      kinds: [invoice_pdf]
+"""
+"""A pool file whose lane loads the documented kind from the folder it runs in."""
+
+
+def installed(dsn: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    if not INSTALLED.exists():
+        pytest.skip(f"no installed jobpool command next to {sys.executable}")
+    variables = env(dsn)  # without an empty PYTHONPATH entry, which means the current folder
+    variables["PYTHONPATH"] = os.pathsep.join(
+        path for path in variables["PYTHONPATH"].split(os.pathsep) if path)
+    result = subprocess.run([str(INSTALLED), *args], env=variables, capture_output=True,
+                            text=True, timeout=120, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+async def _invoices(conn: Conn) -> list[dict[str, Any]]:
+    cur = await conn.execute("SELECT status::text AS status, result FROM mdm.aa_job"
+                             " WHERE job_kind = 'invoice_pdf'")
+    return await cur.fetchall()
+
+
 async def test_the_documented_kind_runs_from_the_current_folder(
     conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
 ) -> None:
     (tmp_path / "mykinds.py").write_text(DOCUMENTED_KIND)
-    listed = cli(dsn, "kinds", "list", "--import", "mykinds", cwd=tmp_path).stdout
+    listed = installed(dsn, "kinds", "list", "--import", "mykinds", cwd=tmp_path).stdout
     assert "invoice_pdf" in listed and "600" in listed
-    cli(dsn, "enqueue", "invoice_pdf", "--tenant", "acme", "--payload", '{"invoice_id": 7}',
-        "--import", "mykinds", cwd=tmp_path)
-    cli(dsn, "run", "--import", "mykinds", "--kinds", "invoice_pdf", "--until-empty",
-        "--metrics-port", "0", cwd=tmp_path)
-    cur = await conn.execute("SELECT status::text AS status, result FROM mdm.aa_job"
-                             " WHERE job_kind = 'invoice_pdf'")
-    assert await cur.fetchall() == [{"status": "done", "result": {"invoice": 7}}]
+    installed(dsn, "enqueue", "invoice_pdf", "--tenant", "acme", "--payload",
+              '{"invoice_id": 7}', "--import", "mykinds", cwd=tmp_path)
+    installed(dsn, "run", "--import", "mykinds", "--kinds", "invoice_pdf", "--until-empty",
+              "--metrics-port", "0", cwd=tmp_path)
+    assert await _invoices(conn) == [{"status": "done", "result": {"invoice": 7}}]
+
+
+async def test_a_pool_files_kind_modules_are_found_in_the_current_folder(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """`spec.worker.imports` names modules as `--import` does: the pool's own check of its
+    lanes' kinds imports them from the folder the command runs in, as its lanes do."""
+    (tmp_path / "mykinds.py").write_text(DOCUMENTED_KIND)
+    (tmp_path / "pool.yaml").write_text(DOCUMENTED_POOL)
+    installed(dsn, "enqueue", "invoice_pdf", "--tenant", "acme", "--payload",
+              '{"invoice_id": 8}', "--import", "mykinds", cwd=tmp_path)
+    installed(dsn, "run", "pool.yaml", "--until-empty", "--metrics-port", "0", cwd=tmp_path)
+    assert await _invoices(conn) == [{"status": "done", "result": {"invoice": 8}}]
 
 
 async def test_metadata_merged_past_64_kib_is_refused(conn: Conn, dsn: str) -> None:

@@ -6,7 +6,13 @@ import uuid
 
 import pytest
 
-from jobpool.core.tenants import check_tenant_key, check_tenant_metadata, tenant_id_of, tenant_ref
+from jobpool.core.tenants import (
+    check_tenant_key,
+    check_tenant_metadata,
+    tenant_id_of,
+    tenant_ref,
+    tenant_uuid,
+)
 
 
 @pytest.mark.parametrize("key", ["acme", "a", "acme-eu.1", "globex_2", "0day", "x" * 63])
@@ -81,3 +87,25 @@ def test_metadata_over_64_kib_is_refused_before_its_rate_limits_are_read() -> No
     with pytest.raises(ValueError, match=r"^metadata is \d+ bytes of JSON, more than the "
                                          r"limit of 65536"):
         check_tenant_metadata(huge, "acme")
+
+
+def test_a_tenant_id_is_read_from_a_uuid_or_its_text() -> None:
+    tenant = uuid.uuid4()
+    assert tenant_uuid(tenant) is tenant
+    assert tenant_uuid(str(tenant).upper()) == tenant
+
+
+def test_a_tenant_key_where_an_id_belongs_is_named_as_such() -> None:
+    """A service that passes the key it knows gets told what to pass instead."""
+    with pytest.raises(ValueError, match=r"^tenant_id must be a UUID, got 'acme': it looks like a "
+                                         r"tenant key; this takes the tenant's id \(`jobpool "
+                                         r"tenants list`"):
+        tenant_uuid("acme")
+
+
+@pytest.mark.parametrize("value", ["not a key", 42, None, ["acme"], "x" * 500])
+def test_anything_else_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(ValueError) as refused:
+        tenant_uuid(value)
+    assert str(refused.value).startswith(f"tenant_id must be a UUID, got {repr(value)[:20]}")
+    assert "tenant key" not in str(refused.value) and len(str(refused.value)) < 140

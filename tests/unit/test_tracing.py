@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import get_args
 
 import jsonschema
 import pytest
@@ -25,6 +26,7 @@ from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.job import Job
 from jobpool.k8s import manifests
 from jobpool.k8s.tracing_env import with_tracing_env
+from jobpool.metrics import JobOutcome
 from jobpool.trace_context import current_trace_context, extract_context
 from jobpool.worker import tracing
 
@@ -295,6 +297,12 @@ def test_the_docs_list_every_attribute_of_an_attempts_span() -> None:
 
 def test_the_docs_list_every_outcome() -> None:
     assert _first_column("| `jobpool.outcome` | the attempt |") == list(tracing.OUTCOMES.values())
+
+
+def test_every_outcome_of_an_attempt_has_its_span_name() -> None:
+    """The metric's outcomes and the span's are one list: a new outcome gets its name (and so
+    its row in docs/tracing.md) instead of reaching the span as its bare label."""
+    assert sorted(tracing.OUTCOMES) == sorted(get_args(JobOutcome))
 
 
 def test_the_docs_yaml_examples_are_a_valid_value_and_a_valid_pool() -> None:

@@ -56,6 +56,26 @@ def tenant_ref(text: str) -> str:
                      "nor a tenant id (a uuid)")
 
 
+def tenant_uuid(value: object) -> uuid.UUID:
+    """`value`, a tenant id given as a `uuid.UUID` or as text `uuid.UUID` reads, as a uuid.
+
+    Raises ValueError naming the value, and saying so when it is a tenant key: the library's
+    calls (`enqueue*`, `publish_event`, `commit_upload`) take the id, as a service holds it;
+    only the CLI, the admin API and pool files look keys up.
+    """
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    key = isinstance(value, str) and TENANT_KEY.fullmatch(value) is not None
+    hint = (": it looks like a tenant key; this takes the tenant's id (`jobpool tenants list`"
+            " shows each key's)") if key else ""
+    raise ValueError(f"tenant_id must be a UUID, got {value!r:.100}{hint}")
+
+
 def tenant_id_of(ref: str) -> uuid.UUID | None:
     """The uuid a canonical reference (see tenant_ref) names, or None when it is a key."""
     return uuid.UUID(ref) if _TENANT_ID.fullmatch(ref) else None

@@ -38,12 +38,13 @@ OUTCOME = "jobpool.outcome"
 
 OUTCOMES: Mapping[str, str] = {
     "done": "done", "retry": "retry", "dlq": "dead", "released": "handed back",
-    "rate_limited": "rate limited", "lost_claim": "claim lost", "error": "not recorded",
+    "rate_limited": "rate limited", "lost_claim": "claim lost", "stopped": "stopped",
+    "error": "not recorded",
 }
 """The worker's outcomes of an attempt (the metric's labels) as the span says them: `dead` for
 the DLQ, `handed back` for an attempt not counted (a connection lost, a conflict, the grace
-period over), `rate limited` for one put back before it ran, `not recorded` where the outcome
-could not be written."""
+period over), `rate limited` for one put back before it ran, `stopped` for one whose handler a stop
+interrupted, `not recorded` where the outcome could not be written."""
 
 FAILED = frozenset({"retry", "dlq"})
 """The outcomes whose span's status is ERROR."""

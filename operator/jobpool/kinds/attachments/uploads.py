@@ -29,6 +29,7 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 
 from jobpool.core.jsondata import text_problem
+from jobpool.core.tenants import tenant_uuid
 from jobpool.db.queries import One
 from jobpool.enqueue import NewJob, enqueue_many, enqueue_many_sync
 from jobpool.errors import (
@@ -73,11 +74,7 @@ class CommittedUpload:
 
 def check_upload(upload: Upload) -> dict[str, Any]:
     """Validated query parameters of `upload`; raises ValueError naming the bad field."""
-    try:
-        tenant = (upload.tenant_id if isinstance(upload.tenant_id, uuid.UUID)
-                  else uuid.UUID(upload.tenant_id))
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"tenant_id must be a UUID, got {upload.tenant_id!r}") from None
+    tenant = tenant_uuid(upload.tenant_id)
     if not isinstance(upload.file_name, str) or not 1 <= len(upload.file_name) <= 255:
         raise ValueError("file_name must be 1 to 255 characters")
     if not isinstance(upload.content_type, str) or not 1 <= len(upload.content_type) <= 255:

@@ -26,6 +26,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 
 from jobpool.core.jsondata import to_json_text
+from jobpool.core.tenants import tenant_uuid
 from jobpool.db.queries import One
 from jobpool.errors import UnknownTenantError
 from jobpool.kinds.webhooks.signing import encode_secret, signing_key
@@ -61,13 +62,6 @@ class Subscription:
     secret: str
 
 
-def _tenant(value: uuid.UUID | str) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"tenant_id must be a UUID, got {value!r}") from None
-
-
 def check_event_type(event_type: str) -> str:
     """Return `event_type` if valid, else raise ValueError saying what a valid one looks like."""
     if not isinstance(event_type, str) or len(event_type) > 200 or not EVENT_TYPE.fullmatch(
@@ -83,7 +77,7 @@ def _event_params(tenant_id: uuid.UUID | str, event_type: str, payload: Any) -> 
         text = to_json_text(payload, name="payload")
     except ValueError as exc:
         raise ValueError(f"payload of a {event_type!r} event is refused: {exc}") from None
-    return {"tenant_id": _tenant(tenant_id), "event_type": check_event_type(event_type),
+    return {"tenant_id": tenant_uuid(tenant_id), "event_type": check_event_type(event_type),
             "payload": text}
 
 
@@ -166,7 +160,7 @@ async def subscribe_webhook(
             check_event_type(event_type)
     key = encode_secret(secrets.token_bytes(32)) if secret is None else secret
     signing_key(key)
-    params = {"tenant_id": _tenant(tenant_id), "url": check_webhook_url(url), "secret": key,
+    params = {"tenant_id": tenant_uuid(tenant_id), "url": check_webhook_url(url), "secret": key,
               "event_types": list(types)}
     row = await _insert_for_tenant(conn, INSERT_WEBHOOK_SUBSCRIPTION, params)
     return Subscription(row["id"], row["tenant_id"], row["url"], tuple(row["event_types"]), key)
