@@ -76,10 +76,12 @@ async def seed(conn: Conn, tenant: uuid.UUID, *, dlq: int = 3, pending: int = 1,
     groups = {"dlq": ids[:dlq], "pending": ids[dlq:dlq + pending], "running": ids[dlq + pending:]}
     await conn.execute(
         "UPDATE mdm.aa_job SET status = 'dlq', attempts = max_attempts, completed_at = now(), "
-        "last_error = 'boom' WHERE id = ANY(%s)", (groups["dlq"],))
+        "last_error = 'boom', claimed_by = 'w', claimed_at = now(), "
+        "lease_expires_at = now() + interval '30 seconds' WHERE id = ANY(%s)", (groups["dlq"],))
     await conn.execute(
         "UPDATE mdm.aa_job SET status = 'running', attempts = 1, claimed_by = 'w', "
-        "claimed_at = now() WHERE id = ANY(%s)", (groups["running"],))
+        "claimed_at = now(), heartbeat_at = now(), lease_expires_at = now() + interval "
+        "'30 seconds' WHERE id = ANY(%s)", (groups["running"],))
     return groups
 
 
@@ -123,6 +125,15 @@ async def job_row(conn: Conn, job_id: int) -> dict[str, Any] | None:
     return await cur.fetchone()
 
 
+async def claim_columns(conn: Conn, job_id: int) -> tuple[Any, ...]:
+    """The job's claim: who holds it, since when, its heartbeat and its lease."""
+    cur = await conn.execute("SELECT claimed_by, claimed_at, heartbeat_at, lease_expires_at "
+                             "FROM mdm.aa_job WHERE id = %s", (job_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return tuple(row.values())
+
+
 async def audit(conn: Conn, job_id: int) -> list[dict[str, Any]]:
     cur = await conn.execute("SELECT action::text AS action, actor_principal_id, payload "
                              "FROM mdm.aa_audit_log WHERE job_id = %s ORDER BY id", (job_id,))
@@ -142,6 +153,7 @@ async def test_replay_of_a_dlq_job_is_audited_with_the_token_subject(
     assert (body["id"], body["status"], body["attempts"]) == (job, "pending", 0)
     row = await job_row(conn, job)
     assert row is not None and (row["status"], row["attempts"]) == ("pending", 0)
+    assert await claim_columns(conn, job) == (None, None, None, None)
     replays = [a for a in await audit(conn, job) if a["action"] == "job_replay"]
     assert [a["actor_principal_id"] for a in replays] == ["token:steward@acme"]
 
@@ -185,6 +197,15 @@ async def test_stop_sets_the_manual_flag_once(api: Client, conn: Conn, tenant: u
     assert (status, body["status"]) == (200, "failed")
     status, body, _ = await api.call("POST", f"/v1/jobs/{job}/stop", bearer=token())
     assert status == 409 and "it is failed" in body["detail"]
+
+
+async def test_a_stopped_running_job_keeps_no_claim_nor_lease(
+    api: Client, conn: Conn, tenant: uuid.UUID
+) -> None:
+    job = (await seed(conn, tenant))["running"][0]
+    status, body, _ = await api.call("POST", f"/v1/jobs/{job}/stop", bearer=token())
+    assert (status, body["status"]) == (200, "failed")
+    assert await claim_columns(conn, job) == (None, None, None, None)
 
 
 async def test_dlq_pages_by_keyset_and_filters(api: Client, conn: Conn, tenant: uuid.UUID

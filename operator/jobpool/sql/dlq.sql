@@ -30,7 +30,7 @@ SELECT d.id, d.tenant_id, t.key AS tenant_key, d.job_kind,
 WITH replayed AS (
     UPDATE mdm.aa_job
        SET status = 'pending', attempts = 0, available_at = now(), completed_at = NULL,
-           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
      WHERE id = %(id)s AND status = 'dlq'
        AND (%(tenants)s::text[] IS NULL
             OR tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])))
