@@ -47,7 +47,9 @@ class PrintingInbox:
         msg = email.message_from_bytes(envelope.content)
         self.received += 1
         message_id = " ".join(str(msg["Message-ID"]).split())  # unfold the folded header
-        print(f"smtp: received {message_id} to {msg['To']}: {msg['Subject']!r}", flush=True)
+        # one write with its newline, so that a log line of another thread cannot land inside it
+        print(f"smtp: received {message_id} to {msg['To']}: {msg['Subject']!r}\n", end="",
+              flush=True)
         return "250 Message accepted"
 
 
