@@ -14,7 +14,10 @@ REPO = TESTS.parent
 
 def env(dsn: str | None, **extra: str) -> dict[str, str]:
     variables = {k: v for k, v in os.environ.items() if not k.startswith("JOBPOOL_")}
-    variables["PYTHONPATH"] = os.pathsep.join([str(TESTS), variables.get("PYTHONPATH", "")])
+    # no empty entry (it would put every child's current folder on its path, which the
+    # installed command does not do: a test could not tell the two apart)
+    inherited = [p for p in variables.get("PYTHONPATH", "").split(os.pathsep) if p]
+    variables["PYTHONPATH"] = os.pathsep.join([str(TESTS), *inherited])
     if dsn:
         variables["JOBPOOL_DSN"] = dsn
     variables.update(extra)
