@@ -30,8 +30,8 @@ WITH input AS (
      ORDER BY j.id
        FOR UPDATE OF j
 ), held AS (
-    -- as arrays read once, so that the update finds its rows by primary key: a join to the
-    -- locked rows is planned as a rescan of them per row
+    -- as arrays read once: a join of the update to the locked rows is planned as a rescan
+    -- of them per row (quadratic in the batch)
     SELECT array_agg(id) AS ids, array_agg(result) AS results FROM locked
 ), done AS (
     UPDATE mdm.aa_job j
