@@ -132,3 +132,42 @@ async def test_concurrent_claims_never_take_one_job_twice(
     taken = [job_id for result in results for job_id in result]
     assert len(taken) == len(set(taken))
     assert sorted(taken) == sorted(ids)
+
+
+async def _turn_version(conn: Conn, tenant: uuid.UUID) -> tuple[str, str]:
+    """The tenant's turn row's version (ctid, xmin): it changes whenever the row is written."""
+    cur = await conn.execute(
+        "SELECT ctid::text AS ctid, xmin::text AS xmin FROM mdm.aa_tenant_turn"
+        " WHERE tenant_id = %s", (tenant,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row["ctid"], row["xmin"]
+
+
+async def test_a_tenant_served_alone_with_the_newest_turn_writes_no_turn(
+        conn: Conn, store: QueueStore) -> None:
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    await _jobs(conn, b, 1)
+    assert len(await store.claim(kinds=[KIND], tenants=None, limit=1)) == 1  # b's turn, older
+    await _jobs(conn, a, 12, later=0.001)
+    assert len(await store.claim(kinds=[KIND], tenants=None, limit=4)) == 4  # a's first turn
+    first = await _turn_version(conn, a)
+    assert len(await store.claim(kinds=[KIND], tenants=None, limit=4)) == 4
+    assert len(await store.claim(kinds=[KIND], tenants=None, limit=4)) == 4
+    assert await _turn_version(conn, a) == first
+
+
+async def test_a_tenant_back_after_another_drained_alone_goes_first(
+        conn: Conn, store: QueueStore) -> None:
+    """The tenant served alone had an older turn than the one coming back: its solo claim
+    still moves it behind, so the returning tenant is not made to wait."""
+    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    await _jobs(conn, a, 1, age=60)
+    await _jobs(conn, b, 1, age=50)
+    assert [row["tenant_id"] for row in await _one_by_one(store)] == [a, b]
+    later_a = await _jobs(conn, a, 3, age=40, later=0.001)
+    assert [row["id"] for row in await store.claim(kinds=[KIND], tenants=None, limit=1)] == [
+        later_a[0]]  # a alone
+    back_b = await _jobs(conn, b, 1, age=10)  # available after a's remaining jobs
+    order = [row["id"] for row in await _one_by_one(store)]
+    assert order == [back_b[0], *later_a[1:]]

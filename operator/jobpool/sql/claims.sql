@@ -111,13 +111,23 @@ claimed AS (
               (extract(epoch FROM j.claimed_at) - extract(epoch FROM j.created_at))::float8
                   AS claim_latency
 ),
+served AS (
+    SELECT DISTINCT tenant_id FROM claimed
+),
 turned AS (
     -- the served tenants go to the back of the line; a turn row another claim holds is
-    -- skipped (that claim sets the same time), so claims never wait for each other here
+    -- skipped (that claim sets the same time), so claims never wait for each other here.
+    -- A claim that served one tenant whose turn is already the newest of all leaves it:
+    -- it stays last in line either way, and a one-tenant drain writes no turn per claim
+    -- (ix_aa_tenant_turn_at: one descent).
     UPDATE mdm.aa_tenant_turn t
        SET turn_at = now()
       FROM (SELECT tt.tenant_id FROM mdm.aa_tenant_turn tt
-             WHERE tt.tenant_id IN (SELECT tenant_id FROM claimed)
+             WHERE tt.tenant_id IN (SELECT tenant_id FROM served)
+               AND ((SELECT count(*) FROM served) > 1
+                    OR EXISTS (SELECT 1 FROM mdm.aa_tenant_turn other
+                                WHERE other.turn_at >= tt.turn_at
+                                  AND other.tenant_id <> tt.tenant_id))
              ORDER BY tt.tenant_id
                FOR UPDATE SKIP LOCKED) AS free
      WHERE t.tenant_id = free.tenant_id
@@ -125,9 +135,9 @@ turned AS (
 first_turns AS (
     -- a tenant's first turn; in tenant order, so two claims meeting new tenants never deadlock
     INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
-    SELECT DISTINCT c.tenant_id, now() FROM claimed c
-     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = c.tenant_id)
-     ORDER BY c.tenant_id
+    SELECT s.tenant_id, now() FROM served s
+     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = s.tenant_id)
+     ORDER BY s.tenant_id
     ON CONFLICT (tenant_id) DO NOTHING
 )
 SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;

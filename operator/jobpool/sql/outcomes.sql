@@ -29,12 +29,17 @@ WITH input AS (
      WHERE j.status = 'running' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
      ORDER BY j.id
        FOR UPDATE OF j
+), held AS (
+    -- as arrays read once: a join of the update to the locked rows is planned as a rescan
+    -- of them per row (quadratic in the batch)
+    SELECT array_agg(id) AS ids, array_agg(result) AS results FROM locked
 ), done AS (
     UPDATE mdm.aa_job j
        SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
-           heartbeat_at = NULL, result = locked.result
-      FROM locked
-     WHERE j.id = locked.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+           heartbeat_at = NULL,
+           result = (SELECT results FROM held)[array_position((SELECT ids FROM held), j.id)]
+     WHERE j.id = ANY ((SELECT ids FROM held)::bigint[]) AND j.status = 'running'
+       AND j.claimed_by = %(worker_id)s
     RETURNING j.id, j.tenant_id, j.job_kind
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
