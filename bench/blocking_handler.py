@@ -6,18 +6,19 @@ Two long-running `jobpool run` workers, `--slots` slots each, kinds leased for 6
 (`blocking_kinds.py`). Worker A claims one `bench_block` job (after 1 s its async handler
 calls `time.sleep(--block)`) and `--slots - 1` `bench_steady` jobs (`--seconds` of
 asyncio.sleep); worker B then starts with steady jobs of its own and would take A's jobs if
-their leases lapsed. Meanwhile `jobpool recover` runs every second, and every 0.5 s the
-script reads A's leases and heartbeat and asks A's `/healthz`. Prints: the blocking job's
-runs (handler starts) and attempts; each steady job's lateness (its committed end minus its
+their leases lapsed. Meanwhile `jobpool recover`'s recovery runs every second, and every
+0.5 s the script reads A's leases and heartbeat and asks A's `/healthz`. Prints: the blocking
+job's runs (handler starts) and attempts; each steady job's lateness (its committed end minus its
 first start minus `--seconds`) and runs; how often A's leases and heartbeat were renewed
 while its loop was blocked; whether A was listed live throughout; /healthz answers (and its
-`blocked` text); claims `jobpool recover` took back. Server: `JOBPOOL_BENCH_DSN`, or a
+`blocked` text); claims the recovery took back. Server: `JOBPOOL_BENCH_DSN`, or a
 private cluster (bench/common.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -42,7 +43,9 @@ from blocking_kinds import BLOCKING_DDL  # noqa: E402
 from common import child_env, percentile  # noqa: E402
 
 import jobpool  # noqa: E402
+from jobpool.db.connect import connect  # noqa: E402
 from jobpool.db.live_workers import DEAD_AFTER  # noqa: E402
+from jobpool.worker.maintenance import recover_stale_claims  # noqa: E402
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -73,8 +76,10 @@ def healthz(port: int) -> tuple[int, dict[str, Any]]:
 
 
 class Recovering(threading.Thread):
-    """`jobpool recover` every second (its own process each time, as an operator's loop
-    would run it) until `stop()`; counts its runs and the claims it took back."""
+    """What `jobpool recover` runs (`recover_stale_claims`, committed), every second until
+    `stop()`, on a connection of its own in this thread (a process per run would start
+    slower than once a second on a busy machine); counts its runs and the claims it took
+    back."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(daemon=True)
@@ -83,14 +88,17 @@ class Recovering(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        while not self.stopping.is_set():
-            began = time.monotonic()
-            out = subprocess.run([sys.executable, "-m", "jobpool", "recover"],
-                                 env=child_env(JOBPOOL_DSN=self.dsn), capture_output=True,
-                                 text=True, check=True).stdout
-            self.runs += 1
-            self.recovered += sum(1 for line in out.splitlines() if "recovered ->" in line)
-            self.stopping.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+        asyncio.run(self._recover())
+
+    async def _recover(self) -> None:
+        async with await connect(self.dsn) as conn:
+            while not self.stopping.is_set():
+                began = time.monotonic()
+                rows = await recover_stale_claims(conn, actor="bench")
+                await conn.commit()
+                self.runs += 1
+                self.recovered += len(rows)
+                await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -226,8 +234,8 @@ def report(conn: Conn, dsn: str, args: argparse.Namespace, *, holder: str, port:
           f"{len(beats)} distinct beats, listed live {live_looks} / dead {dead_looks} looks")
     print(f"  /healthz while blocked: {len(answers)} answers, statuses "
           f"{sorted(set(answers))}; {sorted(blocked_texts)}")
-    print(f"  `jobpool recover` ran {recovering.runs} times, took back {recovering.recovered} "
-          "claim(s)")
+    print(f"  recovery (`jobpool recover`'s) ran {recovering.runs} times, took back "
+          f"{recovering.recovered} claim(s)")
 
 
 if __name__ == "__main__":
