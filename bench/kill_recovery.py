@@ -5,7 +5,8 @@
 
 Long-running `jobpool run` workers (no `jobpool recover`: recovery is theirs) drain `--jobs`
 `bench_sleep` jobs of `--ms` ms each; every `--every` seconds one of them, in turn, is killed
-with SIGKILL and started again. Right after each kill the jobs running under the dead
+with SIGKILL and started again (once it has started up: a worker not yet registered among
+the live workers is waited for). Right after each kill the jobs running under the dead
 worker's claim are its stranded jobs; the script polls until each is claimed again or
 finished, and reports the wait from the kill (max, p50). At the end: jobs not done (lost),
 jobs whose committed run was recorded more than once (duplicated), and jobs that used more
@@ -42,6 +43,14 @@ def stranded_by(conn: psycopg.Connection[dict[str, Any]], pid: int) -> dict[int,
     rows = conn.execute("SELECT id, claimed_by FROM mdm.aa_job WHERE status = 'running'"
                         " AND split_part(claimed_by, '/', 2) = %s", (str(pid),)).fetchall()
     return {row["id"]: row["claimed_by"] for row in rows}
+
+
+def registered(conn: psycopg.Connection[dict[str, Any]], pid: int) -> bool:
+    """Whether the worker of `pid` has started up (registered among the live workers): one
+    killed before would strand nothing, and on a busy machine, where a Python process may
+    take longer than `--every` to start, no worker would ever run."""
+    return conn.execute("SELECT 1 FROM mdm.aa_worker WHERE pid = %s", (pid,)).fetchone() \
+        is not None
 
 
 def main() -> None:
@@ -83,15 +92,17 @@ def report(conn: psycopg.Connection[dict[str, Any]], dsn: str, args: argparse.Na
             now = time.monotonic()
             pending = conn.execute("SELECT count(*) AS n FROM mdm.aa_job"
                                    " WHERE status = 'pending'").fetchone()
-            if now >= next_kill and pending and pending["n"] > 0:
-                victim = workers[kills % len(workers)]
+            turn = kills % len(workers)
+            if (now >= next_kill and pending and pending["n"] > 0
+                    and registered(conn, workers[turn].pid)):
+                victim = workers[turn]
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed_at = time.monotonic()
                 for job_id, claim in stranded_by(conn, victim.pid).items():
                     waiting[job_id] = (killed_at, claim)
                     stranded.add(job_id)
-                workers[kills % len(workers)] = start_worker(dsn, args)
+                workers[turn] = start_worker(dsn, args)
                 kills += 1
                 next_kill = killed_at + args.every
             if waiting:

@@ -132,7 +132,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         print(migration_script(), end="")
         return 0
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
-    async with await connect(dsn) as conn:
+    async with await connect(dsn, transaction_pooler=settings.pooler == "transaction") as conn:
         applied = await migrate(conn)
     print(f"applied {', '.join(applied)}" if applied else "schema is up to date")
     return 0
@@ -158,7 +158,8 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.dsn or await prepare_database(settings)
     worker = Worker(dsn, registry, config, actor=settings.service_account, settings=settings)
     worker.install_signal_handlers()
-    health = await start_worker_health(worker, dsn, args.metrics_port)
+    health = await start_worker_health(worker, dsn, args.metrics_port,
+                                       transaction_pooler=worker.transaction_pooler)
     if args.status_file:
         worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
     try:
@@ -184,7 +185,8 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, group.stop)
-    health = await start_worker_health(group, dsn, args.metrics_port)
+    health = await start_worker_health(group, dsn, args.metrics_port,
+                                       transaction_pooler=settings.pooler == "transaction")
     reporting = (asyncio.create_task(group.report_status(Path(args.status_file)))
                  if args.status_file else None)  # a lane process of a local pool
     try:

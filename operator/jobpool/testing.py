@@ -29,6 +29,7 @@ from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
 from jobpool.registry import Registry, load_kind_modules
 from jobpool.settings import Settings
+from jobpool.settings import current as current_settings
 from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 
@@ -149,7 +150,8 @@ async def run_pending(
 
     worker = Worker(dsn, registry, WorkerConfig(kinds=(row["job_kind"],),
                                                 tenants=(str(row["tenant_id"]),), slots=1,
-                                                until_empty=True), actor=ACTOR,
+                                                until_empty=True, **_reach(settings)),
+                    actor=ACTOR,
                     make_store=one_job_store, settings=settings)
     await worker.run()
     async with await connect(dsn, autocommit=True) as conn:
@@ -186,7 +188,8 @@ async def drain(
             for ref in refs:
                 await resolve_tenant(conn, ref)  # a misspelt tenant would drain nothing
     outcomes: Counter[str] = Counter()
-    worker = Worker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs, until_empty=True),
+    worker = Worker(dsn, registry, WorkerConfig(kinds=chosen, tenants=refs, until_empty=True,
+                                                **_reach(settings)),
                     actor=ACTOR, on_outcome=lambda _, outcome: outcomes.update((outcome,)),
                     settings=settings)
     await worker.run()
@@ -263,3 +266,11 @@ class _OneJobStore(QueueStore):
                 completions, kinds=kinds, tenants=tenants, limit=1, throttled=throttled)
         self.claimed = any(row["id"] == self.job_id for row in rows)
         return held, rows
+
+
+def _reach(settings: Settings | None) -> dict[str, Any]:
+    """How the worker reaches its database, from `settings` (None: the process's): its
+    `pooler` and `listen_dsn`, so that a test behind a transaction pooler runs as its
+    workers do."""
+    own = current_settings() if settings is None else settings
+    return {"pooler": own.pooler, "listen_dsn": own.listen_dsn}

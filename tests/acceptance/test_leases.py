@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from integration.helpers import job, prepare, scalar
 
 import jobpool
 from acceptance.cli import start, worker_args
+from jobpool.db.live_workers import DEAD_AFTER, live_workers
 from jobpool.worker.maintenance import recover_stale_claims
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -110,7 +112,8 @@ async def test_a_handler_blocking_the_event_loop_runs_once(
 
     assert recovered == []
     assert len(leases) >= 3  # renewed while the handler held the event loop
-    assert health == [(200, '{"status": "ok"}')]  # answered from its own thread meanwhile
+    # answered from its own thread meanwhile (naming the blocking job once it is seen)
+    assert [(status, json.loads(body)["status"]) for status, body in health] == [(200, "ok")]
     row = await job(conn, blocking)
     assert (row["status"], row["attempts"]) == ("done", 1)
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
@@ -118,3 +121,46 @@ async def test_a_handler_blocking_the_event_loop_runs_once(
     assert f"job {blocking} (test_block) blocks it" in err
     assert "the event loop was blocked for" in err and f"by job {blocking} (test_block)" in err
     assert "lease lost" not in err
+
+
+async def test_a_worker_blocked_longer_than_dead_after_stays_live(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """test_block holds the event loop for longer than `DEAD_AFTER` (30 s): the lease thread
+    beats meanwhile, so the worker is listed live at every look (as `jobpool workers` and the
+    console read it) and its row is never deleted and registered again; /healthz names the
+    blocking job; the job runs once."""
+    await prepare(conn)
+    blocking = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_block",
+                                      payload={"seconds": DEAD_AFTER + 5})).id
+    port = _free_port()
+    w = start(dsn, *worker_args("test_block", metrics_port=port))
+    await _wait_for(conn, "SELECT status = 'running' FROM mdm.aa_job WHERE id = %s",
+                    (blocking,))
+    holder = (await job(conn, blocking))["claimed_by"]
+    looks: list[bool] = []
+    beats: set[Any] = set()
+    started: set[Any] = set()
+    health: set[str] = set()
+    while (await job(conn, blocking))["status"] == "running":
+        live = [row for row in await live_workers(conn) if row["worker_id"] == holder]
+        looks.append(bool(live))
+        for row in live:
+            beats.add(row["heartbeat_at"])
+            started.add(row["started_at"])
+        await recover_stale_claims(conn, actor="test")
+        status, body = await asyncio.to_thread(_get, port, "/healthz")
+        if status == 200 and "blocked" in json.loads(body):
+            health.add(json.loads(body)["blocked"].split(" for ")[0])
+        await asyncio.sleep(0.5)
+    err = await _stop(w)
+
+    assert looks and all(looks)  # live at every look, for longer than DEAD_AFTER
+    assert len(beats) >= 4  # beaten while the loop was blocked (every 5 s)
+    assert len(started) == 1  # never deleted as dead and registered again
+    assert health == {"event loop blocked"}
+    row = await job(conn, blocking)
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (blocking,)) == 1
+    assert "registered again" not in err and "lease lost" not in err

@@ -50,7 +50,8 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     lanes = lane_summaries(_load_pool(settings.api_pool)) if settings.api_pool else []
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
     conninfo_to_dict(dsn)  # a malformed DSN is a mistake to report, not an outage to wait out
-    database = DatabaseLink(dsn, size=POOL_SIZE, name="jobpool-api")
+    database = DatabaseLink(dsn, size=POOL_SIZE, name="jobpool-api",
+                            transaction_pooler=settings.pooler == "transaction")
     runner = web.AppRunner(build_app(database, verifier, lanes), access_log=log)
     await runner.setup()
     host, port = settings.api_host, settings.api_port

@@ -3,10 +3,11 @@
 `jobpool api` serves from its start, whether the database answers or not: while it does not
 (down, refusing, not migrated yet) every /v1 call is a 503 naming the reason, `/readyz` says
 why it is not ready and `/healthz` stays 200 (a restart would not bring the database back).
-A background task probes with a fresh connection (every 0.1 s growing to 1 s, logging every
-30 s) and opens the pool once the database answers. A connection lost later starts the same
-probe; the pool is then replaced, because its dead connections would be found one request at
-a time and replaced only with the pool's own backoff.
+A background task probes with a fresh connection (`jobpool.db.reconnect`: every 0.1 s
+growing to 1 s, logging every 30 s) and opens the pool once the database answers. A
+connection lost later starts the same probe; the pool is then replaced, because its dead
+connections would be found one request at a time and replaced only with the pool's own
+backoff.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,24 +23,15 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobpool.core.retry import retry_pause
 from jobpool.db.connect import lost_connection, open_live_pool, probe
 from jobpool.db.queries import One
-from jobpool.errors import JobpoolError, SchemaNotMigratedError
+from jobpool.db.reconnect import PROBE_TIMEOUT, until_answered
+from jobpool.errors import JobpoolError
 
 PING = One("ping")
 
 log = logging.getLogger("jobpool.api")
 
-PROBE_FIRST = 0.1
-"""Seconds between the first probes of a database that does not answer."""
-PROBE_MAX = 1.0
-"""Cap on the pause between probes, seconds: the API serves within about this long after the
-database answers again."""
-PROBE_TIMEOUT = 10.0
-"""Seconds a probe (or opening the pool) may take before it counts as failed."""
-STILL_DOWN_LOG_EVERY = 30.0
-"""Seconds between log lines while the database stays away."""
 READY_CHECK_TIMEOUT = 5.0
 """Seconds /readyz's check of a pooled connection may take."""
 
@@ -54,13 +45,16 @@ class DatabaseLink:
 
     `start()` begins probing; `connection()` lends a pooled connection or raises DatabaseAwayError
     at once (never waits for a database that is away); `close()` ends it all.
+    `transaction_pooler`: `dsn` leads to a pooler in transaction mode (the API's own `pooler`
+    setting): its connections prepare nothing on the server.
     """
 
-    def __init__(self, dsn: str, *, size: int, name: str,
+    def __init__(self, dsn: str, *, size: int, name: str, transaction_pooler: bool = False,
                  rng: random.Random | None = None) -> None:
         self.dsn = dsn
         self.size = size
         self.name = name
+        self.transaction_pooler = transaction_pooler
         self.rng = rng or random.Random()
         self.pool: AsyncConnectionPool[Any] | None = None
         self.problem: str | None = "waiting for the database"
@@ -72,7 +66,9 @@ class DatabaseLink:
         replaces it with pools of the same settings after a lost connection."""
         if not isinstance(pool.conninfo, str):
             raise TypeError("the API's pool must be made from a connection string")
-        link = cls(pool.conninfo, size=pool.max_size, name=pool.name)
+        kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
+        link = cls(pool.conninfo, size=pool.max_size, name=pool.name,
+                   transaction_pooler=kwargs.get("prepare_threshold", 5) is None)
         link.pool, link.problem = pool, None
         return link
 
@@ -111,6 +107,15 @@ class DatabaseLink:
                     await PING(conn)
         return self.not_ready()
 
+    def _away(self, reason: str) -> None:
+        self.problem = reason
+
+    async def _open_pool(self, _failures: int) -> AsyncConnectionPool[Any]:
+        await probe(self.dsn, timeout=PROBE_TIMEOUT)
+        return await open_live_pool(self.dsn, size=self.size, name=self.name,
+                                    timeout=PROBE_TIMEOUT,
+                                    transaction_pooler=self.transaction_pooler)
+
     def lost(self, exc: BaseException) -> None:
         """A connection failed with `exc`: refuse calls and probe until the database answers."""
         if self.problem is None:
@@ -130,27 +135,8 @@ class DatabaseLink:
 
     async def _connect(self) -> None:
         """Probe until the database answers and is migrated, then open a fresh pool."""
-        lost_at = logged = time.monotonic()
-        failures = 0
-        while True:
-            try:
-                await probe(self.dsn, timeout=PROBE_TIMEOUT)
-                pool = await open_live_pool(self.dsn, size=self.size, name=self.name,
-                                            timeout=PROBE_TIMEOUT)
-                break
-            except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
-                failures += 1
-                self.problem = (f"database unreachable: {exc}"
-                                if isinstance(exc, psycopg.OperationalError) else str(exc))
-                if failures == 1 or time.monotonic() - logged >= STILL_DOWN_LOG_EVERY:
-                    logged = time.monotonic()
-                    log.warning("%s; trying again (%.0fs so far)", self.problem,
-                                logged - lost_at)
-                await asyncio.sleep(retry_pause(failures, first=PROBE_FIRST, cap=PROBE_MAX,
-                                                rng=self.rng))
+        pool = await until_answered(self._open_pool, rng=self.rng, log=log, report=self._away)
         retired, self.pool = self.pool, pool
         self.problem = None
-        if failures:
-            log.info("database answers after %.1fs", time.monotonic() - lost_at)
         if retired is not None:
             await retired.close()  # connections in use close when they come back

@@ -28,7 +28,6 @@ from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
-from jobpool.settings import current as current_settings
 
 CONNECTION_ALLOWANCE = One("connection_allowance")
 DEALLOCATE = Exec("deallocate")
@@ -101,13 +100,14 @@ def with_tcp_liveness(dsn: str) -> str:
     return make_conninfo(dsn, **missing) if missing else dsn
 
 
-async def connect(dsn: str, *, autocommit: bool = False) -> AsyncConnection[dict[str, Any]]:
+async def connect(dsn: str, *, autocommit: bool = False,
+                  transaction_pooler: bool = False) -> AsyncConnection[dict[str, Any]]:
     """One async connection returning rows as dicts, json read with `load_json`, with TCP
-    keepalives (`TCP_LIVENESS`), nothing prepared on the server behind a transaction pooler
-    (`prepare_threshold`)."""
-    return await AsyncConnection.connect(with_tcp_liveness(dsn), autocommit=autocommit,
-                                         row_factory=dict_row, context=ADAPTERS,
-                                         prepare_threshold=prepare_threshold())
+    keepalives (`TCP_LIVENESS`), nothing prepared on the server with `transaction_pooler`
+    (`dsn` leads to a pooler in transaction mode: the caller's own `pooler` setting)."""
+    return await AsyncConnection.connect(
+        with_tcp_liveness(dsn), autocommit=autocommit, row_factory=dict_row, context=ADAPTERS,
+        prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler))
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -296,23 +296,25 @@ def adapters_changed(conn: AsyncConnection[Any]) -> bool:
             or any(mine._dumpers[fmt] is not table for fmt, table in pristine._dumpers.items()))
 
 
-def prepare_threshold(*, transaction_pooler: bool | None = None) -> int | None:
+def prepare_threshold(*, transaction_pooler: bool) -> int | None:
     """psycopg's `prepare_threshold` for jobpool's connections: 5 (psycopg's default: a query
     run that often is prepared on the server), None behind a transaction pooler, where the
     next transaction may run on another server connection, which lacks the statement or has
-    another of the same name (`DuplicatePreparedStatement "_pg3_0"`). `transaction_pooler`
-    None: as `JOBPOOL_POOLER` says."""
-    if transaction_pooler is None:
-        transaction_pooler = current_settings().pooler == "transaction"
+    another of the same name (`DuplicatePreparedStatement "_pg3_0"`).
+
+    `transaction_pooler` is the setting of whoever opens the connection (a worker's
+    `WorkerConfig.pooler`, the API's or a command's `Settings.pooler`), never the process's:
+    one process may run workers configured apart (a local pool's lanes, `jobpool.testing`,
+    an application embedding a worker)."""
     return None if transaction_pooler else 5
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool",
-              transaction_pooler: bool | None = None) -> AsyncConnectionPool[Any]:
+              transaction_pooler: bool = False) -> AsyncConnectionPool[Any]:
     """A pool of `size` JobConnections (dict rows, json read with `load_json`, TCP keepalives
     as `TCP_LIVENESS`, transactions at `OWN_ISOLATION`, no server-side prepared statements
-    with `transaction_pooler`, None: as `JOBPOOL_POOLER` says); call `await pool.open()`
-    before use."""
+    with `transaction_pooler`, as for `prepare_threshold`); call `await pool.open()` before
+    use."""
     return AsyncConnectionPool(
         with_tcp_liveness(dsn),
         min_size=size,
@@ -334,7 +336,7 @@ async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
 
 
 async def open_live_pool(
-    dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool | None = None,
+    dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool = False,
 ) -> AsyncConnectionPool[Any]:
     """`open_pool`, opened, once one of its connections answers (the others follow in the
     background, so a server near its connection limit still gets a working pool).
@@ -425,18 +427,21 @@ async def open_side_connection(
     For a kind's work that must commit on its own (import batches, bookkeeping that survives
     a rollback) or run outside any transaction (CREATE INDEX CONCURRENTLY). Opening it runs
     nothing on `tx`; the caller closes it (`async with`). `application_name` names it in
-    pg_stat_activity.
+    pg_stat_activity. Nothing is prepared on it when `tx` prepares nothing (a worker behind a
+    transaction pooler).
     """
     params: dict[str, Any] = {"application_name": application_name[:63]}
     if tx.info.password:
         params["password"] = tx.info.password  # conn.info.dsn leaves the password out
-    return await connect(make_conninfo(tx.info.dsn, **params), autocommit=True)
+    pristine = getattr(tx, "pristine_prepare_threshold", tx.prepare_threshold)
+    return await connect(make_conninfo(tx.info.dsn, **params), autocommit=True,
+                         transaction_pooler=pristine is None)
 
 
 async def open_database(settings: Settings) -> AsyncConnection[Any]:
     """A connection to a migrated database; the embedded one is migrated on first use."""
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
-    conn = await connect(dsn)
+    conn = await connect(dsn, transaction_pooler=settings.pooler == "transaction")
     if not settings.dsn:
         await migrate(conn)
         await conn.set_autocommit(False)

@@ -1,8 +1,9 @@
 """The registry of live workers (`mdm.aa_worker`, `sql/live_workers.sql`).
 
 Every worker process registers a row (host, pid, pool, lane, kinds, tenants, slots) and renews
-its heartbeat every `HEARTBEAT_EVERY` seconds with its busy slots, its last claim and its
-claims and completions of the last minute: one small UPDATE per beat, never one per job. A
+its heartbeat every `HEARTBEAT_EVERY` seconds (from its lease thread, outside its event loop)
+with its busy slots, its last claim and its claims and completions of the last minute: one
+small UPDATE per beat, never one per job. A
 row whose heartbeat is older than `DEAD_AFTER` seconds belongs to a dead worker: readers
 ignore it and whoever notices deletes it (a worker at its start and once a minute); a worker
 that exits cleanly deletes its own row. Whatever needs to know which workers live reads
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Connection
 
 from jobpool.db.queries import Exec, Many, One, Row
 
@@ -71,29 +72,29 @@ def _params(identity: WorkerIdentity, beat: WorkerBeat) -> dict[str, Any]:
     return params
 
 
-async def register_worker(conn: AsyncConnection[Any], identity: WorkerIdentity,
-                          beat: WorkerBeat) -> None:
+# The writes below run on the worker's lease connection, in its lease thread (synchronous
+# psycopg): a handler that blocks the event loop does not stop the heartbeat.
+
+def register_worker(conn: Connection[Any], identity: WorkerIdentity, beat: WorkerBeat) -> None:
     """Add the worker's row (or renew it, if it exists)."""
-    await REGISTER_WORKER(conn, _params(identity, beat))
+    REGISTER_WORKER.sync(conn, _params(identity, beat))
 
 
-async def beat_worker(conn: AsyncConnection[Any], identity: WorkerIdentity,
-                      beat: WorkerBeat) -> bool:
+def beat_worker(conn: Connection[Any], identity: WorkerIdentity, beat: WorkerBeat) -> bool:
     """Renew the worker's heartbeat; False when its row is gone (deleted as dead while the
     worker could not beat: register again)."""
-    return await BEAT_WORKER(conn, {
+    return BEAT_WORKER.sync(conn, {
         "worker_id": identity.worker_id, **asdict(beat)}) is not None
 
 
-async def forget_worker(conn: AsyncConnection[Any], worker_id: str) -> None:
+def forget_worker(conn: Connection[Any], worker_id: str) -> None:
     """Delete the worker's row (a clean exit)."""
-    await FORGET_WORKER(conn, {"worker_id": worker_id})
+    FORGET_WORKER.sync(conn, {"worker_id": worker_id})
 
 
-async def forget_dead_workers(conn: AsyncConnection[Any], *,
-                              dead_after: float = DEAD_AFTER) -> list[str]:
+def forget_dead_workers(conn: Connection[Any], *, dead_after: float = DEAD_AFTER) -> list[str]:
     """Delete the rows of workers silent for more than `dead_after` seconds; their ids."""
-    rows = await FORGET_DEAD_WORKERS(conn, {"dead_after": dead_after})
+    rows = FORGET_DEAD_WORKERS.sync(conn, {"dead_after": dead_after})
     return [row["worker_id"] for row in rows]
 
 

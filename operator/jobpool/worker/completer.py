@@ -24,9 +24,9 @@ import psycopg
 from jobpool.core.retry import error_text, retry_pause
 from jobpool.db.connect import lost_connection
 from jobpool.db.queries import Row
+from jobpool.db.reconnect import RECONNECT_FIRST
 from jobpool.db.store import Completion
 from jobpool.errors import PermanentError
-from jobpool.worker.database_link import RECONNECT_FIRST
 
 log = logging.getLogger("jobpool.worker")
 

@@ -2,11 +2,11 @@
 
 `DatabaseLink` is the one place that says the database is online or not (`online`,
 `problem`): whoever sees a connection fail calls `lost`; claiming pauses, and a background
-task probes with a fresh connection until the database answers (every 0.1 s growing to
-1 s), renews the pool through its `Connector`, lets the worker settle what the outage left
-(`arrive`) and goes online again. `write` carries a compare-and-set outcome write through
-such an outage. The link knows no SQL: `PoolConnector` reaches PostgreSQL, a fake of the
-`Connector` protocol stands in for it in unit tests.
+task probes with a fresh connection until the database answers (`jobpool.db.reconnect`:
+every 0.1 s growing to 1 s), renews the pool through its `Connector`, lets the worker settle
+what the outage left (`arrive`) and goes online again. `write` carries a compare-and-set
+outcome write through such an outage. The link knows no SQL: `PoolConnector` reaches
+PostgreSQL, a fake of the `Connector` protocol stands in for it in unit tests.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -28,8 +27,9 @@ from jobpool.db.connect import (
     probe,
     transaction_conflict,
 )
+from jobpool.db.reconnect import PROBE_TIMEOUT, RECONNECT_FIRST, RECONNECT_MAX, until_answered
 from jobpool.db.store import QueueStore
-from jobpool.errors import ConnectionBudgetError, SchemaNotMigratedError
+from jobpool.errors import ConnectionBudgetError
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.slot_connections import SlotConnections
 
@@ -37,19 +37,6 @@ log = logging.getLogger("jobpool.worker")
 
 S = TypeVar("S")
 T = TypeVar("T")
-
-RECONNECT_FIRST = 0.1
-"""Seconds between the first probes of a database that stopped answering."""
-
-RECONNECT_MAX = 1.0
-"""Cap on the pause between probes, seconds: claiming resumes within about this long after
-the database answers again."""
-
-PROBE_TIMEOUT = 10.0
-"""Seconds a probe (or opening a fresh pool) may take before it counts as failed."""
-
-STILL_DOWN_LOG_EVERY = 30.0
-"""Seconds between log lines while the database stays unreachable."""
 
 BUDGET_RETRY = 5.0
 """Seconds between checks of the connection budget while it leaves no slot (after the start:
@@ -165,18 +152,11 @@ class DatabaseLink(Generic[S]):
         `replace`: a fresh pool even if the first probe answers; `pause`: seconds to wait first.
         """
         await asyncio.sleep(pause)
-        lost_at = time.monotonic()
         failures = 0
-        logged = lost_at
         while True:
             try:
-                await self.connector.probe()
-                if self.store is None or failures > 0:
-                    await self.connector.fit()
-                self.store = await self.connector.attach(self.store,
-                                                         replace=replace or failures > 0)
-                await self.arrive(self.store, not self.started)
-                self.started = True
+                await until_answered(lambda failed: self._arrive(replace, failed), rng=self.rng,
+                                     log=log, report=self._away, failures=failures)
                 break
             except ConnectionBudgetError as exc:
                 self.problem = f"connection budget: {exc}"
@@ -188,20 +168,22 @@ class DatabaseLink(Generic[S]):
                 failures += 1
                 log.error("%s; checking again in %gs", self.problem, BUDGET_RETRY)
                 await asyncio.sleep(BUDGET_RETRY)
-            except (psycopg.OperationalError, SchemaNotMigratedError) as exc:
-                failures += 1
-                self.problem = (f"database unreachable: {exc}"
-                                if isinstance(exc, psycopg.OperationalError) else str(exc))
-                if failures == 1 or time.monotonic() - logged >= STILL_DOWN_LOG_EVERY:
-                    logged = time.monotonic()
-                    log.warning("%s; trying again (%.0fs so far)", self.problem,
-                                logged - lost_at)
-                await asyncio.sleep(self.pause_after(failures))
         self.problem = None
         self.online.set()
         self.wake.set()
-        if failures:
-            log.info("database answers after %.1fs", time.monotonic() - lost_at)
+
+    def _away(self, reason: str) -> None:
+        self.problem = reason
+
+    async def _arrive(self, replace: bool, failures: int) -> None:
+        """One try: probe, fit the budget (first time, or after failures), attach the store
+        (a new pool after failures), let the worker arrive."""
+        await self.connector.probe()
+        if self.store is None or failures > 0:
+            await self.connector.fit()
+        self.store = await self.connector.attach(self.store, replace=replace or failures > 0)
+        await self.arrive(self.store, not self.started)
+        self.started = True
 
 
 class PoolConnector:

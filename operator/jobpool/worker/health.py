@@ -2,7 +2,9 @@
 
 /healthz: the fetch loop has beaten within `LIVENESS_TIMEOUT` seconds (else 503: restart me).
 It beats also while waiting for the database: a restart would not bring the database back.
-Served from a thread of its own, so it answers while a handler blocks the worker's loop.
+Served from a thread of its own, so it answers while a handler blocks the worker's loop,
+and then says what blocks it and for how long (`blocked`: still 200 while the fetch loop's
+silence is below the timeout; the worker's leases and heartbeat are renewed meanwhile).
 /readyz: the worker reports no problem (else 503 with the list): the database answers, the
 LISTEN connection is up (unless poll-only by design), no background task is failing, the
 queue gauges are not stale. Its `notes` say what a ready worker runs with short of its
@@ -22,7 +24,6 @@ from aiohttp import web
 
 from jobpool.errors import JobpoolError
 from jobpool.metrics import CONTENT_TYPE, MetricsExposition, QueueGauges
-from jobpool.settings import current as current_settings
 
 log = logging.getLogger("jobpool.worker")
 
@@ -33,7 +34,8 @@ LIVENESS_TIMEOUT = 60.0
 
 
 class HealthSource(Protocol):
-    """What the probes read from a worker (`jobpool.worker.runtime.Worker` has these)."""
+    """What the probes read from a worker (`jobpool.worker.runtime.Worker` has these, and
+    `loop_blocked()` and `readiness_notes()`, which /healthz and /readyz read when present)."""
 
     @property
     def loop_beat(self) -> float:
@@ -68,10 +70,15 @@ def build_app(source: HealthSource, metrics: MetricsExposition, *,
 
     async def healthz(_: web.Request) -> web.Response:
         silent = clock() - source.loop_beat
+        blocked_of = getattr(source, "loop_blocked", None)
+        blocked: tuple[float, str] | None = blocked_of() if blocked_of is not None else None
+        extra = {"blocked": f"event loop blocked for {blocked[0]:.0f}s by {blocked[1]}"
+                 } if blocked is not None else {}
         if silent > LIVENESS_TIMEOUT:
             return web.json_response(
-                {"status": "stuck", "detail": f"fetch loop silent for {silent:.0f}s"}, status=503)
-        return web.json_response({"status": "ok"})
+                {"status": "stuck", "detail": f"fetch loop silent for {silent:.0f}s", **extra},
+                status=503)
+        return web.json_response({"status": "ok", **extra})
 
     async def readyz(_: web.Request) -> web.Response:
         problems = source.not_ready()
@@ -161,17 +168,19 @@ class HealthServer:
         loop.close()
 
 
-async def start_worker_health(worker: ObservedWorker, dsn: str, port: int) -> HealthServer | None:
+async def start_worker_health(worker: ObservedWorker, dsn: str, port: int, *,
+                              transaction_pooler: bool) -> HealthServer | None:
     """Serve `worker`'s /metrics (with queue gauges from `dsn`) and probes on `port`.
 
-    port 0: no server (None). Raises HealthServerError naming the port and its setting when
+    `transaction_pooler`: `dsn` leads to a pooler in transaction mode (the worker's own
+    `pooler` setting): the gauges' connection prepares nothing on the server. port 0: no
+    server (None). Raises HealthServerError naming the port and its setting when
     the port is taken: a worker without its probes and metrics would run unseen (and on
     Kubernetes be restarted by its failing probes), so it stops at its start instead.
     """
     if not port:
         return None
-    worker.metrics.add_queue_gauges(QueueGauges(
-        dsn, transaction_pooler=current_settings().pooler == "transaction"))
+    worker.metrics.add_queue_gauges(QueueGauges(dsn, transaction_pooler=transaction_pooler))
     server = HealthServer(worker, worker.metrics)
     try:
         bound = await server.start(port=port)

@@ -6,7 +6,9 @@ every `lease / 3` seconds, so that a handler blocking the event loop (`time.slee
 handler, a CPU-bound loop) does not let its claims lapse while the worker lives. On a
 long-running worker the same thread takes back lapsed claims of any worker every
 `recover_every` seconds (one worker at a time: `recovery_turn`), so a dead worker's jobs run
-again about a lease after it died. And it watches the event loop: a loop that has not run for
+again about a lease after it died. The same thread writes the worker's heartbeat in the
+registry of live workers (worker/heartbeat.py), so that a blocked loop neither shows its live
+worker dead nor lets its row be deleted. And it watches the event loop: a loop that has not run for
 `LOOP_BLOCKED_AFTER` seconds is logged by the thread, naming the job and kind whose task holds
 it, and again by the loop with the duration once it runs.
 
@@ -36,6 +38,7 @@ from psycopg.rows import dict_row
 from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
 from jobpool.db.queries import Many, One
+from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.maintenance import log_recovered
 
 LEASE_SESSION = One("lease_session")
@@ -86,13 +89,16 @@ class LeaseKeeper:
     `lost(job_id, stopped)`: called in the event loop for each held job whose claim a renewal
     found gone (at most `lease / 3` + `WATCH_EVERY` seconds after it went); `stopped`: the
     job carries the manual stop flag (else stale-claim recovery took it back).
-    `start()` and `watch_loop()` run in the worker's event loop; `hold`, `finishing` and
-    `release` are called from it; the rest runs on the thread.
+    `heartbeat`: the worker's registry row, beaten every `heartbeat.every` seconds (None:
+    none). `start()` and `watch_loop()` run in the worker's event loop; `hold`, `finishing`
+    and `release` are called from it; `beat` and `stop` in a thread of `asyncio.to_thread`;
+    the rest runs on the thread.
     """
 
     def __init__(self, dsn: str, *, worker_id: str, actor: str, lease: float, recover: bool,
                  clock: Callable[[], float] = time.monotonic,
-                 lost: Callable[[int, bool], None] | None = None) -> None:
+                 lost: Callable[[int, bool], None] | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
         if not lease > 0:
             raise ValueError(f"lease must be > 0 seconds, got {lease}")
         self.dsn = dsn
@@ -102,6 +108,7 @@ class LeaseKeeper:
         self.recover_every = min(RECOVER_EVERY, lease / 2) if recover else None
         self.clock = clock
         self.lost = lost
+        self.heartbeat = heartbeat
         self.problem: str | None = None
         """Why renewal (or recovery) fails, for /readyz; None while it works."""
         self._held: dict[int, Held] = {}
@@ -164,12 +171,15 @@ class LeaseKeeper:
             last = now
 
     def stop(self) -> None:
-        """Stop the thread and close its connection (blocks up to one round: call it in a
-        thread of its own from the event loop)."""
+        """Stop the thread, delete the worker's registry row (on the lease connection, if it
+        is open: a row left behind dies with its heartbeat) and close the connection. Blocks
+        up to one round: call it in a thread of its own from the event loop."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
         with self._conn_lock:
+            if self.heartbeat is not None and self._conn is not None and not self._conn.closed:
+                self.heartbeat.forget(self._conn)
             self._drop_connection()
 
     def blocked(self) -> tuple[float, str] | None:
@@ -183,12 +193,17 @@ class LeaseKeeper:
         renew_every = self.lease / 3
         next_renewal = self.clock() + renew_every
         next_recovery = self.clock()
+        next_beat = self.clock() + (self.heartbeat.every if self.heartbeat else 0.0)
         while not self._stopping.wait(WATCH_EVERY):
             now = self.clock()
             self._watch(now)
             if now >= next_renewal:
                 next_renewal = now + (renew_every if self._attempt(self.renew)
                                       else min(RETRY_AFTER_FAILURE, renew_every))
+            if self.heartbeat is not None and now >= next_beat:
+                every = self.heartbeat.every
+                next_beat = now + (every if self._attempt(self.beat)
+                                   else min(RETRY_AFTER_FAILURE, every))
             if self.recover_every is not None and now >= next_recovery:
                 next_recovery = now + (self.recover_every if self._attempt(self.recover_lapsed)
                                        else min(RETRY_AFTER_FAILURE, self.recover_every))
@@ -258,6 +273,19 @@ class LeaseKeeper:
         except psycopg.Error as exc:
             log.warning("could not read whether lost claims were stopped: %s", error_text(exc))
             return set()
+
+    def beat(self) -> None:
+        """Write the worker's registry row now (registering it when missing; the worker's
+        start-up calls it before its first claim). Raises psycopg.Error."""
+        if self.heartbeat is None:
+            return
+        with self._conn_lock:
+            conn = self._connection()
+            try:
+                self.heartbeat.beat(conn)
+            except psycopg.Error:
+                self._drop_connection()
+                raise
 
     def recover_lapsed(self) -> None:
         """Take back lapsed claims of any worker, unless another worker is doing so now."""

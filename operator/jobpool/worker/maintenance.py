@@ -111,12 +111,13 @@ async def cleanup_jobs(job: Job, tx: AsyncConnection[Any]) -> dict[str, int]:
 # -- the schedule ------------------------------------------------------------------------
 
 
-async def run_due_steps(dsn: str, steps: Steps) -> dict[str, int]:
+async def run_due_steps(dsn: str, steps: Steps, *, transaction_pooler: bool) -> dict[str, int]:
     """Run `steps`, each in its own transaction on a connection of its own (a
-    step may take seconds: not on a connection the worker's jobs wait for). A step that fails
-    is logged and the others run; the next period runs it again. Returns their counters."""
+    step may take seconds: not on a connection the worker's jobs wait for; nothing prepared
+    on it with `transaction_pooler`, the worker's own setting). A step that fails is logged
+    and the others run; the next period runs it again. Returns their counters."""
     result: dict[str, int] = {}
-    async with await connect(dsn) as conn:
+    async with await connect(dsn, transaction_pooler=transaction_pooler) as conn:
         for name, step in steps:
             try:
                 async with conn.transaction():
@@ -147,4 +148,5 @@ async def keep_maintained(
                                     [cleanup_schedule(every)])
     await keep_scheduled(store, declarations, actor=actor,
                          online=online, healthy=healthy, database_error=database_error,
-                         actions={BUILTIN_CLEANUP: lambda: run_due_steps(dsn, steps)})
+                         actions={BUILTIN_CLEANUP: lambda: run_due_steps(
+                             dsn, steps, transaction_pooler=store.transaction_pooler)})

@@ -4,8 +4,8 @@ The parts, one owner each: the database link (`worker/database_link.py`: online 
 reconnects, pool renewal), the completer (`worker/completer.py`: batched `done`s, re-sends,
 the one-by-one fallback), the executor (`worker/executor.py`: one attempt of one job in its
 transaction) and the producer (`worker/producer.py`: the fetch loop over the slots, the
-grace period). `Worker` builds them, starts the background tasks (LISTEN, leases,
-heartbeat, rate limits, maintenance, late tenants) and settles what an outage left: when
+grace period). `Worker` builds them, starts the background tasks (LISTEN, the lease thread
+with the heartbeat, rate limits, maintenance, late tenants) and settles what an outage left: when
 the database answers again it renews the leases of the running jobs and hands back claims
 it never ran. Before each new pool the worker fits its slots to the connections the
 database allows (`core.connection_budget`). At a clean exit every job still claimed under
@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.db.connect import connection_allowance, with_tcp_liveness
 from jobpool.db.queries import Exec, One, Row
+from jobpool.db.reconnect import PROBE_TIMEOUT
 from jobpool.db.store import QueueStore
 from jobpool.db.tenant_lookup import resolve_tenant
 from jobpool.errors import UnknownTenantError
@@ -47,7 +48,7 @@ from jobpool.worker.config import (
     make_worker_id,
     resolve_kinds,
 )
-from jobpool.worker.database_link import PROBE_TIMEOUT, DatabaseLink, PoolConnector
+from jobpool.worker.database_link import DatabaseLink, PoolConnector
 from jobpool.worker.executor import JobExecutor
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
@@ -136,8 +137,13 @@ class Worker:
                            self.leases.is_finishing(job_id),
                            abandon=lambda job_id: self.producer.finished(job_id))
         """Stops of running jobs: a stop cancels the job's handler (worker/stops.py)."""
+        where = self.settings
+        self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
+                                   kinds=self.kinds, tenants=config.tenants, slots=config.slots,
+                                   busy=lambda: len(self.producer.in_flight))
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
-                                  recover=not config.until_empty, lost=self.stops.claim_lost)
+                                  recover=not config.until_empty, lost=self.stops.claim_lost,
+                                  heartbeat=self.heartbeat)
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
         wake = asyncio.Event()
@@ -156,10 +162,6 @@ class Worker:
             claimed=lambda rows: self.heartbeat.claimed(rows), observe=self.observe,
             poll_interval=self.poll_interval, worker_id=self.worker_id,
             job_context=self.job_context, stops=self.stops)
-        where = self.settings
-        self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
-                                   kinds=self.kinds, tenants=config.tenants, slots=config.slots,
-                                   busy=lambda: len(self.producer.in_flight))
         self.metrics.configured_slots.set(config.slots)
         self.metrics.slots.set(config.slots)
         self.metrics.poll_only.set(int(self.listen_dsn is None))
@@ -187,6 +189,10 @@ class Worker:
     def loop_beat(self) -> float:
         """`time.monotonic()` of the fetch loop's last beat (/healthz)."""
         return self.producer.loop_beat
+
+    def loop_blocked(self) -> tuple[float, str] | None:
+        """Seconds the event loop has been blocked and by what, while it is (/healthz)."""
+        return self.leases.blocked()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -243,10 +249,9 @@ class Worker:
             await self._hand_back_leftovers(store)
         finally:
             await self.background.stop()
-            await asyncio.to_thread(self.leases.stop)
+            await asyncio.to_thread(self.leases.stop)  # deletes the registry row
             await self.slot_connections.close()
             if self.link.store is not None:
-                await self.heartbeat.forget(self.link.store.pool)
                 await self.link.store.close()
                 await self.link.store.pool.close()
 
@@ -256,7 +261,6 @@ class Worker:
             self.background.start("listen", lambda: self._listen(listen_dsn))
         self.leases.start()
         self.background.start("loop-watch", self.leases.watch_loop)
-        self.background.start("heartbeat", lambda: self._beat(store))
         self.background.start("rate-limits", lambda: self._refresh_limits(store))
         if not self.config.until_empty:
             self.background.start("maintenance", lambda: self._maintain(store))
@@ -286,7 +290,7 @@ class Worker:
         """Register the kinds and this worker (before its first claim, so that its jobs
         never show a holder that is not live), find the lane's tenants, load the rate limits."""
         await store.register_kinds(self.specs.values())
-        await self.heartbeat.beat(store.pool)
+        await asyncio.to_thread(self.leases.beat)  # later beats come from the lease thread
         if self.config.tenants:
             found, missing = await self._find_tenants(store, self.config.tenants)
             self.tenant_ids = list(found.values())
@@ -474,12 +478,6 @@ class Worker:
                 await asyncio.sleep(self.link.pause_after(failures))
             finally:
                 self.listening = False
-
-    async def _beat(self, store: QueueStore) -> None:
-        """Keep this worker's row in the registry of live workers fresh (worker/heartbeat.py)."""
-        await self.heartbeat.run(
-            lambda: store.pool, online=self.link.online, database_error=self.link.lost,
-            healthy=lambda: self.background.healthy("heartbeat"))
 
     async def _maintain(self, store: QueueStore) -> None:
         """Run the periodic maintenance steps when this worker's turn comes
