@@ -87,6 +87,10 @@ class Whole(Text):
         return f"must be a whole number from {self.low} to {self.high}, got {shown}"
 
 
+DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?\s*", re.ASCII)
+"""A decimal number in ASCII digits, as a variable or flag of seconds takes it."""
+
+
 @dataclass(frozen=True)
 class Seconds(Text):
     """A number of seconds from `low` to `high` (nan, infinity and words refused)."""
@@ -95,11 +99,11 @@ class Seconds(Text):
     high: float
 
     def parse(self, text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(self._refusal(text[:40])) from None
-        if not self.low <= value <= self.high:  # also refuses nan
+        # float() alone also reads other scripts' digits ('٣٠') and '1_000'
+        if not DECIMAL.fullmatch(text):
+            raise ValueError(self._refusal(text[:40]))
+        value = float(text)
+        if not self.low <= value <= self.high:
             raise ValueError(self._refusal(text[:40]))
         return value
 

@@ -132,6 +132,8 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
         (["enqueue", "test_record", "--tenant", "acme", "--idempotency-key", "k", "--count", "3"],
          "cannot go with --count"),
         (["run", "--slots", "abc"], "argument --slots: must be a whole number from 1 to 256"),
+        (["run", "--stop-grace", "1_0"], "argument --stop-grace: must be from 0.1 to 3600 seconds"),
+        (["run", "--grace", "\u0663\u0660"], "argument --grace: must be from 0.1 to 3600 seconds"),
         (["tenants", "add", "Robert'); DROP TABLE mdm.aa_job;--"], "invalid tenant key"),
         (["tenants", "add", "00000000-0000-0000-0000-000000000000"], "look like a tenant id"),
         (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"email_send": {"rps": -2}}}'],
