@@ -229,3 +229,14 @@ def test_a_tick_dropped_at_the_fall_back_is_counted() -> None:
     plan = plan_ticks(schedule, FALL_BACK - timedelta(hours=1),
                       FALL_BACK + timedelta(seconds=MISSED_AFTER))
     assert (plan.ticks, plan.missed) == ((FALL_BACK,), 1)
+
+
+def test_a_next_run_that_is_no_tick_enqueues_the_tick_after_it() -> None:
+    """A schedule looked at again a minute after it could not be read: its next run is no
+    tick of it, and never becomes a job's key."""
+    schedule = daily("0 * * * *")
+    hour = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+    plan = plan_ticks(schedule, hour - timedelta(seconds=17.5), hour + timedelta(seconds=5))
+    assert (plan.ticks, plan.next_run_at) == ((hour,), hour + timedelta(hours=1))
+    early = plan_ticks(schedule, hour - timedelta(seconds=17.5), hour - timedelta(seconds=1))
+    assert (early.ticks, early.next_run_at) == ((), hour)

@@ -142,7 +142,8 @@ class TickPlan:
 
 
 def plan_ticks(schedule: Schedule, next_run_at: datetime, now: datetime) -> TickPlan:
-    """The ticks due at `now` for a schedule whose first unrun tick is `next_run_at`.
+    """The ticks due at `now` for a schedule whose first unrun tick is at or after
+    `next_run_at`.
 
     Every tick from `next_run_at` to `now` (inclusive) at most `MISSED_AFTER` seconds old is
     enqueued (at most `MAX_ON_TIME_TICKS`); older ones follow `schedule.missed`. Cost is
@@ -151,6 +152,11 @@ def plan_ticks(schedule: Schedule, next_run_at: datetime, now: datetime) -> Tick
     """
     _check_aware(next_run_at)
     _check_aware(now)
+    if next_run_at > now:
+        return TickPlan((), next_run_at, 0)
+    # A `next_run_at` that is no tick (a declaration looked at again later) is never enqueued:
+    # its first tick is.
+    next_run_at = schedule.next_tick(next_run_at - _EPSILON)
     if next_run_at > now:
         return TickPlan((), next_run_at, 0)
     cutoff = now - timedelta(seconds=MISSED_AFTER)
