@@ -26,6 +26,7 @@ from jobpool.settings import (
     Networks,
     Seconds,
     Settings,
+    Stored,
     Text,
     Url,
     Whole,
@@ -236,7 +237,7 @@ def _refused_text(kind: Text) -> str | None:
         return None
     examples: dict[type[Text], str] = {
         Whole: str(getattr(kind, "high", 0) + 1), Seconds: "soon", Choice: "loud",
-        Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet",
+        Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet", Stored: "lane-\udcff",
     }
     return examples[type(kind)]  # KeyError: a new kind needs a refused example here
 
