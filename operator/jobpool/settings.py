@@ -19,6 +19,8 @@ from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from jobpool.core.jsondata import text_problem
+
 PREFIX = "JOBPOOL_"
 DEFAULT_METRICS_PORT = 9108
 MAX_SLOTS = 256
@@ -65,6 +67,19 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Stored(Text):
+    """Text the database keeps (an audit actor, a pool's or lane's name): a NUL or a lone
+    surrogate (how Python carries an undecodable byte of a variable or argument) is refused
+    at start, not by PostgreSQL at the first write."""
+
+    def check(self, value: Any) -> None:
+        super().check(value)
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(f"is text the database cannot keep: it {problem}")
+
+
+@dataclass(frozen=True)
 class Whole(Text):
     """A whole number from `low` to `high`."""
 
@@ -87,6 +102,10 @@ class Whole(Text):
         return f"must be a whole number from {self.low} to {self.high}, got {shown}"
 
 
+DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?\s*", re.ASCII)
+"""A decimal number in ASCII digits, as a variable or flag of seconds takes it."""
+
+
 @dataclass(frozen=True)
 class Seconds(Text):
     """A number of seconds from `low` to `high` (nan, infinity and words refused)."""
@@ -95,11 +114,11 @@ class Seconds(Text):
     high: float
 
     def parse(self, text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(self._refusal(text[:40])) from None
-        if not self.low <= value <= self.high:  # also refuses nan
+        # float() alone also reads other scripts' digits ('٣٠') and '1_000'
+        if not DECIMAL.fullmatch(text):
+            raise ValueError(self._refusal(text[:40]))
+        value = float(text)
+        if not self.low <= value <= self.high:
             raise ValueError(self._refusal(text[:40]))
         return value
 
@@ -258,7 +277,7 @@ class Settings:
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")
     service_account: str = _setting(
-        "jobpool-worker", Text(),
+        "jobpool-worker", Stored(),
         "the workers' service account, the audit log's principal of what they do (a CLI "
         "command names the person running it, see [Audit actors](command-line.md#audit-actors))",
         applies=("worker",))
@@ -302,15 +321,15 @@ class Settings:
         "file, from the lane's rateLimits", applies=("worker",),
         pool_fields=("spec.lanes[].rateLimits",))
     pool: str | None = _setting(
-        None, Text(), "the JobWorkerPool a worker belongs to, named in its start log line and "
+        None, Stored(), "the JobWorkerPool a worker belongs to, named in its start log line and "
         "its row among the live workers; set by the operator and by `jobpool run pool.yaml`",
         applies=("worker",), pool_fields=("metadata.name",))
     lane: str | None = _setting(
-        None, Text(), "the lane a worker belongs to, named in its start log line and its row "
+        None, Stored(), "the lane a worker belongs to, named in its start log line and its row "
         "among the live workers (the console groups workers by it); set by the operator and by "
         "`jobpool run pool.yaml`", applies=("worker",), pool_fields=("spec.lanes[].name",))
     schedules: str | None = _setting(
-        None, Text(), "the pool's schedules as a JSON list (a pool file's spec.schedules, see "
+        None, Stored(), "the pool's schedules as a JSON list (a pool file's spec.schedules, see "
         "[Schedules](schedules.md)); set by the operator and by `jobpool run pool.yaml`",
         applies=("worker",))
     # the kinds
@@ -319,7 +338,7 @@ class Settings:
         "`smtp://user:pass@host:587?starttls=true` or `smtps://host:465`, for email_send",
         applies=("worker",))
     smtp_from: str = _setting(
-        "jobpool@localhost.localdomain", Text(),
+        "jobpool@localhost.localdomain", Stored(),
         "sender of email_send when the payload has no `from` (a bare address)", applies=("worker",))
     clamd_url: str | None = _setting(
         None, Url(("tcp", "unix")),

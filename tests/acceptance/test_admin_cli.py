@@ -132,6 +132,12 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
         (["enqueue", "test_record", "--tenant", "acme", "--idempotency-key", "k", "--count", "3"],
          "cannot go with --count"),
         (["run", "--slots", "abc"], "argument --slots: must be a whole number from 1 to 256"),
+        (["run", "--stop-grace", "1_0"], "argument --stop-grace: must be from 0.1 to 3600 seconds"),
+        (["pause", "--kind", "test_record", "--reason", "smtp \udcff"],
+         "a pause's reason contains a lone surrogate (U+DCFF)"),
+        (["pause", "--kind", "test_record", "--actor", "\udcff"],
+         "argument --actor: an actor contains a lone surrogate (U+DCFF)"),
+        (["run", "--grace", "\u0663\u0660"], "argument --grace: must be from 0.1 to 3600 seconds"),
         (["tenants", "add", "Robert'); DROP TABLE mdm.aa_job;--"], "invalid tenant key"),
         (["tenants", "add", "00000000-0000-0000-0000-000000000000"], "look like a tenant id"),
         (["tenants", "add", "initech", "--metadata", '{"rate_limit": {"email_send": {"rps": -2}}}'],
@@ -350,3 +356,16 @@ def test_import_of_what_is_no_module_is_a_clear_error(dsn: str, module: str,
     assert run.returncode == 2, run.stderr
     assert message in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("variable_name", ["JOBPOOL_POOL", "JOBPOOL_LANE",
+                                           "JOBPOOL_SERVICE_ACCOUNT"])
+def test_a_stored_setting_with_an_undecodable_byte_is_refused_naming_it(
+    dsn: str, variable_name: str
+) -> None:
+    """Such a value (a surrogate, as Python carries the byte) could never be written: the
+    worker would start and fail at each write of its schedules or its audit rows."""
+    result = cli(dsn, "run", "--until-empty", check=False, **{variable_name: "lane-\udcff"})
+    assert result.returncode == 2, result.stderr
+    assert (f"{variable_name} is text the database cannot keep: it contains a lone surrogate"
+            " (U+DCFF) at index 5") in result.stderr

@@ -168,6 +168,9 @@ def test_the_example_pool_runs_until_empty_before_its_tenant_exists(dsn: str) ->
         (POOL.replace("minReplicas: 2\n", "minReplicas: 5\n"), "spec.lanes[0]"),
         (POOL.replace("workersPerPod: 3", "workersPerPod: many"), "spec.lanes[0].workersPerPod"),
         ("spec: [unclosed", "pool.yaml"),
+        (POOL + "  schedules:\n    - {name: nightly, kind: test_record, cron: '30 2 * * *', "
+                "timeZone: Europe}\n",
+         "spec.schedules[0].timeZone: unknown time zone 'Europe'"),
         (POOL.replace("      maxReplicas: 4\n", "      maxReplicas: 4\n"
                       "      rateLimits: {providers: {a: {rps: .inf, burst: 5}}}\n"),
          "spec.lanes[0].rateLimits.providers.a.rps: inf is not a finite number"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -23,8 +24,9 @@ async def test_status_shows_the_last_and_next_run_of_every_schedule(
     nightly = parse_schedule({"name": "nightly", "kind": "test_noop", "tenant": "acme",
                               "cron": "0 3 * * *", "timeZone": "Europe/Berlin"}, "s")
     await declare(conn, Declarations("mdm-jobs", (cleanup_schedule(300), nightly), retire=True))
-    await conn.execute("UPDATE mdm.aa_schedule SET next_run_at = now() - interval '2 s'"
-                       " WHERE name = 'nightly'")
+    last_tick = nightly.previous_tick(datetime.now(UTC))  # missed: caught up once
+    await conn.execute("UPDATE mdm.aa_schedule SET next_run_at = %s WHERE name = 'nightly'",
+                       (last_tick,))
     [run] = [r for r in await enqueue_due_ticks(conn, actor="t") if r.name == "nightly"]
     assert run.created == 1
 

@@ -268,3 +268,16 @@ async def test_paused_work_is_no_demand_for_the_scaler_and_shows_in_the_gauges(
         f'mdm_jobs_paused{{kind="{KIND}",tenant="beta"}}': 0.0,
         f'mdm_jobs_paused{{kind="{OTHER}",tenant="beta"}}': 5.0,
     }
+
+
+@pytest.mark.parametrize(("reason", "detail"), [
+    ("a%00b", "a pause's reason contains a NUL character"),
+    ("x" * 501, "a pause's reason is at most 500 characters, got 501"),
+])
+async def test_a_reason_postgresql_cannot_store_is_a_named_400(
+        api: Client, conn: Conn, reason: str, detail: str) -> None:  # noqa: F811
+    await prepare(conn)
+    status, body, _ = await api.call("POST", f"/v1/pauses?kind={KIND}&reason={reason}",
+                                     bearer=token())
+    assert (status, detail in body["detail"]) == (400, True), body
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_pause") == 0

@@ -308,3 +308,29 @@ async def test_the_operator_reads_the_runs_of_a_pools_schedules(
         await counter.close()
     assert [(r["name"], r["kind"], r["expression"], r["last_run_at"]) for r in rows] == [
         ("tick", "test_noop", "every 1s", None)]
+
+
+async def test_a_schedule_this_worker_cannot_read_holds_up_no_other(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    """A declaration whose time zone this worker's tz database lacks (pods of different
+    images, a row of another version) records why, is tried again a minute later, and every
+    other due schedule is enqueued in the same check."""
+    await prepare(conn)
+    await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
+    await conn.execute(
+        "INSERT INTO mdm.aa_schedule (name, owner, job_kind, tenant, expression, time_zone,"
+        " missed, definition, next_run_at) VALUES ('elsewhere', 'pool-b', 'test_noop', 'acme',"
+        " '0 3 * * *', 'Mars/Olympus', 'skip', %s, clock_timestamp() - interval '1 day')",
+        (json.dumps({"name": "elsewhere", "kind": "test_noop", "tenant": "acme",
+                     "missed": "skip", "cron": "0 3 * * *", "timeZone": "Mars/Olympus"}),))
+    await rewind(conn, "tick", 2)
+    runs = {run.name: run for run in await enqueue_due_ticks(conn, actor="s")}
+    assert runs["tick"].created >= 3
+    error = runs["elsewhere"].error
+    assert error is not None and "timeZone: unknown time zone 'Mars/Olympus'" in error
+    row = await scalar(conn, "SELECT json_build_object('error', last_error, 'later',"
+                       " next_run_at > clock_timestamp() + interval '50 s') FROM"
+                       " mdm.aa_schedule WHERE name = 'elsewhere'")
+    assert row == {"error": error, "later": True}
+    assert await keys(conn, "schedule:elsewhere:") == []

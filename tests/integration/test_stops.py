@@ -20,6 +20,7 @@ import jobpool
 from integration.entities_helpers import add_attribute, create_type, index_state
 from integration.helpers import job, prepare, scalar, wait_until, worker
 from jobpool import admin
+from jobpool.errors import JobStateError
 from jobpool.job import Job
 from jobpool.kinds.indexes.index_plans import attribute_index_name
 from jobpool.worker.runtime import Worker
@@ -300,3 +301,33 @@ async def test_a_stopped_index_build_cancels_its_backend_and_drops_the_invalid_i
     assert row["status"] == "failed" and row["result"] is None
     assert await scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
                         (build["pid"],)) == 0
+
+
+async def test_two_stops_at_once_stop_the_job_once_and_the_second_is_refused_by_name(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    await _setup(conn)
+    stopped = await _enqueue(conn, tenant, "test_stop_waits")
+    w = worker(dsn, ("test_stop_waits",), slots=1, lease_ttl=LONG_LEASE)
+    task = await _started(w)
+    await wait_until(lambda: stopped in RUNNING, "the handler runs", 30)
+
+    async def stop_as(actor: str) -> str:
+        async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row,
+                                                         autocommit=True) as own:
+            try:
+                await admin.stop(own, stopped, actor=actor)
+            except JobStateError as exc:
+                return str(exc)
+            return "stopped"
+
+    answers = sorted(await asyncio.gather(stop_as("alice"), stop_as("bob")))
+    await asyncio.wait_for(task, 30)
+    assert answers[1] == "stopped", answers
+    assert answers[0].startswith(f"cannot stop job {stopped}: it is failed"), answers
+    row = await job(conn, stopped)
+    assert row["status"] == "failed" and row["claimed_by"] is None
+    assert await _rows_of(conn, stopped) == 0
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE job_id = %s"
+                        " AND action = 'job_stop'", (stopped,)) == 1
+    assert _attempts(w)[("test_stop_waits", "stopped")] == 1

@@ -51,6 +51,8 @@ def test_a_reason_is_stripped_and_bounded() -> None:
     assert check_reason("   ") is None and check_reason(None) is None
     with pytest.raises(ValueError, match="at most 500 characters, got 501"):
         check_reason("x" * 501)
+    with pytest.raises(ValueError, match=r"reason contains a lone surrogate \(U\+DCFF\)"):
+        check_reason("smtp \udcff down")  # an undecodable byte of a command line
 
 
 def test_which_pairs_a_scope_holds_and_which_scopes_overlap() -> None:

@@ -171,6 +171,18 @@ def test_a_declaration_round_trips_through_its_json() -> None:
      r"^spec\.schedules\[2\]\.payload"),
     ({"name": "a", "kind": "k", "every": 5, "crons": "x"},
      r"^spec\.schedules\[2\]\.crons: unknown"),
+    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "Europe"},
+     r"^spec\.schedules\[2\]\.timeZone: unknown time zone 'Europe'"),
+    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "x" * 300},
+     r"^spec\.schedules\[2\]\.timeZone: unknown time zone 'x{79}\.\.\. \(302 characters\)"),
+    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "Europe/Berlin/"},
+     r"^spec\.schedules\[2\]\.timeZone: unknown time zone"),
+    ({"name": "x" * 10_000, "kind": "k", "every": 5},
+     r"^spec\.schedules\[2\]\.name: 'x{79}\.\.\. \(10002 characters\) is not"),
+    ({"name": "a", "kind": "k", "cron": "61 " + "1," * 5000 + "1 * * *"},
+     r"^spec\.schedules\[2\]\.cron: '61 [1,]+\.\.\. \(10012 characters\) is not"),
+    ({"name": "a", "kind": "k", "every": 10**400},
+     r"^spec\.schedules\[2\]\.every: .* got a huge number$"),
 ])
 def test_a_bad_declaration_names_its_field(raw: dict[str, object], message: str) -> None:
     good = {"name": "g", "kind": "k", "every": 5}
@@ -188,3 +200,43 @@ def test_a_name_given_twice_is_refused_naming_both() -> None:
 def test_naive_times_are_refused() -> None:
     with pytest.raises(ValueError, match="naive"):
         daily().next_tick(datetime(2026, 1, 1))
+
+
+FALL_BACK = datetime(2026, 10, 25, 1, 0, tzinfo=UTC)
+"""Berlin's clocks go from 03:00 summer time back to 02:00 winter time: 02:00 comes twice."""
+
+
+@pytest.mark.parametrize("cron", ["0 * * * *", "*/30 * * * *", "* 2 * * *", "0 2 * * *"])
+def test_stepping_back_across_the_fall_back_finds_every_forward_tick(cron: str) -> None:
+    schedule = parse_schedule({"name": "a", "kind": "k", "cron": cron,
+                               "timeZone": "Europe/Berlin"}, "s")
+    start, end = FALL_BACK - timedelta(hours=3), FALL_BACK + timedelta(hours=3)
+    forward = [schedule.next_tick(start)]
+    while forward[-1] < end:
+        forward.append(schedule.next_tick(forward[-1]))
+    backward = [forward[-1]]
+    while backward[-1] > forward[0]:
+        backward.append(schedule.previous_tick(backward[-1]))
+    assert backward[::-1] == forward
+
+
+def test_a_tick_dropped_at_the_fall_back_is_counted() -> None:
+    """The hourly tick at 02:00 summer time (00:00 UTC) is missed; the check comes when the
+    cutoff is the change itself: the on-time 02:00 winter time runs, and the dropped one is
+    counted (stepping back from the change must find it, not 01:00 before it)."""
+    schedule = parse_schedule({"name": "a", "kind": "k", "cron": "0 * * * *",
+                               "timeZone": "Europe/Berlin"}, "s")
+    plan = plan_ticks(schedule, FALL_BACK - timedelta(hours=1),
+                      FALL_BACK + timedelta(seconds=MISSED_AFTER))
+    assert (plan.ticks, plan.missed) == ((FALL_BACK,), 1)
+
+
+def test_a_next_run_that_is_no_tick_enqueues_the_tick_after_it() -> None:
+    """A schedule looked at again a minute after it could not be read: its next run is no
+    tick of it, and never becomes a job's key."""
+    schedule = daily("0 * * * *")
+    hour = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+    plan = plan_ticks(schedule, hour - timedelta(seconds=17.5), hour + timedelta(seconds=5))
+    assert (plan.ticks, plan.next_run_at) == ((hour,), hour + timedelta(hours=1))
+    early = plan_ticks(schedule, hour - timedelta(seconds=17.5), hour - timedelta(seconds=1))
+    assert (early.ticks, early.next_run_at) == ((), hour)

@@ -26,6 +26,7 @@ from jobpool.settings import (
     Networks,
     Seconds,
     Settings,
+    Stored,
     Text,
     Url,
     Whole,
@@ -145,6 +146,10 @@ def test_values_are_parsed_into_their_types() -> None:
     ("JOBPOOL_SLOTS", "four", "JOBPOOL_SLOTS must be a whole number from 1 to 256"),
     ("JOBPOOL_GRACE", "nan", "JOBPOOL_GRACE must be from 0.1 to 3600 seconds, got nan"),
     ("JOBPOOL_GRACE", "soon", "JOBPOOL_GRACE must be from 0.1 to 3600 seconds, got soon"),
+    ("JOBPOOL_GRACE", "30s", "JOBPOOL_GRACE must be from 0.1 to 3600 seconds, got 30s"),
+    ("JOBPOOL_GRACE", "\u0663\u0660", "JOBPOOL_GRACE must be from 0.1 to 3600 seconds, got \u0663"),
+    ("JOBPOOL_STOP_GRACE", "1_0", "JOBPOOL_STOP_GRACE must be from 0.1 to 3600 seconds, got 1_0"),
+    ("JOBPOOL_LEASE_TTL", "1e999", "JOBPOOL_LEASE_TTL must be from"),
     ("JOBPOOL_POLL_INTERVAL", "0.001", "JOBPOOL_POLL_INTERVAL must be from 0.01 to 3600"),
     ("JOBPOOL_SCALE_INTERVAL", "inf", "JOBPOOL_SCALE_INTERVAL must be from 1 to 3600 seconds"),
     ("JOBPOOL_API_PORT", "65536", "JOBPOOL_API_PORT must be a whole number from 0 to 65535"),
@@ -232,7 +237,7 @@ def _refused_text(kind: Text) -> str | None:
         return None
     examples: dict[type[Text], str] = {
         Whole: str(getattr(kind, "high", 0) + 1), Seconds: "soon", Choice: "loud",
-        Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet",
+        Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet", Stored: "lane-\udcff",
     }
     return examples[type(kind)]  # KeyError: a new kind needs a refused example here
 

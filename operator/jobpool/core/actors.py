@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from jobpool.core.jsondata import text_problem
+
 ActorKind = Literal["person", "token", "service account"]
 
 PERSON_PREFIX = "user:"
@@ -27,11 +29,15 @@ def cli_actor(name: str) -> str:
     `user:alice@host`), unless `name` already says its kind (`user:`, `token:`, or
     `service:NAME` for a machine, written as the bare NAME).
 
-    Raises ValueError for an empty name: an audit row must name someone.
+    Raises ValueError for an empty name (an audit row must name someone) and for one the
+    audit log cannot store (a NUL, an undecodable byte of the command line).
     """
     bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
     if not (bare if bare is not None else name).strip():
         raise ValueError(f"an actor must name someone, got {name!r}")
+    problem = text_problem(name)
+    if problem is not None:
+        raise ValueError(f"an actor {problem}")
     if bare is not None:
         return bare
     return name if _prefixed(name) else PERSON_PREFIX + name

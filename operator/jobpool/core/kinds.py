@@ -108,7 +108,7 @@ def check_kind_name(name: str) -> str:
     """Return `name` if it is a valid kind name (lower-case identifier), else raise ValueError."""
     if not KIND_NAME.fullmatch(name):
         raise ValueError(
-            f"invalid job kind name {name!r}: use lower-case letters, digits and '_', "
+            f"invalid job kind name {name[:80]!r}: use lower-case letters, digits and '_', "
             "starting with a letter, at most 63 characters"
         )
     return name

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jobpool.core.jsondata import text_problem
+
 MAX_REASON = 500
 """Characters of a pause's reason (the database refuses more)."""
 
@@ -23,12 +25,17 @@ def check_scope(tenant: str | None, kind: str | None) -> None:
 
 
 def check_reason(reason: str | None) -> str | None:
-    """`reason` stripped (None when empty); raises ValueError beyond MAX_REASON characters."""
+    """`reason` stripped (None when empty); raises ValueError beyond MAX_REASON characters or
+    for text PostgreSQL cannot store (a NUL from a URL's %00, a lone surrogate from an
+    undecodable command-line byte)."""
     if reason is None or not reason.strip():
         return None
     if len(reason) > MAX_REASON:
         raise ValueError(f"a pause's reason is at most {MAX_REASON} characters, "
                          f"got {len(reason)}")
+    problem = text_problem(reason)
+    if problem is not None:
+        raise ValueError(f"a pause's reason {problem}")
     return reason.strip()
 
 

@@ -103,11 +103,16 @@ class Schedule:
             seconds = math.ceil(before.timestamp() / self.every) * self.every - self.every
             return datetime.fromtimestamp(seconds, UTC)
         assert self.cron is not None
-        local = before.astimezone(ZoneInfo(self.zone))
-        tick = next(CronSim(self.cron, local, reverse=True))
-        if tick >= local:  # a `before` with microseconds yields its own second first
-            tick = next(CronSim(self.cron, tick, reverse=True))
-        return tick.astimezone(UTC)
+        zone = ZoneInfo(self.zone)
+        tick = next(CronSim(self.cron, before.astimezone(zone), reverse=True)).astimezone(UTC)
+        if tick >= before:  # a `before` with microseconds yields its own second first
+            tick = next(CronSim(self.cron, tick.astimezone(zone), reverse=True)).astimezone(UTC)
+        # Stepping backwards across a fall-back skips the first of the repeated hour's ticks
+        # (02:00 summer time, when 02:00 comes twice): forward steps are the reference, so
+        # take every forward tick still before `before`.
+        while (later := self.next_tick(tick)) < before:
+            tick = later
+        return tick
 
     def to_json(self) -> dict[str, Any]:
         """The declaration as a pool file writes it (camelCase keys), for JOBPOOL_SCHEDULES."""
@@ -137,7 +142,8 @@ class TickPlan:
 
 
 def plan_ticks(schedule: Schedule, next_run_at: datetime, now: datetime) -> TickPlan:
-    """The ticks due at `now` for a schedule whose first unrun tick is `next_run_at`.
+    """The ticks due at `now` for a schedule whose first unrun tick is at or after
+    `next_run_at`.
 
     Every tick from `next_run_at` to `now` (inclusive) at most `MISSED_AFTER` seconds old is
     enqueued (at most `MAX_ON_TIME_TICKS`); older ones follow `schedule.missed`. Cost is
@@ -146,6 +152,11 @@ def plan_ticks(schedule: Schedule, next_run_at: datetime, now: datetime) -> Tick
     """
     _check_aware(next_run_at)
     _check_aware(now)
+    if next_run_at > now:
+        return TickPlan((), next_run_at, 0)
+    # A `next_run_at` that is no tick (a declaration looked at again later) is never enqueued:
+    # its first tick is.
+    next_run_at = schedule.next_tick(next_run_at - _EPSILON)
     if next_run_at > now:
         return TickPlan((), next_run_at, 0)
     cutoff = now - timedelta(seconds=MISSED_AFTER)
@@ -214,7 +225,7 @@ def parse_schedule(raw: Any, path: str) -> Schedule:
                             f"{', '.join(sorted(DECLARATION_FIELDS))})")
     name = _text(raw, "name", path)
     if not NAME_PATTERN.fullmatch(name):
-        raise ScheduleError(f"{path}.name: {name!r} is not a schedule name: use {NAME_RULE}")
+        raise ScheduleError(f"{path}.name: {_shown(name)} is not a schedule name: use {NAME_RULE}")
     kind = _text(raw, "kind", path)
     try:
         check_kind_name(kind)
@@ -233,7 +244,7 @@ def parse_schedule(raw: Any, path: str) -> Schedule:
     missed = raw.get("missed", DEFAULT_MISSED)
     if missed not in MISSED_POLICIES:
         raise ScheduleError(f"{path}.missed: must be one of {', '.join(MISSED_POLICIES)}, "
-                            f"got {missed!r}")
+                            f"got {_shown(missed)}")
     cron, every = raw.get("cron"), raw.get("every")
     if (cron is None) == (every is None):
         raise ScheduleError(f"{path}: give exactly one of cron and every")
@@ -320,8 +331,9 @@ def _check_cron(cron: Any, path: str) -> None:
     try:
         next(CronSim(cron, datetime(2000, 1, 1, tzinfo=UTC)))
     except (CronSimError, StopIteration) as exc:
-        raise ScheduleError(f"{path}.cron: {cron!r} is not a cron expression ({exc or 'no tick'}"
-                            "; five fields, or six with seconds first)") from None
+        raise ScheduleError(f"{path}.cron: {_shown(cron)} is not a cron expression "
+                            f"({exc or 'no tick'}; five fields, or six with seconds first)"
+                            ) from None
 
 
 def _check_zone(zone: Any, path: str) -> None:
@@ -329,15 +341,29 @@ def _check_zone(zone: Any, path: str) -> None:
         raise ScheduleError(f"{path}.timeZone: must be an IANA time zone name")
     try:
         ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ScheduleError(f"{path}.timeZone: unknown time zone {zone!r} (use an IANA name "
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder, too long a name
+        raise ScheduleError(f"{path}.timeZone: unknown time zone {_shown(zone)} (use an IANA name "
                             "such as Europe/Berlin or UTC)") from None
 
 
 def _check_every(every: Any, path: str) -> None:
     if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_INTERVAL:
         raise ScheduleError(f"{path}.every: must be whole seconds from 1 to {MAX_INTERVAL}, "
-                            f"got {every!r}")
+                            f"got {_shown(every)}")
+
+
+SHOWN_CHARACTERS = 80
+"""Characters of a refused value an error message quotes (a declaration may be hostile)."""
+
+
+def _shown(value: Any) -> str:
+    """`value` quoted for an error message, cut to `SHOWN_CHARACTERS`."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "a huge number"  # its digits could run to thousands
+    text = repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... ({len(text)} characters)"
 
 
 def _check_aware(moment: datetime) -> None:

@@ -40,7 +40,7 @@ RETURNING name;
 -- holds are skipped (it is enqueueing their ticks), and so are the built-in schedules named in
 -- %(unhandled)s, whose work this caller cannot do. The tenant reference is resolved to its id
 -- (NULL: no such tenant).
-SELECT s.name, s.definition, s.next_run_at, clock_timestamp() AS now,
+SELECT s.name, s.definition, s.next_run_at, s.last_error, clock_timestamp() AS now,
        (SELECT t.id FROM mdm.aa_tenant t
          WHERE t.key = s.tenant OR t.id::text = s.tenant LIMIT 1) AS tenant_id
   FROM mdm.aa_schedule s

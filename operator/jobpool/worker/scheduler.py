@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 from jobpool.core.schedules import (
     BUILTIN_CLEANUP,
     BUILTIN_OWNER,
+    MISSED_AFTER,
     Schedule,
     ScheduleError,
     check_owners,
@@ -60,6 +61,8 @@ SCHEDULES_VARIABLE = "JOBPOOL_SCHEDULES"
 BUILTIN_NAMES = frozenset({BUILTIN_CLEANUP})
 LOCK_LIMIT = 100
 """Due schedules one transaction takes at most; the next check takes the rest."""
+UNREADABLE_RETRY = MISSED_AFTER
+"""Seconds before a declaration this worker could not read is looked at again."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,10 @@ async def enqueue_due_ticks(conn: AsyncConnection[Any], *, actor: str,
 
 async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
                         in_process: bool) -> TickRun:
-    schedule = parse_schedule(row["definition"], f"schedule {row['name']}")
+    try:
+        schedule = parse_schedule(row["definition"], f"schedule {row['name']}")
+    except ScheduleError as exc:
+        return await _unreadable(conn, row, exc)
     plan = plan_ticks(schedule, row["next_run_at"], row["now"])
     error: str | None = None
     job_ids: tuple[int, ...] = ()
@@ -180,7 +186,8 @@ async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
                     for tick in plan.ticks], actor=actor)
             job_ids = tuple(job.id for job in enqueued)
             created = sum(job.created for job in enqueued)
-        except (UnknownKindError, UnknownTenantError, ValueError) as exc:
+        except (UnknownKindError, UnknownTenantError, ValueError, psycopg.DataError,
+                psycopg.IntegrityError) as exc:  # the database's: a tenant deleted meanwhile
             error = f"{type(exc).__name__}: {exc}"[:4000]
             log.error("schedule %s: its ticks are not enqueued: %s", schedule.name, error)
     await RECORD_SCHEDULE_RUN(conn, {
@@ -193,6 +200,20 @@ async def _run_schedule(conn: AsyncConnection[Any], row: Row, actor: str,
                     plan.missed, schedule.missed)
     return TickRun(schedule.name, plan.ticks if job_ids else (), job_ids, created,
                    plan.missed, error)
+
+
+async def _unreadable(conn: AsyncConnection[Any], row: Row, error: ScheduleError) -> TickRun:
+    """A declaration this worker cannot read (a time zone its tz database lacks, a row of
+    another version): record why and look again `UNREADABLE_RETRY` seconds later, so that
+    it holds up neither the other schedules of this check nor the next checks."""
+    text = f"{type(error).__name__}: {error}"[:4000]
+    if row["last_error"] != text:
+        log.error("schedule %s cannot be read here; tried again in %gs: %s", row["name"],
+                  UNREADABLE_RETRY, text)
+    await RECORD_SCHEDULE_RUN(conn, {
+        "name": row["name"], "next_run_at": row["now"] + timedelta(seconds=UNREADABLE_RETRY),
+        "last_run_at": None, "last_job_id": None, "missed": 0, "error": text})
+    return TickRun(row["name"], (), (), 0, 0, text)
 
 
 async def seconds_to_next_check(conn: AsyncConnection[Any]) -> float:
