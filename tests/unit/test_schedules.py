@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+import yaml
 
 from jobpool.core.schedules import (
     CHECK_MAX,
+    MAX_CRON_LENGTH,
+    MAX_ZONE_LENGTH,
     MISSED_AFTER,
     Schedule,
     ScheduleError,
@@ -21,6 +25,7 @@ from jobpool.core.schedules import (
 )
 
 BERLIN = ZoneInfo("Europe/Berlin")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def daily(at: str = "30 2 * * *", missed: str = "catch_up_once") -> Schedule:
@@ -173,14 +178,18 @@ def test_a_declaration_round_trips_through_its_json() -> None:
      r"^spec\.schedules\[2\]\.crons: unknown"),
     ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "Europe"},
      r"^spec\.schedules\[2\]\.timeZone: unknown time zone 'Europe'"),
-    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "x" * 300},
-     r"^spec\.schedules\[2\]\.timeZone: unknown time zone 'x{79}\.\.\. \(302 characters\)"),
+    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "x" * 64},
+     r"^spec\.schedules\[2\]\.timeZone: unknown time zone 'x{64}'"),
+    ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "x" * 65},
+     r"^spec\.schedules\[2\]\.timeZone: 65 characters, at most 64$"),
     ({"name": "a", "kind": "k", "cron": "0 3 * * *", "timeZone": "Europe/Berlin/"},
      r"^spec\.schedules\[2\]\.timeZone: unknown time zone"),
     ({"name": "x" * 10_000, "kind": "k", "every": 5},
      r"^spec\.schedules\[2\]\.name: 'x{79}\.\.\. \(10002 characters\) is not"),
-    ({"name": "a", "kind": "k", "cron": "61 " + "1," * 5000 + "1 * * *"},
-     r"^spec\.schedules\[2\]\.cron: '61 [1,]+\.\.\. \(10012 characters\) is not"),
+    ({"name": "a", "kind": "k", "cron": "61 " + "1," * 100 + "1 * * *"},
+     r"^spec\.schedules\[2\]\.cron: '61 [1,]+\.\.\. \(212 characters\) is not"),
+    ({"name": "a", "kind": "k", "cron": "0 " + "1," * 5000 + "1 * * *"},
+     r"^spec\.schedules\[2\]\.cron: 10009 characters, at most 256$"),
     ({"name": "a", "kind": "k", "every": 10**400},
      r"^spec\.schedules\[2\]\.every: .* got a huge number$"),
 ])
@@ -188,6 +197,14 @@ def test_a_bad_declaration_names_its_field(raw: dict[str, object], message: str)
     good = {"name": "g", "kind": "k", "every": 5}
     with pytest.raises(ScheduleError, match=message):
         parse_schedules([good, {**good, "name": "h"}, raw], "spec.schedules")
+
+
+def test_a_pool_file_is_held_to_the_crds_lengths_of_cron_and_time_zone() -> None:
+    crd = yaml.safe_load((REPO / "crds" / "jobworkerpools.jobs.mdm.io.yaml").read_text())
+    declaration = (crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                   ["properties"]["schedules"]["items"]["properties"])
+    assert declaration["cron"]["maxLength"] == MAX_CRON_LENGTH
+    assert declaration["timeZone"]["maxLength"] == MAX_ZONE_LENGTH
 
 
 def test_a_name_given_twice_is_refused_naming_both() -> None:

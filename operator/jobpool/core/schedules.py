@@ -325,9 +325,19 @@ def _text(raw: Mapping[str, Any], key: str, path: str) -> str:
     return value
 
 
+MAX_CRON_LENGTH = 256
+"""Characters of a cron expression, as the JobWorkerPool CRD allows: a pool file is held to
+the same bounds as the resource."""
+
+MAX_ZONE_LENGTH = 64
+"""Characters of a time zone name, as the JobWorkerPool CRD allows."""
+
+
 def _check_cron(cron: Any, path: str) -> None:
     if not isinstance(cron, str) or not cron.strip():
         raise ScheduleError(f"{path}.cron: must be a cron expression (text)")
+    if len(cron) > MAX_CRON_LENGTH:
+        raise ScheduleError(f"{path}.cron: {len(cron)} characters, at most {MAX_CRON_LENGTH}")
     try:
         next(CronSim(cron, datetime(2000, 1, 1, tzinfo=UTC)))
     except (CronSimError, StopIteration) as exc:
@@ -339,6 +349,8 @@ def _check_cron(cron: Any, path: str) -> None:
 def _check_zone(zone: Any, path: str) -> None:
     if not isinstance(zone, str) or not zone:
         raise ScheduleError(f"{path}.timeZone: must be an IANA time zone name")
+    if len(zone) > MAX_ZONE_LENGTH:
+        raise ScheduleError(f"{path}.timeZone: {len(zone)} characters, at most {MAX_ZONE_LENGTH}")
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder, too long a name
