@@ -48,7 +48,10 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
 
     `kind` is `bench_noop` (payload `{}`) or `bench_write` (payload `{"n": i}`; each job inserts
     one row into `bench_writes`). Raises RuntimeError if a `bench_write` drain leaves other
-    than `jobs` rows: a drain whose handlers silently wrote nothing would measure nothing.
+    than `jobs` rows: a drain whose handlers silently wrote nothing would measure nothing; if
+    it leaves a job unfinished, or the system records other than `jobs` jobs finished
+    (`System.done_sql`): a worker that exits before its last completions are written, or
+    that drops jobs, cannot pass for a fast one.
     """
     name, dsn = fresh(system, tpl, "drain")
     payloads = [{"n": i} for i in range(jobs)] if kind == "bench_write" else [{}] * jobs
@@ -62,7 +65,11 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     after = transactions(name)
     left = _count(dsn, system.unfinished_sql)
     written = _count(dsn, "SELECT count(*) FROM bench_writes")
+    finished = _count(dsn, system.done_sql) if system.done_sql else None
     drop_database(name)
+    if finished is not None and finished != jobs:
+        raise RuntimeError(f"{system.name}: a drain of {jobs} {kind} jobs at concurrency "
+                           f"{concurrency} ({profile}) recorded {finished} finished")
     if kind == "bench_write" and written != jobs:
         raise RuntimeError(f"{system.name}: {jobs} bench_write jobs drained at concurrency "
                            f"{concurrency} ({profile}) inserted {written} rows")
@@ -73,6 +80,7 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
             "processes": processes, "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
             "xacts_per_job": (after - before) / jobs, "left": left, "written": written,
+            "finished": finished,
             "worker_cpu_us_per_job": worker_cpu / jobs * 1e6,
             "server_cpu_us_per_job": (server_after - server_before) / jobs * 1e6
             if server_after is not None and server_before is not None else float("nan"),

@@ -52,6 +52,9 @@ class System:
     None where it has none (jobpool itself claims no more than its free slots)."""
     unfinished_sql: str = ""
     """Counts the jobs a drain left unfinished (must be 0)."""
+    done_sql: str = ""
+    """Counts the jobs the system records as finished with success (a drain must count as
+    many as it drained); empty where it keeps no record (graphile-worker deletes them)."""
     job_table: str = ""
     """The table the system keeps its jobs in (the steady scenario samples its size)."""
 
@@ -286,15 +289,18 @@ SYSTEMS: dict[str, System] = {
     "jobpool": Jobpool(
         "jobpool", 4, "--slots", "jobpool", "4 slots", "{n} slots",
         unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'",
+        done_sql="SELECT count(*) FROM mdm.aa_job WHERE status = 'done'",
         job_table="mdm.aa_job"),
     "pgqueuer": Pgqueuer(
         "pgqueuer", 10, "batch_size", "PgQueuer", "batch_size 10", "batch_size {n}",
         "max_concurrent_tasks {n}, batch_size {n} / 2",
-        unfinished_sql="SELECT count(*) FROM pgqueuer", job_table="pgqueuer"),
+        unfinished_sql="SELECT count(*) FROM pgqueuer", job_table="pgqueuer",
+        done_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"),
     "procrastinate": Procrastinate(
         "procrastinate", 1, "concurrency", "Procrastinate", "concurrency 1", "concurrency {n}",
         "concurrency {n} (one job fetched per free worker)",
         unfinished_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+        done_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
         job_table="procrastinate_jobs"),
     "graphile": Graphile(
         "graphile", 1, "-j", "graphile-worker", "-j 1, no local queue",
@@ -307,6 +313,7 @@ SYSTEMS: dict[str, System] = {
         "FetchPollInterval 1 s", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms "
         "(`river bench`)", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms",
         unfinished_sql="SELECT count(*) FROM river_job WHERE state <> 'completed'",
+        done_sql="SELECT count(*) FROM river_job WHERE state = 'completed'",
         job_table="river_job"),
 }
 """Each system with its default concurrency (jobpool slots 4, PgQueuer batch_size 10,
