@@ -119,6 +119,9 @@ def main() -> int:
                         help="steady: minutes the snapshot is held")
     parser.add_argument("--shares", default="50,90",
                         help="steady: percentages of each system's drain capacity offered")
+    parser.add_argument("--retention", type=float, default=None,
+                        help="steady: jobpool's done jobs older than this many seconds are "
+                        "deleted every 5 s (its retention step; default: its 7 days)")
     parser.add_argument("--capacity", default="",
                         help="steady: system=jobs/s to use as its capacity instead of "
                         "measuring it (a drain of --jobs at default concurrency)")
@@ -215,7 +218,8 @@ def main() -> int:
                 drained[system.name] = capacity
             return [(f"steady/{{system}}/{share}%", {**steady(
                 system, tpl, capacity * int(share) / 100, args.minutes, args.snapshot_at,
-                args.snapshot_minutes, system.default_concurrency), "share": int(share),
+                args.snapshot_minutes, system.default_concurrency,
+                retention=args.retention), "share": int(share),
                 "capacity": capacity}) for share in args.shares.split(",")]
         return [("enqueue/{system}/single", enqueue_single(system, tpl, 2000)),
                 ("enqueue/{system}/batch5000", enqueue_batch(system, tpl, 50_000, 5000))]

@@ -32,10 +32,13 @@ SAMPLE = 5.0
 
 
 def steady(system: System, tpl: str, rate: float, minutes: float, hold_at: float,
-           hold: float, concurrency: int, profile: str = "default") -> dict[str, Any]:
+           hold: float, concurrency: int, profile: str = "default",
+           retention: float | None = None) -> dict[str, Any]:
     """Run one worker of `system` (`serve` at `concurrency`, `profile`) while a producer
     enqueues `rate` jobs/s of `bench_latency` for `minutes`; from minute `hold_at` for `hold`
-    minutes another session holds a snapshot open. Returns the figures (see the module).
+    minutes another session holds a snapshot open. `retention` (seconds, jobpool only): every
+    `SAMPLE` seconds delete its done jobs older than that, as its maintenance's retention step
+    does (default 7 days, longer than any run). Returns the figures (see the module).
 
     Raises RuntimeError if the worker exits early or fewer jobs started than were enqueued
     within a minute of the producer's end (a system that drops jobs measures nothing)."""
@@ -52,7 +55,7 @@ def steady(system: System, tpl: str, rate: float, minutes: float, hold_at: float
         stderr=subprocess.PIPE, text=True)
     try:
         figures = asyncio.run(_run(system, dsn, path, worker, rate, minutes * 60,
-                                   hold_at * 60, hold * 60))
+                                   hold_at * 60, hold * 60, retention))
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -76,7 +79,8 @@ def steady(system: System, tpl: str, rate: float, minutes: float, hold_at: float
 
 
 async def _run(system: System, dsn: str, path: str, worker: subprocess.Popen[str], rate: float,
-               seconds: float, hold_at: float, hold: float) -> dict[str, Any]:
+               seconds: float, hold_at: float, hold: float,
+               retention: float | None) -> dict[str, Any]:
     many, close = await system.producer(dsn)
     try:
         await asyncio.sleep(3.0)  # the worker starts and listens
@@ -119,6 +123,8 @@ async def _run(system: System, dsn: str, path: str, worker: subprocess.Popen[str
                     elapsed = time.monotonic() - start
                     if elapsed - last >= SAMPLE:
                         last = elapsed
+                        if retention is not None and system.name == "jobpool":
+                            await _delete_done(dsn, retention)
                         tables.append((elapsed, *await _table(conn, system.job_table)))
                     await asyncio.sleep(1.0)
 
@@ -146,6 +152,20 @@ async def _hold_snapshot(dsn: str, table: str, at: float, hold: float) -> None:
         await conn.execute(f"SELECT count(*) FROM {table}")  # the snapshot is taken here
         await asyncio.sleep(hold)
         await conn.rollback()
+
+
+async def _delete_done(dsn: str, retention: float) -> None:
+    """jobpool's retention step: delete its done jobs older than `retention` seconds."""
+    from psycopg.rows import dict_row
+
+    from jobpool.worker.maintenance import delete_expired_done_jobs
+
+    async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
+        while True:
+            async with conn.transaction():
+                deleted = await delete_expired_done_jobs(conn, retention=retention, batch=5000)
+            if deleted < 5000:
+                return
 
 
 async def _table(conn: psycopg.AsyncConnection[Any], table: str) -> tuple[int, int]:
