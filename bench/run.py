@@ -94,7 +94,8 @@ def main() -> int:
         latency,
         template,
     )
-    from steady import minute_table, steady
+    from steady import steady
+    from steady_figures import minute_table
     from systems import SYSTEMS, System
     from table import FIELDS, SameRunTable
 
