@@ -22,7 +22,8 @@ def summary(latencies: Sequence[Sequence[float]], sent: Sequence[int],
     bytes, dead tuples) samples. The snapshot is held from `hold_at` for `hold` seconds of
     the run's `seconds`; `recovery_s` counts the seconds from its release to the first
     `RECOVERY_WINDOW` seconds whose p99 is at most 1.5 times the p99 of the minute before the
-    snapshot (at least 5 ms more), NaN if none."""
+    snapshot (of its second half if it starts within two minutes; at least 5 ms more), NaN
+    if none."""
     def flat(first: float, last: float) -> list[float]:
         return [v for s in range(max(0, int(first)), min(len(latencies), int(last)))
                 for v in latencies[s]]
@@ -40,7 +41,8 @@ def summary(latencies: Sequence[Sequence[float]], sent: Sequence[int],
             "p999_ms": percentile(values, 99.9),
             "size_mb": in_minute[-1][1] / 2**20 if in_minute else float("nan"),
             "dead_tuples": in_minute[-1][2] if in_minute else -1})
-    before = percentile(flat(max(10.0, hold_at - 60), hold_at), 99)
+    window = flat(max(hold_at / 2, hold_at - 60), hold_at)  # past the warm-up
+    before = percentile(window, 99) if window else float("nan")
     release = hold_at + hold
     bar = max(1.5 * before, before + 5.0)
     recovery = float("nan")
