@@ -31,12 +31,13 @@ MORE = ("long-drain", "steady", "headline")
 INTERLEAVED = ("drain", "best", "bounded", "drain-write", "latency", "enqueue", "long-drain",
                "steady")
 """The scenarios run by every system in turn within each repeat, on a template per system."""
-HEADLINE = {"scenarios": ("drain", "best", "bounded", "drain-write"), "jobs": 10_000,
+HEADLINE = {"scenarios": ("drain", "best", "bounded", "drain-write"), "jobs": 5_000,
             "repeat": 3, "synchronous_commit": "on,off",
             "systems": "jobpool,pgqueuer,graphile,river"}
 """`headline`: the one table of docs/performance.md. Every system at its default, best and
-like-for-like setting, no-op and writing drains, both durability variants, 3 repeats of 10,000
-jobs each: about 25 minutes on 2 cores. Procrastinate is left out (a drain of it at 50-400
+like-for-like setting, no-op and writing drains, both durability variants, 3 repeats of 5,000
+jobs each: about 25 minutes on a quiet 2-core machine (estimated from the drain rates measured
+there before; `--jobs 10000` takes about 40). Procrastinate is left out (a drain of it at 50-400
 jobs/s would take the whole budget alone); its own command is in bench/README.md."""
 SLOW_FOR_LONG_DRAINS = {"procrastinate": "it drains 50-400 jobs/s here: 200,000 jobs would "
                         "take 10 to 60 minutes per drain"}
@@ -107,7 +108,7 @@ def main() -> int:
                         help=f"comma-separated (default: {','.join(SYSTEMS)})")
     parser.add_argument("--repeat", type=int, default=None, help="default 3")
     parser.add_argument("--jobs", type=int, default=None,
-                        help="jobs per drain (default 50,000; headline 10,000)")
+                        help="jobs per drain (default 50,000; headline 5,000)")
     parser.add_argument("--synchronous-commit", default=None, metavar="on,off",
                         help="run everything once per variant, every system's databases set "
                         "to it (ALTER DATABASE ... SET synchronous_commit); default: the "
