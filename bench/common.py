@@ -30,6 +30,26 @@ synchronous_commit on, shared_buffers 128MB): room for 64-slot workers beside th
 
 _private: Any = None
 
+DURABILITIES = ("on", "off")
+"""The `synchronous_commit` variants a run can measure (`--synchronous-commit`)."""
+_durability: list[str] = []
+
+
+def set_durability(value: str | None) -> None:
+    """Make every database created from now on (`recreate_database`) commit with
+    `synchronous_commit = value` (`ALTER DATABASE ... SET`, so that every connection of every
+    system to it gets the same, as a DBA would set it for a role), or with the server's own
+    setting for None. Raises ValueError for anything but `on` or `off`."""
+    if value is not None and value not in DURABILITIES:
+        raise ValueError(f"synchronous_commit {value!r}: the bench measures one of "
+                         f"{', '.join(DURABILITIES)}")
+    _durability[:] = [] if value is None else [value]
+
+
+def durability() -> str | None:
+    """The `synchronous_commit` that `set_durability` set, or None (the server's)."""
+    return _durability[0] if _durability else None
+
 
 def server_dsn() -> str:
     """The maintenance DSN: `JOBPOOL_BENCH_DSN`, else a private cluster started for this run.
@@ -93,7 +113,8 @@ def admin() -> psycopg.Connection[Any]:
 
 
 def recreate_database(name: str, template: str | None = None) -> str:
-    """Drop and create `name` (a copy of `template` if given); return its DSN."""
+    """Drop and create `name` (a copy of `template` if given), with the `synchronous_commit`
+    of `set_durability` if one was set; return its DSN."""
     with admin() as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(name)))
@@ -102,6 +123,9 @@ def recreate_database(name: str, template: str | None = None) -> str:
             query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                 sql.Identifier(name), sql.Identifier(template))
         conn.execute(query)
+        if _durability:  # a database's own settings are not copied from its template
+            conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
+                sql.Identifier(name), sql.Literal(_durability[0])))
     return dsn_for(name)
 
 
@@ -266,10 +290,14 @@ PEER_VERSIONS = (("PgQueuer", "pgqueuer", "asyncpg"), ("Procrastinate", "procras
 """How each peer's version is shown: (name, its fact, the fact of what runs it)."""
 
 
-def conditions(facts: dict[str, Any]) -> str:
-    """The lines for under a table: the machine, the server settings the figures hold for, and
-    the version of each peer (with its driver or runtime)."""
-    shown = ", ".join(f"{name} {facts[name]}" for name in SHOWN_SETTINGS[1:] if name in facts)
+def conditions(facts: dict[str, Any], sync: str | None = None) -> str:
+    """The lines for under a table: the machine, the server settings the figures hold for
+    (`sync`: the `synchronous_commit` every system's databases were set to, if not the
+    server's), and the version of each peer (with its driver or runtime)."""
+    shown = ", ".join(
+        f"synchronous_commit {sync} (set per database, the same for every system)"
+        if name == "synchronous_commit" and sync else f"{name} {facts[name]}"
+        for name in SHOWN_SETTINGS[1:] if name in facts)
     peers = ", ".join(f"{title} {facts.get(key, '?')} ({runtime} {facts.get(runtime, '?')})"
                       for title, key, runtime in PEER_VERSIONS)
     return (f"Conditions: {facts['cores']} cores ({facts['cpu']}), PostgreSQL "

@@ -171,3 +171,29 @@ async def river_single(dsn: str) -> tuple[Callable[[str, dict[str, Any]], Awaita
             raise RuntimeError(f"river-bench single exited {child.returncode}")
 
     return one, close
+
+
+async def river_producer(dsn: str) -> tuple[Callable[[str, Sequence[dict[str, Any]]],
+                                                     Awaitable[None]],
+                                            Callable[[], Awaitable[None]]]:
+    """An enqueue-a-batch function backed by one River client in a child process
+    (`InsertManyFast` of each batch, which an empty line ends), and its close function. The
+    function returns once the batch is written to the child's pipe, not when it is committed:
+    the enqueue-to-start latency the handler records counts from the call all the same."""
+    child = await asyncio.create_subprocess_exec(
+        *river_argv("enqueue", dsn, "bench_latency", str(10**9)), stdin=asyncio.subprocess.PIPE)
+    assert child.stdin is not None
+    stdin = child.stdin
+
+    async def many(kind: str, payloads: Sequence[dict[str, Any]]) -> None:
+        if kind != "bench_latency":
+            raise ValueError(f"river-bench producer enqueues bench_latency jobs, not {kind}")
+        stdin.write("".join(json.dumps(p) + "\n" for p in payloads).encode() + b"\n")
+        await stdin.drain()
+
+    async def close() -> None:
+        stdin.close()
+        if await child.wait() != 0:
+            raise RuntimeError(f"river-bench enqueue exited {child.returncode}")
+
+    return many, close

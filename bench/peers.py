@@ -59,13 +59,20 @@ async def pgqueuer_enqueue(dsn: str, kind: str, payloads: Sequence[dict[str, Any
 
 
 class PgqueuerSingle:
-    """One connection enqueueing one job per call (for the latency and single-enqueue runs)."""
+    """One connection enqueueing one job per call (for the latency and single-enqueue runs), or
+    a batch (the steady scenario's producer)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.queries = Queries(AsyncpgDriver(conn))
 
     async def enqueue(self, kind: str, payload: dict[str, Any]) -> None:
         await self.queries.enqueue(kind, json.dumps(payload).encode())
+
+    async def enqueue_many(self, kind: str, payloads: Sequence[dict[str, Any]]) -> None:
+        """Enqueue one job per payload in one statement (PgQueuer's batch enqueue)."""
+        await self.queries.enqueue([kind] * len(payloads),
+                                   [json.dumps(p).encode() for p in payloads],
+                                   [0] * len(payloads))
 
 
 async def pgqueuer_worker(dsn: str, mode: str, batch_size: int, kind: str,

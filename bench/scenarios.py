@@ -16,6 +16,7 @@ from common import (
     child_env,
     children_cpu,
     drop_database,
+    durability,
     load,
     percentile,
     recreate_database,
@@ -48,7 +49,10 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
 
     `kind` is `bench_noop` (payload `{}`) or `bench_write` (payload `{"n": i}`; each job inserts
     one row into `bench_writes`). Raises RuntimeError if a `bench_write` drain leaves other
-    than `jobs` rows: a drain whose handlers silently wrote nothing would measure nothing.
+    than `jobs` rows: a drain whose handlers silently wrote nothing would measure nothing; if
+    it leaves a job unfinished, or the system records other than `jobs` jobs finished
+    (`System.done_sql`): a worker that exits before its last completions are written, or
+    that drops jobs, cannot pass for a fast one.
     """
     name, dsn = fresh(system, tpl, "drain")
     payloads = [{"n": i} for i in range(jobs)] if kind == "bench_write" else [{}] * jobs
@@ -62,7 +66,15 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     after = transactions(name)
     left = _count(dsn, system.unfinished_sql)
     written = _count(dsn, "SELECT count(*) FROM bench_writes")
+    finished = _count(dsn, system.done_sql) if system.done_sql else None
+    sync = _setting(dsn, "synchronous_commit")
     drop_database(name)
+    if durability() not in (None, sync):
+        raise RuntimeError(f"{system.name}: its database committed with synchronous_commit "
+                           f"{sync}, not the run's {durability()}")
+    if finished is not None and finished != jobs:
+        raise RuntimeError(f"{system.name}: a drain of {jobs} {kind} jobs at concurrency "
+                           f"{concurrency} ({profile}) recorded {finished} finished")
     if kind == "bench_write" and written != jobs:
         raise RuntimeError(f"{system.name}: {jobs} bench_write jobs drained at concurrency "
                            f"{concurrency} ({profile}) inserted {written} rows")
@@ -73,6 +85,7 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
             "processes": processes, "jobs": jobs,
             "seconds": elapsed, "jobs_per_s": jobs / elapsed,
             "xacts_per_job": (after - before) / jobs, "left": left, "written": written,
+            "finished": finished, "synchronous_commit": sync,
             "worker_cpu_us_per_job": worker_cpu / jobs * 1e6,
             "server_cpu_us_per_job": (server_after - server_before) / jobs * 1e6
             if server_after is not None and server_before is not None else float("nan"),
@@ -86,6 +99,15 @@ def _count(dsn: str, query: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(query).fetchone()
     return int(row[0]) if row else -1
+
+
+def _setting(dsn: str, name: str) -> str:
+    """The value of setting `name` a new connection to `dsn` gets."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+    return str(row[0]) if row else "?"
 
 
 def latency(system: System, tpl: str, rate: float, seconds: float) -> dict[str, Any]:

@@ -26,6 +26,9 @@ from jobpool.registry import REGISTRY
 BENCH_TENANT = uuid.UUID("00000000-0000-0000-0000-0000000000be")
 Enqueue1 = Callable[[str, dict[str, Any]], Awaitable[None]]
 """Enqueue one job of a kind with a payload, in its own transaction."""
+EnqueueMany = Callable[[str, Sequence[dict[str, Any]]], Awaitable[None]]
+"""Enqueue jobs of a kind, one per payload, in one call (the steady scenario's producer)."""
+Close = Callable[[], Awaitable[None]]
 
 assert bench_kinds.LATENCY_FILE  # the kinds register on import
 
@@ -49,6 +52,11 @@ class System:
     None where it has none (jobpool itself claims no more than its free slots)."""
     unfinished_sql: str = ""
     """Counts the jobs a drain left unfinished (must be 0)."""
+    done_sql: str = ""
+    """Counts the jobs the system records as finished with success (a drain must count as
+    many as it drained); empty where it keeps no record (graphile-worker deletes them)."""
+    job_table: str = ""
+    """The table the system keeps its jobs in (the steady scenario samples its size)."""
 
     async def install(self, dsn: str) -> None:
         """Create the schema and whatever the benchmark's jobs need."""
@@ -61,6 +69,11 @@ class System:
 
     async def single(self, dsn: str) -> tuple[Enqueue1, Callable[[], Awaitable[None]]]:
         """An enqueue-one function on an open connection, and its close function."""
+        raise NotImplementedError
+
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        """An enqueue-a-batch function on an open connection (the system's batch enqueue),
+        and its close function."""
         raise NotImplementedError
 
     def worker(self, dsn: str, mode: str, concurrency: int,
@@ -118,6 +131,15 @@ class Jobpool(System):
 
         return one, conn.close
 
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row)
+
+        async def many(kind: str, payloads: Sequence[dict[str, Any]]) -> None:
+            await jobpool.enqueue_many(conn, [jobpool.NewJob(BENCH_TENANT, kind, p)
+                                              for p in payloads])
+
+        return many, conn.close
+
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
         argv = [python(), "-m", "jobpool", "run", "--dsn", dsn, "--kinds",
@@ -146,6 +168,11 @@ class Pgqueuer(System):
         queue = peers.PgqueuerSingle(conn)
         return queue.enqueue, conn.close
 
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        conn = await asyncpg.connect(dsn)
+        queue = peers.PgqueuerSingle(conn)
+        return queue.enqueue_many, conn.close
+
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
         return [python(), str(BENCH / "peers.py"), "pgqueuer", mode, dsn, str(concurrency), kind,
@@ -170,6 +197,15 @@ class Procrastinate(System):
             await app.tasks[kind].defer_async(**payload)
 
         return one, app.close_async
+
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        app = peers.procrastinate_app(dsn, pool_size=2)
+        await app.open_async()
+
+        async def many(kind: str, payloads: Sequence[dict[str, Any]]) -> None:
+            await app.tasks[kind].batch_defer_async(*payloads)
+
+        return many, app.close_async
 
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
@@ -208,6 +244,15 @@ class Graphile(System):
 
         return one, conn.close
 
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+
+        async def many(kind: str, payloads: Sequence[dict[str, Any]]) -> None:
+            specs = [{"identifier": kind, "payload": p} for p in payloads]
+            await conn.execute(peer_programs.ADD_JOBS, (json.dumps(specs),))
+
+        return many, conn.close
+
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
         return peer_programs.graphile_argv(mode, dsn, self.PROFILES[profile], str(concurrency),
@@ -231,6 +276,9 @@ class River(System):
     async def single(self, dsn: str) -> tuple[Enqueue1, Callable[[], Awaitable[None]]]:
         return await peer_programs.river_single(dsn)
 
+    async def producer(self, dsn: str) -> tuple[EnqueueMany, Close]:
+        return await peer_programs.river_producer(dsn)
+
     def worker(self, dsn: str, mode: str, concurrency: int,
                kind: str = "bench_noop", profile: str = "default") -> list[str]:
         return peer_programs.river_argv(mode, dsn, str(concurrency), self.PROFILES[profile],
@@ -240,25 +288,33 @@ class River(System):
 SYSTEMS: dict[str, System] = {
     "jobpool": Jobpool(
         "jobpool", 4, "--slots", "jobpool", "4 slots", "{n} slots",
-        unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'"),
+        unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'",
+        done_sql="SELECT count(*) FROM mdm.aa_job WHERE status = 'done'",
+        job_table="mdm.aa_job"),
     "pgqueuer": Pgqueuer(
         "pgqueuer", 10, "batch_size", "PgQueuer", "batch_size 10", "batch_size {n}",
         "max_concurrent_tasks {n}, batch_size {n} / 2",
-        unfinished_sql="SELECT count(*) FROM pgqueuer"),
+        unfinished_sql="SELECT count(*) FROM pgqueuer", job_table="pgqueuer",
+        done_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"),
     "procrastinate": Procrastinate(
         "procrastinate", 1, "concurrency", "Procrastinate", "concurrency 1", "concurrency {n}",
         "concurrency {n} (one job fetched per free worker)",
-        unfinished_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"),
+        unfinished_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+        done_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+        job_table="procrastinate_jobs"),
     "graphile": Graphile(
         "graphile", 1, "-j", "graphile-worker", "-j 1, no local queue",
         "-j {n}, localQueue 500, maxPoolSize {n1}, completion batching 0 ms (its published "
         "setting)", "-j {n}, localQueue {n1}, maxPoolSize {n1}, completion batching 0 ms",
-        unfinished_sql="SELECT count(*) FROM graphile_worker._private_jobs"),
+        unfinished_sql="SELECT count(*) FROM graphile_worker._private_jobs",
+        job_table="graphile_worker._private_jobs"),
     "river": River(
         "river", 100, "MaxWorkers", "River", "MaxWorkers 100, FetchCooldown 100 ms, "
         "FetchPollInterval 1 s", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms "
         "(`river bench`)", "MaxWorkers {n}, FetchCooldown 2 ms, FetchPollInterval 20 ms",
-        unfinished_sql="SELECT count(*) FROM river_job WHERE state <> 'completed'"),
+        unfinished_sql="SELECT count(*) FROM river_job WHERE state <> 'completed'",
+        done_sql="SELECT count(*) FROM river_job WHERE state = 'completed'",
+        job_table="river_job"),
 }
 """Each system with its default concurrency (jobpool slots 4, PgQueuer batch_size 10,
 Procrastinate concurrency 1, graphile-worker concurrentJobs 1, River MaxWorkers 100: River

@@ -16,6 +16,12 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
                 ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "drain-write": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
                     ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+    "long-drain": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
+                   ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+    "steady": [("offered_per_s", "jobs/s"), ("held", "share"), ("p99_ms_before", "ms"),
+               ("p99_ms_held", "ms"), ("p999_ms", "ms"), ("recovery_s", "s"),
+               ("size_mb_max", "MB"), ("dead_tuples_max", "tuples"),
+               ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "latency": [("p50_ms", "ms"), ("p99_ms", "ms"), ("max_ms", "ms")],
     "enqueue": [("jobs_per_s", "jobs/s")],
 }
@@ -62,7 +68,21 @@ class SameRunTable:
                 "worker_cpu_us_per_job": "worker CPU per job (µs)",
                 "server_cpu_us_per_job": "PostgreSQL CPU per job (µs)",
                 "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
-                "max_ms": "enqueue-to-start max (ms)"}.get(field, unit)
+                "max_ms": "enqueue-to-start max (ms)",
+                "offered_per_s": "jobs/s offered", "held": "share of the offered rate started",
+                "p99_ms_before": "p99 enqueue-to-start before the snapshot (ms)",
+                "p99_ms_held": "p99 enqueue-to-start while it is held (ms)",
+                "p999_ms": "p99.9 enqueue-to-start, whole run (ms)",
+                "recovery_s": "seconds after its release until the p99 is back",
+                "size_mb_max": "largest job table + indexes (MB)",
+                "dead_tuples_max": "most dead tuples in the job table"}.get(field, unit)
+        if scenario == "steady":
+            return (f"steady, {run['share']} % of its drain capacity for {run['minutes']:g} "
+                    f"min, a snapshot held from minute {run['hold_at']:g} for "
+                    f"{run['hold']:g}: {what}")
+        if scenario == "long-drain":
+            setting = "best setting" if run.get("setting") == "best" else "default concurrency"
+            return f"drain of {run['jobs']:,}, {setting}: {what}"
         if scenario in ("drain", "best", "bounded", "drain-write"):
             best = scenario == "best" or run.get("setting") == "best"
             setting = "best setting" if best else "default concurrency"
@@ -76,13 +96,15 @@ class SameRunTable:
             return f"enqueue, {kind}: {what}"
         return f"latency, {run.get('rate', 200):g} jobs/s to idle default workers: {what}"
 
-    def markdown(self, command: str) -> list[str]:
-        """The table's lines, headed by the command that produced it."""
+    def markdown(self, command: str, sync: str | None = None) -> list[str]:
+        """The table's lines, headed by the command that produced it (and the
+        `synchronous_commit` variant `sync` of its runs, if the run set one)."""
         peers = [s for s in self.systems if s != "jobpool"]
         ratios = [f"jobpool / {NAMES[p]}" for p in peers] if "jobpool" in self.systems else []
         head = ["measurement", *(NAMES[s] for s in self.systems), *ratios]
+        variant = f", synchronous_commit {sync} for every system" if sync else ""
         lines = [f"`{command}` (median of each system's runs, min\u2013max in brackets; the "
-                 "systems ran interleaved within each repeat)", "",
+                 f"systems ran interleaved within each repeat{variant})", "",
                  "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for label, field, values in self.rows:
             cells = [spread(values[s]) if s in values else "" for s in self.systems]

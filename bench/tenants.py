@@ -6,7 +6,8 @@ and the operator's count and the queue gauges, at 10k, 100k and 1M pending jobs.
     python3 bench/tenants.py fairness            # B's single jobs while A's backlog drains
     python3 bench/tenants.py counts              # operator lane count; gauges, 1/4/16 workers
 
-Options: `--sizes 10000,100000,1000000` (pending jobs N), `--repeat 3`. Runs in bench/.venv
+Options: `--sizes 10000,100000,1000000` (pending jobs N), `--repeat 3`, `--synchronous-commit
+on|off` (every database's, as `run.py` sets it; default the server's). Runs in bench/.venv
 like `bench/run.py`. Databases `<prefix>tenants_*` (`JOBPOOL_BENCH_PREFIX`) are made and
 dropped; raw figures go to bench/results/tenants-<scenario>-<time>.json.
 """
@@ -478,13 +479,15 @@ def counts(sizes: Sequence[int], repeat: int, seconds: float = 20.0) -> list[dic
 def main() -> int:
     import argparse
 
-    from common import BENCH, machine
+    from common import BENCH, DURABILITIES, conditions, machine, set_durability
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", choices=SCENARIOS)
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--synchronous-commit", choices=DURABILITIES, default=None)
     args = parser.parse_args()
+    set_durability(args.synchronous_commit)
     sizes = [int(n) for n in args.sizes.split(",")]
     run = {"foreign-backlog": foreign_backlog, "throttled-flood": throttled_flood,
            "fairness": fairness, "counts": counts}[args.scenario]
@@ -495,6 +498,7 @@ def main() -> int:
     out.write_text(json.dumps({"machine": machine(), "argv": sys.argv[1:], "started": started,
                                "rows": rows}, indent=2, default=str), encoding="utf-8")
     print(f"raw: {out}")
+    print(conditions(machine(), args.synchronous_commit))
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import jobpool
 from integration.helpers import prepare, scalar
@@ -27,7 +28,7 @@ async def _claim_backends(conn: Conn) -> list[int]:
 async def test_claims_and_batched_dones_run_on_one_connection_of_their_own(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
-    """The claim connection's settings (no WAL flush wait, generic plans) never reach the
+    """The claim connection's settings (generic plans, no sequential scans) never reach the
     pooled connections a handler gets as `tx`; done and claim commit together."""
     await prepare(conn)
     ids = [r.id for r in await jobpool.enqueue_many(
@@ -58,6 +59,32 @@ async def test_claims_and_batched_dones_run_on_one_connection_of_their_own(
     finally:
         await pool.close()
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 2
+
+
+@pytest.mark.parametrize("durability", ["on", "off"])
+async def test_the_claim_connection_commits_with_the_databases_durability(
+    conn: Conn, dsn: str, tenant: uuid.UUID, durability: str
+) -> None:
+    """The claim and the batched `done`s commit with the `synchronous_commit` of the server,
+    the database or the role (a DBA's choice, docs/writing-kinds.md "Durability"): jobpool
+    sets none of its own, neither `off` under a server at `on` nor the reverse."""
+    await prepare(conn)
+    await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")])
+    database = await scalar(conn, "SELECT current_database()")
+    await conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
+        sql.Identifier(database), sql.Literal(durability)))
+    await conn.commit()
+    pool = open_pool(dsn, size=1)
+    await pool.open()
+    try:
+        async with QueueStore(pool, worker_id="host/1/c", actor="w") as store:
+            assert len(await store.claim(kinds=["test_record"], tenants=None, limit=1)) == 1
+            claimer = await store._claim_connection()
+            cur = await claimer.execute("SELECT current_setting('synchronous_commit') AS sync")
+            assert await cur.fetchone() == {"sync": durability}
+            await claimer.rollback()
+    finally:
+        await pool.close()
 
 
 async def test_a_claim_connection_that_failed_is_replaced_by_the_next_claim(

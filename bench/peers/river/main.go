@@ -3,7 +3,8 @@
 //	river-bench migrate DSN                          River's migrations (rivermigrate), up
 //	river-bench drain DSN MAXWORKERS PROFILE [KIND]  work every available job, then exit
 //	river-bench serve DSN MAXWORKERS PROFILE         work jobs until SIGTERM or SIGINT
-//	river-bench enqueue DSN KIND BATCH               insert one job per stdin line (its JSON args)
+//	river-bench enqueue DSN KIND BATCH               insert one job per stdin line (its JSON args);
+//	                                                 an empty line inserts the lines before it
 //	river-bench single DSN                           per stdin line "KIND<TAB>ARGS": insert, answer "ok"
 //
 // PROFILE sets the fetch timing: "default" is River's own (FetchCooldown 100 ms,
@@ -305,6 +306,12 @@ func enqueue(ctx context.Context, dsn, kind string, batch int) error {
 		return err
 	}
 	for lines.Scan() {
+		if len(lines.Bytes()) == 0 { // a producer's batch ends: insert it now
+			if err := flush(); err != nil {
+				return err
+			}
+			continue
+		}
 		args := append(json.RawMessage(nil), lines.Bytes()...)
 		params = append(params, river.InsertManyParams{Args: rawArgs{kind: kind, args: args}})
 		if len(params) == batch {

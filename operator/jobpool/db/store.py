@@ -111,8 +111,8 @@ class QueueStore:
         within a priority level tenants take turns (docs/concepts.md, "Fair turns between
         tenants").
 
-        It runs on the store's own claim connection (`claim_session`: a generic plan, commits
-        that do not wait for the WAL flush; behind a transaction pooler `claim_transaction`
+        It runs on the store's own claim connection (`claim_session`: a generic plan, the
+        server's commit durability; behind a transaction pooler `claim_transaction`
         in each transaction instead), as one pipeline: BEGIN at `OWN_ISOLATION`, the
         statements and COMMIT go out together, so a statement that fails undoes the others. Any
         error closes that connection (the next call opens a fresh one) and is raised:

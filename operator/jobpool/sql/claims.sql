@@ -148,15 +148,13 @@ SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
 -- plan of the prepared statement serves every parameter: planning its CTEs on every call would
 -- cost more than running them. It walks ix_aa_job_lane also before the table has statistics (a
 -- freshly filled queue), and never pays JIT compilation for a statement of milliseconds. Its
--- commits return before their WAL reaches disk: only a server crash can undo the last fraction
--- of a second of claims and batched `done`s, which puts those jobs back to running or pending
--- to run again, as after a worker crash. Nothing else runs on this connection: a handler's
--- writes keep the server's durability and planner settings.
+-- commits keep the server's (the role's, the database's) `synchronous_commit`, as every other
+-- connection of the worker does (docs/writing-kinds.md, "Durability"). Nothing else runs on
+-- this connection: a handler's writes keep the server's planner settings.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_mode,
        set_config('enable_seqscan', 'off', false) AS seqscan,
        set_config('enable_bitmapscan', 'off', false) AS bitmapscan,
-       set_config('jit', 'off', false) AS jit,
-       set_config('synchronous_commit', 'off', false) AS synchronous_commit;
+       set_config('jit', 'off', false) AS jit;
 
 -- name: lease_session :one
 -- Settings of the worker's lease connection (autocommit; set once when it opens): a renewal
@@ -172,8 +170,7 @@ SELECT set_config('lock_timeout', %(timeout_ms)s::text, false) AS lock_timeout,
 -- cache to steer.
 SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
        set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
-       set_config('jit', 'off', true) AS jit,
-       set_config('synchronous_commit', 'off', true) AS synchronous_commit;
+       set_config('jit', 'off', true) AS jit;
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs for %(lease)s seconds from now; returns the ids
