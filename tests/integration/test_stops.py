@@ -187,9 +187,9 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
 ) -> None:
     await _setup(conn)
     stopped = await _enqueue(conn, tenant, "test_stop_ignores")
-    after = await _enqueue(conn, tenant, "test_record")  # waits for the one slot
-    w = worker(dsn, ("test_stop_ignores", "test_record"), slots=1, lease_ttl=LONG_LEASE,
-               stop_grace=0.5)
+    after = await _enqueue(conn, tenant, "test_record")  # waits for the one slot, unclaimed
+    w = worker(dsn, ("test_stop_ignores", "test_record"), slots=1, prefetch=0,
+               lease_ttl=LONG_LEASE, stop_grace=0.5)
     task = await _started(w)
     await wait_until(lambda: stopped in RUNNING, "the handler runs", 30)
     assert (await job(conn, after))["status"] == "pending"
