@@ -268,7 +268,7 @@ class Settings:
                           pool_fields=("spec.lanes[].workersPerPod",
                                        "spec.heavyLane.workersPerPod"))
     prefetch: int = _setting(
-        8, Whole(0, MAX_SLOTS),
+        16, Whole(0, MAX_SLOTS),
         "claimed jobs a worker holds beyond its free slots, started as slots free (each waits "
         "for a slot of this worker; 0: claim only into free slots), see "
         "[The fetch loop](workers-and-pools.md#the-fetch-loop)", "--prefetch", unit="jobs",
