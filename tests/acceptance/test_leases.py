@@ -59,7 +59,8 @@ async def test_a_killed_workers_jobs_run_again_once_their_leases_lapse(
     doomed = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
                                      payload={"seconds": 600, "retry_seconds": 0})).id
               for _ in range(2)]
-    victim = start(dsn, *worker_args("test_sleep", slots=2), JOBPOOL_LEASE_TTL="2")
+    # no prefetch: its two busy slots must leave the survivor's job to the survivor
+    victim = start(dsn, *worker_args("test_sleep", slots=2, prefetch=0), JOBPOOL_LEASE_TTL="2")
     await _wait_for(conn, "SELECT count(*) = 2 FROM mdm.aa_job WHERE status = 'running'", None)
     survivor = start(dsn, *worker_args("test_sleep", slots=2, grace=0.5), JOBPOOL_LEASE_TTL="2")
     live = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",

@@ -62,9 +62,9 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0)
 
 @pytest.fixture
 async def running_worker(dsn: str, ready: Conn) -> AsyncIterator[Worker]:
-    """A worker with 2 slots, both busy with 30-second test_sleep jobs, stopped at the end
-    (its grace period hands them back)."""
-    w = worker(dsn, ("test_sleep",), slots=2, until_empty=False, grace=0.1)
+    """A worker with 2 slots, both busy with 30-second test_sleep jobs, the third one left
+    ready (no prefetch), stopped at the end (its grace period hands them back)."""
+    w = worker(dsn, ("test_sleep",), slots=2, prefetch=0, until_empty=False, grace=0.1)
     await enqueue_many(ready, [NewJob(await _tenant(ready), "test_sleep", {"seconds": 30})
                                for _ in range(3)])
     task = asyncio.create_task(w.run())

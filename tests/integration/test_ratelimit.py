@@ -53,8 +53,8 @@ async def enqueue(conn: Conn, batches: list[tuple[uuid.UUID, int]]) -> None:
     await enqueue_many(conn, jobs, actor="test")
 
 
-def worker_for(dsn: str, limiter: TokenStore | None = None) -> Worker:
-    config = WorkerConfig(kinds=(KIND,), slots=4, poll_interval=0.5, grace=5.0)
+def worker_for(dsn: str, limiter: TokenStore | None = None, **settings: Any) -> Worker:
+    config = WorkerConfig(kinds=(KIND,), slots=4, poll_interval=0.5, grace=5.0, **settings)
     return Worker(dsn, REGISTRY, config, actor="test", limiter=limiter)
 
 
@@ -76,11 +76,15 @@ async def statuses(conn: Conn, tenant: uuid.UUID) -> dict[str, list[int]]:
     return found
 
 
-async def test_a_throttled_tenant_waits_while_the_others_flow(dsn: str, conn: Conn) -> None:
+@pytest.mark.parametrize("prefetch", [0, 8])
+async def test_a_throttled_tenant_waits_while_the_others_flow(dsn: str, conn: Conn,
+                                                              prefetch: int) -> None:
+    """Also with a prefetch buffer: a buffered job takes its token when it starts, so the
+    limit and the requeues are those of a worker that claims only into free slots."""
     noisy = await add_tenant(conn, "noisy", {KIND: {"rps": 0.5, "burst": 1}})
     quiet = await add_tenant(conn, "quiet")
     await enqueue(conn, [(noisy, 5), (quiet, 50)])  # same transaction, noisy first in line
-    worker = worker_for(dsn)
+    worker = worker_for(dsn, prefetch=prefetch)
 
     await run_for(worker, 6.0)
 

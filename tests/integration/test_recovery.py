@@ -180,7 +180,7 @@ async def test_a_running_worker_maintains_the_queue_behind_a_backlog_at_priority
     await _running(conn, dead, "1 hour")
     await conn.execute("UPDATE mdm.aa_job SET status = 'done', completed_at = now() - %s::interval"
                        " WHERE id = %s", ("8 days", expired))
-    w = worker(dsn, ("test_sleep",), slots=1, grace=0.1, until_empty=False)
+    w = worker(dsn, ("test_sleep",), slots=1, prefetch=0, grace=0.1, until_empty=False)
     task = asyncio.create_task(w.run())
     try:
         for _ in range(300):

@@ -210,7 +210,7 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
     run = await _run(conn, dsn, tenant, ("test_stop_ignores", "test_record"), running=1,
-                     slots=1, lease_ttl=LONG_LEASE, stop_grace=0.5)
+                     slots=1, prefetch=0, lease_ttl=LONG_LEASE, stop_grace=0.5)
     stopped, after = run.jobs  # `after` waits for the one slot
     assert (await job(conn, after))["status"] == "pending"
 

@@ -9,19 +9,23 @@ period) are driven on purpose.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
 
 from jobpool.core.kinds import KindDefaults
 from jobpool.db.store import Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
 from jobpool.registry import KindSpec
+from jobpool.worker import producer as producer_module
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.producer import Producer
+from jobpool.worker.producer import Producer, claim_limit, low_water
 from jobpool.worker.stops import Stops
 
 
@@ -40,6 +44,7 @@ class Claims:
         self.queue = [row(i) for i in ids]
         self.limits: list[int] = []
         self.flushing = False
+        self.waiting = 0
 
     async def gather(self) -> None:
         return None
@@ -60,28 +65,56 @@ class Claims:
         await asyncio.Event().wait()
 
 
+class Returns:
+    """Hand-backs of unstarted claims: records what was asked; `paused` ids are handed back."""
+
+    def __init__(self, *paused: int) -> None:
+        self.paused = set(paused)
+        self.unrun: list[list[int]] = []
+        self.asked: list[list[int]] = []
+
+    async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]:
+        self.unrun.append(sorted(running))
+        return []
+
+    async def release_paused_claims(self, ids: Sequence[int]) -> list[Row]:
+        self.asked.append(list(ids))
+        return [{"id": i, "job_kind": "k"} for i in ids if i in self.paused]
+
+
 class Runs:
-    """Runs each job until `release` is set (at once when it is set already)."""
+    """Runs each job until `release` is set (at once when it is set already); records the
+    most handlers that ran at once."""
 
     def __init__(self) -> None:
         self.releasing = False
         self.release = asyncio.Event()
         self.release.set()
         self.ran: list[int] = []
+        self.running = 0
+        self.most = 0
 
     async def execute(self, job: Job) -> JobOutcome:
         self.ran.append(job.id)
-        await self.release.wait()
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.release.wait()
+            await asyncio.sleep(0)
+        finally:
+            self.running -= 1
         return "done"
 
 
 class Leases:
     def __init__(self) -> None:
         self.held: list[int] = []
+        self.timeouts: list[tuple[int, float]] = []
         self.released: list[int] = []
 
     def hold(self, job_id: int, kind: str, timeout: float) -> None:
         self.held.append(job_id)
+        self.timeouts.append((job_id, timeout))
 
     def release(self, job_id: int) -> None:
         self.released.append(job_id)
@@ -89,18 +122,22 @@ class Leases:
 
 def producer(*, slots: int, until_empty: bool = True, grace: float = 0.01,
              observed: list[tuple[int, JobOutcome]] | None = None,
-             leases: Leases | None = None) -> Producer:
+             leases: Leases | None = None, prefetch: int = 0) -> Producer:
     online = asyncio.Event()
     online.set()
     seen = observed if observed is not None else []
     return Producer(
-        config=WorkerConfig(kinds=("k",), slots=slots, until_empty=until_empty, grace=grace),
-        kinds=("k",), specs={"k": KindSpec("k", _no_handler, KindDefaults())},
+        config=WorkerConfig(kinds=("k",), slots=slots, until_empty=until_empty, grace=grace,
+                            prefetch=prefetch),
+        kinds=("k",), specs={"k": KindSpec("k", _no_handler, KindDefaults(timeout=TIMEOUT))},
         wake=asyncio.Event(), online=online, leases=leases or Leases(), slots=lambda: slots,
         tenants=lambda: None, throttled=list, claimed=lambda rows: None,
         observe=lambda job, outcome, started: seen.append((job.id, outcome)),
         poll_interval=0.05, worker_id="w", job_context=JobContext(),
         stops=Stops(grace=1.0, finishing=lambda job_id: False, abandon=lambda job_id: None))
+
+
+TIMEOUT = 7.0
 
 
 async def _no_handler(job: Job, tx: Any) -> None:
@@ -111,13 +148,13 @@ async def test_until_empty_runs_every_claimed_job_then_returns() -> None:
     claims, runs, observed, leases = Claims(1, 2, 3), Runs(), [], Leases()
     p = producer(slots=2, observed=observed, leases=leases)
 
-    await asyncio.wait_for(p.run(claims, runs), 10.0)
+    await asyncio.wait_for(p.run(claims, runs, Returns()), 10.0)
 
     assert sorted(runs.ran) == [1, 2, 3]
     assert sorted(observed) == [(1, "done"), (2, "done"), (3, "done")]
     assert claims.limits[0] == 2  # never more than the free slots
     assert all(limit <= 2 for limit in claims.limits)
-    assert sorted(leases.held) == sorted(leases.released) == [1, 2, 3]
+    assert sorted(set(leases.held)) == sorted(leases.released) == [1, 2, 3]
     assert p.in_flight == {}
 
 
@@ -125,7 +162,7 @@ async def test_a_full_slot_set_claims_nothing_more_until_a_job_finishes() -> Non
     claims, runs = Claims(1, 2), Runs()
     runs.release.clear()
     p = producer(slots=1, until_empty=False)
-    loop = asyncio.create_task(p.run(claims, runs))
+    loop = asyncio.create_task(p.run(claims, runs, Returns()))
     try:
         while runs.ran != [1]:
             await asyncio.sleep(0.01)
@@ -144,14 +181,14 @@ async def test_the_grace_period_over_the_running_jobs_are_cancelled_as_released(
     claims, runs, observed = Claims(1), Runs(), []
     runs.release.clear()
     p = producer(slots=1, until_empty=False, observed=observed)
-    loop = asyncio.create_task(p.run(claims, runs))
+    loop = asyncio.create_task(p.run(claims, runs, Returns()))
     while runs.ran != [1]:
         await asyncio.sleep(0.01)
     p.stopping.set()
     p.wake.set()
     await asyncio.wait_for(loop, 10.0)
 
-    await asyncio.wait_for(p.drain(claims, runs), 10.0)
+    await asyncio.wait_for(p.drain(claims, runs, Returns()), 10.0)
 
     assert runs.releasing and claims.flushing
     assert observed == [(1, "released")]
@@ -166,3 +203,117 @@ async def test_stop_before_the_database_answers_ends_the_wait() -> None:
     p.stopping.set()
     p.wake.set()
     assert await asyncio.wait_for(waiting, 10.0) is False
+
+
+# -- the prefetch buffer ----------------------------------------------------------------
+
+
+def test_a_claim_takes_the_free_slots_and_the_room_in_the_buffer() -> None:
+    assert claim_limit(slots=4, busy=0, buffered=0, prefetch=0, sending=False) == 4
+    assert claim_limit(slots=4, busy=0, buffered=0, prefetch=8, sending=False) == 12
+    assert claim_limit(slots=4, busy=4, buffered=4, prefetch=8, sending=False) == 4
+    # above the low-water mark with every slot busy: nothing, unless `done`s go anyway
+    assert claim_limit(slots=4, busy=4, buffered=5, prefetch=8, sending=False) == 0
+    assert claim_limit(slots=4, busy=4, buffered=5, prefetch=8, sending=True) == 3
+    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=0, sending=True) == 0
+    assert low_water(8) == 4 and low_water(1) == 0
+
+
+async def test_buffered_jobs_run_in_claim_order_never_more_handlers_than_slots() -> None:
+    claims, runs, leases = Claims(*range(1, 11)), Runs(), Leases()
+    p = producer(slots=2, prefetch=3, leases=leases)
+
+    await asyncio.wait_for(p.run(claims, runs, Returns()), 10.0)
+
+    assert runs.ran == list(range(1, 11))  # FIFO by claim order
+    assert runs.most <= 2
+    assert claims.limits[0] == 5  # two free slots + three buffered
+    assert max(claims.limits) <= 5
+    assert sorted(leases.released) == list(range(1, 11)) and p.buffer == {}
+
+
+async def test_a_buffered_job_is_leased_from_its_claim_and_timed_from_its_start() -> None:
+    claims, runs, leases = Claims(1, 2), Runs(), Leases()
+    runs.release.clear()
+    p = producer(slots=1, prefetch=1, until_empty=False, leases=leases)
+    loop = asyncio.create_task(p.run(claims, runs, Returns()))
+    try:
+        while runs.ran != [1]:
+            await asyncio.sleep(0.01)
+        assert list(p.buffer) == [2]
+        assert (2, math.inf) in leases.timeouts  # held while buffered, with no deadline
+        assert (2, TIMEOUT) not in leases.timeouts
+        runs.release.set()
+        while runs.ran != [1, 2]:
+            await asyncio.sleep(0.01)
+        assert (2, TIMEOUT) in leases.timeouts  # its timeout counts from its start
+    finally:
+        p.stopping.set()
+        p.wake.set()
+        await asyncio.wait_for(loop, 10.0)
+
+
+async def _running_with_buffer(p: Producer, claims: Claims, runs: Runs, returns: Returns,
+                               ) -> asyncio.Task[None]:
+    runs.release.clear()
+    loop = asyncio.create_task(p.run(claims, runs, returns))
+    while not (runs.ran == [1] and list(p.buffer) == [2, 3]):
+        await asyncio.sleep(0.01)
+    return loop
+
+
+async def test_at_shutdown_the_buffer_is_handed_back_at_once_and_never_runs() -> None:
+    claims, runs, returns, leases = Claims(1, 2, 3), Runs(), Returns(), Leases()
+    p = producer(slots=1, prefetch=2, until_empty=False, grace=5.0, leases=leases)
+    loop = await _running_with_buffer(p, claims, runs, returns)
+    p.stopping.set()
+    p.wake.set()
+    await asyncio.wait_for(loop, 10.0)
+
+    drained = asyncio.create_task(p.drain(claims, runs, returns))
+    while not returns.unrun:
+        await asyncio.sleep(0.01)
+    assert returns.unrun == [[1]]  # everything but the running job, before its grace ends
+    assert p.buffer == {} and 2 in leases.released and 3 in leases.released
+    runs.release.set()
+    await asyncio.wait_for(drained, 10.0)
+    assert runs.ran == [1]
+
+
+async def test_a_stopped_or_lost_buffered_job_is_dropped_unrun() -> None:
+    claims, runs, returns, leases = Claims(1, 2, 3), Runs(), Returns(), Leases()
+    p = producer(slots=1, prefetch=2, until_empty=False, leases=leases)
+    loop = await _running_with_buffer(p, claims, runs, returns)
+    try:
+        p.stop_notified("2")
+        p.claim_lost(3, False)
+        assert p.buffer == {} and {2, 3} <= set(leases.released)
+        runs.release.set()
+        await asyncio.sleep(0.2)
+        assert runs.ran == [1]
+    finally:
+        p.stopping.set()
+        p.wake.set()
+        await asyncio.wait_for(loop, 10.0)
+
+
+async def test_a_buffered_job_whose_scope_was_paused_is_handed_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(producer_module, "PAUSE_CHECK_AFTER", 0.05)
+    claims, runs, returns = Claims(1, 2, 3), Runs(), Returns(2)
+    p = producer(slots=1, prefetch=2, until_empty=False)
+    loop = await _running_with_buffer(p, claims, runs, returns)
+    try:
+        while not returns.asked:
+            await asyncio.sleep(0.01)
+        assert returns.asked[0] == [2, 3]
+        assert list(p.buffer) == [3]  # the paused one is gone, the other keeps its place
+        runs.release.set()
+        while runs.ran != [1, 3]:
+            await asyncio.sleep(0.01)
+    finally:
+        p.stopping.set()
+        p.wake.set()
+        await asyncio.wait_for(loop, 10.0)
+    assert 2 not in runs.ran

@@ -77,13 +77,15 @@ class Completer:
     """The queue of batched `done`s of one worker and their writes.
 
     `running()`: jobs running now; `slots()`: the worker's slots; `wake` is set when the
-    fetch loop should write the queue (`delay`: seconds a lone `done` may wait for others).
+    fetch loop should write the queue (`delay`: seconds a lone `done` may wait for others);
+    `freed()` is called when a job queues its `done`: its handler is over, its slot may take
+    the next job while the `done` waits (`waiting` counts those jobs).
     """
 
     def __init__(
         self, store: CompletionStore, link: LinkReports, *, wake: asyncio.Event,
         running: Callable[[], int], slots: Callable[[], int], delay: float,
-        rng: random.Random,
+        rng: random.Random, freed: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.link = link
@@ -92,6 +94,9 @@ class Completer:
         self.slots = slots
         self.delay = delay
         self.rng = rng
+        self.freed = freed
+        self.waiting = 0
+        """Jobs waiting in `complete` for their `done` to be written."""
         self.queue: list[Pending] = []
         self.claim_failures = 0
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
@@ -101,8 +106,13 @@ class Completer:
         written: False when this worker no longer held the claim. Raises ResultRefused."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.queue.append((completion, done))
-        self._queued()
-        return await done
+        self.waiting += 1
+        try:
+            self._queued()
+            self.freed()
+            return await done
+        finally:
+            self.waiting -= 1
 
     def _queued(self) -> None:
         """Wake the fetch loop for the queued `done`s once half the slots wait on one or every

@@ -25,6 +25,9 @@ class WorkerConfig:
     kinds: kinds to serve; None = every registered kind except `exclude_kinds`.
     tenants: tenant keys or ids to serve; () = all (ValueError for text that is neither).
     slots: jobs run at once (default 4).
+    prefetch: claimed jobs a worker may hold beyond its free slots, not started yet, so that
+        a freed slot starts the next job without waiting for a claim (0: claim only into free
+        slots).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
     stop_grace: seconds a stopped job's handler gets to clean up after its cancellation
         (`jobpool jobs stop`, worker/stops.py) before the worker abandons it and frees its slot.
@@ -49,6 +52,7 @@ class WorkerConfig:
     exclude_kinds: tuple[str, ...] = ()
     tenants: tuple[str, ...] = ()
     slots: int = default_of("slots")
+    prefetch: int = default_of("prefetch")
     grace: float = default_of("grace")
     stop_grace: float = default_of("stop_grace")
     poll_interval: float = default_of("poll_interval")
@@ -62,7 +66,7 @@ class WorkerConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings, **serves: Any) -> WorkerConfig:
-        """The worker `settings` describe: each field that is a setting (slots, grace,
+        """The worker `settings` describe: each field that is a setting (slots, prefetch, grace,
         poll_interval, lease_ttl, pooler, listen_dsn) from them, the others from `serves`
         (kinds, exclude_kinds, tenants, until_empty, ...). TypeError for a key of `serves`
         that is no field or is a setting (the settings say it)."""
@@ -79,6 +83,8 @@ class WorkerConfig:
             tenant_ref(ref)  # ValueError naming it: no database query could ever find it
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0 jobs, got {self.prefetch}")
         if self.pooler not in POOLERS:
             raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
         if self.completion_delay < 0:

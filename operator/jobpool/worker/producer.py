@@ -1,10 +1,21 @@
-"""The worker's fetch loop over its slots: claim into the free ones, run each claimed job
-on a task of its own (`JobExecutor.execute`), and at the end give the running jobs the
-grace period before handing back the rest.
+"""The worker's fetch loop over its slots: claim into the free ones and a bounded buffer
+beside them, run each claimed job on a task of its own (`JobExecutor.execute`), and at the
+end give the running jobs the grace period before handing back the rest.
 
-Each claim goes out with the `done`s the completer queued (one transaction). The loop
-waits for a wake-up (LISTEN, a finished job, a queued `done`, something scheduled falling
-due) or the poll interval, and while the database link is offline for it to answer again.
+Each claim goes out with the `done`s the completer queued (one transaction) and takes up to
+the free slots plus the room in the prefetch buffer (`WorkerConfig.prefetch` jobs). A job
+starts as soon as a slot frees: a slot is busy while its handler runs, not while its
+batched `done` waits for the next claim, so the next claim goes out while jobs run, once
+the buffer has fallen to its low-water mark (`low_water`); one claim is in flight at a
+time. Buffered jobs start in claim order. Each is covered by the lease thread from its claim
+on, with no deadline until it starts (its kind's timeout counts from its start). A buffered
+job that a stop or stale-claim recovery took away is dropped unrun; one whose scope was
+paused is handed back once it has waited `PAUSE_CHECK_AFTER` seconds; at shutdown and after
+an outage the buffer is handed back at once (the attempt not counted, idle workers woken).
+
+The loop waits for a wake-up (LISTEN, a finished job, a queued `done`, something scheduled
+falling due) or the poll interval, and while the database link is offline for it to answer
+again.
 """
 
 from __future__ import annotations
@@ -12,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+import psycopg
 
 from jobpool.db.queries import Row
 from jobpool.job import Job, JobContext
@@ -31,6 +45,31 @@ log = logging.getLogger("jobpool.worker")
 BEAT_EVERY = 5.0
 """Seconds between fetch-loop beats (/healthz) while claiming waits for the database."""
 
+PAUSE_CHECK_AFTER = 1.0
+"""Seconds a job may wait in the prefetch buffer before the loop asks whether its scope was
+paused meanwhile (then it is handed back); asked again at most this often. A claim sees a
+pause at once; a job that starts within this long of its claim runs as a claimed one does."""
+
+HAND_BACK_TIMEOUT = 5.0
+"""Seconds the hand-back of the buffer at shutdown may take; past them the buffered jobs
+are handed back with the other leftovers at exit."""
+
+
+def low_water(prefetch: int) -> int:
+    """Buffered jobs at or below which the loop claims again while its slots are busy: half
+    the buffer, so that the next claim's round trip overlaps the start of the other half."""
+    return prefetch // 2
+
+
+def claim_limit(*, slots: int, busy: int, buffered: int, prefetch: int, sending: bool) -> int:
+    """Jobs the next claim may take: the free slots plus the room in the buffer. 0 while the
+    buffer is above its low-water mark, no slot is free and no `done` is `sending` (the
+    buffered jobs keep the slots busy until a claim sent now would be answered)."""
+    free = max(slots - busy - buffered, 0)
+    if free == 0 and buffered > low_water(prefetch) and not sending:
+        return 0
+    return max(slots + prefetch - busy - buffered, 0)
+
 
 class Batches(Protocol):
     """The completer's side the producer needs (`jobpool.worker.completer.Completer`)."""
@@ -38,6 +77,11 @@ class Batches(Protocol):
     async def gather(self) -> None: ...
 
     def take(self) -> list[Pending]: ...
+
+    @property
+    def waiting(self) -> int:
+        """Jobs whose handler is over and whose `done` waits to be written."""
+        ...
 
     async def send(
         self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
@@ -55,6 +99,15 @@ class Attempts(Protocol):
     async def execute(self, job: Job) -> JobOutcome: ...
 
 
+class Returns(Protocol):
+    """The store's hand-backs of claimed jobs that never ran (`QueueStore`): pending again at
+    their place in the queue, the attempt not counted, idle workers woken."""
+
+    async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]: ...
+
+    async def release_paused_claims(self, ids: Sequence[int]) -> list[Row]: ...
+
+
 class Holds(Protocol):
     """The lease keeper's side the producer needs (`LeaseKeeper`)."""
 
@@ -70,7 +123,8 @@ class Producer:
     (None: all); `throttled()`: the pairs the next claim leaves out; `claimed(rows)` and
     `observe(job, outcome, started)` report claims and finished attempts; `wake` is set by
     whoever has news for the loop, `online` by the database link. `in_flight` maps each
-    running job's id to its task.
+    started job's id to its task (until its outcome is written); `buffer` holds the claimed
+    jobs not started yet, in claim order (at most `config.prefetch` beyond the free slots).
     """
 
     def __init__(
@@ -96,6 +150,8 @@ class Producer:
         self.job_context = job_context
         self.stops = stops
         self.in_flight: dict[int, asyncio.Task[None]] = {}
+        self.buffer: dict[int, Buffered] = {}
+        self.prefetch = config.prefetch
         self.wake = wake
         self.stopping = asyncio.Event()
         self.hurry = asyncio.Event()
@@ -104,6 +160,17 @@ class Producer:
         """Held while a claim is written and its jobs start (settling after an outage takes
         it, to see every claimed job started)."""
         self.loop_beat = time.monotonic()
+        self._completer: Batches | None = None
+        self._executor: Attempts | None = None
+        self._pause_checked = 0.0
+        self._asking: dict[int, Buffered] = {}
+        """Buffered jobs out of the buffer while the pause check asks about them."""
+
+    def busy(self) -> int:
+        """Slots taken: started jobs whose handler has not ended (a job waiting for its
+        batched `done` no longer takes one)."""
+        waiting = self._completer.waiting if self._completer is not None else 0
+        return max(len(self.in_flight) - waiting, 0)
 
     async def wait_online(self) -> bool:
         """Wait until the database answers (True) or the worker stops (False), beating."""
@@ -115,35 +182,130 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), BEAT_EVERY)
 
-    async def run(self, completer: Batches, executor: Attempts) -> None:
+    async def run(self, completer: Batches, executor: Attempts, returns: Returns) -> None:
         """Claim and start jobs until stopped (or, with `until_empty`, nothing is left)."""
+        self._completer, self._executor = completer, executor
         while not self.stopping.is_set():
             self.loop_beat = time.monotonic()
             if not self.online.is_set():
                 await self.wait_online()
                 continue
             self.wake.clear()
+            self.fill()
+            async with self.claiming:  # not while settling after an outage hands back the buffer
+                await self._hand_back_paused(returns)
             await completer.gather()
             batch = completer.take()
-            free = self.slots() - len(self.in_flight) + len(batch)
+            limit = claim_limit(slots=self.slots(), busy=self.busy(),
+                                buffered=len(self.buffer), prefetch=self.prefetch,
+                                sending=bool(batch))
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await completer.send(batch, kinds=self.kinds, tenants=self.tenants(),
-                                               limit=free, throttled=self.throttled)
+                                               limit=limit, throttled=self.throttled)
                 self.claimed(claimed)
                 for row in claimed:
-                    self._start(executor, Job.from_row(row, self.job_context),
-                                row.get("trace_context"))
+                    self._buffer(Job.from_row(row, self.job_context), row.get("trace_context"))
+                self.fill()
             if not self.online.is_set():
                 continue  # the claim failed: claim again once the database answers
             # a job that finished during the claim may have enqueued more: claim again first
             if (self.config.until_empty and not claimed and not self.in_flight
-                    and not self.wake.is_set()):
+                    and not self.buffer and not self.wake.is_set()):
                 log.info("worker %s: nothing runnable left", self.worker_id)
                 return
-            if free > 0 and len(claimed) == free:
+            if limit > 0 and len(claimed) == limit:
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_interval)
+                await asyncio.wait_for(self.wake.wait(), self._wait_for())
+
+    def _wait_for(self) -> float:
+        """Seconds the loop may wait for a wake-up: the poll interval, or less while a
+        buffered job is due for its pause check."""
+        if not self.buffer:
+            return self.poll_interval
+        oldest = next(iter(self.buffer.values())).claimed
+        due = max(oldest + PAUSE_CHECK_AFTER, self._pause_checked + PAUSE_CHECK_AFTER)
+        return min(self.poll_interval, max(due - time.monotonic(), 0.0))
+
+    def _buffer(self, job: Job, trace_context: Any) -> None:
+        """Hold a just-claimed job until a slot frees; its lease is renewed from now on, with
+        no deadline until it starts."""
+        self.leases.hold(job.id, job.job_kind, math.inf)
+        self.buffer[job.id] = Buffered(job, trace_context, time.monotonic())
+
+    def fill(self) -> None:
+        """Start buffered jobs, oldest claim first, while a slot is free (not while the
+        database link is offline: the buffer is handed back when it answers again)."""
+        executor = self._executor
+        if executor is None or not self.online.is_set() or self.stopping.is_set():
+            return
+        started = False
+        while self.buffer and self.busy() < self.slots():
+            job_id = next(iter(self.buffer))
+            waiting = self.buffer.pop(job_id)
+            self._start(executor, waiting.job, waiting.trace_context)
+            started = True
+        if started and len(self.buffer) <= low_water(self.prefetch):
+            self.wake.set()  # the next claim goes out while the started jobs run
+
+    def unbuffer(self) -> list[int]:
+        """Drop every buffered job (to be handed back by the caller); their ids. Their leases
+        are no longer renewed."""
+        dropped = list(self.buffer)
+        self.buffer.clear()
+        for job_id in dropped:
+            self.leases.release(job_id)
+        return dropped
+
+    def claim_lost(self, job_id: int, stopped: bool) -> None:
+        """The lease renewal found job `job_id` no longer claimed here (`stopped`: by a stop,
+        else by stale-claim recovery): a buffered one is dropped unrun, a started one's
+        handler is cancelled (worker/stops.py)."""
+        if self._drop(job_id, "stopped" if stopped else "taken back by stale-claim recovery"):
+            return
+        self.stops.claim_lost(job_id, stopped)
+
+    def stop_notified(self, payload: str) -> None:
+        """A stop notification (payload: the job's id): a buffered job is dropped unrun (the
+        stop took its claim), a started one's handler is cancelled."""
+        if payload.strip().isdigit() and self._drop(int(payload), "stopped"):
+            return
+        self.stops.notified(payload)
+
+    def _drop(self, job_id: int, why: str) -> bool:
+        """Drop buffered job `job_id` (its claim is gone); False if it is not buffered."""
+        waiting = self.buffer.pop(job_id, None) or self._asking.pop(job_id, None)
+        if waiting is None:
+            return False
+        self.leases.release(job_id)
+        log.info("job %d (%s) %s before it started: not run", job_id, waiting.job.job_kind, why)
+        self.wake.set()
+        return True
+
+    async def _hand_back_paused(self, returns: Returns) -> None:
+        """Hand back the buffered jobs whose scope was paused, once the oldest has waited
+        `PAUSE_CHECK_AFTER` seconds (and at most that often). The jobs asked about are out
+        of the buffer meanwhile, so none starts while its claim is being handed back."""
+        now = time.monotonic()
+        if (not self.buffer or now - self._pause_checked < PAUSE_CHECK_AFTER
+                or now - next(iter(self.buffer.values())).claimed < PAUSE_CHECK_AFTER):
+            return
+        self._pause_checked = now
+        asked = self._asking = self.buffer
+        self.buffer = {}
+        try:
+            released = {row["id"] for row in await returns.release_paused_claims(list(asked))}
+        except psycopg.Error as exc:  # a lost connection is seen by the claim that follows
+            log.warning("could not check the buffered jobs for pauses: %s", exc)
+            released = set()
+        finally:
+            self._asking = {}
+        for job_id in released & set(asked):
+            self.leases.release(job_id)
+            log.info("job %d (%s): its scope was paused while it waited for a slot; handed "
+                     "back", job_id, asked[job_id].job.job_kind)
+        self.buffer = {**{k: v for k, v in asked.items() if k not in released}, **self.buffer}
+        self.fill()
 
     def _start(self, executor: Attempts, job: Job, trace_context: Any = None) -> None:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
@@ -173,9 +335,17 @@ class Producer:
         self.leases.release(job_id)
         self.in_flight.pop(job_id, None)
         self.wake.set()
+        self.fill()
 
-    async def drain(self, completer: Batches, executor: Attempts) -> None:
-        """Give running jobs the grace period, then hand back the rest."""
+    def slot_freed(self) -> None:
+        """A handler ended and its `done` waits for the next claim: its slot takes the next
+        buffered job now."""
+        self.fill()
+
+    async def drain(self, completer: Batches, executor: Attempts, returns: Returns) -> None:
+        """Hand back the buffered jobs at once, give running jobs the grace period, then
+        hand back the rest."""
+        await self._hand_back_buffer(returns)
         if not self.in_flight:
             return
         tasks = list(self.in_flight.values())
@@ -194,6 +364,21 @@ class Producer:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
 
+    async def _hand_back_buffer(self, returns: Returns) -> None:
+        """At shutdown: hand back every claimed job that has not started (unless the database
+        is unreachable: then they go with the leftovers at exit)."""
+        dropped = self.unbuffer()
+        if not dropped or not self.online.is_set():
+            return
+        try:
+            async with asyncio.timeout(HAND_BACK_TIMEOUT):
+                released = await returns.release_unrun_claims(list(self.in_flight))
+        except (TimeoutError, psycopg.Error) as exc:
+            log.warning("could not hand back %d buffered job(s) now (%s); handed back at exit",
+                        len(dropped), str(exc) or "the database did not answer")
+            return
+        log.info("handed back %d claimed job(s) that had not started", len(released))
+
     async def _grace(self, tasks: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
         """Wait for `tasks` up to `config.grace` seconds, or until `hurry` is set; return
         those still running."""
@@ -208,3 +393,15 @@ class Producer:
         finally:
             hurry.cancel()
         return {task for task in tasks if not task.done()}
+
+
+class Buffered:
+    """A claimed job waiting in the buffer for a slot: the job, its enqueuer's trace context,
+    and its claim's `time.monotonic()`."""
+
+    __slots__ = ("claimed", "job", "trace_context")
+
+    def __init__(self, job: Job, trace_context: Any, claimed: float) -> None:
+        self.job = job
+        self.trace_context = trace_context
+        self.claimed = claimed

@@ -140,9 +140,11 @@ class Worker:
         where = self.settings
         self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
                                    kinds=self.kinds, tenants=config.tenants, slots=config.slots,
-                                   busy=lambda: len(self.producer.in_flight))
+                                   busy=lambda: self.producer.busy())
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
-                                  recover=not config.until_empty, lost=self.stops.claim_lost,
+                                  recover=not config.until_empty,
+                                  lost=lambda job_id, stopped:
+                                  self.producer.claim_lost(job_id, stopped),
                                   heartbeat=self.heartbeat)
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
@@ -236,7 +238,7 @@ class Worker:
             completer = Completer(store, self.link, wake=self.producer.wake,
                                   running=lambda: len(self.producer.in_flight),
                                   slots=lambda: self.slots, delay=self.config.completion_delay,
-                                  rng=self.rng)
+                                  rng=self.rng, freed=self.producer.slot_freed)
             executor = JobExecutor(
                 store, writer=self.link, completer=completer,
                 slot_connections=self.slot_connections, leases=self.leases,
@@ -244,8 +246,8 @@ class Worker:
                 batch_completions=self.config.batch_completions, wake=self.producer.wake,
                 metrics=self.metrics, rng=self.rng, stopped=self.stops.stopping)
             self._start_background(store)
-            await self.producer.run(completer, executor)
-            await self.producer.drain(completer, executor)
+            await self.producer.run(completer, executor, store)
+            await self.producer.drain(completer, executor, store)
             await self._hand_back_leftovers(store)
         finally:
             await self.background.stop()
@@ -310,9 +312,11 @@ class Worker:
         )
 
     async def _settle_leftovers(self, store: QueueStore) -> None:
-        """Renew the leases of the running jobs and hand back claims this worker never ran."""
+        """Renew the leases of the running jobs and hand back claims this worker never ran
+        (its prefetch buffer among them)."""
         async with self.producer.claiming:
             await asyncio.to_thread(self.leases.renew)
+            self.producer.unbuffer()
             released = await store.release_unrun_claims(list(self.producer.in_flight))
         if released:
             log.warning("handed back %d job(s) claimed while the connection failed, never run: "
@@ -465,7 +469,7 @@ class Worker:
                     while True:
                         async for note in conn.notifies(timeout=15.0):
                             if note.channel == STOP_CHANNEL:
-                                self.stops.notified(note.payload)
+                                self.producer.stop_notified(note.payload)
                             elif note.payload in served:
                                 self.wake.set()
                         await PING(conn)
