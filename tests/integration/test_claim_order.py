@@ -146,7 +146,7 @@ async def _turn_version(conn: Conn, tenant: uuid.UUID) -> tuple[str, str]:
 
 async def test_a_tenant_served_alone_with_the_newest_turn_writes_no_turn(
         conn: Conn, store: QueueStore) -> None:
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     await _jobs(conn, b, 1)
     assert len(await store.claim(kinds=[KIND], tenants=None, limit=1)) == 1  # b's turn, older
     await _jobs(conn, a, 12, later=0.001)
@@ -161,7 +161,7 @@ async def test_a_tenant_back_after_another_drained_alone_goes_first(
         conn: Conn, store: QueueStore) -> None:
     """The tenant served alone had an older turn than the one coming back: its solo claim
     still moves it behind, so the returning tenant is not made to wait."""
-    a, b = await _tenant(conn, "a"), await _tenant(conn, "b")
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     await _jobs(conn, a, 1, age=60)
     await _jobs(conn, b, 1, age=50)
     assert [row["tenant_id"] for row in await _one_by_one(store)] == [a, b]

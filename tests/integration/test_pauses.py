@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from integration.helpers import add_tenant, scalar
+from integration.helpers import add_tenant, prepare, scalar
 from integration.test_api import Client, api, token  # noqa: F401 (the api fixture)
 from jobpool import pauses
 from jobpool.cli import main
