@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
@@ -83,4 +85,71 @@ async def test_with_no_connection_ready_the_job_gets_a_clear_error(
     with pytest.raises(NoSlotConnectionError, match="no database connection is ready"):
         JobTransaction(slots).connection()
     await first.release()
+    await slots.close()
+
+
+def client_messages(trace: str) -> list[str]:
+    """The names of the messages the client sent, from a libpq trace (`PGconn.trace`)."""
+    return [line.split("\t")[3] for line in trace.splitlines() if "\tF\t" in line]
+
+
+async def test_the_first_statement_with_parameters_goes_out_with_the_begin(
+    pool: AsyncConnectionPool[JobConnection], tmp_path: Path,
+) -> None:
+    """One round trip opens the job's transaction and runs the handler's first statement
+    (a BEGIN psycopg would send and wait for alone); the transaction is the worker's (READ
+    COMMITTED), and later statements go out one by one as psycopg sends them."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    conn = tx.connection()
+    path = tmp_path / "trace"
+    with path.open("w") as out:
+        conn.pgconn.trace(out.fileno())
+        cur = await tx.execute("SELECT %s::int AS n, current_setting('transaction_isolation') "
+                               "AS isolation", (7,))
+        row = await cur.fetchone()
+        await tx.execute("SELECT %s::int", (8,))
+        conn.pgconn.untrace()
+    assert row == {"n": 7, "isolation": "read committed"}
+    sent = client_messages(path.read_text())
+    assert sent.count("Sync") == 2 and "Query" not in sent, sent
+    first = sent[:sent.index("Sync")]
+    assert first.count("Execute") == 2, sent  # the BEGIN and the statement, then one Sync
+    assert conn.info.transaction_status == TransactionStatus.INTRANS
+    await tx.release()
+    await slots.close()
+
+
+async def test_a_first_statement_that_fails_fails_as_it_would_alone(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """Its error is raised by the handler's own call, the job's transaction is failed (the
+    worker rolls it back), and the next job's first statement opens a fresh one."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        await tx.execute("SELECT 1 / %s::int", (0,))
+    assert tx.connection().info.transaction_status == TransactionStatus.INERROR
+    await tx.release()
+    again = JobTransaction(slots)
+    cur = await again.execute("SELECT %s::int AS n", (1,))
+    assert await cur.fetchone() == {"n": 1}
+    await again.release()
+    await slots.close()
+
+
+async def test_a_statement_without_parameters_may_hold_several(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """psycopg sends a text without parameters as it is: its statements all run, in the
+    job's transaction."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    await tx.execute("CREATE TEMP TABLE two (v int); INSERT INTO two VALUES (1), (2)")
+    cur = await tx.execute("SELECT count(*) AS n FROM two")
+    assert await cur.fetchone() == {"n": 2}
+    await tx.release()
     await slots.close()

@@ -8,10 +8,11 @@ import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, cast, overload
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction, sql
+from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
@@ -28,6 +29,9 @@ from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import DatabaseUnavailableError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
+
+if TYPE_CHECKING:
+    from psycopg._compat import Template  # the t-string type of psycopg's `execute`
 
 CONNECTION_ALLOWANCE = One("connection_allowance")
 DEALLOCATE = Exec("deallocate")
@@ -110,6 +114,34 @@ async def connect(dsn: str, *, autocommit: bool = False,
         prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler))
 
 
+class JobCursor(AsyncCursor[Any]):
+    """A pooled connection's cursor: a job's first statement with parameters goes out with the
+    BEGIN of the job's transaction, one round trip instead of two (`JobConnection`)."""
+
+    @overload
+    async def execute(self, query: QueryNoTemplate, params: Params | None = None, *,
+                      prepare: bool | None = None, binary: bool | None = None) -> Self: ...
+
+    @overload
+    async def execute(self, query: Template, *, prepare: bool | None = None,
+                      binary: bool | None = None) -> Self: ...
+
+    async def execute(self, query: Query, params: Params | None = None, *,
+                      prepare: bool | None = None, binary: bool | None = None) -> Self:
+        conn, text = self.connection, cast(Any, query)  # psycopg's overloads take either
+        if params is None or not isinstance(conn, JobConnection) or not conn.opens_job_tx():
+            return await super().execute(text, params, prepare=prepare, binary=binary)
+        # without parameters psycopg sends the text as it is, which may hold several
+        # statements: a pipeline takes one, so those keep their BEGIN apart
+        async with conn.pipeline():
+            conn.begin_with_statement = True
+            try:
+                await super().execute(text, params, prepare=prepare, binary=binary)
+            finally:
+                conn.begin_with_statement = False
+        return self
+
+
 class JobConnection(AsyncConnection[Any]):
     """A worker's pooled connection.
 
@@ -117,12 +149,16 @@ class JobConnection(AsyncConnection[Any]):
     alone sets and clears it), the job's transaction starts with the handler's first
     statement, so a handler that sends none leaves the connection idle and its `done` can
     be batched; a `tx.transaction()` block opened before any statement first starts the
-    job's transaction, so it stays a savepoint inside it.
+    job's transaction, so it stays a savepoint inside it. The BEGIN goes out in one round
+    trip with that first statement (`JobCursor`, a pipeline whose BEGIN waits for no answer
+    of its own); psycopg alone would wait for the BEGIN's answer first.
     """
 
     job_scope: bool = False
     pristine_prepare_threshold: int | None = 5
     """The `prepare_threshold` its pool gave it (None behind a transaction pooler)."""
+    begin_with_statement: bool = False
+    """Set by `JobCursor` while it sends a statement with the job's BEGIN (`_start_query`)."""
     sent_statements: bool = False
     """Whether anything was sent since the worker last cleared it: a handler that sent nothing
     cannot have changed the session, so its connection needs no reset (`reset_session`)."""
@@ -133,14 +169,29 @@ class JobConnection(AsyncConnection[Any]):
         self.sent_statements = True
         return super().cursor(*args, **kwargs)
 
+    def opens_job_tx(self) -> bool:
+        """Whether the next statement opens the job's transaction."""
+        return (self.job_scope and not self.autocommit
+                and self.info.transaction_status == TransactionStatus.IDLE)
+
+    def _start_query(self) -> PQGen[None]:
+        """psycopg's BEGIN before a statement; for `JobCursor`'s one statement in a pipeline,
+        queued without the Sync (and wait) psycopg puts after it, so that it is answered
+        with that statement. (psycopg syncs so that the next statement of a longer pipeline
+        sees the transaction open, which a handler's own pipeline keeps.) A BEGIN that fails
+        fails the statement too, at the pipeline's end."""
+        if self.begin_with_statement and self._pipeline is not None and self.opens_job_tx():
+            yield from self._exec_command(self._get_tx_start_command())
+            return
+        yield from super()._start_query()
+
     @asynccontextmanager
     async def transaction(
         self, savepoint_name: str | None = None, force_rollback: bool = False
     ) -> AsyncIterator[AsyncTransaction]:
         """`AsyncConnection.transaction`, nested in the job's transaction while in job scope."""
-        if (self.job_scope and not self.autocommit
-                and self.info.transaction_status == TransactionStatus.IDLE):
-            await PING(self)  # its implicit BEGIN opens the job's one
+        if self.opens_job_tx():
+            await self.execute(PING.text, {})  # its BEGIN opens the job's one (`JobCursor`)
         async with super().transaction(savepoint_name, force_rollback) as tx:
             yield tx
 
@@ -333,6 +384,7 @@ async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
     await conn.set_isolation_level(OWN_ISOLATION)
     if isinstance(conn, JobConnection):
         conn.pristine_prepare_threshold = conn.prepare_threshold
+        conn.cursor_factory = JobCursor
 
 
 async def open_live_pool(
