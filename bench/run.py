@@ -173,10 +173,6 @@ def main() -> int:
 
     command = "python3 bench/run.py " + " ".join(sys.argv[1:])
     drained: dict[str, float] = {}
-    reuse = {"drain", "best", "drain-write", "bounded"} <= set(args.scenarios)
-    """jobpool's like-for-like runs are its default and best ones (it claims no more than its
-    free slots at any setting): when those run too, the table reuses them."""
-    kept: dict[tuple[str, int], list[dict[str, Any]]] = {}
     """Each system's default-concurrency drain rate of this run (steady's capacity)."""
 
     def measure(scenario: str, system: System, tpl: str) -> list[tuple[str, dict[str, Any]]]:
@@ -196,7 +192,7 @@ def main() -> int:
             return [("drain-write/{system}/default", {**default, "setting": "default"}),
                     (f"drain-write/{{system}}/best={conc}", {**top, "setting": "best"})]
         if scenario == "bounded":  # jobpool's two slot counts, prefetch bounded alike
-            if system.bounded_setting is None and (system.name != "jobpool" or reuse):
+            if system.bounded_setting is None:
                 return []
             pairs: list[tuple[str, dict[str, Any]]] = []
             for conc in (SYSTEMS["jobpool"].default_concurrency, int(best["jobpool"])):
@@ -244,7 +240,6 @@ def main() -> int:
         table = SameRunTable(systems=[s.name for s in systems], processes=args.processes,
                              notes=setting_notes(systems, best))
         drained.clear()
-        kept.clear()
         minutes: list[str] = []
         for scenario in args.scenarios:
             if scenario in INTERLEAVED:
@@ -256,9 +251,6 @@ def main() -> int:
                             runs.setdefault(key, {}).setdefault(system.name, []).append(row)
                 for key, by_system in runs.items():
                     for name, rows in by_system.items():
-                        if name == "jobpool" and scenario in ("drain", "best", "drain-write"):
-                            row = rows[0]
-                            kept[(str(row["kind"]), int(str(row["concurrency"])))] = rows
                         for field, unit in FIELDS[scenario]:
                             record(f"{prefix}{key.format(system=name)}/{field}", rows, field,
                                    unit)
@@ -279,14 +271,6 @@ def main() -> int:
 
                 results[f"{prefix}growth"] = growth(
                     [int(n) for n in args.growth_sizes.split(",")], args.repeat)
-        if reuse and "jobpool" in args.systems.split(","):
-            for conc in (SYSTEMS["jobpool"].default_concurrency, int(best["jobpool"])):
-                for kind, label in (("bench_noop", "drain"), ("bench_write", "drain-write")):
-                    rows = [{**row, "setting": "bounded"} for row in kept[(kind, conc)]]
-                    for field, unit in FIELDS["bounded"]:
-                        record(f"{prefix}{label}/jobpool/bounded={conc}/{field}", rows, field,
-                               unit)
-                    table.add("bounded", "jobpool", rows)
         tables += ["", *table.markdown(command, variant), *minutes, "",
                    conditions(facts, variant)]
     set_durability(None)

@@ -48,8 +48,9 @@ class System:
     best_setting: str = "{flag} {n}"
     """Its configuration at its best setting, `{n}` the concurrency."""
     bounded_setting: str | None = None
-    """Its like-for-like configuration (prefetch bounded as jobpool's), `{n}` the concurrency;
-    None where it has none (jobpool itself claims no more than its free slots)."""
+    """Its like-for-like configuration, `{n}` the concurrency: no more jobs fetched ahead of
+    its free workers than the system allows to bound (jobpool: prefetch 0, no job claimed
+    beyond its free slots); None where it has none."""
     unfinished_sql: str = ""
     """Counts the jobs a drain left unfinished (must be 0)."""
     done_sql: str = ""
@@ -145,12 +146,15 @@ class Jobpool(System):
         argv = [python(), "-m", "jobpool", "run", "--dsn", dsn, "--kinds",
                 f"{kind},bench_latency", "--slots", str(concurrency), "--import",
                 "bench_kinds", "--log-level", "warning", "--metrics-port", "0"]
+        if profile == "bounded":  # like-for-like: no job claimed beyond the free slots
+            argv += ["--prefetch", "0"]
         return [*argv, "--until-empty"] if mode == "drain" else argv
 
     def workers(self, dsn: str, mode: str, concurrency: int, processes: int,
                 kind: str = "bench_noop", profile: str = "default") -> list[list[str]]:
         """One `jobpool run --processes N`: the worker's own multi-process mode."""
-        return [[*self.worker(dsn, mode, concurrency, kind), "--processes", str(processes)]]
+        return [[*self.worker(dsn, mode, concurrency, kind, profile),
+                 "--processes", str(processes)]]
 
 
 class Pgqueuer(System):
@@ -287,7 +291,8 @@ class River(System):
 
 SYSTEMS: dict[str, System] = {
     "jobpool": Jobpool(
-        "jobpool", 4, "--slots", "jobpool", "4 slots", "{n} slots",
+        "jobpool", 4, "--slots", "jobpool", "4 slots, prefetch 16", "{n} slots, prefetch 16",
+        "{n} slots, prefetch 0 (no job claimed beyond its free slots)",
         unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'",
         done_sql="SELECT count(*) FROM mdm.aa_job WHERE status = 'done'",
         job_table="mdm.aa_job"),

@@ -9,7 +9,8 @@ from common import median
 
 FIELDS: dict[str, list[tuple[str, str]]] = {
     "drain": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
-              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
+              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs"),
+              ("startup_s", "s")],
     "best": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
              ("worker_cpu_us_per_job", "µs"), ("server_cpu_us_per_job", "µs")],
     "bounded": [("jobs_per_s", "jobs/s"), ("xacts_per_job", "xacts/job"),
@@ -67,6 +68,7 @@ class SameRunTable:
         what = {"jobs_per_s": "jobs/s", "xacts_per_job": "SQL transactions per job",
                 "worker_cpu_us_per_job": "worker CPU per job (µs)",
                 "server_cpu_us_per_job": "PostgreSQL CPU per job (µs)",
+                "startup_s": "worker start-up and exit on the empty queue, subtracted (s)",
                 "p50_ms": "enqueue-to-start p50 (ms)", "p99_ms": "enqueue-to-start p99 (ms)",
                 "max_ms": "enqueue-to-start max (ms)",
                 "offered_per_s": "jobs/s offered", "held": "share of the offered rate started",
