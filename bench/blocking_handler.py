@@ -40,7 +40,7 @@ sys.path.insert(0, str(BENCH))
 
 from _benchdb import bench_database  # noqa: E402
 from blocking_kinds import BLOCKING_DDL  # noqa: E402
-from common import child_env, percentile  # noqa: E402
+from common import child_env, migrate_with_kinds, percentile  # noqa: E402
 
 import jobpool  # noqa: E402
 from jobpool.db.connect import connect  # noqa: E402
@@ -132,9 +132,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     args = parser.parse_args()
     with bench_database() as dsn:
-        for command in (["migrate"], ["kinds", "list", "--import", "blocking_kinds"]):
-            subprocess.run([sys.executable, "-m", "jobpool", *command],
-                           env=child_env(JOBPOOL_DSN=dsn), check=True, capture_output=True)
+        migrate_with_kinds(dsn, "blocking_kinds")
         with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
             conn.execute(BLOCKING_DDL)
             tenant = scalar(conn, "INSERT INTO mdm.aa_tenant (key) VALUES ('bench')"

@@ -327,3 +327,12 @@ def stop_workers(workers: Sequence[subprocess.Popen[str]], timeout: float = 60.0
         worker.terminate()
     for worker in workers:
         worker.wait(timeout=timeout)
+
+
+def migrate_with_kinds(dsn: str, kinds_module: str) -> None:
+    """Migrate the database at `dsn` and register the kinds of bench/`kinds_module` in it, as
+    `jobpool migrate` and `jobpool kinds list --import` do for a user; raises
+    subprocess.CalledProcessError if either fails."""
+    for command in (["migrate"], ["kinds", "list", "--import", kinds_module]):
+        subprocess.run([sys.executable, "-m", "jobpool", *command],
+                       env=child_env(JOBPOOL_DSN=dsn), check=True, capture_output=True)

@@ -34,7 +34,12 @@ sys.path.insert(0, str(BENCH))
 
 from _benchdb import bench_database  # noqa: E402
 from bench_kinds import RUNS_DDL  # noqa: E402
-from common import child_env, percentile, start_sleep_worker, stop_workers  # noqa: E402
+from common import (  # noqa: E402
+    migrate_with_kinds,
+    percentile,
+    start_sleep_worker,
+    stop_workers,
+)
 
 import jobpool  # noqa: E402
 
@@ -63,9 +68,7 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     args = parser.parse_args()
     with bench_database() as dsn:
-        for command in (["migrate"], ["kinds", "list", "--import", "bench_kinds"]):
-            subprocess.run([sys.executable, "-m", "jobpool", *command],
-                           env=child_env(JOBPOOL_DSN=dsn), check=True, capture_output=True)
+        migrate_with_kinds(dsn, "bench_kinds")
         with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
             conn.execute(RUNS_DDL)
             tenant = conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('bench')"

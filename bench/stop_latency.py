@@ -32,7 +32,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from _benchdb import bench_database  # noqa: E402
-from common import child_env, percentile  # noqa: E402
+from common import child_env, migrate_with_kinds, percentile  # noqa: E402
 from stop_kinds import STOP_DDL  # noqa: E402
 
 import jobpool  # noqa: E402
@@ -121,9 +121,7 @@ def main() -> None:
     parser.add_argument("--poll-only", action="store_true")
     args = parser.parse_args()
     with bench_database() as dsn:
-        for command in (["migrate"], ["kinds", "list", "--import", "stop_kinds"]):
-            subprocess.run([sys.executable, "-m", "jobpool", *command],
-                           env=child_env(JOBPOOL_DSN=dsn), check=True, capture_output=True)
+        migrate_with_kinds(dsn, "stop_kinds")
         asyncio.run(measure(dsn, args))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,9 +32,9 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 from bench_kinds import RUNS_DDL  # noqa: E402
 from common import (  # noqa: E402
     PRIVATE_SETTINGS,
-    child_env,
     children_cpu,
     median,
+    migrate_with_kinds,
     start_sleep_worker,
     stop_workers,
 )
@@ -60,9 +59,7 @@ def one_run(bin_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     standby: PrivateServer | None = None
     try:
         primary.start()
-        for command in (["migrate"], ["kinds", "list", "--import", "bench_kinds"]):
-            subprocess.run([sys.executable, "-m", "jobpool", *command], check=True,
-                           capture_output=True, env=child_env(JOBPOOL_DSN=primary.dsn()))
+        migrate_with_kinds(primary.dsn(), "bench_kinds")
         with psycopg.connect(primary.dsn(), autocommit=True, row_factory=dict_row) as conn:
             conn.execute(RUNS_DDL)
             tenant = conn.execute("INSERT INTO mdm.aa_tenant (key) VALUES ('bench')"
