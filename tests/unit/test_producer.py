@@ -66,20 +66,14 @@ class Claims:
 
 
 class Returns:
-    """Hand-backs of unstarted claims: records what was asked; `paused` ids are handed back."""
+    """Hand-backs of unstarted claims: records the running jobs each one left out."""
 
-    def __init__(self, *paused: int) -> None:
-        self.paused = set(paused)
+    def __init__(self) -> None:
         self.unrun: list[list[int]] = []
-        self.asked: list[list[int]] = []
 
     async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]:
         self.unrun.append(sorted(running))
         return []
-
-    async def release_paused_claims(self, ids: Sequence[int]) -> list[Row]:
-        self.asked.append(list(ids))
-        return [{"id": i, "job_kind": "k"} for i in ids if i in self.paused]
 
 
 class Runs:
@@ -211,9 +205,12 @@ async def test_stop_before_the_database_answers_ends_the_wait() -> None:
 def test_a_claim_takes_the_free_slots_and_the_room_in_the_buffer() -> None:
     assert claim_limit(slots=4, busy=0, buffered=0, prefetch=0, sending=False) == 4
     assert claim_limit(slots=4, busy=0, buffered=0, prefetch=8, sending=False) == 12
-    assert claim_limit(slots=4, busy=4, buffered=4, prefetch=8, sending=False) == 4
-    # above the low-water mark with every slot busy: nothing, unless `done`s go anyway
-    assert claim_limit(slots=4, busy=4, buffered=5, prefetch=8, sending=False) == 0
+    # every slot busy and no `done` flowing (handlers that run long): nothing to wait there
+    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=8, sending=False) == 0
+    assert claim_limit(slots=4, busy=4, buffered=4, prefetch=8, sending=False) == 0
+    assert claim_limit(slots=4, busy=2, buffered=1, prefetch=8, sending=False) == 9
+    # jobs flowing: the buffer is topped up with the `done`s that go anyway
+    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=8, sending=True) == 8
     assert claim_limit(slots=4, busy=4, buffered=5, prefetch=8, sending=True) == 3
     assert claim_limit(slots=4, busy=4, buffered=0, prefetch=0, sending=True) == 0
     assert low_water(8) == 4 and low_water(1) == 0
@@ -297,23 +294,28 @@ async def test_a_stopped_or_lost_buffered_job_is_dropped_unrun() -> None:
         await asyncio.wait_for(loop, 10.0)
 
 
-async def test_a_buffered_job_whose_scope_was_paused_is_handed_back(
+async def test_a_buffer_behind_long_handlers_is_handed_back_and_not_refilled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(producer_module, "PAUSE_CHECK_AFTER", 0.05)
-    claims, runs, returns = Claims(1, 2, 3), Runs(), Returns(2)
-    p = producer(slots=1, prefetch=2, until_empty=False)
+    monkeypatch.setattr(producer_module, "BUFFER_WAIT", 0.05)
+    claims, runs, returns, leases = Claims(1, 2, 3, 4), Runs(), Returns(), Leases()
+    claims.queue = claims.queue[:3]  # job 4 arrives once the buffer has been handed back
+    p = producer(slots=1, prefetch=2, until_empty=False, leases=leases)
     loop = await _running_with_buffer(p, claims, runs, returns)
     try:
-        while not returns.asked:
+        while not returns.unrun:
             await asyncio.sleep(0.01)
-        assert returns.asked[0] == [2, 3]
-        assert list(p.buffer) == [3]  # the paused one is gone, the other keeps its place
+        assert returns.unrun == [[1]]  # all but the running job
+        assert p.buffer == {} and {2, 3} <= set(leases.released)
+        claims.queue = [row(4)]
+        p.wake.set()
+        await asyncio.sleep(0.2)  # the slot is still busy and no done flows: no claim
+        assert claims.limits[-1] == 0 and [r["id"] for r in claims.queue] == [4]
         runs.release.set()
-        while runs.ran != [1, 3]:
+        while 4 not in runs.ran:  # the slot freed: claiming again
             await asyncio.sleep(0.01)
     finally:
         p.stopping.set()
         p.wake.set()
         await asyncio.wait_for(loop, 10.0)
-    assert 2 not in runs.ran
+    assert runs.ran == [1, 4]

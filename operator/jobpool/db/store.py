@@ -26,7 +26,6 @@ COMPLETE_JOB = One("complete_job")
 RETRY_JOB = One("retry_job")
 DEAD_LETTER_JOB = One("dead_letter_job")
 RELEASE_JOB = One("release_job")
-RELEASE_PAUSED_CLAIMS = Many("release_paused_claims")
 RELEASE_UNRUN_CLAIMS = Many("release_unrun_claims")
 REGISTER_KINDS = Exec("register_kinds")
 
@@ -274,13 +273,6 @@ class QueueStore:
         async with self.pool.connection() as conn:
             return await RELEASE_UNRUN_CLAIMS(
                 conn, {"running": list(running), "worker_id": self.worker_id})
-
-    async def release_paused_claims(self, ids: Sequence[int]) -> list[Row]:
-        """Hand back those of `ids` (claimed here, not started) whose scope is paused; their
-        (id, job_kind). The attempt is not counted: they never ran."""
-        async with self.pool.connection() as conn:
-            return await RELEASE_PAUSED_CLAIMS(
-                conn, {"ids": list(ids), "worker_id": self.worker_id})
 
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:

@@ -211,16 +211,3 @@ WITH released AS (
     SELECT pg_notify('jobpool', job_kind) FROM (SELECT DISTINCT job_kind FROM released) AS d
 )
 SELECT id, job_kind FROM released, (SELECT count(*) FROM notified) AS n;
-
--- name: release_paused_claims :many
--- Hand back those of %(ids)s, this worker's claimed jobs that have not started, whose scope is
--- paused (the pair, its kind for every tenant, or its tenant for every kind): pending again at
--- their place in the queue, the attempt not counted. Nobody is woken: the pause holds them.
-UPDATE mdm.aa_job j
-   SET status = 'pending', attempts = j.attempts - 1,
-       claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.claimed_by = %(worker_id)s
-   AND EXISTS (SELECT 1 FROM mdm.aa_pause p
-                WHERE (p.tenant_id IS NULL OR p.tenant_id = j.tenant_id)
-                  AND (p.job_kind IS NULL OR p.job_kind = j.job_kind))
-RETURNING j.id, j.job_kind;

@@ -9,9 +9,10 @@ batched `done` waits for the next claim, so the next claim goes out while jobs r
 the buffer has fallen to its low-water mark (`low_water`); one claim is in flight at a
 time. Buffered jobs start in claim order. Each is covered by the lease thread from its claim
 on, with no deadline until it starts (its kind's timeout counts from its start). A buffered
-job that a stop or stale-claim recovery took away is dropped unrun; one whose scope was
-paused is handed back once it has waited `PAUSE_CHECK_AFTER` seconds; at shutdown and after
-an outage the buffer is handed back at once (the attempt not counted, idle workers woken).
+job that a stop or stale-claim recovery took away is dropped unrun. The buffer is handed
+back whole (the attempts not counted, idle workers woken) once its oldest job has waited
+`BUFFER_WAIT` seconds, because every slot runs a long handler (and it is refilled only
+while jobs flow: `claim_limit`), at shutdown, and after an outage.
 
 The loop waits for a wake-up (LISTEN, a finished job, a queued `done`, something scheduled
 falling due) or the poll interval, and while the database link is offline for it to answer
@@ -45,10 +46,11 @@ log = logging.getLogger("jobpool.worker")
 BEAT_EVERY = 5.0
 """Seconds between fetch-loop beats (/healthz) while claiming waits for the database."""
 
-PAUSE_CHECK_AFTER = 1.0
-"""Seconds a job may wait in the prefetch buffer before the loop asks whether its scope was
-paused meanwhile (then it is handed back); asked again at most this often. A claim sees a
-pause at once; a job that starts within this long of its claim runs as a claimed one does."""
+BUFFER_WAIT = 1.0
+"""Seconds the oldest job of the prefetch buffer may wait for a slot; past them every slot is
+taken by handlers that run long, and the whole buffer is handed back (the attempts not
+counted) for other workers to run, and refilled only once a slot frees. A claim sees pauses
+and stops at once; a buffered job is at most this long behind them."""
 
 HAND_BACK_TIMEOUT = 5.0
 """Seconds the hand-back of the buffer at shutdown may take; past them the buffered jobs
@@ -62,11 +64,12 @@ def low_water(prefetch: int) -> int:
 
 
 def claim_limit(*, slots: int, busy: int, buffered: int, prefetch: int, sending: bool) -> int:
-    """Jobs the next claim may take: the free slots plus the room in the buffer. 0 while the
-    buffer is above its low-water mark, no slot is free and no `done` is `sending` (the
-    buffered jobs keep the slots busy until a claim sent now would be answered)."""
+    """Jobs the next claim may take: the free slots plus the room in the buffer. With no
+    slot free (every slot running or promised to a buffered job) the buffer is refilled only
+    while jobs flow, i.e. while `done`s are `sending`: a worker whose handlers all run long
+    claims nothing more to wait behind them."""
     free = max(slots - busy - buffered, 0)
-    if free == 0 and buffered > low_water(prefetch) and not sending:
+    if free == 0 and not sending:
         return 0
     return max(slots + prefetch - busy - buffered, 0)
 
@@ -104,8 +107,6 @@ class Returns(Protocol):
     their place in the queue, the attempt not counted, idle workers woken."""
 
     async def release_unrun_claims(self, running: Sequence[int]) -> list[Row]: ...
-
-    async def release_paused_claims(self, ids: Sequence[int]) -> list[Row]: ...
 
 
 class Holds(Protocol):
@@ -162,9 +163,6 @@ class Producer:
         self.loop_beat = time.monotonic()
         self._completer: Batches | None = None
         self._executor: Attempts | None = None
-        self._pause_checked = 0.0
-        self._asking: dict[int, Buffered] = {}
-        """Buffered jobs out of the buffer while the pause check asks about them."""
 
     def busy(self) -> int:
         """Slots taken: started jobs whose handler has not ended (a job waiting for its
@@ -193,7 +191,7 @@ class Producer:
             self.wake.clear()
             self.fill()
             async with self.claiming:  # not while settling after an outage hands back the buffer
-                await self._hand_back_paused(returns)
+                await self._hand_back_stalled(returns)
             await completer.gather()
             batch = completer.take()
             limit = claim_limit(slots=self.slots(), busy=self.busy(),
@@ -219,13 +217,12 @@ class Producer:
                 await asyncio.wait_for(self.wake.wait(), self._wait_for())
 
     def _wait_for(self) -> float:
-        """Seconds the loop may wait for a wake-up: the poll interval, or less while a
-        buffered job is due for its pause check."""
+        """Seconds the loop may wait for a wake-up: the poll interval, or less while the
+        buffer's oldest job is due to be handed back (`BUFFER_WAIT`)."""
         if not self.buffer:
             return self.poll_interval
         oldest = next(iter(self.buffer.values())).claimed
-        due = max(oldest + PAUSE_CHECK_AFTER, self._pause_checked + PAUSE_CHECK_AFTER)
-        return min(self.poll_interval, max(due - time.monotonic(), 0.0))
+        return min(self.poll_interval, max(oldest + BUFFER_WAIT - time.monotonic(), 0.0))
 
     def _buffer(self, job: Job, trace_context: Any) -> None:
         """Hold a just-claimed job until a slot frees; its lease is renewed from now on, with
@@ -274,7 +271,7 @@ class Producer:
 
     def _drop(self, job_id: int, why: str) -> bool:
         """Drop buffered job `job_id` (its claim is gone); False if it is not buffered."""
-        waiting = self.buffer.pop(job_id, None) or self._asking.pop(job_id, None)
+        waiting = self.buffer.pop(job_id, None)
         if waiting is None:
             return False
         self.leases.release(job_id)
@@ -282,30 +279,12 @@ class Producer:
         self.wake.set()
         return True
 
-    async def _hand_back_paused(self, returns: Returns) -> None:
-        """Hand back the buffered jobs whose scope was paused, once the oldest has waited
-        `PAUSE_CHECK_AFTER` seconds (and at most that often). The jobs asked about are out
-        of the buffer meanwhile, so none starts while its claim is being handed back."""
-        now = time.monotonic()
-        if (not self.buffer or now - self._pause_checked < PAUSE_CHECK_AFTER
-                or now - next(iter(self.buffer.values())).claimed < PAUSE_CHECK_AFTER):
-            return
-        self._pause_checked = now
-        asked = self._asking = self.buffer
-        self.buffer = {}
-        try:
-            released = {row["id"] for row in await returns.release_paused_claims(list(asked))}
-        except psycopg.Error as exc:  # a lost connection is seen by the claim that follows
-            log.warning("could not check the buffered jobs for pauses: %s", exc)
-            released = set()
-        finally:
-            self._asking = {}
-        for job_id in released & set(asked):
-            self.leases.release(job_id)
-            log.info("job %d (%s): its scope was paused while it waited for a slot; handed "
-                     "back", job_id, asked[job_id].job.job_kind)
-        self.buffer = {**{k: v for k, v in asked.items() if k not in released}, **self.buffer}
-        self.fill()
+    async def _hand_back_stalled(self, returns: Returns) -> None:
+        """Hand back the whole buffer once its oldest job has waited `BUFFER_WAIT` seconds
+        for a slot (jobs start in claim order, so no slot freed meanwhile)."""
+        if (self.buffer and time.monotonic() - next(iter(self.buffer.values())).claimed
+                >= BUFFER_WAIT):
+            await self._hand_back_buffer(returns, "every slot stayed busy")
 
     def _start(self, executor: Attempts, job: Job, trace_context: Any = None) -> None:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
@@ -364,9 +343,10 @@ class Producer:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
 
-    async def _hand_back_buffer(self, returns: Returns) -> None:
-        """At shutdown: hand back every claimed job that has not started (unless the database
-        is unreachable: then they go with the leftovers at exit)."""
+    async def _hand_back_buffer(self, returns: Returns, why: str = "stopping") -> None:
+        """Hand back every claimed job that has not started (at shutdown, or when the buffer
+        stalled; not while the database is unreachable: then they go with the leftovers at
+        exit, or with those the link settles when it answers again)."""
         dropped = self.unbuffer()
         if not dropped or not self.online.is_set():
             return
@@ -377,7 +357,7 @@ class Producer:
             log.warning("could not hand back %d buffered job(s) now (%s); handed back at exit",
                         len(dropped), str(exc) or "the database did not answer")
             return
-        log.info("handed back %d claimed job(s) that had not started", len(released))
+        log.info("handed back %d claimed job(s) that had not started (%s)", len(released), why)
 
     async def _grace(self, tasks: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
         """Wait for `tasks` up to `config.grace` seconds, or until `hurry` is set; return
