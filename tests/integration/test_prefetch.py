@@ -107,7 +107,8 @@ async def test_a_buffered_job_of_a_paused_kind_is_handed_back_unrun(
     _, running, buffered = await _one_running_one_buffered(conn, dsn, tenant)
     await pauses.pause(conn, tenant=None, kind="test_record", actor="user:oncall",
                        reason="prefetch test")
-    await asyncio.wait_for(running, 60)  # the sleep outlasts the pause check's second
+    # the sleep outlasts the buffer's second: handed back, and the pause keeps it pending
+    await asyncio.wait_for(running, 60)
     row = await job(conn, buffered)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
     assert await scalar(conn, "SELECT count(*) FROM test_runs") == 1  # the sleeper's only
