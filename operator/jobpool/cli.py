@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from jobpool import admin
+from jobpool import admin, event_loop
 from jobpool.api.api_command import add_api_command
 from jobpool.cli_arguments import (
     IMPORT,
@@ -211,7 +211,7 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names(),
                      loaded_by=("spec.worker.imports", f"{IMPORT} MODULE"))
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
-        settings = replace(settings, dsn=asyncio.run(prepare_database(settings)))
+        settings = replace(settings, dsn=event_loop.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())
     each = f" x {workers} worker processes" if workers > 1 else ""
     for lane in pool.lanes:
@@ -594,7 +594,7 @@ def run_command(argv: Sequence[str] | None) -> int:
             return int(args.func(args, settings))
         if args.func is cmd_run and args.pool:
             return _run_pool(args, settings)
-        return int(asyncio.run(args.func(args, settings)))
+        return int(event_loop.run(args.func(args, settings)))
     except (JobpoolError, ValueError, ImportError, psycopg.Error) as exc:
         print(f"jobpool: error: {exc}", file=sys.stderr)
         return 2

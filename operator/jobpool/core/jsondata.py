@@ -223,8 +223,8 @@ def load_json(data: bytes | bytearray | memoryview | str) -> Any:
         return UndecodableJson(
             f"nested {nesting_depth(text)} levels deep, more than the limit of {MAX_DEPTH}",
             _preview(text))
-    try:
-        return json.loads(text)
+    try:  # text decoded here: json.loads would first guess the encoding of bytes
+        return json.loads(text if isinstance(text, str) else text.decode())
     except (ValueError, RecursionError) as exc:
         return UndecodableJson(f"{type(exc).__name__}: {exc}", _preview(text))
 

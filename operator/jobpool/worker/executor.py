@@ -43,6 +43,7 @@ from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
 from jobpool.worker import tracing
 from jobpool.worker.completer import ResultRefused
+from jobpool.worker.deadlines import Deadlines
 from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue_delay
 
@@ -162,6 +163,8 @@ class JobExecutor:
         self.releasing = False
         self.stopped = stopped
         """Whether a job's cancellation is its stop (worker/stops.py): nothing to hand back."""
+        self.deadlines = Deadlines()
+        """The running handlers' timeouts (worker/deadlines.py)."""
 
     async def execute(self, job: Job) -> JobOutcome:
         """Run one attempt of `job` and write its outcome; return that outcome. Raises
@@ -262,16 +265,13 @@ class JobExecutor:
     async def _call_handler(
         self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
     ) -> Mapping[str, Any] | None:
-        deadline = asyncio.timeout(spec.defaults.timeout)
+        deadline = self.deadlines.arm(spec.defaults.timeout)
         try:
-            async with deadline:
-                result = await spec.handler(job, conn)
-        except TimeoutError:
-            if not deadline.expired():
-                raise  # the handler's own (a mail server that did not answer), kept as it is
-            raise TimeoutError(
-                f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
+            result = await spec.handler(job, conn)
         except asyncio.CancelledError as exc:
+            if self.deadlines.finish(deadline):
+                raise TimeoutError(
+                    f"handler exceeded its timeout of {spec.defaults.timeout:g}s") from None
             if self.releasing or self.stopped(job.id):
                 raise
             task = asyncio.current_task()
@@ -284,6 +284,8 @@ class JobExecutor:
         except BaseException as exc:
             raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not stop the "
                               "worker") from exc
+        finally:
+            self.deadlines.finish(deadline)
         if result is not None and not isinstance(result, Mapping):
             raise PermanentError(
                 f"handler returned {type(result).__name__}, expected a mapping or None")
@@ -404,11 +406,15 @@ class JobTransaction:
     Everything else is the connection's own."""
 
     __slots__ = ("_conn", "_pool", "_slots")
+    _conn: AsyncConnection[Any] | None
+    _pool: AsyncConnectionPool[Any] | None
+    _slots: SlotConnections
 
     def __init__(self, slots: SlotConnections) -> None:
-        self._slots = slots
-        self._conn: AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
+        init = object.__setattr__  # past this class's own __setattr__: one per job
+        init(self, "_slots", slots)
+        init(self, "_conn", None)
+        init(self, "_pool", None)
 
     @property
     def taken(self) -> AsyncConnection[Any] | None:

@@ -234,7 +234,8 @@ class Producer:
         """Start buffered jobs, oldest claim first, while a slot is free (not while the
         database link is offline: the buffer is handed back when it answers again)."""
         executor = self._executor
-        if executor is None or not self.online.is_set() or self.stopping.is_set():
+        if (not self.buffer or executor is None or not self.online.is_set()
+                or self.stopping.is_set()):
             return
         started = False
         while self.buffer and self.busy() < self.slots():

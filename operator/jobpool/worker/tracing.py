@@ -20,7 +20,7 @@ import logging
 import os
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -137,15 +137,25 @@ def span_attributes(job: Job) -> dict[str, str | int]:
     }
 
 
-@contextmanager
-def attempt_span(job: Job, trace_context: Any = None) -> Iterator[Any]:
+NO_SPAN: AbstractContextManager[None] = nullcontext()
+"""What `attempt_span` returns where OpenTelemetry is absent: one shared block that does
+nothing, so that a job costs the worker no span machinery at all."""
+
+
+def attempt_span(job: Job, trace_context: Any = None) -> AbstractContextManager[Any]:
     """The current span of one attempt of `job` while the block runs; trace_context: the
     job's stored `trace_context` (a mapping, or None). Yields the span, None where
-    OpenTelemetry is absent. An exception leaving the block is recorded on the span."""
+    OpenTelemetry is absent (`NO_SPAN`). An exception leaving the block is recorded on the
+    span."""
+    if opentelemetry_api() is None:
+        return NO_SPAN
+    return _recorded_span(job, trace_context)
+
+
+@contextmanager
+def _recorded_span(job: Job, trace_context: Any) -> Iterator[Any]:
     api = opentelemetry_api()
-    if api is None:
-        yield None
-        return
+    assert api is not None
     trace = api[0]
     parent = extract_context(trace_context)
     links = [] if parent is None else [trace.Link(trace.get_current_span(parent)

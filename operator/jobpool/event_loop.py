@@ -1,0 +1,32 @@
+"""The event loop the `jobpool` command runs its coroutines on.
+
+uvloop's loop where it is installed (the worker extra brings it, except on Windows, where
+uvloop does not exist): a worker spends about a tenth less CPU per job on it than on
+asyncio's own loop, whose scheduling of tasks, callbacks and timers is a large part of a
+worker's work per job (docs/performance.md, "Where the time goes"). Without uvloop,
+asyncio's own loop runs everything the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's `new_event_loop` where uvloop is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to its end on a new event loop (`loop_factory`), as `asyncio.run` does, and
+    return its result (or raise its exception)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)
