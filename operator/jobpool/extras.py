@@ -25,6 +25,11 @@ EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
 includes `worker`, since the demo and a pool file run workers, and `api`, so that the demo's
 DLQ can be repaired from the console."""
 
+ACCELERATORS = ("uvloop",)
+"""Distributions an extra installs where the platform has them (uvloop: not on Windows) and
+that no command needs: without them everything runs the same, only slower
+(jobpool.event_loop). They are not among `EXTRA_MODULES`, so their absence refuses nothing."""
+
 
 class MissingExtraError(JobpoolError):
     """A command, or the embedded PostgreSQL, needs an extra that is not installed."""

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from jobpool.extras import EXTRA_MODULES, MissingExtraError, missing_modules, require_extra
+from jobpool.extras import (
+    ACCELERATORS,
+    EXTRA_MODULES,
+    MissingExtraError,
+    missing_modules,
+    require_extra,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENT = re.compile(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?")
@@ -44,7 +50,12 @@ def _distributions(extra: str) -> set[str]:
 def test_the_modules_checked_are_those_the_extra_installs(extra: str) -> None:
     owners = packages_distributions()
     checked = {_name(dist) for module in EXTRA_MODULES[extra] for dist in owners[module]}
-    assert checked == _distributions(extra)
+    assert checked == _distributions(extra) - set(ACCELERATORS)
+
+
+def test_an_accelerator_is_installed_by_the_worker_extra_and_needed_by_no_command() -> None:
+    assert set(ACCELERATORS) <= _distributions("worker")
+    assert not set(ACCELERATORS) & {m for modules in EXTRA_MODULES.values() for m in modules}
 
 
 def test_all_is_every_extra_and_test_is_all() -> None:
