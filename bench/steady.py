@@ -76,7 +76,8 @@ def steady(system: System, tpl: str, rate: float, minutes: float, hold_at: float
     if started < figures["sent"]:  # the rate was not held: the figures say by how much
         print(f"{system.name}: {figures['sent']} jobs enqueued at {rate:.0f}/s, only {started} "
               "started within a minute of the producer's end", file=sys.stderr)
-    return {**figures, "unstarted": figures["sent"] - started, "system": system.name, "profile": profile, "concurrency": concurrency,
+    return {**figures, "unstarted": figures["sent"] - started, "system": system.name,
+            "profile": profile, "concurrency": concurrency,
             "rate": rate, "minutes": minutes, "hold_at": hold_at, "hold": hold,
             "worker_cpu_us_per_job": worker_cpu / started * 1e6,
             "server_cpu_us_per_job": (server_after - server_before) / started * 1e6
