@@ -287,11 +287,11 @@ class Settings:
                           pool_fields=("spec.lanes[].workersPerPod",
                                        "spec.heavyLane.workersPerPod"))
     prefetch: int = _setting(
-        16, Whole(0, MAX_SLOTS),
-        "claimed jobs a worker holds beyond its free slots, started as slots free (each waits "
-        "for a slot of this worker; 0: claim only into free slots), see "
-        "[The fetch loop](workers-and-pools.md#the-fetch-loop)", "--prefetch", unit="jobs",
-        applies=("worker",))
+        128, Whole(0, MAX_SLOTS),
+        "the most claimed jobs a worker holds beyond its free slots, started as slots free: it "
+        "holds about what its slots start in 50 ms at their pace, up to this (0: claim only "
+        "into free slots), see [The fetch loop](workers-and-pools.md#the-fetch-loop)",
+        "--prefetch", unit="jobs", applies=("worker",))
     grace: float = _setting(
         30.0, Seconds(MIN_GRACE, MAX_GRACE),
         "seconds running jobs get after SIGTERM before they are handed back", "--grace",

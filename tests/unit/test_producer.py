@@ -25,7 +25,7 @@ from jobpool.registry import KindSpec
 from jobpool.worker import producer as producer_module
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.producer import Producer, claim_limit, low_water
+from jobpool.worker.producer import Producer
 from jobpool.worker.stops import Stops
 
 
@@ -200,20 +200,6 @@ async def test_stop_before_the_database_answers_ends_the_wait() -> None:
 
 
 # -- the prefetch buffer ----------------------------------------------------------------
-
-
-def test_a_claim_takes_the_free_slots_and_the_room_in_the_buffer() -> None:
-    assert claim_limit(slots=4, busy=0, buffered=0, prefetch=0, sending=False) == 4
-    assert claim_limit(slots=4, busy=0, buffered=0, prefetch=8, sending=False) == 12
-    # every slot busy and no `done` flowing (handlers that run long): nothing to wait there
-    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=8, sending=False) == 0
-    assert claim_limit(slots=4, busy=4, buffered=4, prefetch=8, sending=False) == 0
-    assert claim_limit(slots=4, busy=2, buffered=1, prefetch=8, sending=False) == 9
-    # jobs flowing: the buffer is topped up with the `done`s that go anyway
-    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=8, sending=True) == 8
-    assert claim_limit(slots=4, busy=4, buffered=5, prefetch=8, sending=True) == 3
-    assert claim_limit(slots=4, busy=4, buffered=0, prefetch=0, sending=True) == 0
-    assert low_water(8) == 4 and low_water(1) == 0
 
 
 async def test_buffered_jobs_run_in_claim_order_never_more_handlers_than_slots() -> None:

@@ -25,9 +25,10 @@ class WorkerConfig:
     kinds: kinds to serve; None = every registered kind except `exclude_kinds`.
     tenants: tenant keys or ids to serve; () = all (ValueError for text that is neither).
     slots: jobs run at once (default 4).
-    prefetch: claimed jobs a worker may hold beyond its free slots, not started yet, so that
-        a freed slot starts the next job without waiting for a claim (0: claim only into free
-        slots).
+    prefetch: the most claimed jobs a worker may hold beyond its free slots, not started
+        yet, so that a freed slot starts the next job without waiting for a claim; it holds
+        about what its slots start in 50 ms (core/prefetch.py), up to this (0: claim only into
+        free slots).
     grace: seconds running jobs get to finish after SIGTERM before they are handed back.
     stop_grace: seconds a stopped job's handler gets to clean up after its cancellation
         (`jobpool jobs stop`, worker/stops.py) before the worker abandons it and frees its slot.

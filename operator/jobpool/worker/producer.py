@@ -3,7 +3,8 @@ beside them, run each claimed job on a task of its own (`JobExecutor.execute`), 
 end give the running jobs the grace period before handing back the rest.
 
 Each claim goes out with the `done`s the completer queued (one transaction) and takes up to
-the free slots plus the room in the prefetch buffer (`WorkerConfig.prefetch` jobs). A job
+the free slots plus the room in the prefetch buffer: what the slots start in a few claim
+round trips at the rate they run, at most `WorkerConfig.prefetch` jobs (core/prefetch.py). A job
 starts as soon as a slot frees: a slot is busy while its handler runs, not while its
 batched `done` waits for the next claim, so the next claim goes out while jobs run, once
 the buffer has fallen to its low-water mark (`low_water`); one claim is in flight at a
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from jobpool.core.prefetch import buffer_room, claim_limit, low_water, observed_rate
 from jobpool.db.queries import Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
@@ -55,23 +57,6 @@ and stops at once; a buffered job is at most this long behind them."""
 HAND_BACK_TIMEOUT = 5.0
 """Seconds the hand-back of the buffer at shutdown may take; past them the buffered jobs
 are handed back with the other leftovers at exit."""
-
-
-def low_water(prefetch: int) -> int:
-    """Buffered jobs at or below which the loop claims again while its slots are busy: half
-    the buffer, so that the next claim's round trip overlaps the start of the other half."""
-    return prefetch // 2
-
-
-def claim_limit(*, slots: int, busy: int, buffered: int, prefetch: int, sending: bool) -> int:
-    """Jobs the next claim may take: the free slots plus the room in the buffer. With no
-    slot free (every slot running or promised to a buffered job) the buffer is refilled only
-    while jobs flow, i.e. while `done`s are `sending`: a worker whose handlers all run long
-    claims nothing more to wait behind them."""
-    free = max(slots - busy - buffered, 0)
-    if free == 0 and not sending:
-        return 0
-    return max(slots + prefetch - busy - buffered, 0)
 
 
 class Batches(Protocol):
@@ -153,6 +138,14 @@ class Producer:
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.buffer: dict[int, Buffered] = {}
         self.prefetch = config.prefetch
+        self.rate = 0.0
+        """Jobs started per second, smoothed over claim rounds (`core.prefetch.observed_rate`)."""
+        self.started = 0
+        """Jobs started since the last claim round."""
+        self.room = self.prefetch
+        """Jobs the buffer may hold now (`core.prefetch.buffer_room`): at most `prefetch`, all
+        of it at the first claim (nothing is known of the jobs' pace yet)."""
+        self._rate_since: float | None = None
         self.wake = wake
         self.stopping = asyncio.Event()
         self.hurry = asyncio.Event()
@@ -194,9 +187,9 @@ class Producer:
                 await self._hand_back_stalled(returns)
             await completer.gather()
             batch = completer.take()
+            self._measure_rate()
             limit = claim_limit(slots=self.slots(), busy=self.busy(),
-                                buffered=len(self.buffer), prefetch=self.prefetch,
-                                sending=bool(batch))
+                                buffered=len(self.buffer), room=self.room, sending=bool(batch))
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await completer.send(batch, kinds=self.kinds, tenants=self.tenants(),
                                                limit=limit, throttled=self.throttled)
@@ -215,6 +208,16 @@ class Producer:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self._wait_for())
+
+    def _measure_rate(self) -> None:
+        """Update the start rate and the buffer's room from the jobs started since the last
+        claim round (core/prefetch.py)."""
+        now, since, started = time.monotonic(), self._rate_since, self.started
+        self.started, self._rate_since = 0, now
+        if since is None:  # the first round: the rate is measured from here on
+            return
+        self.rate = observed_rate(self.rate, started, now - since)
+        self.room = buffer_room(self.rate, self.prefetch)
 
     def _wait_for(self) -> float:
         """Seconds the loop may wait for a wake-up: the poll interval, or less while the
@@ -243,7 +246,7 @@ class Producer:
             waiting = self.buffer.pop(job_id)
             self._start(executor, waiting.job, waiting.trace_context)
             started = True
-        if started and len(self.buffer) <= low_water(self.prefetch):
+        if started and len(self.buffer) <= low_water(self.room):
             self.wake.set()  # the next claim goes out while the started jobs run
 
     def unbuffer(self) -> list[int]:
@@ -289,6 +292,7 @@ class Producer:
 
     def _start(self, executor: Attempts, job: Job, trace_context: Any = None) -> None:
         self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
+        self.started += 1
         task = asyncio.create_task(self._attempt(executor, job, trace_context),
                                    name=f"job-{job.id}")
         self.in_flight[job.id] = task
