@@ -12,6 +12,7 @@ import functools
 import importlib.resources
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +153,8 @@ class PoolSpec:
     def worker_run(self, lane: Lane, imports: Sequence[str] = ()) -> WorkerRun:
         """What a worker of `lane` is given, on Kubernetes and in a local run alike: the
         lane's kinds and tenants, the pool's imports (then `imports`, each once), the settings
-        its fields set (slots, grace, pool and lane names, the lane's provider caps if it has
+        its fields set (slots, grace, pool and lane names, the pool's namespace if it has one
+        (with the name, the owner of its schedules), the lane's provider caps if it has
         `rateLimits`, the pool's schedules: also when there are none, so that the workers retire
         those the pool declared before), then `spec.worker.env`. Its DSN and metrics port come
         from its runner."""
@@ -160,6 +162,8 @@ class PoolSpec:
             "slots": lane.workers_per_pod, "grace": float(self.grace_seconds),
             "pool": self.name, "lane": lane.name,
         }
+        if self.namespace:
+            settings["pool_namespace"] = self.namespace
         if lane.rate_limits is not None:
             settings["rate_limits"] = lane.rate_limits.to_json()
         settings["schedules"] = schedules_json(self.schedules)
@@ -247,6 +251,7 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     if len(name) > MAX_POOL_NAME:
         raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
                             f"{len(name)}{_setting_named('metadata.name')}")
+    namespace = _namespace(metadata.get("namespace"))
     spec = document["spec"]
     worker = spec.get("worker") or {}
     env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
@@ -269,7 +274,7 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     database = spec["database"]
     return PoolSpec(
         name=name,
-        namespace=metadata.get("namespace"),
+        namespace=namespace,
         image=spec["image"],
         dsn_secret=SecretRef(database["secretName"], database.get("key", DEFAULT_SECRET_KEY)),
         lanes=lanes,
@@ -285,6 +290,26 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         schedules=_schedules(spec.get("schedules") or ()),
         warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
+
+
+NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A Kubernetes namespace name (an RFC 1123 label)."""
+
+
+def _namespace(value: Any) -> str | None:
+    """`metadata.namespace`, if given: a namespace name (the API server sets it on every
+    JobWorkerPool; a pool file may leave it out)."""
+    if value is None:
+        return None
+    setting = _setting_named("metadata.namespace")
+    if not isinstance(value, str):
+        raise PoolSpecError(f"metadata.namespace must be a string, got {value!r:.80} "
+                            f"({type(value).__name__}){setting}")
+    if not NAMESPACE_PATTERN.fullmatch(value):
+        raise PoolSpecError(f"metadata.namespace: {value!r:.80} is not a namespace name (1 to "
+                            "63 lower-case letters, digits and '-', starting and ending with a "
+                            f"letter or digit){setting}")
+    return value
 
 
 def schedules_json(schedules: Sequence[Schedule]) -> str:

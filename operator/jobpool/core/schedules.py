@@ -55,7 +55,25 @@ NAME_RULE = "1 to 63 lower-case letters, digits, '_', '.' or '-', starting with 
 BUILTIN_CLEANUP = "cleanup_jobs"
 """Name (and kind) of the built-in schedule that runs queue maintenance."""
 BUILTIN_OWNER = ""
-"""Owner of built-in schedules; declared schedules belong to their pool."""
+"""Owner of built-in schedules; declared schedules belong to their pool (`schedule_owner`)."""
+
+
+def schedule_owner(pool: str | None, namespace: str | None) -> str:
+    """The owner of the schedules pool `pool` declares: `<namespace>/<pool>`, unique per
+    JobWorkerPool of a cluster (pools of one name in two namespaces on one database keep their
+    schedules apart), or the bare name of a pool file without a namespace; BUILTIN_OWNER for a
+    worker of no pool."""
+    if not pool:
+        return BUILTIN_OWNER
+    return f"{namespace}/{pool}" if namespace else pool
+
+
+def former_owners(pool: str | None, namespace: str | None) -> tuple[str, ...]:
+    """The owners the same pool's schedules had under earlier versions, which named them by
+    the pool's name alone: its workers take those schedules over (`()` when the owner is
+    still the name)."""
+    owner = schedule_owner(pool, namespace)
+    return (pool,) if pool and owner != pool else ()
 
 
 class ScheduleError(JobpoolError, ValueError):
@@ -282,7 +300,8 @@ def check_owners(owner: str, schedules: Sequence[Schedule],
     """Refuse `owner`'s declarations of names that another owner declared before.
 
     elsewhere: rows (name, owner, definition) of the schedules of those names that belong to
-    another owner (a pool's name; "" for workers of no pool). A name is one schedule of one
+    another owner (`schedule_owner`: a pool's `<namespace>/<name>`, a pool file's name; ""
+    for workers of no pool). A name is one schedule of one
     pool: that pool alone changes it and retires it when its file drops it, so a second
     pool's declaration, the same or another, would be taken over or retired behind its back.
     Raises ScheduleError naming each such schedule with both declarations.
