@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 
 from jobpool.core.crd import API_VERSION, CRD_FILE, KIND
+from jobpool.core.jsondata import expect_text
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
@@ -246,7 +247,10 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     _check_schema(document)
     metadata = document.get("metadata") or {}
     name = metadata.get("name")
-    if not isinstance(name, str) or not name:
+    if name is not None and not isinstance(name, str):
+        raise PoolSpecError(f"metadata.name must be a string, got {name!r:.80} "
+                            f"({type(name).__name__}){_setting_named('metadata.name')}")
+    if not name:
         raise PoolSpecError(f"metadata.name: a pool needs a name{_setting_named('metadata.name')}")
     if len(name) > MAX_POOL_NAME:
         raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
@@ -400,12 +404,24 @@ def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple
     )
 
 
-def _plain(value: Any) -> Any:
-    """Mappings and sequences as plain dicts and lists (API objects arrive as read-only views)."""
+def _plain(value: Any, path: JsonPath = ()) -> Any:
+    """Mappings and sequences as plain dicts and lists (API objects arrive as read-only views).
+
+    Raises PoolSpecError for a key that is not text (YAML reads `5:` or `yes:` as a number or
+    a boolean, never the name of a kind or a provider), naming its path, the key and its type.
+    """
     if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
+        plain: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                try:
+                    expect_text(key, f"a key of {_json_path(path)}")
+                except ValueError as exc:
+                    raise PoolSpecError(str(exc)) from None
+            plain[key] = _plain(item, (*path, key))
+        return plain
     if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
+        return [_plain(item, (*path, index)) for index, item in enumerate(value)]
     return value
 
 

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from jobpool.core.jsondata import to_json_text
+from jobpool.core.jsondata import expect_text, to_json_text
 from jobpool.core.kinds import check_kind_name
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobpoolError
@@ -247,10 +247,13 @@ def parse_schedule(raw: Any, path: str) -> Schedule:
     kind = _text(raw, "kind", path)
     try:
         check_kind_name(kind)
-        tenant = tenant_ref(str(raw.get("tenant", DEFAULT_TENANT)))
     except ValueError as exc:
-        key = "kind" if "tenant" not in str(exc) else "tenant"
-        raise ScheduleError(f"{path}.{key}: {exc}") from None
+        raise ScheduleError(f"{path}.kind: {exc}") from None
+    tenant_text = _given_text(raw.get("tenant", DEFAULT_TENANT), f"{path}.tenant")
+    try:
+        tenant = tenant_ref(tenant_text)
+    except ValueError as exc:
+        raise ScheduleError(f"{path}.tenant: {exc}") from None
     payload = raw.get("payload", {})
     if not isinstance(payload, Mapping):
         raise ScheduleError(f"{path}.payload: must be a JSON object, not "
@@ -339,9 +342,18 @@ def cleanup_schedule(every: float) -> Schedule:
 
 def _text(raw: Mapping[str, Any], key: str, path: str) -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not value:
+    if value is None or value == "":
         raise ScheduleError(f"{path}.{key}: required, a non-empty string")
-    return value
+    return _given_text(value, f"{path}.{key}")
+
+
+def _given_text(value: Any, field: str) -> str:
+    """`value` if it is text; ScheduleError naming `field`, the value and its type if not
+    (a YAML `tenant: 5` is a number, never the tenant "5")."""
+    try:
+        return expect_text(value, field)
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 MAX_CRON_LENGTH = 256
@@ -353,7 +365,7 @@ MAX_ZONE_LENGTH = 64
 
 
 def _check_cron(cron: Any, path: str) -> None:
-    if not isinstance(cron, str) or not cron.strip():
+    if not _given_text(cron, f"{path}.cron").strip():
         raise ScheduleError(f"{path}.cron: must be a cron expression (text)")
     if len(cron) > MAX_CRON_LENGTH:
         raise ScheduleError(f"{path}.cron: {len(cron)} characters, at most {MAX_CRON_LENGTH}")
@@ -366,7 +378,7 @@ def _check_cron(cron: Any, path: str) -> None:
 
 
 def _check_zone(zone: Any, path: str) -> None:
-    if not isinstance(zone, str) or not zone:
+    if not _given_text(zone, f"{path}.timeZone"):
         raise ScheduleError(f"{path}.timeZone: must be an IANA time zone name")
     if len(zone) > MAX_ZONE_LENGTH:
         raise ScheduleError(f"{path}.timeZone: {len(zone)} characters, at most {MAX_ZONE_LENGTH}")
