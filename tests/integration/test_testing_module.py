@@ -15,6 +15,7 @@ import pytest
 import jobpool
 from integration.helpers import add_tenant, scalar, wait_until
 from jobpool import pauses, testing
+from jobpool.db.connect import open_pool
 from jobpool.db.store import QueueStore
 from jobpool.job import Job
 
@@ -212,6 +213,40 @@ async def test_run_pending_runs_its_job_when_one_of_the_pair_is_enqueued_during_
     assert (run.id, run.status, run.result) == (job_id, "done", {"total": 1})
     [left] = await testing.enqueued(conn, status="pending")
     assert (left.id, left.attempts) == (intruder, 0)
+
+
+async def test_run_pending_runs_its_job_when_one_of_the_pair_turns_pending_during_its_claim(
+    conn: Conn, dsn: str, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of the pair (first in priority) that another worker held while run_pending held
+    the pair's pending jobs, and handed back before the claim: claimed instead, it is handed
+    back unrun, its attempt not counted, and the job named runs."""
+    await _prepare(conn)
+    other = await _enqueue(conn, tenant, "tm_invoice", {"lines": [2]}, priority=0)
+    job_id = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]})
+    side = open_pool(dsn, size=1)
+    await side.open()
+    try:
+        async with QueueStore(side, worker_id="elsewhere", actor="test") as elsewhere:
+            [held] = await elsewhere.claim(kinds=["tm_invoice"], tenants=None, limit=1)
+            assert held["id"] == other
+            claim = QueueStore.complete_and_claim
+            handed_back: list[bool] = []
+
+            async def hand_back_first(self: QueueStore, *args: Any, **kwargs: Any) -> Any:
+                if not handed_back:  # between the hold and the claim
+                    handed_back.append(await elsewhere.release(other, held["attempts"]))
+                return await claim(self, *args, **kwargs)
+
+            monkeypatch.setattr(QueueStore, "complete_and_claim", hand_back_first)
+            run = await testing.run_pending(dsn, job_id)
+    finally:
+        await side.close()
+    assert handed_back == [True]
+    assert (run.id, run.status, run.result) == (job_id, "done", {"total": 1})
+    [left] = await testing.enqueued(conn, status="pending")
+    assert (left.id, left.attempts) == (other, 0)
+    assert await scalar(conn, "SELECT array_agg(job_id) FROM tm_invoice") == [job_id]
 
 
 async def test_drain_runs_the_jobs_handlers_enqueue(
