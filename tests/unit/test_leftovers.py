@@ -30,3 +30,10 @@ def test_a_claim_without_an_answer_is_in_doubt_until_the_unrun_claims_are_handed
     leftovers.claim_unanswered = True
     leftovers.settled([2])  # job 2 runs on
     assert (leftovers.claim_unanswered, leftovers.jobs) == (False, {2})
+
+
+def test_a_claim_taken_away_is_no_leftover() -> None:
+    leftovers = Leftovers()
+    leftovers.claimed([{"id": 1}])  # buffered, then stopped before it started
+    leftovers.lost(1)
+    assert not leftovers.in_doubt

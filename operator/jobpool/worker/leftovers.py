@@ -38,7 +38,7 @@ class Leftovers:
 
     @property
     def in_doubt(self) -> bool:
-        """Whether some job may be claimed under this worker's id that nothing of it runs."""
+        """Whether some job may be claimed under this worker's id with no outcome written."""
         return self.claim_unanswered or bool(self.jobs)
 
     def claimed(self, rows: Iterable[Row]) -> None:
@@ -49,6 +49,11 @@ class Leftovers:
         """An attempt of `job_id` ended with `outcome` (`stopping`: the worker was)."""
         if outcome in SETTLED and not (stopping and outcome == "released"):
             self.jobs.discard(job_id)
+
+    def lost(self, job_id: int) -> None:
+        """The claim of `job_id` was taken away (a stop, stale-claim recovery), also from a
+        buffered job that then never runs."""
+        self.jobs.discard(job_id)
 
     def settled(self, running: Collection[int]) -> None:
         """Every claim under this worker's id but the `running` jobs was handed back."""

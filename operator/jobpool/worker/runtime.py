@@ -126,7 +126,8 @@ class Worker:
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
         self.leftovers = Leftovers()
-        """What may be claimed under this worker's id with nothing of it running it."""
+        """Jobs claimed under this worker's id whose outcome is not written, and claims that
+        got no answer: what a stopping worker must hand back before it exits."""
         self.slots = config.slots
         """Slots the worker runs with: `config.slots`, or fewer for the connection budget."""
         self.budget_note: str | None = None
@@ -147,8 +148,7 @@ class Worker:
                                    busy=lambda: self.producer.busy())
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty,
-                                  lost=lambda job_id, stopped:
-                                  self.producer.claim_lost(job_id, stopped),
+                                  lost=self._claim_lost,
                                   heartbeat=self.heartbeat)
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
@@ -175,6 +175,17 @@ class Worker:
     def _claimed(self, rows: list[Row]) -> None:
         self.heartbeat.claimed(rows)
         self.leftovers.claimed(rows)
+
+    def _claim_lost(self, job_id: int, stopped: bool) -> None:
+        """The lease renewal found `job_id` no longer claimed here (a stop, a recovery)."""
+        self.leftovers.lost(job_id)
+        self.producer.claim_lost(job_id, stopped)
+
+    def _stop_notified(self, payload: str) -> None:
+        """A stop notification: the stop took the claim of the job its payload names."""
+        if payload.strip().isdigit():
+            self.leftovers.lost(int(payload))
+        self.producer.stop_notified(payload)
 
     def _make_store(self, pool: AsyncConnectionPool[Any]) -> QueueStore:
         return self.make_store(pool, worker_id=self.worker_id, actor=self.actor,
@@ -486,7 +497,7 @@ class Worker:
                     while True:
                         async for note in conn.notifies(timeout=15.0):
                             if note.channel == STOP_CHANNEL:
-                                self.producer.stop_notified(note.payload)
+                                self._stop_notified(note.payload)
                             elif note.payload in served:
                                 self.wake.set()
                         await PING(conn)
