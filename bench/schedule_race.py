@@ -44,7 +44,7 @@ async def scheduler(dsn: str) -> None:
     online = asyncio.Event()
     online.set()
     store: Any = type("Store", (), {"pool": pool})()
-    declared = declarations_for("race", json.dumps(SCHEDULE), [cleanup_schedule(300)])
+    declared = declarations_for("race", None, json.dumps(SCHEDULE), [cleanup_schedule(300)])
     task = asyncio.create_task(keep_scheduled(store, declared, actor="bench-scheduler",
                                               online=online, healthy=lambda: None,
                                               database_error=lambda exc: None))

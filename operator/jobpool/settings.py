@@ -330,6 +330,12 @@ class Settings:
         None, Stored(), "the JobWorkerPool a worker belongs to, named in its start log line and "
         "its row among the live workers; set by the operator and by `jobpool run pool.yaml`",
         applies=("worker",), pool_fields=("metadata.name",))
+    pool_namespace: str | None = _setting(
+        None, Stored(), "the namespace of that JobWorkerPool: with its name, the owner of the "
+        "pool's schedules (`<namespace>/<name>`, so that pools of one name in two namespaces "
+        "keep theirs apart, see [Schedules](schedules.md)); set by the operator and by "
+        "`jobpool run pool.yaml` from `metadata.namespace`", applies=("worker",),
+        pool_fields=("metadata.namespace",))
     lane: str | None = _setting(
         None, Stored(), "the lane a worker belongs to, named in its start log line and its row "
         "among the live workers (the console groups workers by it); set by the operator and by "

@@ -23,7 +23,7 @@ from jobpool.admin import STATUSES, get_job, resolve_tenant
 from jobpool.core.pause_scopes import covers, scope_text
 from jobpool.db.connect import connect
 from jobpool.db.queries import Exec, Many, One, Row
-from jobpool.db.store import Completion, QueueStore
+from jobpool.db.store import RELEASE_JOB, Completion, QueueStore
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
@@ -34,6 +34,7 @@ from jobpool.worker.config import WorkerConfig
 from jobpool.worker.runtime import Worker
 
 FIND_JOBS = Many("find_jobs")
+HOLD_KIND = Exec("hold_kind")
 HOLD_PAIR_BUT = Exec("hold_pair_but")
 LIST_PAUSES = Many("list_pauses")
 MAKE_JOB_DUE = One("make_job_due")
@@ -239,8 +240,12 @@ class _OneJobStore(QueueStore):
     """A worker's store whose first claim can take job `job_id` alone, and later ones none.
 
     That claim is the worker's own (`claim_jobs`: pauses, rate-limited pairs, tenant turns,
-    the lease), made while the other pending jobs of the job's (tenant, kind) pair are locked
-    in a transaction beside it, so that the claim skips them.
+    the lease), made while a transaction beside it holds the job's kind row (an enqueue of
+    the kind waits until the claim is over) and the other pending jobs of the job's (tenant,
+    kind) pair (the claim skips them). A job of the pair that turned pending in between (a
+    hand-back, a recovery, a replay) and was claimed instead is handed back in that
+    transaction (pending again at its place when it ends, the attempt not counted) and the
+    claim made again: only job `job_id` ever runs.
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, job_id: int, **kwargs: Any) -> None:
@@ -260,11 +265,21 @@ class _OneJobStore(QueueStore):
             return await super().complete_and_claim(
                 completions, kinds=kinds, tenants=tenants, limit=0)
         self.tried = True
+        held: set[int] = set()
         async with self.pool.connection() as conn, conn.transaction():
-            await HOLD_PAIR_BUT(conn, {"id": self.job_id})
-            held, rows = await super().complete_and_claim(
-                completions, kinds=kinds, tenants=tenants, limit=1, throttled=throttled)
-        self.claimed = any(row["id"] == self.job_id for row in rows)
+            await HOLD_KIND(conn, {"id": self.job_id})
+            while True:
+                await HOLD_PAIR_BUT(conn, {"id": self.job_id})
+                written, rows = await super().complete_and_claim(
+                    completions, kinds=kinds, tenants=tenants, limit=1, throttled=throttled)
+                held, completions = held | written, ()
+                others = [row for row in rows if row["id"] != self.job_id]
+                if not others:
+                    break
+                for row in others:  # pending again when the hold ends, running until then
+                    await RELEASE_JOB(conn, {"id": row["id"], "attempts": row["attempts"],
+                                             "worker_id": self.worker_id, "delay": 0.0})
+        self.claimed = bool(rows)
         return held, rows
 
 

@@ -358,7 +358,7 @@ def test_import_of_what_is_no_module_is_a_clear_error(dsn: str, module: str,
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("variable_name", ["JOBPOOL_POOL", "JOBPOOL_LANE",
+@pytest.mark.parametrize("variable_name", ["JOBPOOL_POOL", "JOBPOOL_POOL_NAMESPACE", "JOBPOOL_LANE",
                                            "JOBPOOL_SERVICE_ACCOUNT"])
 def test_a_stored_setting_with_an_undecodable_byte_is_refused_naming_it(
     dsn: str, variable_name: str

@@ -218,3 +218,32 @@ async def test_the_operator_needs_no_access_beyond_its_list(
 
 async def _has(cluster: Cluster, name: str) -> bool:
     return name in await deployments(cluster)
+
+
+async def test_a_schedule_another_pool_owns_is_named_in_the_status_without_its_runs(
+    tmp_path: Path, dsn: str
+) -> None:
+    """Pool mdm/mdm-jobs declares `nightly`, which the pool of the same name in namespace
+    imports declared first (on the same database): the status names that pool, shows none of
+    its runs, and the pool is Degraded."""
+    import psycopg
+
+    from jobpool.core.schedules import parse_schedule
+    from jobpool.worker.scheduler import Declarations
+    from jobpool.worker.scheduler import declare as declare_schedules
+
+    nightly = {"name": "nightly", "kind": "reindex", "cron": "30 2 * * *"}
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await declare_schedules(conn, Declarations(
+            "imports/mdm-jobs", (parse_schedule(nightly, "s"),), retire=True))
+        await conn.execute("UPDATE mdm.aa_schedule SET last_run_at = now() - interval '1 day'")
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        document = example_pool()
+        document["spec"]["schedules"] = [nightly]
+        await cluster.api.request("POST", POOLS, body=document)
+        conditions = await condition_reason(cluster, "Degraded", "ScheduleDeclaredElsewhere")
+        [entry] = (await pool_object(cluster))["status"]["schedules"]
+    assert entry == {"name": "nightly", "kind": "reindex", "expression": "30 2 * * *",
+                     "declaredBy": "imports/mdm-jobs"}
+    assert "declared by pool 'imports/mdm-jobs'" in conditions["Degraded"]["message"]

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import pytest
 from private_postgres import PrivateServer
 from psycopg.rows import dict_row
 
@@ -18,6 +19,7 @@ from integration.helpers import prepare, scalar, worker
 from jobpool.db.connect import open_pool
 from jobpool.db.store import QueueStore
 from jobpool.job import Job
+from jobpool.worker import runtime
 from jobpool.worker.runtime import Worker
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -226,3 +228,54 @@ async def test_a_primary_switchover_during_a_drain_loses_duplicates_and_burns_no
                                       " WHERE job_kind = 'test_outage_step'") == 1
     finally:
         standby.remove()
+
+
+@jobpool.kind("test_outage_hold", max_attempts=3, stale_ttl=3600.0)
+async def outage_hold(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Run until the worker cancels it."""
+    await asyncio.sleep(3600)
+
+
+async def test_an_idle_worker_stopped_during_an_outage_exits_at_once(
+    private_server: PrivateServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing claimed under its id can be in doubt (every claim answered, every outcome
+    written, nothing running or buffered): it does not wait for the database to hand back
+    nothing. The wait it skips is made longer than the test may take."""
+    monkeypatch.setattr(runtime, "SHUTDOWN_SETTLE_TIMEOUT", 3600.0)
+    dsn = private_server.dsn()
+    await seed_outage_steps(dsn, 3)
+    w = worker(dsn, ("test_outage_step",), until_empty=False, poll_interval=3600.0)
+    task = await started(w)
+    await wait_until(lambda: drained(dsn, 3), "the jobs done")
+    await asyncio.to_thread(private_server.stop)
+    await wait_until(lambda: not w.link.online.is_set(), "the worker sees the outage")
+    assert not w.leftovers.in_doubt
+    await stopped(w, task)
+
+
+async def test_a_worker_stopped_during_an_outage_with_a_job_claimed_waits_to_hand_it_back(
+    private_server: PrivateServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its running job is cancelled at the end of the grace period and its own hand-back
+    fails; the worker waits for the database and hands it back, the attempt not counted."""
+    monkeypatch.setattr(runtime, "SHUTDOWN_SETTLE_TIMEOUT", 3600.0)
+    dsn = private_server.dsn()
+    async with await connect(dsn) as setup:
+        await prepare(setup)
+        tenant = await scalar(setup, "INSERT INTO mdm.aa_tenant (key) VALUES ('acme')"
+                              " RETURNING id")
+        job_id = (await jobpool.enqueue(setup, tenant_id=tenant, kind="test_outage_hold")).id
+    w = worker(dsn, ("test_outage_hold",), until_empty=False, poll_interval=3600.0, grace=0.1)
+    task = await started(w)
+    await wait_until(lambda: job_id in w.producer.in_flight, "the job running")
+    await asyncio.to_thread(private_server.stop)
+    await wait_until(lambda: not w.link.online.is_set(), "the worker sees the outage")
+    w.stop()
+    await wait_until(lambda: not w.producer.in_flight, "the job cancelled")
+    assert w.leftovers.in_doubt and not task.done()
+    await asyncio.to_thread(private_server.start)
+    await asyncio.wait_for(task, DEADLINE)
+    async with await connect(dsn) as conn:
+        row = await helpers.job(conn, job_id)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)

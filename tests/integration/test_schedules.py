@@ -226,12 +226,14 @@ async def test_a_worker_whose_pool_declares_another_pools_name_is_not_ready_nami
     await declare(conn, Declarations("pool-a", (EVERY_SECOND,), retire=True))
     previous = settings.current()
     settings.configure(settings.Settings.from_env(
-        {"JOBPOOL_POOL": "pool-b", "JOBPOOL_SCHEDULES": json.dumps([EVERY_SECOND.to_json()])}))
+        {"JOBPOOL_POOL": "pool-b", "JOBPOOL_POOL_NAMESPACE": "mdm",
+         "JOBPOOL_SCHEDULES": json.dumps([EVERY_SECOND.to_json()])}))
     clashing = worker(dsn, ("test_noop",), until_empty=False)
     run = asyncio.create_task(clashing.run())
 
     async def refused() -> bool:
-        return any("schedule 'tick' is declared by pool 'pool-a'" in problem
+        return any("schedule 'tick' is declared by pool 'pool-a' (kind test_noop, tenant "
+                   "acme, every 1s); pool 'mdm/pool-b' declares" in problem
                    for problem in clashing.background.problems())
 
     try:
@@ -262,8 +264,8 @@ async def test_a_schedule_whose_job_cannot_exist_records_why(conn: Conn) -> None
 def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
     bad = json.dumps([{"name": "x", "kind": "k", "cron": "0 25 * * *"}])
     with pytest.raises(ValueError, match=r"^JOBPOOL_SCHEDULES\[0\]\.cron: "):
-        declarations_for("pool-a", bad, ())
-    plain = declarations_for(None, None, (cleanup_schedule(300),))
+        declarations_for("pool-a", None, bad, ())
+    plain = declarations_for(None, None, None, (cleanup_schedule(300),))
     assert (plain.retire, [s.name for s in plain.schedules]) == (False, ["cleanup_jobs"])
 
 
@@ -293,21 +295,79 @@ async def test_the_metrics_carry_each_schedules_last_and_next_run(
         (labels, row["next_run_at"].timestamp())]
 
 
-async def test_the_operator_reads_the_runs_of_a_pools_schedules(
+async def test_the_operator_reads_the_runs_of_a_pools_own_schedules_and_names_other_owners(
     dsn: str, conn: Conn, tenant: uuid.UUID
 ) -> None:
+    """Pool `jobs` of namespace b declares `tick` too, which pool `jobs` of namespace a owns
+    (b's workers are refused): b's status names a's pool and shows none of a's runs."""
+    from jobpool.core.poolspec import load_pool
     from jobpool.db.lane_counts import LaneCounter
+    from jobpool.k8s.status import schedule_status
 
     await prepare(conn)
-    await declare(conn, Declarations("pool-a", (cleanup_schedule(300), EVERY_SECOND),
-                                     retire=True))
+    mine = parse_schedule({"name": "mine", "kind": "test_noop", "every": 60}, "s")
+    await declare(conn, declarations_for("jobs", "a", json.dumps([EVERY_SECOND.to_json()]),
+                                         [cleanup_schedule(300)]))
+    await declare(conn, declarations_for("jobs", "b", json.dumps([mine.to_json()]), []))
+    await rewind(conn, "tick", 2)
+    await enqueue_due_ticks(conn, actor="s")
     counter = LaneCounter()
     try:
-        rows = await counter.schedule_runs(dsn, ["tick", "absent"])
+        rows = await counter.schedule_runs(dsn, "b/jobs", ["mine", "tick", "absent"])
     finally:
         await counter.close()
-    assert [(r["name"], r["kind"], r["expression"], r["last_run_at"]) for r in rows] == [
-        ("tick", "test_noop", "every 1s", None)]
+    assert [(r["name"], r["owner"], r["last_run_at"]) for r in rows] == [
+        ("mine", "b/jobs", None), ("tick", "a/jobs", None)]
+    pool_b = load_pool({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "metadata": {"name": "jobs", "namespace": "b"},
+        "spec": {"image": "jobpool:0.1.0", "database": {"secretName": "db"},
+                 "lanes": [{"name": "default"}],
+                 "schedules": [mine.to_json(), EVERY_SECOND.to_json()]}})
+    entries = schedule_status(pool_b, rows, None)
+    assert [e.get("declaredBy") for e in entries] == [None, "a/jobs"]
+    assert "nextRunTime" in entries[0] and "lastRunTime" not in entries[1]
+
+
+async def test_pools_of_one_name_in_two_namespaces_keep_their_schedules_apart(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Each retires only what it declared; one's name in the other is refused, naming it."""
+    await prepare(conn)
+    other = parse_schedule({"name": "other", "kind": "test_noop", "every": 60}, "s")
+    await declare(conn, declarations_for("jobs", "a", json.dumps([EVERY_SECOND.to_json()]), []))
+    await declare(conn, declarations_for("jobs", "b", json.dumps([other.to_json()]), []))
+    await declare(conn, declarations_for("jobs", "a", json.dumps([EVERY_SECOND.to_json()]), []))
+    cur = await conn.execute("SELECT name, owner FROM mdm.aa_schedule ORDER BY name")
+    assert await cur.fetchall() == [{"name": "other", "owner": "b/jobs"},
+                                    {"name": "tick", "owner": "a/jobs"}]
+    with pytest.raises(ScheduleError, match=r"^schedule 'tick' is declared by pool 'a/jobs' "):
+        await declare(conn, declarations_for(
+            "jobs", "b", json.dumps([other.to_json(), EVERY_SECOND.to_json()]), []))
+
+
+async def test_an_upgraded_pool_takes_over_the_schedules_its_name_declared(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    """Schedules declared under the pool's name alone (earlier versions) become the pool's
+    `<namespace>/<name>` at its workers' next start, keeping their place; a worker of the
+    earlier version that declares again meanwhile (a rolling upgrade) is refused and retires
+    none of them. A pool file without a namespace keeps its name as the owner."""
+    await prepare(conn)
+    other = parse_schedule({"name": "other", "kind": "test_noop", "every": 60}, "s")
+    both = json.dumps([EVERY_SECOND.to_json(), other.to_json()])
+    await declare(conn, Declarations("jobs", (EVERY_SECOND, other), retire=True))  # before
+    await rewind(conn, "tick", 5)
+    await declare(conn, declarations_for("jobs", "mdm", both, []))
+    cur = await conn.execute("SELECT name, owner, next_run_at < clock_timestamp()"
+                             " - interval '4 s' AS kept FROM mdm.aa_schedule ORDER BY name")
+    assert await cur.fetchall() == [{"name": "other", "owner": "mdm/jobs", "kept": False},
+                                    {"name": "tick", "owner": "mdm/jobs", "kept": True}]
+    with pytest.raises(ScheduleError, match="declared by pool 'mdm/jobs'"):
+        await declare(conn, Declarations("jobs", (EVERY_SECOND,), retire=True))
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_schedule") == 2
+    local = declarations_for("files", None, json.dumps([]), [])
+    assert (local.owner, local.former) == ("files", ())
 
 
 async def test_a_schedule_this_worker_cannot_read_holds_up_no_other(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections import Counter
@@ -12,8 +13,10 @@ import psycopg
 import pytest
 
 import jobpool
-from integration.helpers import add_tenant, scalar
+from integration.helpers import add_tenant, scalar, wait_until
 from jobpool import pauses, testing
+from jobpool.db.connect import open_pool
+from jobpool.db.store import QueueStore
 from jobpool.job import Job
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -175,6 +178,75 @@ async def test_run_pending_runs_the_job_named_ahead_of_the_pairs_other_jobs(
     assert (run.status, run.result) == ("done", {"total": 4})
     assert {job.id for job in await testing.enqueued(conn, status="pending")} == {
         first, second, other}
+
+
+async def test_run_pending_runs_its_job_when_one_of_the_pair_is_enqueued_during_its_claim(
+    conn: Conn, dsn: str, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of the pair enqueued (first in priority) after run_pending holds the pair's other
+    jobs and before its claim: the enqueue waits for the claim, and only the job named runs."""
+    await _prepare(conn)
+    job_id = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]})
+    claim = QueueStore.complete_and_claim
+    intruders: list[asyncio.Task[int]] = []
+
+    async def enqueue_first(self: QueueStore, *args: Any, **kwargs: Any) -> Any:
+        if not intruders:  # between the hold and the claim
+            async def intrude() -> int:
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as side:
+                    return await _enqueue(side, tenant, "tm_invoice", {"lines": [2]},
+                                          priority=0)
+
+            intruders.append(asyncio.create_task(intrude()))
+
+            async def committed_or_waiting() -> bool:
+                return intruders[0].done() or bool(await scalar(
+                    conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                          " AND datname = current_database()"))
+
+            await wait_until(committed_or_waiting, "the enqueue committed or waiting", 30)
+        return await claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(QueueStore, "complete_and_claim", enqueue_first)
+    run = await testing.run_pending(dsn, job_id)
+    intruder = await intruders[0]
+    assert (run.id, run.status, run.result) == (job_id, "done", {"total": 1})
+    [left] = await testing.enqueued(conn, status="pending")
+    assert (left.id, left.attempts) == (intruder, 0)
+
+
+async def test_run_pending_runs_its_job_when_one_of_the_pair_turns_pending_during_its_claim(
+    conn: Conn, dsn: str, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of the pair (first in priority) that another worker held while run_pending held
+    the pair's pending jobs, and handed back before the claim: claimed instead, it is handed
+    back unrun, its attempt not counted, and the job named runs."""
+    await _prepare(conn)
+    other = await _enqueue(conn, tenant, "tm_invoice", {"lines": [2]}, priority=0)
+    job_id = await _enqueue(conn, tenant, "tm_invoice", {"lines": [1]})
+    side = open_pool(dsn, size=1)
+    await side.open()
+    try:
+        async with QueueStore(side, worker_id="elsewhere", actor="test") as elsewhere:
+            [held] = await elsewhere.claim(kinds=["tm_invoice"], tenants=None, limit=1)
+            assert held["id"] == other
+            claim = QueueStore.complete_and_claim
+            handed_back: list[bool] = []
+
+            async def hand_back_first(self: QueueStore, *args: Any, **kwargs: Any) -> Any:
+                if not handed_back:  # between the hold and the claim
+                    handed_back.append(await elsewhere.release(other, held["attempts"]))
+                return await claim(self, *args, **kwargs)
+
+            monkeypatch.setattr(QueueStore, "complete_and_claim", hand_back_first)
+            run = await testing.run_pending(dsn, job_id)
+    finally:
+        await side.close()
+    assert handed_back == [True]
+    assert (run.id, run.status, run.result) == (job_id, "done", {"total": 1})
+    [left] = await testing.enqueued(conn, status="pending")
+    assert (left.id, left.attempts) == (other, 0)
+    assert await scalar(conn, "SELECT array_agg(job_id) FROM tm_invoice") == [job_id]
 
 
 async def test_drain_runs_the_jobs_handlers_enqueue(

@@ -579,7 +579,7 @@ def test_the_pools_schedules_reach_every_lanes_pods() -> None:
 
 def test_the_pool_status_shows_each_schedules_last_and_next_run() -> None:
     pool = example(schedules=[NIGHTLY, {"name": "often", "kind": "reindex", "every": 60}])
-    runs = [{"name": "nightly", "last_run_at": NOW - timedelta(hours=9),
+    runs = [{"name": "nightly", "owner": "mdm/mdm-jobs", "last_run_at": NOW - timedelta(hours=9),
              "next_run_at": NOW + timedelta(hours=15), "missed_total": 1, "last_error": None}]
     entries = status.schedule_status(pool, runs, None)
     assert entries == [
@@ -601,7 +601,29 @@ def test_the_schedule_status_fields_are_declared_in_the_crd() -> None:
     crd = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     declared = crd["properties"]["status"]["properties"]["schedules"]["items"]["properties"]
     pool = example(schedules=[NIGHTLY])
-    runs = [{"name": "nightly", "last_run_at": None, "next_run_at": NOW, "missed_total": 0,
-             "last_error": "x"}]
+    runs = [{"name": "nightly", "owner": "mdm/mdm-jobs", "last_run_at": None,
+             "next_run_at": NOW, "missed_total": 0, "last_error": "x"}]
     [entry] = status.schedule_status(pool, runs, None)
-    assert set(entry) <= set(declared)
+    [elsewhere] = status.schedule_status(pool, [{**runs[0], "owner": "imports/mdm-jobs"}], None)
+    assert set(entry) | set(elsewhere) <= set(declared)
+
+
+def test_a_schedule_another_pool_declared_shows_its_owner_not_its_runs() -> None:
+    """Pool mdm/mdm-jobs declares `nightly` and `often`: `nightly` belongs to the pool of the
+    same name in namespace imports, `often` still to this pool's former owner name (its
+    workers take it over when they start). Neither shows the runs of the row."""
+    pool = example(schedules=[NIGHTLY, {"name": "often", "kind": "reindex", "every": 60}])
+    theirs = {"last_run_at": None, "next_run_at": None, "missed_total": None,
+              "last_error": None}
+    runs = [{"name": "nightly", "owner": "imports/mdm-jobs", **theirs},
+            {"name": "often", "owner": "mdm-jobs", **theirs}]
+    entries = status.schedule_status(pool, runs, None)
+    assert entries == [
+        {"name": "nightly", "kind": "reindex", "expression": "0 3 * * *",
+         "declaredBy": "imports/mdm-jobs"},
+        {"name": "often", "kind": "reindex", "expression": "every 60s"}]
+    degraded = {c.type: c for c in status.pool_conditions(
+        pool, [], count_error=None, schedules=entries)}["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "ScheduleDeclaredElsewhere")
+    assert degraded.message.startswith(
+        "schedule 'nightly' is declared by pool 'imports/mdm-jobs': ")

@@ -315,8 +315,8 @@ def test_a_lane_gives_its_workers_typed_values() -> None:
         worker={"graceSeconds": 45, "imports": ["mdm.kinds"]},
     ))
     run = spec.worker_run(spec.lane("default"), imports=("extra", "mdm.kinds"))
-    assert run.settings == {"slots": 3, "grace": 45.0, "pool": "p", "lane": "default",
-                            "schedules": "[]"}  # also none: the workers retire old ones
+    assert run.settings == {"slots": 3, "grace": 45.0, "pool": "p", "pool_namespace": "ns",
+                            "lane": "default", "schedules": "[]"}  # none: retire old ones
     assert (run.kinds, run.exclude_kinds) == (None, ("gin_backfill", "index_sync"))
     assert run.imports == ("mdm.kinds", "extra")
     tenant_lane = spec.worker_run(spec.lane("t"))
@@ -334,7 +334,8 @@ def test_worker_args_use_the_worker_cli_flags() -> None:
         "run", "--slots", "3", "--grace", "45", "--exclude-kinds", "gin_backfill,index_sync",
         "--import", "mdm.kinds",
     ]
-    assert env == {"JOBPOOL_POOL": "p", "JOBPOOL_LANE": "default", "JOBPOOL_SCHEDULES": "[]"}
+    assert env == {"JOBPOOL_POOL": "p", "JOBPOOL_POOL_NAMESPACE": "ns", "JOBPOOL_LANE": "default",
+                   "JOBPOOL_SCHEDULES": "[]"}
     assert worker_command(spec.worker_run(spec.lane("t")))[0] == [
         "run", "--slots", "4", "--grace", "45", "--kinds", "email_send,reindex",
         "--tenants", "acme,beta", "--import", "mdm.kinds",

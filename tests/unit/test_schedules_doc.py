@@ -48,6 +48,7 @@ def test_the_clash_shown_is_the_error_a_second_pool_gets() -> None:
     second = schedules.parse_schedule({"name": "nightly-reindex", "kind": "bulk_import",
                                        "tenant": "acme", "every": 3600}, "s")
     with pytest.raises(schedules.ScheduleError) as refused:
-        schedules.check_owners("imports", [second], [
-            {"name": first.name, "owner": "mdm-jobs", "definition": first.to_json()}])
+        schedules.check_owners(schedules.schedule_owner("imports", "mdm"), [second], [
+            {"name": first.name, "owner": schedules.schedule_owner("mdm-jobs", "mdm"),
+             "definition": first.to_json()}])
     assert str(refused.value) == " ".join(shown.group(1).split())

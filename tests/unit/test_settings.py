@@ -299,7 +299,8 @@ POOL_FIELDS_REFUSED = {
     "spec.lanes[].workersPerPod": 0, "spec.heavyLane.workersPerPod": 65,
     "spec.worker.graceSeconds": 0, "spec.worker.metricsPort": 80,
     "spec.lanes[].rateLimits": {"providers": {"smtp": {"rps": -1}}},
-    "metadata.name": "p" * 39, "spec.lanes[].name": "Not A Name",
+    "metadata.name": "p" * 39, "metadata.namespace": "Not A Namespace",
+    "spec.lanes[].name": "Not A Name",
 }
 
 

@@ -222,7 +222,8 @@ _OVERVIEW = {
                          "last_error"],
             "properties": {
                 "name": {"type": "string"},
-                "owner": {"type": "string", "description": "the declaring pool; '' built in"},
+                "owner": {"type": "string", "description": "the declaring pool: "
+                          "`<namespace>/<name>`, a pool file's name; '' built in"},
                 "kind": {"type": "string"},
                 "tenant": {"type": "string", "description": "tenant key or id, as declared"},
                 "expression": {"type": "string",

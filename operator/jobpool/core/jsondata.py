@@ -92,6 +92,20 @@ _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 """NUL and other control characters but tab and newline, and lone surrogates."""
 
 
+def expect_text(value: Any, field: str) -> str:
+    """`value` if it is a string: a field of parsed YAML or JSON that holds text, most of all
+    one that names something (a tenant, a kind, a schedule, a provider, a key of a mapping of
+    them), never converted. Raises ValueError naming `field`, the
+    value and its type (`tenant must be a string, got 5 (int)`): YAML reads `tenant: 5` or
+    `tenant: yes` as a number or a boolean, and its text would name another tenant than
+    the one meant."""
+    if isinstance(value, str):
+        return value
+    huge = isinstance(value, int) and value.bit_length() > 64  # thousands of digits, maybe
+    shown = "a huge number" if huge else repr(value)[:80]
+    raise ValueError(f"{field} must be a string, got {shown} ({type(value).__name__})")
+
+
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as surrogateescape carries it

@@ -12,6 +12,7 @@ import functools
 import importlib.resources
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ import jsonschema
 import yaml
 
 from jobpool.core.crd import API_VERSION, CRD_FILE, KIND
+from jobpool.core.jsondata import expect_text
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
@@ -152,7 +154,8 @@ class PoolSpec:
     def worker_run(self, lane: Lane, imports: Sequence[str] = ()) -> WorkerRun:
         """What a worker of `lane` is given, on Kubernetes and in a local run alike: the
         lane's kinds and tenants, the pool's imports (then `imports`, each once), the settings
-        its fields set (slots, grace, pool and lane names, the lane's provider caps if it has
+        its fields set (slots, grace, pool and lane names, the pool's namespace if it has one
+        (with the name, the owner of its schedules), the lane's provider caps if it has
         `rateLimits`, the pool's schedules: also when there are none, so that the workers retire
         those the pool declared before), then `spec.worker.env`. Its DSN and metrics port come
         from its runner."""
@@ -160,6 +163,8 @@ class PoolSpec:
             "slots": lane.workers_per_pod, "grace": float(self.grace_seconds),
             "pool": self.name, "lane": lane.name,
         }
+        if self.namespace:
+            settings["pool_namespace"] = self.namespace
         if lane.rate_limits is not None:
             settings["rate_limits"] = lane.rate_limits.to_json()
         settings["schedules"] = schedules_json(self.schedules)
@@ -242,11 +247,15 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     _check_schema(document)
     metadata = document.get("metadata") or {}
     name = metadata.get("name")
-    if not isinstance(name, str) or not name:
+    if name is not None and not isinstance(name, str):
+        raise PoolSpecError(f"metadata.name must be a string, got {name!r:.80} "
+                            f"({type(name).__name__}){_setting_named('metadata.name')}")
+    if not name:
         raise PoolSpecError(f"metadata.name: a pool needs a name{_setting_named('metadata.name')}")
     if len(name) > MAX_POOL_NAME:
         raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
                             f"{len(name)}{_setting_named('metadata.name')}")
+    namespace = _namespace(metadata.get("namespace"))
     spec = document["spec"]
     worker = spec.get("worker") or {}
     env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
@@ -269,7 +278,7 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     database = spec["database"]
     return PoolSpec(
         name=name,
-        namespace=metadata.get("namespace"),
+        namespace=namespace,
         image=spec["image"],
         dsn_secret=SecretRef(database["secretName"], database.get("key", DEFAULT_SECRET_KEY)),
         lanes=lanes,
@@ -285,6 +294,26 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         schedules=_schedules(spec.get("schedules") or ()),
         warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
+
+
+NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A Kubernetes namespace name (an RFC 1123 label)."""
+
+
+def _namespace(value: Any) -> str | None:
+    """`metadata.namespace`, if given: a namespace name (the API server sets it on every
+    JobWorkerPool; a pool file may leave it out)."""
+    if value is None:
+        return None
+    setting = _setting_named("metadata.namespace")
+    if not isinstance(value, str):
+        raise PoolSpecError(f"metadata.namespace must be a string, got {value!r:.80} "
+                            f"({type(value).__name__}){setting}")
+    if not NAMESPACE_PATTERN.fullmatch(value):
+        raise PoolSpecError(f"metadata.namespace: {value!r:.80} is not a namespace name (1 to "
+                            "63 lower-case letters, digits and '-', starting and ending with a "
+                            f"letter or digit){setting}")
+    return value
 
 
 def schedules_json(schedules: Sequence[Schedule]) -> str:
@@ -375,12 +404,24 @@ def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple
     )
 
 
-def _plain(value: Any) -> Any:
-    """Mappings and sequences as plain dicts and lists (API objects arrive as read-only views)."""
+def _plain(value: Any, path: JsonPath = ()) -> Any:
+    """Mappings and sequences as plain dicts and lists (API objects arrive as read-only views).
+
+    Raises PoolSpecError for a key that is not text (YAML reads `5:` or `yes:` as a number or
+    a boolean, never the name of a kind or a provider), naming its path, the key and its type.
+    """
     if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
+        plain: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                try:
+                    expect_text(key, f"a key of {_json_path(path)}")
+                except ValueError as exc:
+                    raise PoolSpecError(str(exc)) from None
+            plain[key] = _plain(item, (*path, key))
+        return plain
     if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
+        return [_plain(item, (*path, index)) for index, item in enumerate(value)]
     return value
 
 

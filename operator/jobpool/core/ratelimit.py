@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jobpool.core.jsondata import expect_text
+
 WILDCARD_KIND = "*"
 """Key in a tenant's `rate_limit` object that limits every kind without its own entry."""
 
@@ -273,7 +275,8 @@ def parse_tenant_limits(raw: Any, tenant: str) -> tuple[TenantLimits, list[str]]
     problems: list[str] = []
     for kind, value in raw.items():
         try:
-            kinds[str(kind)] = parse_rate_limit(value, f"tenant {tenant}: rate_limit.{kind}")
+            kinds[_key(kind, f"tenant {tenant}: rate_limit")] = parse_rate_limit(
+                value, f"tenant {tenant}: rate_limit.{kind}")
         except ValueError as exc:
             problems.append(str(exc))
     return TenantLimits(kinds), problems
@@ -356,9 +359,10 @@ def parse_provider_caps(raw: Any, where: str = "") -> ProviderCaps:
     if not isinstance(providers_raw, Mapping) or not isinstance(kinds_raw, Mapping):
         raise ValueError(f"{document}: providers and kinds must be objects")
     providers_path = _field(where, "providers")
-    providers = {str(name): parse_rate_limit(value, f"{providers_path}.{name}")
+    providers = {_key(name, providers_path): parse_rate_limit(value, f"{providers_path}.{name}")
                  for name, value in providers_raw.items()}
     for kind, provider in kinds_raw.items():
+        _key(kind, _field(where, "kinds"))
         kind_path = _field(where, f"kinds.{kind}")
         if not isinstance(provider, str):
             raise ValueError(f"{kind_path}: expected a provider name, got {_shown(provider)}")
@@ -366,7 +370,13 @@ def parse_provider_caps(raw: Any, where: str = "") -> ProviderCaps:
             declared = ", ".join(sorted(providers)) or "none"
             raise ValueError(f"{kind_path}: provider {provider!r} is not declared in "
                              f"{providers_path} (declared: {declared})")
-    return ProviderCaps(providers, {str(kind): str(name) for kind, name in kinds_raw.items()})
+    return ProviderCaps(providers, dict(kinds_raw))
+
+
+def _key(key: Any, path: str) -> str:
+    """A key of the mapping at `path` (a provider's or a kind's name), refused unless it is
+    text: YAML reads `5:` as a number, never the name "5"."""
+    return expect_text(key, f"a key of {path}")
 
 
 def _field(where: str, name: str) -> str:

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from jobpool.core.jsondata import to_json_text
+from jobpool.core.jsondata import expect_text, to_json_text
 from jobpool.core.kinds import check_kind_name
 from jobpool.core.tenants import tenant_ref
 from jobpool.errors import JobpoolError
@@ -55,7 +55,25 @@ NAME_RULE = "1 to 63 lower-case letters, digits, '_', '.' or '-', starting with 
 BUILTIN_CLEANUP = "cleanup_jobs"
 """Name (and kind) of the built-in schedule that runs queue maintenance."""
 BUILTIN_OWNER = ""
-"""Owner of built-in schedules; declared schedules belong to their pool."""
+"""Owner of built-in schedules; declared schedules belong to their pool (`schedule_owner`)."""
+
+
+def schedule_owner(pool: str | None, namespace: str | None) -> str:
+    """The owner of the schedules pool `pool` declares: `<namespace>/<pool>`, unique per
+    JobWorkerPool of a cluster (pools of one name in two namespaces on one database keep their
+    schedules apart), or the bare name of a pool file without a namespace; BUILTIN_OWNER for a
+    worker of no pool."""
+    if not pool:
+        return BUILTIN_OWNER
+    return f"{namespace}/{pool}" if namespace else pool
+
+
+def former_owners(pool: str | None, namespace: str | None) -> tuple[str, ...]:
+    """The owners the same pool's schedules had under earlier versions, which named them by
+    the pool's name alone: its workers take those schedules over (`()` when the owner is
+    still the name)."""
+    owner = schedule_owner(pool, namespace)
+    return (pool,) if pool and owner != pool else ()
 
 
 class ScheduleError(JobpoolError, ValueError):
@@ -229,10 +247,13 @@ def parse_schedule(raw: Any, path: str) -> Schedule:
     kind = _text(raw, "kind", path)
     try:
         check_kind_name(kind)
-        tenant = tenant_ref(str(raw.get("tenant", DEFAULT_TENANT)))
     except ValueError as exc:
-        key = "kind" if "tenant" not in str(exc) else "tenant"
-        raise ScheduleError(f"{path}.{key}: {exc}") from None
+        raise ScheduleError(f"{path}.kind: {exc}") from None
+    tenant_text = _given_text(raw.get("tenant", DEFAULT_TENANT), f"{path}.tenant")
+    try:
+        tenant = tenant_ref(tenant_text)
+    except ValueError as exc:
+        raise ScheduleError(f"{path}.tenant: {exc}") from None
     payload = raw.get("payload", {})
     if not isinstance(payload, Mapping):
         raise ScheduleError(f"{path}.payload: must be a JSON object, not "
@@ -282,7 +303,8 @@ def check_owners(owner: str, schedules: Sequence[Schedule],
     """Refuse `owner`'s declarations of names that another owner declared before.
 
     elsewhere: rows (name, owner, definition) of the schedules of those names that belong to
-    another owner (a pool's name; "" for workers of no pool). A name is one schedule of one
+    another owner (`schedule_owner`: a pool's `<namespace>/<name>`, a pool file's name; ""
+    for workers of no pool). A name is one schedule of one
     pool: that pool alone changes it and retires it when its file drops it, so a second
     pool's declaration, the same or another, would be taken over or retired behind its back.
     Raises ScheduleError naming each such schedule with both declarations.
@@ -320,9 +342,18 @@ def cleanup_schedule(every: float) -> Schedule:
 
 def _text(raw: Mapping[str, Any], key: str, path: str) -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not value:
+    if value is None or value == "":
         raise ScheduleError(f"{path}.{key}: required, a non-empty string")
-    return value
+    return _given_text(value, f"{path}.{key}")
+
+
+def _given_text(value: Any, field: str) -> str:
+    """`value` if it is text; ScheduleError naming `field`, the value and its type if not
+    (a YAML `tenant: 5` is a number, never the tenant "5")."""
+    try:
+        return expect_text(value, field)
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 MAX_CRON_LENGTH = 256
@@ -334,7 +365,7 @@ MAX_ZONE_LENGTH = 64
 
 
 def _check_cron(cron: Any, path: str) -> None:
-    if not isinstance(cron, str) or not cron.strip():
+    if not _given_text(cron, f"{path}.cron").strip():
         raise ScheduleError(f"{path}.cron: must be a cron expression (text)")
     if len(cron) > MAX_CRON_LENGTH:
         raise ScheduleError(f"{path}.cron: {len(cron)} characters, at most {MAX_CRON_LENGTH}")
@@ -347,7 +378,7 @@ def _check_cron(cron: Any, path: str) -> None:
 
 
 def _check_zone(zone: Any, path: str) -> None:
-    if not isinstance(zone, str) or not zone:
+    if not _given_text(zone, f"{path}.timeZone"):
         raise ScheduleError(f"{path}.timeZone: must be an IANA time zone name")
     if len(zone) > MAX_ZONE_LENGTH:
         raise ScheduleError(f"{path}.timeZone: {len(zone)} characters, at most {MAX_ZONE_LENGTH}")

@@ -94,11 +94,13 @@ class LaneCounter:
             await self._drop(dsn)
             raise
 
-    async def schedule_runs(self, dsn: str, names: Sequence[str]) -> list[dict[str, Any]]:
-        """The `schedule_runs` rows (last and next run) of the schedules `names` at `dsn`."""
+    async def schedule_runs(self, dsn: str, owner: str,
+                            names: Sequence[str]) -> list[dict[str, Any]]:
+        """The `schedule_runs` rows of the schedules `names` at `dsn`: each one's owner, and
+        the last and next run of those `owner` owns (None for another owner's)."""
         conn = await self._connection(dsn)
         try:
-            return await SCHEDULE_RUNS(conn, {"names": list(names)})
+            return await SCHEDULE_RUNS(conn, {"owner": owner, "names": list(names)})
         except psycopg.Error:
             await self._drop(dsn)
             raise

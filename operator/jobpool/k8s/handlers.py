@@ -41,6 +41,7 @@ from jobpool.core.scaling import (
     decide_replicas,
     fixed_replicas,
 )
+from jobpool.core.schedules import schedule_owner
 from jobpool.db.lane_counts import LaneCounter
 from jobpool.db.queries import Many
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
@@ -317,13 +318,15 @@ class PoolController:
         await self._announce(body, pool, outcome, previous, now)
         lanes, count_error, counted, runs = await self._scale(
             pool, body, namespace, live, previous, now)
+        schedules = schedule_status(pool, runs, previous)
         conditions = merge_conditions(
             previous.get("conditions"),
-            pool_conditions(pool, lanes, count_error=count_error, problems=outcome.problems),
+            pool_conditions(pool, lanes, count_error=count_error, problems=outcome.problems,
+                            schedules=schedules),
             generation, now,
         )
         status = pool_status(lanes, conditions, generation, now if counted else None, previous,
-                             schedule_status(pool, runs, previous))
+                             schedules)
         return await self._write_status(body, previous, status)
 
     async def _reconcile(
@@ -445,7 +448,7 @@ class PoolController:
     ) -> tuple[list[dict[str, Any]], str | None, bool, list[dict[str, Any]] | None]:
         """Count each lane's jobs and scale its Deployment: the lane statuses, the count's
         error (None if it worked), whether it worked, and the `schedule_runs` rows of the
-        pool's schedules (None if they were not read)."""
+        pool's schedules, read for the pool's own owner (None if they were not read)."""
         counts: dict[str, LaneJobs] | None = None
         count_error: str | None = None
         runs: list[dict[str, Any]] | None = None
@@ -455,7 +458,8 @@ class PoolController:
             counts = await self.count_jobs(dsn, pool.lanes)
             if pool.schedules and isinstance(self.count_jobs, LaneCounter):
                 runs = await self.count_jobs.schedule_runs(
-                    dsn, [schedule.name for schedule in pool.schedules])
+                    dsn, schedule_owner(pool.name, namespace),
+                    [schedule.name for schedule in pool.schedules])
         except (ApiError, KeyError, OSError, ValueError) as exc:
             count_error = _count_error_message(pool, exc)
         except Exception as exc:  # psycopg errors and the like: report, retry next interval

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from jobpool.core.poolspec import Lane, PoolSpec
 from jobpool.core.scaling import LaneJobs, ScaleDecision
+from jobpool.core.schedules import former_owners, schedule_owner
 from jobpool.k8s.manifests import deployment_name
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -107,12 +108,15 @@ def pool_conditions(
     *,
     count_error: str | None,
     problems: Sequence[Problem] = (),
+    schedules: Sequence[Mapping[str, Any]] = (),
 ) -> list[Condition]:
     """Conditions of a valid pool from its lane statuses, reconcile problems and last count.
 
     problems: why the last reconcile left children unlike the spec (a failed call, a child
     name held by another object, KEDA unavailable). Any problem makes the pool not Ready
-    and Degraded: the Deployments running are not the ones the spec asks for.
+    and Degraded: the Deployments running are not the ones the spec asks for. schedules:
+    the `schedule_status` entries; one another pool declared makes the pool Degraded (its
+    workers declare none of its schedules until a human renames one of the two).
     """
     joined = "; ".join(problem.message for problem in problems)
     if problems:
@@ -120,8 +124,18 @@ def pool_conditions(
     else:
         reconciled = Condition("Reconciled", "True", "ChildrenMatchSpec",
                                "every lane's children match the spec")
-    return [_ready(lanes, problems, joined), _degraded(pool, count_error, problems),
+    clashes = [Problem("ScheduleDeclaredElsewhere", schedule_clash(entry))
+               for entry in schedules if entry.get("declaredBy") is not None]
+    return [_ready(lanes, problems, joined),
+            _degraded(pool, count_error, [*problems, *clashes]),
             _scaling(pool, count_error), reconciled]
+
+
+def schedule_clash(entry: Mapping[str, Any]) -> str:
+    """What a `status.schedules` entry with `declaredBy` means, for the Degraded condition."""
+    return (f"schedule {entry['name']!r} is declared by pool {entry['declaredBy']!r}: this "
+            "pool's workers declare none of its schedules until it is renamed in one pool or "
+            "dropped from the other")
 
 
 def _ready(
@@ -253,8 +267,13 @@ def lane_status(
 def schedule_status(pool: PoolSpec, runs: Sequence[Mapping[str, Any]] | None,
                     previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """`status.schedules`: each declared schedule with its last and next run from `runs`
-    (`schedule_runs` rows; None when they could not be read: the previous entries carry
-    over). A schedule no worker declared yet has neither."""
+    (`schedule_runs` rows read for the pool's owner, `core.schedules.schedule_owner`; None
+    when they could not be read: the previous entries carry over). A schedule no worker of
+    the pool declared yet has neither (also one still under the pool's former owner name,
+    which its workers take over when they start); one another pool declared has `declaredBy`,
+    that pool's owner, and never that pool's runs."""
+    owner = schedule_owner(pool.name, pool.namespace)
+    former = former_owners(pool.name, pool.namespace)
     old = {str(e.get("name")): e for e in (previous or {}).get("schedules") or ()
            if isinstance(e, Mapping)}
     found = {str(row["name"]): row for row in runs or ()}
@@ -263,7 +282,10 @@ def schedule_status(pool: PoolSpec, runs: Sequence[Mapping[str, Any]] | None,
         entry: dict[str, Any] = {"name": schedule.name, "kind": schedule.kind,
                                  "expression": schedule.expression}
         row = found.get(schedule.name)
-        if row is not None:
+        if row is not None and row["owner"] != owner:
+            if row["owner"] not in former:
+                entry["declaredBy"] = str(row["owner"])
+        elif row is not None:
             entry.update(
                 lastRunTime=timestamp(row["last_run_at"]) if row["last_run_at"] else None,
                 nextRunTime=timestamp(row["next_run_at"]),

@@ -22,6 +22,13 @@ ON CONFLICT (name) DO UPDATE
  WHERE s.owner = excluded.owner AND s.definition IS DISTINCT FROM excluded.definition
 RETURNING s.name;
 
+-- name: take_over_schedules :many
+-- Make %(owner)s the owner of the schedules named %(names)s that one of its former owner names %(former)s declared (an earlier version named a pool's schedules by the pool's name alone): they keep their place, and the pool alone changes and retires them from now on.
+UPDATE mdm.aa_schedule
+   SET owner = %(owner)s
+ WHERE name = ANY(%(names)s::text[]) AND owner = ANY(%(former)s::text[])
+RETURNING name;
+
 -- name: declared_elsewhere :many
 -- The schedules named %(names)s that an owner other than %(owner)s declared, with their declarations.
 SELECT name, owner, definition
@@ -71,8 +78,9 @@ SELECT name, owner, job_kind AS kind, tenant, expression, time_zone, missed, nex
  ORDER BY name;
 
 -- name: schedule_runs :many
--- The last and next run of the schedules named %(names)s, for a JobWorkerPool's status.
-SELECT name, job_kind AS kind, expression, next_run_at, last_run_at, missed_total, last_error
-  FROM mdm.aa_schedule
- WHERE name = ANY(%(names)s::text[])
- ORDER BY name;
+-- The owner of each schedule named %(names)s, and the last and next run of those %(owner)s owns (NULL for another owner's), for a JobWorkerPool's status: a pool shows its own runs, and who declared a name it cannot have.
+SELECT s.name, s.owner, own.next_run_at, own.last_run_at, own.missed_total, own.last_error
+  FROM mdm.aa_schedule s
+  LEFT JOIN mdm.aa_schedule own ON own.name = s.name AND own.owner = %(owner)s
+ WHERE s.name = ANY(%(names)s::text[])
+ ORDER BY s.name;

@@ -16,6 +16,14 @@ UPDATE mdm.aa_job
    SET available_at = %(due_at)s
  WHERE id = %(id)s AND status = 'pending' AND available_at = %(made_due_at)s;
 
+-- name: hold_kind :exec
+-- Lock the kind row of job %(id)s for the caller's transaction, after every enqueue of that kind in progress committed: a job of the kind enqueued meanwhile waits (its foreign key check shares the row) until the transaction ends, so a claim in between cannot meet it.
+SELECT k.name
+  FROM mdm.aa_job j
+  JOIN mdm.aa_job_kind k ON k.name = j.job_kind
+ WHERE j.id = %(id)s
+   FOR UPDATE OF k;
+
 -- name: hold_pair_but :exec
 -- Lock the pending jobs of job %(id)s's (tenant, kind) pair other than it, for the caller's transaction: a claim meanwhile skips them (SKIP LOCKED), so of that pair it can take job %(id)s alone.
 SELECT o.id

@@ -137,15 +137,16 @@ async def keep_maintained(
     healthy: Callable[[], None], database_error: Callable[[psycopg.Error], None],
 ) -> None:
     """Keep this worker's schedules going (`jobpool.worker.scheduler.keep_scheduled`): those of
-    `settings.schedules` (`JOBPOOL_SCHEDULES`, for `settings.pool`), and the built-in
+    `settings.schedules` (`JOBPOOL_SCHEDULES`, for `settings.pool` in
+    `settings.pool_namespace`), and the built-in
     `cleanup_jobs` every `every` seconds, whose tick runs the periodic `steps` on the worker
     that takes it (`run_due_steps`, on a connection of its own to `dsn`), never waiting in the
     queue; never returns. What it enqueues is audited as `actor`. `rng` is unused: the ticks
     are aligned on the schedule, not spread. Raises ScheduleError for a bad
     `JOBPOOL_SCHEDULES`."""
     del rng
-    declarations = declarations_for(settings.pool, settings.schedules,
-                                    [cleanup_schedule(every)])
+    declarations = declarations_for(settings.pool, settings.pool_namespace,
+                                    settings.schedules, [cleanup_schedule(every)])
     await keep_scheduled(store, declarations, actor=actor,
                          online=online, healthy=healthy, database_error=database_error,
                          actions={BUILTIN_CLEANUP: lambda: run_due_steps(

@@ -52,6 +52,7 @@ from jobpool.worker.database_link import DatabaseLink, PoolConnector
 from jobpool.worker.executor import JobExecutor
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
+from jobpool.worker.leftovers import Leftovers, WatchedStore
 from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.producer import Producer
 from jobpool.worker.slot_connections import SlotConnections
@@ -69,7 +70,8 @@ TENANT_CHECK_EVERY = 5.0
 
 SHUTDOWN_SETTLE_TIMEOUT = 10.0
 """Seconds a stopping worker keeps trying to hand back the jobs still claimed under its id
-(outcomes it could not write), waiting for the database meanwhile."""
+(outcomes it could not write, a claim whose answer never came), waiting for the database
+meanwhile; a worker with none of them exits at once (`jobpool.worker.leftovers`)."""
 
 
 def pool_size(slots: int) -> int:
@@ -123,6 +125,9 @@ class Worker:
         self.limiter = limiter or TokenStore.from_settings(self.settings)
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
+        self.leftovers = Leftovers()
+        """Jobs claimed under this worker's id whose outcome is not written, and claims that
+        got no answer: what a stopping worker must hand back before it exits."""
         self.slots = config.slots
         """Slots the worker runs with: `config.slots`, or fewer for the connection budget."""
         self.budget_note: str | None = None
@@ -143,8 +148,7 @@ class Worker:
                                    busy=lambda: self.producer.busy())
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty,
-                                  lost=lambda job_id, stopped:
-                                  self.producer.claim_lost(job_id, stopped),
+                                  lost=self._claim_lost,
                                   heartbeat=self.heartbeat)
         self.slot_connections = SlotConnections(config.slots)
         self.background = BackgroundTasks(self.rng)
@@ -161,12 +165,27 @@ class Worker:
             config=config, kinds=self.kinds, specs=self.specs, wake=wake,
             online=self.link.online, leases=self.leases, slots=lambda: self.slots,
             tenants=lambda: self.tenant_ids, throttled=self.throttled,
-            claimed=lambda rows: self.heartbeat.claimed(rows), observe=self.observe,
+            claimed=self._claimed, observe=self.observe,
             poll_interval=self.poll_interval, worker_id=self.worker_id,
             job_context=self.job_context, stops=self.stops)
         self.metrics.configured_slots.set(config.slots)
         self.metrics.slots.set(config.slots)
         self.metrics.poll_only.set(int(self.listen_dsn is None))
+
+    def _claimed(self, rows: list[Row]) -> None:
+        self.heartbeat.claimed(rows)
+        self.leftovers.claimed(rows)
+
+    def _claim_lost(self, job_id: int, stopped: bool) -> None:
+        """The lease renewal found `job_id` no longer claimed here (a stop, a recovery)."""
+        self.leftovers.lost(job_id)
+        self.producer.claim_lost(job_id, stopped)
+
+    def _stop_notified(self, payload: str) -> None:
+        """A stop notification: the stop took the claim of the job its payload names."""
+        if payload.strip().isdigit():
+            self.leftovers.lost(int(payload))
+        self.producer.stop_notified(payload)
 
     def _make_store(self, pool: AsyncConnectionPool[Any]) -> QueueStore:
         return self.make_store(pool, worker_id=self.worker_id, actor=self.actor,
@@ -235,7 +254,8 @@ class Worker:
                 if self.link.refusal is not None:
                     raise self.link.refusal
                 return
-            completer = Completer(store, self.link, wake=self.producer.wake,
+            watched = WatchedStore(store, self.leftovers)
+            completer = Completer(watched, self.link, wake=self.producer.wake,
                                   running=lambda: len(self.producer.in_flight),
                                   slots=lambda: self.slots, delay=self.config.completion_delay,
                                   rng=self.rng, freed=self.producer.slot_freed)
@@ -246,8 +266,8 @@ class Worker:
                 batch_completions=self.config.batch_completions, wake=self.producer.wake,
                 metrics=self.metrics, rng=self.rng, stopped=self.stops.stopping)
             self._start_background(store)
-            await self.producer.run(completer, executor, store)
-            await self.producer.drain(completer, executor, store)
+            await self.producer.run(completer, executor, watched)
+            await self.producer.drain(completer, executor, watched)
             await self._hand_back_leftovers(store)
         finally:
             await self.background.stop()
@@ -317,24 +337,31 @@ class Worker:
         async with self.producer.claiming:
             await asyncio.to_thread(self.leases.renew)
             self.producer.unbuffer()
-            released = await store.release_unrun_claims(list(self.producer.in_flight))
+            running = list(self.producer.in_flight)
+            released = await store.release_unrun_claims(running)
+            self.leftovers.settled(running)
         if released:
             log.warning("handed back %d job(s) claimed while the connection failed, never run: "
                         "%s", len(released), ", ".join(str(row["id"]) for row in released))
 
     async def _hand_back_leftovers(self, store: QueueStore) -> None:
         """At a clean exit: hand back every job still claimed under this worker's id (an
-        outcome that could not be written), waiting for the database up to
-        `SHUTDOWN_SETTLE_TIMEOUT` seconds. Their attempt is not counted."""
+        outcome that could not be written, a claim whose answer never came), waiting for the
+        database up to `SHUTDOWN_SETTLE_TIMEOUT` seconds. Their attempt is not counted. With
+        none that could be (`Leftovers.in_doubt`), nothing is asked: the worker exits at
+        once, also while the database is unreachable."""
+        if not self.leftovers.in_doubt:
+            return
         released: list[Row]
+        running = list(self.producer.in_flight)
         try:
             async with asyncio.timeout(SHUTDOWN_SETTLE_TIMEOUT):
-                released = await self.link.write(
-                    lambda: store.release_unrun_claims(list(self.producer.in_flight)))
+                released = await self.link.write(lambda: store.release_unrun_claims(running))
         except (TimeoutError, psycopg.Error) as exc:
             log.error("could not hand back this worker's leftover claims (%s); they wait for "
                       "stale-claim recovery", str(exc) or "the database did not answer")
             return
+        self.leftovers.settled(running)
         if released:
             log.warning("handed back %d job(s) whose outcome could not be written: %s",
                         len(released), ", ".join(str(row["id"]) for row in released))
@@ -371,6 +398,7 @@ class Worker:
         start): tell `on_outcome`, count a `done` for the live-worker registry, and put its
         claim latency and run time in metrics (and on the attempt's span, worker/tracing.py)."""
         tracing.attempt_outcome(outcome)
+        self.leftovers.ended(job.id, outcome, stopping=self.producer.stopping.is_set())
         if self.on_outcome is not None:
             self.on_outcome(job, outcome)
         ran = outcome != "rate_limited"
@@ -469,7 +497,7 @@ class Worker:
                     while True:
                         async for note in conn.notifies(timeout=15.0):
                             if note.channel == STOP_CHANNEL:
-                                self.producer.stop_notified(note.payload)
+                                self._stop_notified(note.payload)
                             elif note.payload in served:
                                 self.wake.set()
                         await PING(conn)

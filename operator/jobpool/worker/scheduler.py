@@ -10,9 +10,11 @@ makes a second enqueue of a tick a no-op even if two processes disagree about a 
 
 Declarations: a worker declares the built-in `cleanup_jobs` schedule and the schedules in
 `JOBPOOL_SCHEDULES` (JSON list as a pool file's `spec.schedules` writes it; the operator and
-`jobpool run pool.yaml` set it) under its pool's name (`JOBPOOL_POOL`), and retires the
-schedules its pool declared before and no longer does. The table is the truth from then on:
-the most recently started worker of a pool wins; a name that another pool declared is refused.
+`jobpool run pool.yaml` set it) under its pool's owner (`core.schedules.schedule_owner`:
+`<namespace>/<name>` from `JOBPOOL_POOL_NAMESPACE` and `JOBPOOL_POOL`), taking over those its
+pool declared under an earlier version's owner (the name alone), and retires the schedules
+its pool declared before and no longer does. The table is the truth from then on: the most
+recently started worker of a pool wins; a name that another pool declared is refused.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from jobpool.core.schedules import (
     ScheduleError,
     check_owners,
     check_wait,
+    former_owners,
     idempotency_key,
     parse_schedule,
     parse_schedules,
     plan_ticks,
+    schedule_owner,
 )
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.db.store import QueueStore
@@ -56,6 +60,7 @@ NEXT_SCHEDULE_DUE = One("next_schedule_due")
 RECORD_SCHEDULE_RUN = Exec("record_schedule_run")
 RETIRE_SCHEDULES = Many("retire_schedules")
 SCHEDULE_CLOCK = One("schedule_clock")
+TAKE_OVER_SCHEDULES = Many("take_over_schedules")
 
 SCHEDULES_VARIABLE = "JOBPOOL_SCHEDULES"
 BUILTIN_NAMES = frozenset({BUILTIN_CLEANUP})
@@ -68,17 +73,19 @@ UNREADABLE_RETRY = MISSED_AFTER
 @dataclass(frozen=True)
 class Declarations:
     """What a worker declares: `schedules` under `owner`, retiring the owner's others when
-    `retire` (only a worker that was given the pool's list knows what the pool declares)."""
+    `retire` (only a worker that was given the pool's list knows what the pool declares), and
+    taking over those of them that the pool declared under a `former` owner name."""
 
     owner: str
     schedules: tuple[Schedule, ...]
     retire: bool
+    former: tuple[str, ...] = ()
 
 
-def declarations_for(pool: str | None, schedules: str | None,
+def declarations_for(pool: str | None, namespace: str | None, schedules: str | None,
                      builtin: Sequence[Schedule]) -> Declarations:
     """The built-in schedules plus `schedules` (the `JOBPOOL_SCHEDULES` JSON text, if set)
-    under `pool` (`JOBPOOL_POOL`).
+    under the owner of `pool` in `namespace` (`JOBPOOL_POOL`, `JOBPOOL_POOL_NAMESPACE`).
 
     Raises ScheduleError naming the variable and the bad field, e.g.
     `JOBPOOL_SCHEDULES[0].cron: ...`.
@@ -90,7 +97,8 @@ def declarations_for(pool: str | None, schedules: str | None,
         except ValueError as exc:
             raise ScheduleError(f"{SCHEDULES_VARIABLE}: not JSON ({exc})") from None
         declared = parse_schedules(raw, SCHEDULES_VARIABLE)
-    return Declarations(pool or "", (*builtin, *declared), schedules is not None)
+    return Declarations(schedule_owner(pool, namespace), (*builtin, *declared),
+                        schedules is not None, former_owners(pool, namespace))
 
 
 async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> None:
@@ -98,18 +106,23 @@ async def declare(conn: AsyncConnection[Any], declarations: Declarations) -> Non
 
     A new or changed schedule starts at its first tick after now; a built-in one (maintenance,
     which a new database needs at once) at its latest tick before now, and belongs to no pool.
-    Raises ScheduleError (`check_owners`), writing nothing, when another pool declared one of
-    the names already.
+    Schedules the pool declared under a former owner name are taken over first, keeping their
+    place. Raises ScheduleError (`check_owners`), writing nothing, when another pool declared
+    one of the names already.
     """
+    owned = [s.name for s in declarations.schedules if s.name not in BUILTIN_NAMES]
     async with conn.transaction():
         clock = await SCHEDULE_CLOCK(conn)
         assert clock is not None
-        owned: list[str] = []
+        if declarations.former and owned:
+            for row in await TAKE_OVER_SCHEDULES(conn, {
+                    "owner": declarations.owner, "former": list(declarations.former),
+                    "names": owned}):
+                log.info("schedule %s taken over by pool %r from its former owner name",
+                         row["name"], declarations.owner)
         for schedule in declarations.schedules:
             builtin = schedule.name in BUILTIN_NAMES
             owner = BUILTIN_OWNER if builtin else declarations.owner
-            if not builtin:
-                owned.append(schedule.name)
             await DECLARE_SCHEDULE(conn, {
                 "name": schedule.name, "owner": owner, "kind": schedule.kind,
                 "tenant": schedule.tenant, "expression": schedule.expression,
