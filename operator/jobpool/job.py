@@ -67,8 +67,16 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any], context: JobContext | None = None) -> Job:
         """Build from a `claim_jobs` row (extra columns are ignored), run in `context`
-        (None: `JobContext()`)."""
-        return cls(*_columns(row), context=JobContext() if context is None else context)
+        (None: `JobContext()`).
+
+        The fields go into the new job's `__dict__` in one call: a frozen dataclass's
+        `__init__` sets each of its 15 fields through `object.__setattr__`, a cost the worker
+        would pay per claimed job."""
+        job = cls.__new__(cls)
+        values = job.__dict__
+        values.update(zip(COLUMNS, _columns(row), strict=True))
+        values["context"] = JobContext() if context is None else context
+        return job
 
 
 COLUMNS = tuple(item.name for item in fields(Job) if item.name != "context")

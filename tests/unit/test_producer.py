@@ -110,6 +110,9 @@ class Leases:
         self.held.append(job_id)
         self.timeouts.append((job_id, timeout))
 
+    def running(self, job_id: int, kind: str, timeout: float) -> None:
+        self.timeouts.append((job_id, timeout))
+
     def release(self, job_id: int) -> None:
         self.released.append(job_id)
 

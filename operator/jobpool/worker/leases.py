@@ -130,6 +130,16 @@ class LeaseKeeper:
         with self._lock:
             self._held[job_id] = Held(kind, self.clock() + timeout + self.lease)
 
+    def running(self, job_id: int, kind: str, timeout: float) -> None:
+        """Job `job_id`, held since its claim (`hold`), starts running now: its lease is renewed for
+        its handler's `timeout` seconds from now on. Without the lock: one attribute written
+        (atomic), read by the thread at its next renewal."""
+        held = self._held.get(job_id)
+        if held is None:
+            self.hold(job_id, kind, timeout)
+            return
+        held.renew_until = self.clock() + timeout + self.lease
+
     def finishing(self, job_id: int) -> None:
         """Job `job_id`'s outcome is about to be written (its lease is still renewed)."""
         with self._lock:

@@ -99,6 +99,8 @@ class Holds(Protocol):
 
     def hold(self, job_id: int, kind: str, timeout: float) -> None: ...
 
+    def running(self, job_id: int, kind: str, timeout: float) -> None: ...
+
     def release(self, job_id: int) -> None: ...
 
 
@@ -240,13 +242,14 @@ class Producer:
         if (not self.buffer or executor is None or not self.online.is_set()
                 or self.stopping.is_set()):
             return
-        started = False
-        while self.buffer and self.busy() < self.slots():
-            job_id = next(iter(self.buffer))
-            waiting = self.buffer.pop(job_id)
+        free = self.slots() - self.busy()
+        if free <= 0:
+            return
+        buffer = self.buffer
+        for _ in range(min(free, len(buffer))):
+            waiting = buffer.pop(next(iter(buffer)))
             self._start(executor, waiting.job, waiting.trace_context)
-            started = True
-        if started and len(self.buffer) <= low_water(self.room):
+        if len(buffer) <= low_water(self.room):
             self.wake.set()  # the next claim goes out while the started jobs run
 
     def unbuffer(self) -> list[int]:
@@ -291,7 +294,7 @@ class Producer:
             await self._hand_back_buffer(returns, "every slot stayed busy")
 
     def _start(self, executor: Attempts, job: Job, trace_context: Any = None) -> None:
-        self.leases.hold(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
+        self.leases.running(job.id, job.job_kind, self.specs[job.job_kind].defaults.timeout)
         self.started += 1
         task = asyncio.create_task(self._attempt(executor, job, trace_context),
                                    name=f"job-{job.id}")
