@@ -337,7 +337,7 @@ def test_an_owed_provider_token_throttles_every_known_tenant_of_its_kinds() -> N
     assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 0, f"{OTHER}/k": 0, "*/k": 0}
     clock.now += 1.0
     limiter.claimed([{"tenant_id": TENANT, "job_kind": "k"}])
-    # the kind's cap bounds the tenants this worker has not met yet, and their sum
+    # the kind's cap also bounds the pairs of tenants this worker has not met yet
     assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 0, f"{OTHER}/k": 0, "*/k": 0}
     limiter.promised.clear()
     assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 1, f"{OTHER}/k": 1, "*/k": 1}

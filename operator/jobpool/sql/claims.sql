@@ -9,13 +9,12 @@
 -- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
 -- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
 -- the rate-limited pairs without a token now (%(capped)s: 'tenant-uuid/kind', or '*/kind' for
--- a kind's jobs of every tenant, each with %(caps)s: the most of those jobs the worker can
--- start now, 0 to leave them out) and the paused ones (mdm.aa_pause), whose backlog so costs
--- one descent and no lock. Rows of the first %(limit)s pairs by (head priority, the pair's
--- rank in its tenant, last turn) are locked with SKIP LOCKED, at most as many per pair as it
--- could win, and no more than the pair's cap; no more than a kind's cap are taken of it: a
--- job taken beyond a cap would go back to pending for want of a token, in a transaction of
--- its own. Of those, the claim takes
+-- every pair of a kind, each with %(caps)s: the most jobs of the pair the worker can start
+-- now, 0 to leave it out) and the paused ones (mdm.aa_pause), whose backlog so costs one
+-- descent and no lock. Rows of the first %(limit)s pairs by (head priority, the pair's rank in
+-- its tenant, last turn) are locked with SKIP LOCKED, at most as many per pair as it could
+-- win and no more than its cap: a job taken beyond it would go back to pending for want of a
+-- token, in a transaction of its own. Of those, the claim takes
 -- by priority, then by the row's rank among its tenant's rows of that priority, then by the
 -- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
 -- priority level tenants take turns (round robin), across levels priority rules.
@@ -62,53 +61,46 @@ heads AS (
 ),
 open_heads AS (
     -- heads of the pairs neither capped at 0 nor paused, with their tenant's last turn, rank
-    -- in the tenant, and caps (NULL: unlimited; least() passes over a NULL): the pair's, at
-    -- most its kind's, and its kind's
-    SELECT h.*, tt.turn_at, least(c.cap, k.cap) AS cap, k.cap AS kind_cap,
+    -- in the tenant and cap: the smaller of the pair's and its kind's (NULL: unlimited)
+    SELECT h.*, tt.turn_at, c.cap,
            row_number() OVER (PARTITION BY h.tenant_id
                               ORDER BY h.priority, h.available_at, h.id) AS pair_rank
       FROM heads h
       LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
-      LEFT JOIN unnest(%(capped)s::text[], %(caps)s::int[]) AS c(pair, cap)
-             ON c.pair = h.tenant_id::text || '/' || h.job_kind
-      LEFT JOIN unnest(%(capped)s::text[], %(caps)s::int[]) AS k(pair, cap)
-             ON k.pair = '*/' || h.job_kind
-     WHERE coalesce(least(c.cap, k.cap), 1) > 0
+      CROSS JOIN LATERAL (
+           SELECT min(c.cap) AS cap
+             FROM unnest(%(capped)s::text[], %(caps)s::int[]) AS c(pair, cap)
+            WHERE c.pair IN (h.tenant_id || '/' || h.job_kind, '*/' || h.job_kind)) c
+     WHERE coalesce(c.cap, 1) > 0
        -- paused: the pair, or its tenant for every kind (ix_aa_pause_lookup)
        AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause p
                         WHERE p.tenant_id = h.tenant_id
                           AND (p.job_kind = h.job_kind OR p.job_kind IS NULL))
 ),
 chosen AS (
-    SELECT job_kind, tenant_id, turn_at, cap, kind_cap
+    SELECT job_kind, tenant_id, turn_at, cap
       FROM open_heads
      ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
 ),
 locked AS (
-    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at, c.job_kind, c.kind_cap
+    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
       FROM chosen c
       CROSS JOIN LATERAL (
            SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
             WHERE j.status = 'pending' AND j.job_kind = c.job_kind
               AND j.tenant_id = c.tenant_id AND j.available_at <= now()
             ORDER BY j.priority, j.available_at, j.id
+            -- least() passes over a NULL cap
             LIMIT least(%(limit)s - (SELECT count(*) FROM chosen) + 1, c.cap)
               FOR UPDATE SKIP LOCKED) r
 ),
 next AS (
-    -- in claim order (`ord`), the jobs of a capped kind past its cap left out
-    SELECT id, ord
-      FROM (SELECT id, kind_cap,
-                   row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST,
-                                               available_at, id) AS ord,
-                   row_number() OVER (PARTITION BY job_kind
-                                      ORDER BY priority, turn, turn_at NULLS FIRST,
-                                               available_at, id) AS in_kind
-              FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
-                                                   ORDER BY l.available_at, l.id) AS turn
-                      FROM locked l) AS ranked) AS ordered
-     WHERE kind_cap IS NULL OR in_kind <= kind_cap
+    SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
+                                           id) AS ord
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
+                                           ORDER BY l.available_at, l.id) AS turn
+              FROM locked l) AS ranked
      ORDER BY ord
      LIMIT %(limit)s
 ),

@@ -195,8 +195,9 @@ class TokenStore:
         """The most jobs of each limited pair the next claim may take, by `tenant-uuid/kind`
         (0: leave the pair out): the pairs met so far and each pair of `kinds` that a
         tenant's own limit covers (`pair_cap`: its tokens due or to be had now, less those
-        promised); and by `*/kind` the most of a provider-capped kind's jobs, whatever their
-        tenants. A pair not listed is unlimited."""
+        promised); and by `*/kind` the most of each pair of a provider-capped kind, those
+        of tenants not met yet included (a claim meeting several such tenants may take that
+        many of each). A pair not listed is unlimited."""
         now = self.clock()
         promised = self._promised_tokens(now)
         pairs = self.pairs | {(tenant, kind) for tenant, limits in self.tenants.items()
