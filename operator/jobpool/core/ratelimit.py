@@ -10,7 +10,10 @@ TOKEN_LIFETIME seconds; an unused one expires (it is never handed out twice).
 
 A job may start when every bucket it needs (its tenant's limit for its kind, and its kind's
 provider cap) has a leased token due; then one is taken from each. Otherwise nothing is taken
-and the job waits `retry_after` seconds, until every needed bucket has a token due.
+and the job waits `retry_after` seconds, until every needed bucket has a token due. So that
+this stays rare, a claim takes no more jobs of a limited (tenant, kind) pair than could start
+now (`pair_cap`), judged by the leases held and the balance each bucket had at this process's
+last lease (`tokens_now`, `bucket_wait`).
 
 Pure: callers pass `now` (seconds on a monotonic clock) and store the leases returned.
 """
