@@ -129,7 +129,7 @@ def _claim_params(conn: psycopg.Connection[Any], lane: str) -> dict[str, Any]:
     kinds, tenants = {"heavy": (["index_sync", "gin_backfill"], None),
                       "tenant": (KINDS, [quiet["id"]])}[lane]
     return {"kinds": kinds, "tenants": tenants, "limit": 4, "worker_id": "bench/1/claim",
-            "throttled": []}
+            "capped": [], "caps": []}
 
 
 def foreign_backlog(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
@@ -203,9 +203,11 @@ def _install(dsn: str, a_limit: dict[str, Any] | None) -> None:
     asyncio.run(run())
 
 
-def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
+def _b_drain_rate(dsn: str, timeout: float = 600.0) -> dict[str, float]:
     """Fresh B jobs (B_JOBS), one worker until they are all done: B's jobs/s from the
-    worker's first claim (its start-up is not measured)."""
+    worker's first claim (its start-up is not measured), and what the worker did with A's
+    jobs meanwhile: `a_done` ran, `a_requeued` sent back to pending for want of a token (each
+    once at most: a requeued job goes to the back of A's line)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM mdm.aa_job WHERE tenant_id = %s", (B,))
         # A's jobs the last run requeued for want of a token are ahead of B again
@@ -214,6 +216,7 @@ def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
                      "- interval '2 hours'", (A,))
         conn.execute(ADD_JOBS, {"tenant": B, "jobs": B_JOBS, "age": 0})
         conn.execute("VACUUM ANALYZE mdm.aa_job")
+        a_done_before = _a_done(conn)
         worker = _worker(dsn)
         try:
             _wait_for_first_claim(conn)
@@ -229,16 +232,27 @@ def _b_drain_rate(dsn: str, timeout: float = 600.0) -> float:
                 time.sleep(0.05)
             else:
                 raise RuntimeError("B's jobs did not drain in time")
-            return (B_JOBS - before) / (time.monotonic() - started)
+            rate = (B_JOBS - before) / (time.monotonic() - started)
         finally:
             _stop(worker)
+        row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s AND status = "
+                           "'pending' AND available_at > now() - interval '2 hours'",
+                           (A,)).fetchone()
+        return {"rate": rate, "a_done": _a_done(conn) - a_done_before,
+                "a_requeued": int(row[0]) if row else 0}
+
+
+def _a_done(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM mdm.aa_job WHERE tenant_id = %s AND status = "
+                       "'done'", (A,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def throttled_flood(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     """Tenant A limited to 1 job/s with N jobs queued ahead of B's 10,000; B's drain rate
     against B alone (same run, interleaved), alone in an empty queue and alone next to N jobs
     of a kind the worker does not serve (the same table size, so what differs is the
-    throttled tenant alone)."""
+    throttled tenant alone); and A's jobs run and requeued during B's drain."""
     from common import drop_database
 
     rows = []
@@ -258,19 +272,25 @@ def throttled_flood(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
                     conn.execute(ADD_JOBS.replace("'bench_noop'", "'bench_other'"),
                                  {"tenant": A, "jobs": size, "age": 7200})
                 flood, solo, same_size = [], [], []
+                a_done, a_requeued = [], []
                 for _ in range(repeat):
-                    flood.append(_b_drain_rate(dsn))
-                    solo.append(_b_drain_rate(alone))
-                    same_size.append(_b_drain_rate(sized))
+                    run = _b_drain_rate(dsn)
+                    flood.append(run["rate"])
+                    a_done.append(run["a_done"])
+                    a_requeued.append(run["a_requeued"])
+                    solo.append(_b_drain_rate(alone)["rate"])
+                    same_size.append(_b_drain_rate(sized)["rate"])
                 row = {"pending": size, "b_behind_flood": flood, "b_alone": solo,
-                       "b_alone_same_size": same_size,
+                       "b_alone_same_size": same_size, "a_done": a_done,
+                       "a_requeued": a_requeued,
                        "ratio": statistics.median(flood) / statistics.median(solo),
                        "ratio_same_size": statistics.median(flood) / statistics.median(same_size)}
                 rows.append(row)
                 print(f"| {size:>9,} | B behind A's flood {_spread(flood, 0)} jobs/s | "
                       f"B alone {_spread(solo, 0)} jobs/s ({row['ratio']:.0%}) | B alone next to "
                       f"N other jobs {_spread(same_size, 0)} jobs/s "
-                      f"({row['ratio_same_size']:.0%}) |", flush=True)
+                      f"({row['ratio_same_size']:.0%}) | A ran {_spread(a_done, 0)}, requeued "
+                      f"{_spread(a_requeued, 0)} |", flush=True)
             finally:
                 drop_database(name)
                 drop_database(sized_name)

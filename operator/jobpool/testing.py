@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,7 @@ from jobpool.admin import STATUSES, get_job, resolve_tenant
 from jobpool.core.pause_scopes import covers, scope_text
 from jobpool.db.connect import connect
 from jobpool.db.queries import Exec, Many, One, Row
-from jobpool.db.store import RELEASE_JOB, Completion, QueueStore
+from jobpool.db.store import RELEASE_JOB, UNCAPPED, Completion, QueueStore
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
@@ -256,7 +256,7 @@ class _OneJobStore(QueueStore):
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
-        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+        tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
     ) -> tuple[set[int], list[Row]]:
         """Write the batched `done`s; claim the job if no claim was tried before."""
         if limit <= 0 or self.tried:
@@ -271,7 +271,7 @@ class _OneJobStore(QueueStore):
             while True:
                 await HOLD_PAIR_BUT(conn, {"id": self.job_id})
                 written, rows = await super().complete_and_claim(
-                    completions, kinds=kinds, tenants=tenants, limit=1, throttled=throttled)
+                    completions, kinds=kinds, tenants=tenants, limit=1, caps=caps)
                 held, completions = held | written, ()
                 others = [row for row in rows if row["id"] != self.job_id]
                 if not others:

@@ -1,17 +1,18 @@
 """Which jobs a claim takes: priority across levels, turns between tenants within a level,
-throttled pairs left out, never one job twice."""
+rate-limited pairs capped at their tokens (or left out), never one job twice."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+import pytest
 
 from integration.helpers import add_tenant
-from jobpool.db.store import QueueStore
+from jobpool.db.store import UNCAPPED, QueueStore
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -32,10 +33,10 @@ async def _jobs(conn: Conn, tenant: uuid.UUID, count: int, *, kind: str = KIND,
 
 
 async def _one_by_one(store: QueueStore, kinds: Sequence[str] = (KIND,),
-                      throttled: Sequence[str] = ()) -> list[dict[str, Any]]:
+                      caps: Mapping[str, int] = UNCAPPED) -> list[dict[str, Any]]:
     """Claim with one free slot until nothing is left; the rows in claim order."""
     claimed: list[dict[str, Any]] = []
-    while rows := await store.claim(kinds=kinds, tenants=None, limit=1, throttled=throttled):
+    while rows := await store.claim(kinds=kinds, tenants=None, limit=1, caps=caps):
         claimed.extend(rows)
     return claimed
 
@@ -86,9 +87,51 @@ async def test_throttled_pairs_are_never_claimed(conn: Conn, store: QueueStore) 
     throttled = await _jobs(conn, a, 5, age=60)
     other_kind = await _jobs(conn, a, 2, kind=OTHER)
     other_tenant = await _jobs(conn, b, 2)
-    claimed = await _one_by_one(store, kinds=[KIND, OTHER], throttled=[f"{a}/{KIND}"])
+    claimed = await _one_by_one(store, kinds=[KIND, OTHER], caps={f"{a}/{KIND}": 0})
     assert sorted(row["id"] for row in claimed) == sorted(other_kind + other_tenant)
     assert not {row["id"] for row in claimed} & set(throttled)
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+async def test_a_claim_takes_no_more_of_a_limited_pair_than_its_cap(
+        conn: Conn, store: QueueStore, cap: int) -> None:
+    """A's turn comes first (queued first), and a claim of 8 could take 4 of its jobs: it
+    takes `cap`, the rest of the claim goes to the other tenant and to A's other kind."""
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
+    limited = await _jobs(conn, a, 20, age=60, later=0.001)
+    other_kind = await _jobs(conn, a, 2, kind=OTHER, age=50, later=0.001)
+    other_tenant = await _jobs(conn, b, 20, later=0.001)
+    claimed = [row["id"] for row in await store.claim(
+        kinds=[KIND, OTHER], tenants=None, limit=8, caps={f"{a}/{KIND}": cap})]
+    assert len(claimed) == 8
+    assert sorted(set(claimed) & set(limited)) == limited[:cap]  # its first ones, in order
+    assert set(other_kind) <= set(claimed)
+    assert len(set(claimed) & set(other_tenant)) == 8 - cap - len(other_kind)
+    # a cap at or above the claim's limit limits nothing: uncapped, A would take half
+    again = await store.claim(kinds=[KIND], tenants=None, limit=4, caps={f"{a}/{KIND}": 99})
+    assert len([row for row in again if row["id"] in set(limited)]) == 2
+
+
+async def test_a_kinds_cap_bounds_each_of_its_pairs_also_of_tenants_without_one(
+        conn: Conn, store: QueueStore) -> None:
+    """A provider-capped kind (`*/kind`): its cap bounds every pair of the kind, those that
+    carry no cap of their own too; a pair's own cap below it wins."""
+    a, b = await add_tenant(conn, "a"), await add_tenant(conn, "b")
+    first = await _jobs(conn, a, 6, age=60, later=0.001)
+    second = await _jobs(conn, b, 6, later=0.001)
+    claimed = {row["id"] for row in await store.claim(
+        kinds=[KIND], tenants=None, limit=8, caps={f"*/{KIND}": 2, f"{b}/{KIND}": 1})}
+    assert claimed == set(first[:2]) | set(second[:1])
+    assert await store.claim(kinds=[KIND], tenants=None, limit=8, caps={f"*/{KIND}": 0}) == []
+
+
+async def test_a_negative_cap_is_refused_before_anything_is_claimed(
+        conn: Conn, store: QueueStore) -> None:
+    a = await add_tenant(conn, "a")
+    await _jobs(conn, a, 2)
+    with pytest.raises(ValueError, match=f"claim caps must be >= 0 jobs, got -1 for {a}/{KIND}"):
+        await store.claim(kinds=[KIND], tenants=None, limit=2, caps={f"{a}/{KIND}": -1})
+    assert len(await store.claim(kinds=[KIND], tenants=None, limit=2)) == 2
 
 
 async def test_jobs_not_yet_available_or_of_other_kinds_are_not_claimed(

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import psycopg
 import pytest
 
-from jobpool.db.store import Completion, Row
+from jobpool.db.store import UNCAPPED, Completion, Row
 from jobpool.worker.completer import Completer, ResultRefused
 
 
@@ -35,7 +35,7 @@ class FakeStore:
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
-        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+        tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
     ) -> tuple[set[int], list[Row]]:
         self.sent.append(list(completions))
         if self.fail:
@@ -76,7 +76,7 @@ async def queued(c: Completer, *ids: int) -> list[asyncio.Task[bool]]:
 
 
 async def send(c: Completer, *, limit: int = 0) -> list[Row]:
-    return await c.send(c.take(), kinds=("k",), tenants=None, limit=limit, throttled=list)
+    return await c.send(c.take(), kinds=("k",), tenants=None, limit=limit, caps=dict)
 
 
 LOST = psycopg.OperationalError("server closed the connection unexpectedly")

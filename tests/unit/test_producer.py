@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,7 +54,7 @@ class Claims:
 
     async def send(
         self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
-        limit: int, throttled: Callable[[], list[str]],
+        limit: int, caps: Callable[[], Mapping[str, int]],
     ) -> list[Row]:
         self.limits.append(limit)
         claimed, self.queue = self.queue[:max(limit, 0)], self.queue[max(limit, 0):]
@@ -128,7 +128,7 @@ def producer(*, slots: int, until_empty: bool = True, grace: float = 0.01,
                             prefetch=prefetch),
         kinds=("k",), specs={"k": KindSpec("k", _no_handler, KindDefaults(timeout=TIMEOUT))},
         wake=asyncio.Event(), online=online, leases=leases or Leases(), slots=lambda: slots,
-        tenants=lambda: None, throttled=list, claimed=lambda rows: None,
+        tenants=lambda: None, caps=dict, claimed=lambda rows: None,
         observe=lambda job, outcome, started: seen.append((job.id, outcome)),
         poll_interval=0.05, worker_id="w", job_context=JobContext(),
         stops=Stops(grace=1.0, finishing=lambda job_id: False, abandon=lambda job_id: None))

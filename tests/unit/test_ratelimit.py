@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +25,25 @@ from jobpool.core.ratelimit import (
     ProviderCaps,
     RateLimit,
     TenantLimits,
+    bucket_wait,
     lease_size,
     leased,
+    pair_cap,
     parse_provider_caps,
     parse_rate_limit,
     parse_tenant_limits,
     parse_tenant_limits_json,
     store_failed,
     take_token,
+    tokens_now,
     wait_time,
 )
-from jobpool.worker.token_store import TokenStore, load_provider_caps, requeue_delay
+from jobpool.worker.token_store import (
+    PROMISE_LIFETIME,
+    TokenStore,
+    load_provider_caps,
+    requeue_delay,
+)
 
 HALF = RateLimit(rps=0.5, burst=1)
 T = Need("t", "tenant", HALF)
@@ -49,7 +59,8 @@ def test_a_lease_holds_a_fifth_of_a_second_of_the_rate() -> None:
 
 
 def test_tokens_the_bucket_holds_are_due_at_once() -> None:
-    assert leased(balance_after=3.0, taken=2, rps=5, now=10.0) == Lease((10.0, 10.0))
+    assert leased(balance_after=3.0, taken=2, rps=5, now=10.0) == Lease(
+        (10.0, 10.0), balance=3.0, leased_at=10.0)
 
 
 def test_tokens_owed_are_due_when_the_refill_covers_them() -> None:
@@ -79,7 +90,9 @@ def test_the_longest_wait_wins() -> None:
 
 def test_a_bucket_without_a_lease_is_leased_first() -> None:
     assert take_token([T, P], {"t": Lease((0.0,))}, 0.0) == LeaseFirst((P,))
-    assert wait_time([T, P], {"t": Lease((5.0,))}, 0.0) == 0.0  # claim it, then lease
+    assert wait_time([T, P], {"t": Lease((0.0,))}, 0.0) == 0.0  # claim it, then lease
+    # a bucket whose token is not due is waited for: leasing the other first would not help
+    assert wait_time([T, P], {"t": Lease((5.0,))}, 0.0) == 5.0
 
 
 def test_an_unused_token_expires() -> None:
@@ -93,6 +106,58 @@ def test_a_store_that_failed_holds_its_jobs_for_a_while_then_is_asked_again() ->
     leases = {"t": store_failed(now=0.0)}
     assert take_token([T], leases, 0.0) == Denied(retry_after=STORE_RETRY, scope="tenant")
     assert take_token([T], leases, STORE_RETRY) == LeaseFirst((T,))
+
+
+# -- how many jobs of a limited pair a claim may take ------------------------------------
+
+ONE = RateLimit(rps=1, burst=1)
+FAST = RateLimit(rps=50, burst=50)  # leases of 10
+
+
+def test_a_claim_may_take_as_many_jobs_as_tokens_are_due() -> None:
+    lease = leased(balance_after=-1.0, taken=4, rps=1, now=0.0)  # 3 due now, 1 in 1 s
+    assert tokens_now(FAST, lease, 0.0) == 3
+    assert tokens_now(FAST, lease, 1.0) == 4
+    assert tokens_now(FAST, Lease((0.0,)), TOKEN_LIFETIME + 0.01) == 10  # expired: lease again
+
+
+def test_a_bucket_never_leased_here_may_give_a_leases_worth() -> None:
+    assert tokens_now(ONE, Lease(), 0.0) == 1
+    assert tokens_now(FAST, Lease(), 0.0) == 10
+    assert bucket_wait(ONE, Lease(), 0.0) == 0.0
+
+
+def test_a_spent_lease_waits_for_the_refill_of_the_balance_last_seen() -> None:
+    """The bucket held 0 once this process took its token: another lease before a second
+    has passed would owe its token, and the job would go back to pending."""
+    spent = replace(leased(balance_after=0.0, taken=1, rps=1, now=0.0), due=())
+    assert tokens_now(ONE, spent, 0.5) == 0
+    assert bucket_wait(ONE, spent, 0.25) == pytest.approx(0.75)
+    assert tokens_now(ONE, spent, 1.0) == 1
+    assert bucket_wait(ONE, spent, 1.0) == 0.0
+    assert tokens_now(ONE, spent, 60.0) == 1  # never more than the burst
+    owed = replace(leased(balance_after=-2.0, taken=1, rps=1, now=0.0), due=())
+    assert bucket_wait(ONE, owed, 0.0) == pytest.approx(3.0)
+    many = replace(leased(balance_after=0.0, taken=10, rps=50, now=0.0), due=())
+    assert tokens_now(FAST, many, 0.1) == 5  # 0.1 s of 50 tokens/s
+    assert tokens_now(FAST, many, 10.0) == 10  # at most a lease's worth
+
+
+def test_a_store_that_failed_caps_its_pairs_at_zero_until_asked_again() -> None:
+    failed = store_failed(now=0.0)
+    assert tokens_now(ONE, failed, 0.0) == 0
+    assert bucket_wait(ONE, failed, 0.0) == STORE_RETRY
+    assert tokens_now(ONE, failed, STORE_RETRY) == 1
+
+
+def test_a_pairs_cap_is_its_scarcest_bucket_less_the_tokens_promised() -> None:
+    tenant = Need("t", "tenant", FAST)
+    provider = Need("p", "provider", RateLimit(rps=10, burst=10))
+    leases = {"t": Lease((0.0, 0.0, 0.0)), "p": Lease((0.0, 0.0))}
+    assert pair_cap([tenant, provider], leases, {}, 0.0) == 2
+    assert pair_cap([tenant, provider], leases, {"p": 1}, 0.0) == 1
+    assert pair_cap([tenant, provider], leases, {"t": 5}, 0.0) == 0
+    assert pair_cap([], leases, {}, 0.0) is None  # unlimited
 
 
 
@@ -239,6 +304,10 @@ def row(tenant: str, key: str, rate_limit: object) -> dict[str, object]:
             "rate_limit": None if rate_limit is None else json.dumps(rate_limit)}
 
 
+NO_POOL: Any = None
+"""The pool of a token store that holds every token it is asked for (it never leases)."""
+
+
 def limiter_with(rate_limit: object, caps: str | None = None) -> tuple[TokenStore, Clock]:
     clock = Clock()
     limiter = TokenStore(load_provider_caps(caps), clock=clock)
@@ -250,9 +319,14 @@ def test_a_pair_is_left_out_of_claims_until_its_token_is_due() -> None:
     limiter, clock = limiter_with({"k": {"rps": 0.5, "burst": 1}})
     limiter.pairs = {(TENANT, "k"), (OTHER, "k")}
     limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 2.0,))
-    assert limiter.throttled() == [f"{TENANT}/k"]  # the unlimited tenant never is
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 0}  # the unlimited tenant never is
     clock.now += 2.0
-    assert limiter.throttled() == []
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 1}
+
+
+def test_every_pair_a_tenants_limit_covers_is_capped_before_its_first_job() -> None:
+    limiter, _ = limiter_with({"k": {"rps": 50, "burst": 50}, "*": {"rps": 1}})
+    assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 10, f"{TENANT}/j": 1}
 
 
 def test_an_owed_provider_token_throttles_every_known_tenant_of_its_kinds() -> None:
@@ -260,19 +334,38 @@ def test_an_owed_provider_token_throttles_every_known_tenant_of_its_kinds() -> N
     limiter, clock = limiter_with(None, caps)
     limiter.pairs = {(TENANT, "k"), (OTHER, "k")}
     limiter.leases["provider/ses"] = Lease((clock.now + 1.0,))
-    assert limiter.throttled() == sorted([f"{TENANT}/k", f"{OTHER}/k"])
+    assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 0, f"{OTHER}/k": 0, "*/k": 0}
     clock.now += 1.0
-    assert limiter.throttled() == []
+    limiter.claimed([{"tenant_id": TENANT, "job_kind": "k"}])
+    # the kind's cap also bounds the pairs of tenants this worker has not met yet
+    assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 0, f"{OTHER}/k": 0, "*/k": 0}
+    limiter.promised.clear()
+    assert limiter.claim_caps(["k", "j"]) == {f"{TENANT}/k": 1, f"{OTHER}/k": 1, "*/k": 1}
+
+
+def test_claimed_jobs_hold_their_tokens_from_the_next_claims_until_they_ask() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 50, "burst": 50}})
+    limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now,) * 3)
+    limiter.claimed([{"tenant_id": TENANT, "job_kind": "k"}] * 2
+                    + [{"tenant_id": OTHER, "job_kind": "k"}])  # unlimited: not counted
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 1}
+    asyncio.run(limiter.acquire(NO_POOL, TENANT, "k"))  # one asks (and takes a token)
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 1}
+    clock.now += PROMISE_LIFETIME + 0.01  # the other was handed back unstarted; tokens expired
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 10}
+    assert limiter.promised == {}
 
 
 def test_a_removed_limit_forgets_its_leases() -> None:
     limiter, clock = limiter_with({"k": {"rps": 0.01, "burst": 1}})
     limiter.pairs = {(TENANT, "k")}
     limiter.leases[f"tenant/{TENANT}/k"] = Lease((clock.now + 100.0,))
-    assert limiter.throttled() == [f"{TENANT}/k"]
+    limiter.claimed([{"tenant_id": TENANT, "job_kind": "k"}])
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 0}
     limiter.set_tenant_limits([row(TENANT, "acme", None)])
-    assert limiter.throttled() == []
+    assert limiter.claim_caps(["k"]) == {}
     assert limiter.leases == {}
+    assert limiter.promised == {}
 
 
 def test_labels_use_the_tenant_key() -> None:
@@ -390,3 +483,13 @@ def test_the_next_token_of_a_throttled_pair_is_known() -> None:
     assert limiter.next_token_in() == pytest.approx(0.1)
     clock.now += 0.1
     assert limiter.next_token_in() == pytest.approx(0.2)  # j has a token due: not throttled
+
+
+def test_the_refill_of_a_spent_lease_is_a_next_token() -> None:
+    limiter, clock = limiter_with({"k": {"rps": 1, "burst": 1}})
+    limiter.pairs = {(TENANT, "k")}
+    limiter.leases[f"tenant/{TENANT}/k"] = replace(
+        leased(balance_after=0.0, taken=1, rps=1, now=clock.now), due=())
+    clock.now += 0.25
+    assert limiter.next_token_in() == pytest.approx(0.75)
+    assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 0}

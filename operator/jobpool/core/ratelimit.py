@@ -10,7 +10,10 @@ TOKEN_LIFETIME seconds; an unused one expires (it is never handed out twice).
 
 A job may start when every bucket it needs (its tenant's limit for its kind, and its kind's
 provider cap) has a leased token due; then one is taken from each. Otherwise nothing is taken
-and the job waits `retry_after` seconds, until every needed bucket has a token due.
+and the job waits `retry_after` seconds, until every needed bucket has a token due. So that
+this stays rare, a claim takes no more jobs of a limited (tenant, kind) pair than could start
+now (`pair_cap`), judged by the leases held and the balance each bucket had at this process's
+last lease (`tokens_now`, `bucket_wait`).
 
 Pure: callers pass `now` (seconds on a monotonic clock) and store the leases returned.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from jobpool.core.jsondata import expect_text
@@ -133,14 +136,18 @@ class Lease:
 
     due: monotonic seconds from which each token may be used, ascending. retry_at: when the
     store failed, the time before which the bucket is not asked again (0: it answered).
+    balance: the bucket's balance once this lease was taken (negative: tokens owed), at
+    `leased_at` (monotonic seconds); None: this process never leased from it.
     """
 
     due: tuple[float, ...] = ()
     retry_at: float = 0.0
+    balance: float | None = None
+    leased_at: float = 0.0
 
     def live(self, now: float) -> Lease:
         """The lease without its expired tokens."""
-        return Lease(tuple(d for d in self.due if d + TOKEN_LIFETIME >= now), self.retry_at)
+        return replace(self, due=tuple(d for d in self.due if d + TOKEN_LIFETIME >= now))
 
     def wait(self, now: float) -> float | None:
         """Seconds until a token is due (0: one is), or None: lease again first."""
@@ -160,7 +167,8 @@ def leased(balance_after: float, taken: int, rps: float, now: float) -> Lease:
     are taken (negative: some are owed). Token i (1..taken) is due when the bucket's refill
     covers it: (i - balance before) / rps seconds from `now`, or now."""
     before = balance_after + taken
-    return Lease(tuple(now + max(0.0, i - before) / rps for i in range(1, taken + 1)))
+    return Lease(tuple(now + max(0.0, i - before) / rps for i in range(1, taken + 1)),
+                 balance=balance_after, leased_at=now)
 
 
 def store_failed(now: float) -> Lease:
@@ -232,17 +240,69 @@ def take_token(needs: Sequence[Need], leases: Mapping[str, Lease], now: float) -
     taken = {}
     for need in needs:
         live = leases[need.key].live(now)
-        taken[need.key] = Lease(live.due[1:])
+        taken[need.key] = replace(live, due=live.due[1:])
     return Granted(taken)
 
 
 def wait_time(needs: Sequence[Need], leases: Mapping[str, Lease], now: float) -> float:
-    """Seconds until a job with these needs could start by the leases held (0: now, or a
-    lease is needed first)."""
-    waits = [leases.get(need.key, NO_LEASE).wait(now) for need in needs]
-    if any(wait is None for wait in waits):
+    """Seconds until a job with these needs could start by the leases held and the buckets'
+    balances last seen (0: now, or a lease is needed first; `bucket_wait`)."""
+    return max((bucket_wait(need.limit, leases.get(need.key, NO_LEASE), now)
+                for need in needs), default=0.0)
+
+
+def bucket_wait(limit: RateLimit, lease: Lease, now: float) -> float:
+    """Seconds until a job could take a token of this bucket (0: now, or lease to know).
+
+    With a token held, until it is due. With none, until the balance the bucket had after
+    this process's last lease, refilled at `limit.rps` since, reaches one token: the pool's
+    bucket holds at most that (other processes only take from it), so a lease before then
+    would owe its token and the job go back to pending. Never leased here: 0 (unknown).
+    """
+    live = lease.live(now)
+    if live.due:
+        return max(0.0, live.due[0] - now)
+    if lease.retry_at > now:
+        return lease.retry_at - now
+    if lease.balance is None:
         return 0.0
-    return max((wait for wait in waits if wait is not None), default=0.0)
+    return max(0.0, (1.0 - lease.balance) / limit.rps - (now - lease.leased_at))
+
+
+CAP_ROUNDING = 1e-9
+"""Tokens added before rounding the refilled balance down, so that a token due now by
+`bucket_wait` (a float sum) counts as one."""
+
+
+def tokens_now(limit: RateLimit, lease: Lease, now: float) -> int:
+    """Jobs that could take a token of this bucket now: the held tokens that are due; with
+    none held, the tokens a lease now would bring due (a lease's worth, at most the balance
+    last seen refilled since, as in `bucket_wait`; a lease's worth when never leased here).
+    0 while the store failed."""
+    live = lease.live(now)
+    if live.due:
+        return sum(1 for due in live.due if due <= now)
+    if lease.retry_at > now:
+        return 0
+    size = lease_size(limit)
+    if lease.balance is None:
+        return size
+    refilled = min(float(limit.burst), lease.balance + limit.rps * (now - lease.leased_at))
+    return max(0, min(size, math.floor(refilled + CAP_ROUNDING)))
+
+
+def pair_cap(needs: Sequence[Need], leases: Mapping[str, Lease], promised: Mapping[str, int],
+             now: float) -> int | None:
+    """The most jobs of a (tenant, kind) pair with these needs that a claim should take now:
+    the fewest `tokens_now` among its buckets, less the jobs already `promised` a token of
+    each bucket (claimed, not yet started: by bucket key), at least 0. None: unlimited.
+
+    A claim that takes more of a limited pair than it can start sends the rest back to
+    pending, one transaction each, for want of a token."""
+    if not needs:
+        return None
+    return max(0, min(tokens_now(need.limit, leases.get(need.key, NO_LEASE), now)
+                      - promised.get(need.key, 0) for need in needs))
 
 
 # -- configuration ------------------------------------------------------------------------

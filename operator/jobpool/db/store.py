@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import psycopg
@@ -36,6 +37,9 @@ claims, `done`s, retries, lease renewals, token leases, and a job's own transact
 carries the worker's `done` of the job and meets its lease renewals on the same row (under
 SERIALIZABLE that renewal alone would fail the `done`). A handler may ask for another level
 (docs/operations.md, "Production databases"); `jobpool.db.connect.open_pool` sets it."""
+
+UNCAPPED: Mapping[str, int] = MappingProxyType({})
+"""No pair capped: every pair's jobs may be claimed up to the claim's limit."""
 
 CLAIM_APPLICATION_NAME = "jobpool-claims"
 """The claim connection's name in pg_stat_activity (when the DSN gives none)."""
@@ -88,24 +92,27 @@ class QueueStore:
 
     async def claim(
         self, *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None, limit: int,
-        throttled: Sequence[str] = (),
+        caps: Mapping[str, int] = UNCAPPED,
     ) -> list[Row]:
         """Claim up to `limit` runnable jobs of `kinds` (and `tenants`, None = all).
 
-        throttled: "tenant-uuid/kind" pairs to leave out (rate-limited until later).
+        caps: the most jobs to take of each "tenant-uuid/kind" pair named (rate-limited:
+        the jobs the worker can start now; 0 leaves the pair out). Raises ValueError for a
+        negative cap.
         """
         _, claimed = await self.complete_and_claim(
-            (), kinds=kinds, tenants=tenants, limit=limit, throttled=throttled)
+            (), kinds=kinds, tenants=tenants, limit=limit, caps=caps)
         return claimed
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
-        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+        tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
     ) -> tuple[set[int], list[Row]]:
         """Mark `completions` done and claim up to `limit` jobs, in one transaction.
 
         Returns the ids of the completions this worker still held (the others lost their
-        claim and are left alone) and the claimed rows. `limit` 0 claims nothing. The claim
+        claim and are left alone) and the claimed rows. `limit` 0 claims nothing; `caps` as
+        for `claim` (ValueError for a negative cap, before anything is sent). The claim
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
         within a priority level tenants take turns (docs/concepts.md, "Fair turns between
@@ -119,6 +126,7 @@ class QueueStore:
         psycopg.OperationalError when the server cannot be reached within
         `CLAIM_CONNECT_TIMEOUT` seconds.
         """
+        capped = claim_caps(caps)
         conn = await self._claim_connection()
         try:
             async with conn.pipeline():
@@ -132,8 +140,7 @@ class QueueStore:
                     "worker_id": self.worker_id}) if resent else None
                 claim = await conn.execute(CLAIM_JOBS.text, {
                     "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
-                    "limit": limit, "worker_id": self.worker_id, "throttled": list(throttled),
-                    "lease": self.lease,
+                    "limit": limit, "worker_id": self.worker_id, **capped, "lease": self.lease,
                 }) if limit > 0 else None
                 await conn.commit()
             held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
@@ -273,6 +280,15 @@ class QueueStore:
         async with self.pool.connection() as conn:
             return await RELEASE_UNRUN_CLAIMS(
                 conn, {"running": list(running), "worker_id": self.worker_id})
+
+
+def claim_caps(caps: Mapping[str, int]) -> dict[str, list[Any]]:
+    """The claim's `capped` pairs and their `caps`, two arrays in one order; ValueError
+    naming the pair whose cap is negative (a cap is a count of jobs)."""
+    bad = sorted(pair for pair, cap in caps.items() if cap < 0)
+    if bad:
+        raise ValueError(f"claim caps must be >= 0 jobs, got {caps[bad[0]]} for {bad[0]}")
+    return {"capped": list(caps), "caps": list(caps.values())}
 
 
 async def register_kinds(conn: AsyncConnection[Any], specs: Iterable[KindSpec]) -> None:

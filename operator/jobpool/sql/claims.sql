@@ -8,10 +8,13 @@
 -- Reads only what this worker could take, through ix_aa_job_lane (kind, tenant, priority,
 -- available_at, id): the head (first ready job) of each (kind, tenant) pair it serves, found
 -- by a loose index scan per kind (one descent per pair) or per pair of its own tenants; minus
--- the throttled pairs (%(throttled)s: 'tenant-uuid/kind', rate-limited until later) and the
--- paused ones (mdm.aa_pause), whose backlog so costs one descent and no lock. Rows of
--- the first %(limit)s pairs by (head priority, the pair's rank in its tenant, last turn) are
--- locked with SKIP LOCKED, at most as many per pair as it could win. Of those, the claim takes
+-- the rate-limited pairs without a token now (%(capped)s: 'tenant-uuid/kind', or '*/kind' for
+-- every pair of a kind, each with %(caps)s: the most jobs of the pair the worker can start
+-- now, 0 to leave it out) and the paused ones (mdm.aa_pause), whose backlog so costs one
+-- descent and no lock. Rows of the first %(limit)s pairs by (head priority, the pair's rank in
+-- its tenant, last turn) are locked with SKIP LOCKED, at most as many per pair as it could
+-- win and no more than its cap: a job taken beyond it would go back to pending for want of a
+-- token, in a transaction of its own. Of those, the claim takes
 -- by priority, then by the row's rank among its tenant's rows of that priority, then by the
 -- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
 -- priority level tenants take turns (round robin), across levels priority rules.
@@ -57,22 +60,25 @@ heads AS (
             LIMIT 1) h
 ),
 open_heads AS (
-    -- heads of the pairs not throttled nor paused, with their tenant's last turn and rank in
-    -- the tenant
-    SELECT h.*, tt.turn_at,
+    -- heads of the pairs neither capped at 0 nor paused, with their tenant's last turn, rank
+    -- in the tenant and cap: the smaller of the pair's and its kind's (NULL: unlimited)
+    SELECT h.*, tt.turn_at, c.cap,
            row_number() OVER (PARTITION BY h.tenant_id
                               ORDER BY h.priority, h.available_at, h.id) AS pair_rank
       FROM heads h
       LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
-     WHERE NOT EXISTS (SELECT 1 FROM unnest(%(throttled)s::text[]) AS t(pair)
-                        WHERE t.pair = h.tenant_id::text || '/' || h.job_kind)
+      CROSS JOIN LATERAL (
+           SELECT min(c.cap) AS cap
+             FROM unnest(%(capped)s::text[], %(caps)s::int[]) AS c(pair, cap)
+            WHERE c.pair IN (h.tenant_id || '/' || h.job_kind, '*/' || h.job_kind)) c
+     WHERE coalesce(c.cap, 1) > 0
        -- paused: the pair, or its tenant for every kind (ix_aa_pause_lookup)
        AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause p
                         WHERE p.tenant_id = h.tenant_id
                           AND (p.job_kind = h.job_kind OR p.job_kind IS NULL))
 ),
 chosen AS (
-    SELECT job_kind, tenant_id, turn_at
+    SELECT job_kind, tenant_id, turn_at, cap
       FROM open_heads
      ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
@@ -85,7 +91,8 @@ locked AS (
             WHERE j.status = 'pending' AND j.job_kind = c.job_kind
               AND j.tenant_id = c.tenant_id AND j.available_at <= now()
             ORDER BY j.priority, j.available_at, j.id
-            LIMIT %(limit)s - (SELECT count(*) FROM chosen) + 1
+            -- least() passes over a NULL cap
+            LIMIT least(%(limit)s - (SELECT count(*) FROM chosen) + 1, c.cap)
               FOR UPDATE SKIP LOCKED) r
 ),
 next AS (

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import psycopg
@@ -25,7 +25,7 @@ from jobpool.core.retry import error_text, retry_pause
 from jobpool.db.connect import lost_connection
 from jobpool.db.queries import Row
 from jobpool.db.reconnect import RECONNECT_FIRST
-from jobpool.db.store import Completion
+from jobpool.db.store import UNCAPPED, Completion
 from jobpool.errors import PermanentError
 
 log = logging.getLogger("jobpool.worker")
@@ -50,7 +50,7 @@ class CompletionStore(Protocol):
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
-        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+        tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
     ) -> tuple[set[int], list[Row]]:
         """Mark `completions` done and claim up to `limit` jobs in one transaction; the ids
         still held and the claimed rows."""
@@ -139,16 +139,17 @@ class Completer:
 
     async def send(
         self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
-        limit: int, throttled: Callable[[], list[str]],
+        limit: int, caps: Callable[[], Mapping[str, int]],
     ) -> list[Row]:
-        """Write `batch` and claim up to `limit` jobs (`throttled()`: pairs to leave out), in
-        one transaction; the claimed rows ([] when that failed: the link says why)."""
+        """Write `batch` and claim up to `limit` jobs (`caps()`: the most of each rate-limited
+        pair, `QueueStore.claim`), in one transaction; the claimed rows ([] when that failed:
+        the link says why)."""
         if not batch and limit <= 0:
             return []
         try:
             held, claimed = await self.store.complete_and_claim(
                 [completion for completion, _ in batch], kinds=kinds, tenants=tenants,
-                limit=max(limit, 0), throttled=throttled() if limit > 0 else [],
+                limit=max(limit, 0), caps=caps() if limit > 0 else UNCAPPED,
             )
         except Exception as exc:
             if not isinstance(exc, psycopg.Error) or not (lost_connection(exc) or batch):
@@ -172,7 +173,7 @@ class Completer:
         stopped); runs until cancelled."""
         while True:
             self.wake.clear()
-            await self.send(self.take(), kinds=(), tenants=None, limit=0, throttled=list)
+            await self.send(self.take(), kinds=(), tenants=None, limit=0, caps=dict)
             await self.wake.wait()
 
     def _requeue(self, batch: list[Pending]) -> None:

@@ -14,10 +14,10 @@ is unreachable; one with either waits for the database to hand them back
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from jobpool.db.queries import Row
-from jobpool.db.store import Completion, QueueStore
+from jobpool.db.store import UNCAPPED, Completion, QueueStore
 from jobpool.metrics import JobOutcome
 
 SETTLED: frozenset[JobOutcome] = frozenset(
@@ -71,12 +71,12 @@ class WatchedStore:
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
-        tenants: Sequence[uuid.UUID] | None, limit: int, throttled: Sequence[str] = (),
+        tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
     ) -> tuple[set[int], list[Row]]:
         """`QueueStore.complete_and_claim`; a claim that raised may have committed unseen."""
         try:
             return await self.store.complete_and_claim(
-                completions, kinds=kinds, tenants=tenants, limit=limit, throttled=throttled)
+                completions, kinds=kinds, tenants=tenants, limit=limit, caps=caps)
         except BaseException:
             if limit > 0:
                 self.leftovers.claim_unanswered = True

@@ -73,7 +73,7 @@ class Batches(Protocol):
 
     async def send(
         self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
-        limit: int, throttled: Callable[[], list[str]],
+        limit: int, caps: Callable[[], Mapping[str, int]],
     ) -> list[Row]: ...
 
     async def flush(self) -> None: ...
@@ -108,9 +108,10 @@ class Producer:
     """Claims into free slots and runs the claimed jobs of one worker.
 
     `slots()`: the slots the worker runs with now; `tenants()`: the tenant ids it serves
-    (None: all); `throttled()`: the pairs the next claim leaves out; `claimed(rows)` and
-    `observe(job, outcome, started)` report claims and finished attempts; `wake` is set by
-    whoever has news for the loop, `online` by the database link. `in_flight` maps each
+    (None: all); `caps()`: the most jobs of each rate-limited pair the next claim may take
+    (`QueueStore.claim`); `claimed(rows)` and `observe(job, outcome, started)` report claims
+    and finished attempts; `wake` is set by whoever has news for the loop, `online` by the
+    database link. `in_flight` maps each
     started job's id to its task (until its outcome is written); `buffer` holds the claimed
     jobs not started yet, in claim order (at most `config.prefetch` beyond the free slots).
     """
@@ -118,7 +119,7 @@ class Producer:
     def __init__(
         self, *, config: WorkerConfig, kinds: Sequence[str], specs: Mapping[str, KindSpec],
         wake: asyncio.Event, online: asyncio.Event, leases: Holds, slots: Callable[[], int],
-        tenants: Callable[[], Sequence[uuid.UUID] | None], throttled: Callable[[], list[str]],
+        tenants: Callable[[], Sequence[uuid.UUID] | None], caps: Callable[[], Mapping[str, int]],
         claimed: Callable[[list[Row]], None],
         observe: Callable[[Job, JobOutcome, float], None], poll_interval: float,
         worker_id: str, job_context: JobContext, stops: Stops,
@@ -130,7 +131,7 @@ class Producer:
         self.leases = leases
         self.slots = slots
         self.tenants = tenants
-        self.throttled = throttled
+        self.caps = caps
         self.claimed = claimed
         self.observe = observe
         self.poll_interval = poll_interval
@@ -194,7 +195,7 @@ class Producer:
                                 buffered=len(self.buffer), room=self.room, sending=bool(batch))
             async with self.claiming:  # settling after an outage sees every claimed job started
                 claimed = await completer.send(batch, kinds=self.kinds, tenants=self.tenants(),
-                                               limit=limit, throttled=self.throttled)
+                                               limit=limit, caps=self.caps)
                 self.claimed(claimed)
                 for row in claimed:
                     self._buffer(Job.from_row(row, self.job_context), row.get("trace_context"))

@@ -164,17 +164,12 @@ class Worker:
         self.producer = Producer(
             config=config, kinds=self.kinds, specs=self.specs, wake=wake,
             online=self.link.online, leases=self.leases, slots=lambda: self.slots,
-            tenants=lambda: self.tenant_ids, throttled=self.throttled,
-            claimed=self._claimed, observe=self.observe,
-            poll_interval=self.poll_interval, worker_id=self.worker_id,
+            tenants=lambda: self.tenant_ids, caps=self.claim_caps, claimed=self._claimed,
+            observe=self.observe, poll_interval=self.poll_interval, worker_id=self.worker_id,
             job_context=self.job_context, stops=self.stops)
         self.metrics.configured_slots.set(config.slots)
         self.metrics.slots.set(config.slots)
         self.metrics.poll_only.set(int(self.listen_dsn is None))
-
-    def _claimed(self, rows: list[Row]) -> None:
-        self.heartbeat.claimed(rows)
-        self.leftovers.claimed(rows)
 
     def _claim_lost(self, job_id: int, stopped: bool) -> None:
         """The lease renewal found `job_id` no longer claimed here (a stop, a recovery)."""
@@ -410,18 +405,31 @@ class Worker:
             processing=time.monotonic() - started if ran else None,
         )
 
-    def throttled(self) -> list[str]:
-        """`tenant/kind` pairs to leave out of the next claim: their next token is not due.
+    def claim_caps(self) -> dict[str, int]:
+        """The most jobs of each rate-limited pair the next claim may take (0: leave it out;
+        `TokenStore.claim_caps`).
 
-        Wakes the fetch loop when the first of those tokens is due: a lease's later tokens
-        fall due with no denial to schedule that (unused, they would expire)."""
+        Wakes the fetch loop when the first token of a pair left out is due: a lease's later
+        tokens, and the bucket's refill, fall due with no denial to schedule that. The wake
+        already set for that time is kept (this runs at every claim)."""
         wait = self.limiter.next_token_in()
         if wait is not None:
-            if self.token_wake is not None:
-                self.token_wake.cancel()
-            self.token_wake = asyncio.get_running_loop().call_later(wait + WAKE_SLACK,
-                                                                    self.wake.set)
-        return self.limiter.throttled()
+            loop = asyncio.get_running_loop()
+            due = loop.time() + wait + WAKE_SLACK
+            woken = self.token_wake
+            if woken is None or woken.when() <= loop.time() or abs(woken.when() - due) > WAKE_SLACK:
+                if woken is not None:
+                    woken.cancel()
+                self.token_wake = loop.call_later(wait + WAKE_SLACK, self.wake.set)
+        return self.limiter.claim_caps(self.kinds)
+
+    def _claimed(self, rows: list[Row]) -> None:
+        """A claim took `rows`: the registry counts them, the token store promises their
+        tokens until they start, and they are in doubt until their outcome is written
+        (`leftovers`)."""
+        self.heartbeat.claimed(rows)
+        self.limiter.claimed(rows)
+        self.leftovers.claimed(rows)
 
     # -- tenants -------------------------------------------------------------------------
 

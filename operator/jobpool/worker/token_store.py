@@ -36,6 +36,7 @@ from jobpool.core.ratelimit import (
     TenantLimits,
     lease_size,
     leased,
+    pair_cap,
     parse_tenant_limits_json,
     store_failed,
     take_token,
@@ -61,6 +62,12 @@ LEASE_TIMEOUT = 1.0
 
 WAKE_SLACK = 0.05
 """Seconds after a token is due at which the fetch loop is woken to claim again."""
+
+PROMISE_LIFETIME = 2.0
+"""Seconds a claimed job of a limited pair counts as promised a token until it asks for one.
+A claimed job starts at once or waits in the prefetch buffer, which is handed back once its
+oldest job has waited a second for a slot; a job that never asks (handed back, stopped,
+its payload refused) so holds a token from the next claims for this long at most."""
 
 
 def load_provider_caps(value: str | None) -> ProviderCaps:
@@ -92,8 +99,12 @@ def load_provider_caps(value: str | None) -> ProviderCaps:
         raise ValueError(f"{source}: {exc}") from None
 
 
+EVERY_TENANT = "*"
+"""The tenant part of a claim cap on a kind's jobs of every tenant (`*/kind`)."""
+
+
 def pair_key(tenant_id: uuid.UUID | str, kind: str) -> str:
-    """The claim's `tenant-uuid/kind` form of a (tenant, kind) pair."""
+    """The claim's `tenant-uuid/kind` form of a (tenant, kind) pair (`*/kind`: every tenant)."""
     return f"{tenant_id}/{kind}"
 
 
@@ -101,7 +112,8 @@ class TokenStore:
     """The leases of one worker process on the pool's token buckets.
 
     `acquire` decides whether a claimed job may start (leasing tokens when it holds none);
-    `throttled` lists the pairs the next claim should leave out; `refresh` reloads the
+    `claim_caps` says how many jobs of each limited pair the next claim may take (`claimed`
+    counts the jobs it took, until they ask for their token); `refresh` reloads the
     tenants' limits (the worker calls it every `refresh_every` seconds). `lease_statements`
     counts the statements sent to the buckets.
     """
@@ -118,6 +130,9 @@ class TokenStore:
         self.tenant_keys: dict[str, str] = {}
         self.leases: dict[str, Lease] = {}
         self.pairs: set[tuple[str, str]] = set()
+        self.promised: dict[tuple[str, str], list[float]] = {}
+        """Claim times of the claimed jobs of each limited pair that have not asked for their
+        token yet (oldest first)."""
         self.lease_statements = 0
         self._leasing: dict[str, asyncio.Lock] = {}
         self._reported: list[str] = []
@@ -135,13 +150,22 @@ class TokenStore:
 
         Leases from the buckets it holds no token of first. A bucket whose store does not
         answer within `lease_timeout` seconds (or fails) is not asked again for STORE_RETRY
-        seconds, and its jobs are denied meanwhile (`store_failed`).
+        seconds, and its jobs are denied meanwhile (`store_failed`). The job's promise
+        (`claimed`) is kept until the decision, so that a claim meanwhile counts its token.
         """
         tenant = str(tenant_id)
         needs = self._needs(tenant, kind)
         if not needs:
             return None
         self.pairs.add((tenant, kind))
+        try:
+            return await self._decide(pool, needs)
+        finally:
+            promises = self.promised.get((tenant, kind))
+            if promises:
+                promises.pop(0)
+
+    async def _decide(self, pool: AsyncConnectionPool[Any], needs: list[Need]) -> Denied | None:
         decision = take_token(needs, self.leases, self.clock())
         if isinstance(decision, LeaseFirst):
             await self._lease(pool, decision.needs)
@@ -157,14 +181,55 @@ class TokenStore:
             case _:
                 assert_never(decision)
 
-    def throttled(self) -> list[str]:
-        """`tenant-uuid/kind` pairs whose next token is not yet due (for the claim)."""
+    def claimed(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Count the claimed jobs (rows with `tenant_id` and `job_kind`) of limited pairs as
+        promised a token until they ask for it (`acquire`), or for PROMISE_LIFETIME."""
         now = self.clock()
-        return [pair_key(tenant, kind) for tenant, kind in sorted(self.pairs)
-                if wait_time(self._needs(tenant, kind), self.leases, now) > 0]
+        for row in rows:
+            pair = (str(row["tenant_id"]), str(row["job_kind"]))
+            if self._needs(*pair):
+                self.pairs.add(pair)
+                self.promised.setdefault(pair, []).append(now)
+
+    def claim_caps(self, kinds: Iterable[str]) -> dict[str, int]:
+        """The most jobs of each limited pair the next claim may take, by `tenant-uuid/kind`
+        (0: leave the pair out): the pairs met so far and each pair of `kinds` that a
+        tenant's own limit covers (`pair_cap`: its tokens due or to be had now, less those
+        promised); and by `*/kind` the most of each pair of a provider-capped kind, those
+        of tenants not met yet included (a claim meeting several such tenants may take that
+        many of each). A pair not listed is unlimited."""
+        now = self.clock()
+        promised = self._promised_tokens(now)
+        pairs = self.pairs | {(tenant, kind) for tenant, limits in self.tenants.items()
+                              for kind in kinds if limits.for_kind(kind) is not None}
+        caps: dict[str, int] = {}
+        for tenant, kind in pairs:
+            cap = pair_cap(self._needs(tenant, kind), self.leases, promised, now)
+            if cap is not None:
+                caps[pair_key(tenant, kind)] = cap
+        for kind in kinds:
+            provider = self._provider_need(kind)
+            if provider is not None:
+                caps[pair_key(EVERY_TENANT, kind)] = pair_cap(
+                    [provider], self.leases, promised, now) or 0
+        return caps
+
+    def _promised_tokens(self, now: float) -> dict[str, int]:
+        """Tokens promised to claimed jobs, by bucket key; forgets the expired promises."""
+        tokens: dict[str, int] = {}
+        for pair, times in list(self.promised.items()):
+            live = [t for t in times if t + PROMISE_LIFETIME >= now]
+            if not live:
+                del self.promised[pair]
+                continue
+            self.promised[pair] = live
+            for need in self._needs(*pair):
+                tokens[need.key] = tokens.get(need.key, 0) + len(live)
+        return tokens
 
     def next_token_in(self) -> float | None:
-        """Seconds until the first token of a throttled pair is due; None: none is throttled."""
+        """Seconds until the first token of a throttled pair is due (by the leases held and
+        the buckets' balances last seen); None: none is throttled."""
         now = self.clock()
         waits = (wait_time(self._needs(tenant, kind), self.leases, now)
                  for tenant, kind in self.pairs)
@@ -180,10 +245,15 @@ class TokenStore:
         limit = limits.for_kind(kind) if limits else None
         if limit is not None:
             needs.append(Need(f"tenant/{tenant}/{kind}", "tenant", limit))
-        provider = self.caps.for_kind(kind)
+        provider = self._provider_need(kind)
         if provider is not None:
-            needs.append(Need(f"provider/{provider[0]}", "provider", provider[1]))
+            needs.append(provider)
         return needs
+
+    def _provider_need(self, kind: str) -> Need | None:
+        provider = self.caps.for_kind(kind)
+        return None if provider is None else Need(f"provider/{provider[0]}", "provider",
+                                                  provider[1])
 
     # -- leasing ---------------------------------------------------------------------------
 
@@ -260,6 +330,8 @@ class TokenStore:
 
     def _forget_unlimited(self) -> None:
         self.pairs = {(t, k) for t, k in self.pairs if self._needs(t, k)}
+        self.promised = {pair: times for pair, times in self.promised.items()
+                         if pair in self.pairs}
         live = {need.key for t, k in self.pairs for need in self._needs(t, k)}
         self.leases = {key: lease for key, lease in self.leases.items() if key in live}
         self._leasing = {key: lock for key, lock in self._leasing.items() if key in live}
