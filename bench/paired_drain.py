@@ -1,0 +1,96 @@
+"""Paired drains of jobpool versions: the same no-op drain, alternated, CPU per job beside each rate.
+
+    python3 bench/paired_drain.py before=/path/to/old/checkout after=. --slots 32 --jobs 20000
+    python3 bench/paired_drain.py now=. --slots 32 --extra "--prefetch 0"
+
+Each `name=checkout` is a jobpool checkout (its `operator/` goes first on the worker's
+PYTHONPATH). Every round drains a fresh database of `--jobs` no-op jobs with one `jobpool run
+--until-empty --slots N` per version, in the order given, so a change of load hits every
+version alike; prints each drain's wall time, rate (start-up included), the worker's CPU per
+job (user + system, start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job
+and the SQL transactions per job, then each version's medians (min–max). Runs inside
+bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from run import bootstrap
+
+
+def main() -> int:
+    import argparse
+    import asyncio
+    import os
+    import statistics
+
+    from common import (
+        child_env,
+        children_cpu,
+        drop_database,
+        run_child,
+        server_cpu,
+        transactions,
+    )
+    from scenarios import fresh, template
+    from systems import SYSTEMS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--extra", default="", help="more `jobpool run` flags, one string")
+    args = parser.parse_args()
+    versions = []
+    for text in args.versions:
+        name, sep, checkout = text.partition("=")
+        if not sep or not os.path.isdir(os.path.join(checkout, "operator", "jobpool")):
+            parser.error(f"{text!r}: expected NAME=CHECKOUT, a folder with operator/jobpool")
+        versions.append((name, os.path.abspath(checkout)))
+    system = SYSTEMS["jobpool"]
+    tpl = template(system)
+    figures: dict[str, list[tuple[float, float, float, float]]] = {}
+    bench = os.path.dirname(os.path.abspath(__file__))
+    try:
+        for round_ in range(args.rounds):
+            for name, checkout in versions:
+                database, dsn = fresh(system, tpl, "paired")
+                try:
+                    asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * args.jobs, 5000))
+                    argv = system.worker(dsn, "drain", args.slots) + args.extra.split()
+                    env = child_env()
+                    env["PYTHONPATH"] = os.pathsep.join((os.path.join(checkout, "operator"),
+                                                         bench))
+                    xacts, cpu, server = transactions(database), children_cpu(), server_cpu()
+                    wall = run_child(argv, env, timeout=3600)
+                    worker_us = (children_cpu() - cpu) / args.jobs * 1e6
+                    after = server_cpu()
+                    server_us = ((after - server) / args.jobs * 1e6
+                                 if after is not None and server is not None else float("nan"))
+                    per_job = (transactions(database) - xacts) / args.jobs
+                finally:
+                    drop_database(database)
+                figures.setdefault(name, []).append(
+                    (args.jobs / wall, worker_us, server_us, per_job))
+                print(f"round {round_ + 1} {name}: {wall:.2f} s, {args.jobs / wall:,.0f} jobs/s, "
+                      f"worker {worker_us:.0f} µs/job, PostgreSQL {server_us:.0f} µs/job, "
+                      f"{per_job:.3f} transactions/job", flush=True)
+    finally:
+        drop_database(tpl)
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
+
+    for name, rows in figures.items():
+        print(f"{name}: {spread([r[0] for r in rows])} jobs/s; worker "
+              f"{spread([r[1] for r in rows])} µs/job; PostgreSQL "
+              f"{spread([r[2] for r in rows])} µs/job; "
+              f"{statistics.median(r[3] for r in rows):.3f} transactions/job")
+    return 0
+
+
+if __name__ == "__main__":
+    bootstrap()
+    sys.exit(main())
