@@ -1,4 +1,4 @@
-"""Paired drains of jobpool versions: the same no-op drain, alternated, CPU per job beside each rate.
+"""Paired drains of jobpool versions: one no-op drain each, alternated, CPU per job by each rate.
 
     python3 bench/paired_drain.py before=/path/to/old/checkout after=. --slots 32 --jobs 20000
     python3 bench/paired_drain.py now=. --slots 32 --extra "--prefetch 0"
@@ -8,7 +8,7 @@ PYTHONPATH). Every round drains a fresh database of `--jobs` no-op jobs with one
 --until-empty --slots N` per version, in the order given, so a change of load hits every
 version alike; prints each drain's wall time, rate (start-up included), the worker's CPU per
 job (user + system, start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job
-and the SQL transactions per job, then each version's medians (min–max). Runs inside
+and the SQL transactions per job, then each version's medians (min-max). Runs inside
 bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private cluster.
 """
 
@@ -81,7 +81,7 @@ def main() -> int:
         drop_database(tpl)
 
     def spread(values: list[float]) -> str:
-        return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
+        return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
     for name, rows in figures.items():
         print(f"{name}: {spread([r[0] for r in rows])} jobs/s; worker "
