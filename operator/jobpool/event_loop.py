@@ -1,9 +1,9 @@
 """The event loop the `jobpool` command runs its coroutines on.
 
 uvloop's loop where it is installed (the worker extra brings it, except on Windows, where
-uvloop does not exist): a worker spends about a tenth less CPU per job on it than on
+uvloop does not exist): a worker spent about 7 % less CPU per job on it than on
 asyncio's own loop, whose scheduling of tasks, callbacks and timers is a large part of a
-worker's work per job (docs/performance.md, "Where the time goes"). Without uvloop,
+worker's work per job (bench/RESULTS.md, "The worker's CPU per job"). Without uvloop,
 asyncio's own loop runs everything the same way.
 """
 
