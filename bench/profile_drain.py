@@ -2,8 +2,10 @@
 
     python3 bench/profile_drain.py --slots 4 --jobs 20000        # cProfile, top 25 by own time
     python3 bench/profile_drain.py --slots 32 --sort cumulative
+    python3 bench/profile_drain.py --slots 32 --kind bench_write   # handlers that insert a row
 
-Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` no-op jobs,
+Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` jobs of
+`--kind` (`bench_noop`, or `bench_write`, whose handler inserts one row in the job's transaction),
 drains it with one `jobpool run --until-empty` process under cProfile, prints the functions
 that took the most time and the microseconds of worker CPU per job. cProfile slows every
 Python call, so compare profiles with each other, never with `run.py`'s rates.
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
     parser.add_argument("--sort", default="tottime", help="pstats sort key")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
@@ -36,9 +39,9 @@ def main() -> int:
     tpl = template(system)
     name, dsn = fresh(system, tpl, "profile")
     try:
-        asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * args.jobs, 5000))
+        asyncio.run(system.enqueue(dsn, args.kind, [{"n": i} for i in range(args.jobs)], 5000))
         with tempfile.NamedTemporaryFile(suffix=".prof") as out:
-            argv = system.worker(dsn, "drain", args.slots)
+            argv = system.worker(dsn, "drain", args.slots, args.kind)
             profiled = [argv[0], "-m", "cProfile", "-o", out.name, *argv[1:]]
             elapsed = run_child(profiled, child_env(), timeout=3600)
             stats = pstats.Stats(out.name)
