@@ -63,7 +63,7 @@ async def test_each_lane_runs_as_local_processes_until_empty(
     pool = tmp_path / "pool.yaml"
     pool.write_text(POOL)
     result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
-                 "--log-level", "warning")
+                 "--metrics-port", "0", "--log-level", "warning")
     assert "lane records: 2 process(es) x 3 slot(s); kinds: test_record" in result.stdout
     assert "lane acme-sleepers: 1 process(es) x 2 slot(s); kinds: test_sleep" in result.stdout
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 43
@@ -265,7 +265,7 @@ async def test_a_kind_no_module_registers_is_refused_before_any_lane_starts(
         "LANE\n      kinds: [test_sleep]\n", "rest\n"))  # the second lane: a catch-all
 
     result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
-                 check=False)
+                 "--metrics-port", "0", check=False)
 
     assert result.returncode == 2, result.stderr
     assert ("spec.lanes[0].kinds (lane 'records'): unknown job kind(s) 'test_recrod' (did you "
