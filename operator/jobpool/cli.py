@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -55,6 +55,9 @@ from jobpool.settings import (
     Settings,
     configure,
 )
+
+if TYPE_CHECKING:
+    from jobpool.core.poolspec import PoolSpec
 
 CREATE_TENANT = One("create_tenant")
 DATABASE_NOW = One("database_now")
@@ -221,9 +224,24 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
               f"{'; excluding ' + ','.join(lane.exclude_kinds) if lane.exclude_kinds else ''}; "
               f"tenants: {','.join(lane.tenants) or 'all'}", flush=True)
     processes = lane_processes(pool, settings, imports=args.imports,
-                               until_empty=args.until_empty, metrics_port=args.metrics_port,
-                               inherited=os.environ)
+                               until_empty=args.until_empty,
+                               metrics_port=_pool_metrics_port(args, pool), inherited=os.environ)
     return supervise(processes, grace=pool.grace_seconds, until_empty=args.until_empty)
+
+
+def given_flags(argv: Sequence[str]) -> frozenset[str]:
+    """The long flags written on the command line `argv` (`--name` of `--name=value` too; the
+    parser takes no abbreviations), to tell a flag given from its default."""
+    return frozenset(arg.split("=", 1)[0] for arg in argv if arg.startswith("--"))
+
+
+def _pool_metrics_port(args: argparse.Namespace, pool: PoolSpec) -> int:
+    """The metrics port of a local pool's first process: `--metrics-port` or
+    JOBPOOL_METRICS_PORT when given, else the pool file's `spec.worker.metricsPort` (its
+    default 9108), as the operator gives the pool's pods."""
+    if "--metrics-port" in args.given or "JOBPOOL_METRICS_PORT" in os.environ:
+        return int(args.metrics_port)
+    return pool.metrics_port
 
 
 async def prepare_database(settings: Settings) -> str:
@@ -572,6 +590,7 @@ def run_command(argv: Sequence[str] | None) -> int:
     try:  # a variable refused stops every command, before anything runs
         settings = Settings.from_env(os.environ)
         args = build_parser(settings).parse_args(argv)
+        args.given = given_flags(sys.argv[1:] if argv is None else argv)
         settings = settings_with_flags(settings, args)
     except ValueError as exc:
         print(f"jobpool: error: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -152,6 +153,40 @@ async def test_the_flags_of_the_command_reach_the_lane_processes(
         JOBPOOL_DATA_DIR=str(not_a_folder))
     assert await scalar(conn, "SELECT result FROM mdm.aa_job WHERE id = %s", (job.id,)) == {
         "JOBPOOL_DSN": dsn, "JOBPOOL_POLL_INTERVAL": "0.5", "JOBPOOL_LANE": "env"}
+
+
+PORT_POOL = """
+apiVersion: jobs.mdm.io/v1alpha1
+kind: JobWorkerPool
+metadata: {name: local}
+spec:
+  image: jobpool:test
+  database: {secretName: db}
+  worker: {metricsPort: PORT}
+  lanes:
+    - {name: records, kinds: [test_record]}
+"""
+
+
+async def test_the_pool_files_metrics_port_counts_unless_the_flag_is_given(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """`spec.worker.metricsPort` is the local pool's first port, as it is its pods' (it used
+    to be ignored for the flag's default, 9108); `--metrics-port` still overrides it. A
+    port held here makes the first run's lane fail at start, naming that port."""
+    await prepare(conn)
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        pool = tmp_path / "pool.yaml"
+        pool.write_text(PORT_POOL.replace("PORT", str(port)))
+        taken = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+                    check=False)
+        assert taken.returncode == 2, taken.stderr
+        assert f"cannot serve /metrics on 0.0.0.0:{port}" in taken.stderr
+        cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+            "--metrics-port", "0")
 
 
 def test_the_example_pool_runs_until_empty_before_its_tenant_exists(dsn: str) -> None:

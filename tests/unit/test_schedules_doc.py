@@ -21,7 +21,7 @@ def test_the_example_pool_declares_its_schedules() -> None:
     pool = load_pool(yaml.safe_load(block.group(1)))
     assert [(s.name, s.expression, s.zone, s.missed) for s in pool.schedules] == [
         ("nightly-reindex", "30 2 * * *", "Europe/Berlin", "catch_up_once"),
-        ("outbox-every-minute", "every 60s", "UTC", "skip"),
+        ("hourly-ops-mail", "every 3600s", "UTC", "skip"),
     ]
 
 
