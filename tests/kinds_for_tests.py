@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import psycopg
+import psycopg.errors
 from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
@@ -267,6 +269,31 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
 async def retry_after(job: Job, tx: AsyncConnection[Any]) -> None:
     """Ask for a retry after `payload.delay` seconds (a float's text: "inf", "nan", "-5")."""
     raise jobpool.RetryAfter(float(job.payload["delay"]), "not yet")
+
+
+POISONS: dict[str, Any] = {
+    "close_tx": lambda tx: tx.close(),
+    "other_database_down": lambda tx: _raise(psycopg.OperationalError(
+        "connection to server at 10.0.0.9 failed: Connection refused")),
+    "own_conflict": lambda tx: _raise(psycopg.errors.SerializationFailure(
+        "could not serialize access (another database of the handler's)")),
+}
+"""Handler errors that look like the database's fault (a lost connection, a conflict) but
+are the handler's own, every time the job runs."""
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
+
+
+@jobpool.kind("test_poison", max_attempts=2, backoff_base=0.1, backoff_max=0.1)
+async def poison(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record the run in test_runs (committed on its own), then do what `payload.do` names
+    (POISONS)."""
+    async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True) as own:
+        await own.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES "
+                          "(%s, %s, %s)", (job.id, job.attempts, os.getpid()))
+    await POISONS[job.payload["do"]](tx)
 
 
 @jobpool.kind("test_env")

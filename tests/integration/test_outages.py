@@ -279,3 +279,34 @@ async def test_a_worker_stopped_during_an_outage_with_a_job_claimed_waits_to_han
     async with await connect(dsn) as conn:
         row = await helpers.job(conn, job_id)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+
+
+@pytest.mark.parametrize("do", ["close_tx", "other_database_down", "own_conflict"])
+async def test_a_handler_whose_own_error_looks_like_an_interruption_still_reaches_the_dlq(
+    conn: psycopg.AsyncConnection[Any], dsn: str, tenant: uuid.UUID, do: str
+) -> None:
+    """A handler that closes its `tx`, or raises a lost connection or a serialization failure
+    of another database it uses, every time: its first hand-backs are uncounted, as after a
+    restart, but then its attempts count and the job ends in the DLQ instead of running
+    without end (`MAX_UNCOUNTED_HAND_BACKS`)."""
+    from jobpool.worker.executor import MAX_UNCOUNTED_HAND_BACKS
+
+    await prepare(conn)
+    poisoned = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_poison",
+                                     payload={"do": do})
+    async def until_dead_lettered() -> dict[str, Any]:
+        while (row := await helpers.job(conn, poisoned.id))["status"] in ("pending", "running"):
+            await asyncio.sleep(0.1)
+        return row
+
+    w = worker(dsn, ("test_poison",), until_empty=False, slots=2)  # it waits out the backoffs
+    running = asyncio.create_task(w.run())
+    try:
+        row = await asyncio.wait_for(until_dead_lettered(), 60)
+    finally:
+        w.stop()
+        await running
+    assert (row["status"], row["attempts"]) == ("dlq", 2)
+    runs = await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (poisoned.id,))
+    assert runs == 2 * (MAX_UNCOUNTED_HAND_BACKS + 1)

@@ -59,6 +59,17 @@ CONFLICT_PAUSE = (0.05, 1.0)
 rolled back for a conflict runs again: long enough for the other transaction to end, and
 spread so that the two do not meet again."""
 
+MAX_UNCOUNTED_HAND_BACKS = 3
+"""Times this worker hands one attempt of a job back uncounted (a lost connection, a
+conflict) before the next such error counts as the attempt's failure. What looks like the
+database's fault may be the handler's own (a `tx` it closed, an OperationalError or a
+serialization failure from another database it uses): uncounted, such a job would run
+again and again without end, never reaching the DLQ."""
+
+UNCOUNTED_MEMORY = 10_000
+"""Attempts whose uncounted hand-backs a worker remembers at most (forgotten all at once past
+it: a long outage hands back many jobs once each, which then finish elsewhere)."""
+
 
 class ClaimLostError(JobpoolError):
     """The job's row is no longer running under this worker's claim.
@@ -165,6 +176,8 @@ class JobExecutor:
         """Whether a job's cancellation is its stop (worker/stops.py): nothing to hand back."""
         self.deadlines = Deadlines()
         """The running handlers' timeouts (worker/deadlines.py)."""
+        self.uncounted: dict[tuple[int, int], int] = {}
+        """Uncounted hand-backs by (job id, attempt), `MAX_UNCOUNTED_HAND_BACKS`."""
 
     async def execute(self, job: Job) -> JobOutcome:
         """Run one attempt of `job` and write its outcome; return that outcome. Raises
@@ -188,8 +201,8 @@ class JobExecutor:
                 await self._hand_back(job)
             raise
         except Exception as exc:
-            if transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
-                    exc, NoSlotConnectionError):
+            if (transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
+                    exc, NoSlotConnectionError)) and self._may_hand_back_uncounted(job):
                 return await self._hand_back_interrupted(job, exc)
             return await self._fail(job, spec, exc)
         if log.isEnabledFor(logging.INFO):
@@ -322,6 +335,22 @@ class JobExecutor:
             log.warning("job %d (%s): claim lost, failure not recorded", job.id, job.job_kind)
             return "lost_claim"
         return outcome
+
+    def _may_hand_back_uncounted(self, job: Job) -> bool:
+        """Whether this interruption of `job` may be handed back without counting its attempt:
+        not once this worker has done so `MAX_UNCOUNTED_HAND_BACKS` times for this attempt
+        (then it fails as an error of the handler's would, with backoff, and reaches the DLQ
+        after its last attempt)."""
+        key = (job.id, job.attempts)
+        times = self.uncounted.pop(key, 0)
+        if times >= MAX_UNCOUNTED_HAND_BACKS:
+            log.warning("job %d (%s): interrupted %d times in attempt %d; this time the attempt "
+                        "counts", job.id, job.job_kind, times + 1, job.attempts)
+            return False
+        if len(self.uncounted) >= UNCOUNTED_MEMORY:
+            self.uncounted.clear()
+        self.uncounted[key] = times + 1
+        return True
 
     async def _hand_back_interrupted(self, job: Job, exc: Exception) -> JobOutcome:
         """Hand back a job that the database, not its handler, stopped: its connection failed
