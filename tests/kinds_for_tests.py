@@ -190,6 +190,17 @@ def _set_row_factory(tx: AsyncConnection[Any]) -> None:
     tx.row_factory = tuple_row
 
 
+async def _set_attribute(tx: AsyncConnection[Any], name: str, value: Any) -> None:
+    setattr(tx, name, value)
+
+
+async def _call_with_statement(tx: AsyncConnection[Any], register: Any, callback: Any) -> None:
+    """`register(callback)` (a notice or notification handler), then a statement: the job
+    writes, so its connection ends with the commit path."""
+    register(callback)
+    await tx.execute("SELECT 1")
+
+
 async def _cancel_itself() -> None:
     task = asyncio.current_task()
     assert task is not None
@@ -220,6 +231,12 @@ TX_ABUSES: dict[str, Any] = {
     "read_only_attribute": lambda tx: tx.set_read_only(True),
     "json_loader": _own_json_loader,
     "prepare": _prepare_psycopg_names,
+    "cursor_factory": lambda tx: _set_attribute(tx, "cursor_factory", psycopg.AsyncRawCursor),
+    "server_cursor_factory": lambda tx: _set_attribute(
+        tx, "server_cursor_factory", psycopg.AsyncRawServerCursor),
+    "prepared_max": lambda tx: _set_attribute(tx, "prepared_max", 1),
+    "notice_handler": lambda tx: _call_with_statement(tx, tx.add_notice_handler, print),
+    "notify_handler": lambda tx: _call_with_statement(tx, tx.add_notify_handler, print),
     "deallocate_all": lambda tx: tx.execute(  # one by one: psycopg notices DEALLOCATE ALL
         "DO $$ DECLARE s record; BEGIN FOR s IN SELECT name FROM pg_prepared_statements LOOP "
         "EXECUTE format('DEALLOCATE %I', s.name); END LOOP; END $$"),
@@ -252,6 +269,9 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
     if tx.autocommit or tx.read_only is not None:
         raise jobpool.PermanentError(f"inherited autocommit {tx.autocommit}, read_only "
                                      f"{tx.read_only}")
+    # psycopg has no public getter for the handlers
+    if tx.prepared_max != 100 or tx._notice_handlers or tx._notify_handlers:
+        raise jobpool.PermanentError("inherited prepared_max or notice/notification handlers")
     cur = await tx.execute(
         # transaction_isolation is the job's own transaction's, set by the worker's BEGIN
         "SELECT array(SELECT name FROM pg_settings WHERE source = 'session'"

@@ -111,7 +111,8 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_alone_and_stays_readab
 
 
 REPLACED = {"autocommit", "read_only_attribute", "row_factory", "idle_timeout", "json_loader",
-            "deallocate_all"}
+            "deallocate_all", "cursor_factory", "server_cursor_factory", "prepared_max",
+            "notice_handler", "notify_handler"}
 """Abuses after which the connection is replaced rather than reset."""
 
 

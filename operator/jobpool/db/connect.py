@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast, overload
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction, sql
+from psycopg import AsyncConnection, AsyncCursor, AsyncServerCursor, AsyncTransaction, sql
 from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -271,11 +271,25 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
     await _finish_reset(conn, left)
 
 
+PRISTINE_PREPARED_MAX = 100
+"""psycopg's `prepared_max`, which jobpool's connections keep."""
+
+
 def _client_changes(conn: AsyncConnection[Any]) -> list[str]:
-    """What a handler changed on the psycopg side of `conn` (attributes, adapters)."""
+    """What a handler changed on the psycopg side of `conn` (attributes, cursor classes,
+    notice and notification handlers, adapters)."""
     changed = [name for name, value in PRISTINE.items() if getattr(conn, name) != value]
     if conn.prepare_threshold != getattr(conn, "pristine_prepare_threshold", 5):
         changed.append("prepare_threshold")
+    if conn.prepared_max != PRISTINE_PREPARED_MAX:
+        changed.append("prepared_max")
+    if conn.cursor_factory is not (JobCursor if isinstance(conn, JobConnection) else AsyncCursor):
+        changed.append("cursor_factory")
+    if conn.server_cursor_factory is not AsyncServerCursor:
+        changed.append("server_cursor_factory")
+    # psycopg has no public getter; a handler of a finished job would see later jobs' notices
+    if conn._notice_handlers or conn._notify_handlers:
+        changed.append("notice or notification handlers")
     if adapters_changed(conn):
         changed.append("adapters (a loader or dumper of its own)")
     return changed
