@@ -229,7 +229,7 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     return supervise(processes, grace=pool.grace_seconds, until_empty=args.until_empty)
 
 
-def given_flags(argv: Sequence[str]) -> frozenset[str]:
+def _given_flags(argv: Sequence[str]) -> frozenset[str]:
     """The long flags written on the command line `argv` (`--name` of `--name=value` too; the
     parser takes no abbreviations), to tell a flag given from its default."""
     return frozenset(arg.split("=", 1)[0] for arg in argv if arg.startswith("--"))
@@ -240,7 +240,7 @@ def _pool_metrics_port(args: argparse.Namespace, pool: PoolSpec) -> int:
     JOBPOOL_METRICS_PORT when given, else the pool file's `spec.worker.metricsPort` (its
     default 9108), as the operator gives the pool's pods."""
     if "--metrics-port" in args.given or "JOBPOOL_METRICS_PORT" in os.environ:
-        return int(args.metrics_port)
+        return int(args.metrics_port)  # argparse.Namespace holds Any
     return pool.metrics_port
 
 
@@ -590,7 +590,7 @@ def run_command(argv: Sequence[str] | None) -> int:
     try:  # a variable refused stops every command, before anything runs
         settings = Settings.from_env(os.environ)
         args = build_parser(settings).parse_args(argv)
-        args.given = given_flags(sys.argv[1:] if argv is None else argv)
+        args.given = _given_flags(sys.argv[1:] if argv is None else argv)
         settings = settings_with_flags(settings, args)
     except ValueError as exc:
         print(f"jobpool: error: {exc}", file=sys.stderr)
