@@ -59,6 +59,25 @@ async def retry_soon(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
         raise jobpool.RetryAfter(0.2, "try again in 0.2 s")
 
 
+@jobpool.kind("test_conflict_then_pass", max_attempts=1, stale_ttl=3600.0)
+async def conflict_then_pass(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Record this run (committed on its own); in the first `payload.conflicts` runs, the
+    job's own transaction fails with a serialization failure, as under heavy contention: at
+    its statement, or (`payload.at` "commit") at its COMMIT (a deferred trigger)."""
+    async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True,
+                                                     row_factory=dict_row) as own:
+        await own.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES "
+                          "(%s, %s, 0)", (job.id, job.attempts))
+        runs = await scalar(own, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job.id,))
+    if runs > job.payload["conflicts"]:
+        return
+    if job.payload["at"] == "commit":
+        await tx.execute("INSERT INTO test_commit_conflict VALUES (1)")
+    else:
+        await tx.execute("DO $$ BEGIN RAISE EXCEPTION 'could not serialize access'"
+                         " USING ERRCODE = 'serialization_failure'; END $$")
+
+
 async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
     await helpers.wait_until(check, what, DEADLINE)
 
@@ -279,6 +298,51 @@ async def test_a_worker_stopped_during_an_outage_with_a_job_claimed_waits_to_han
     async with await connect(dsn) as conn:
         row = await helpers.job(conn, job_id)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+
+
+COMMIT_CONFLICT_DDL = """
+CREATE TABLE IF NOT EXISTS test_commit_conflict (n int);
+CREATE OR REPLACE FUNCTION test_commit_conflict() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = 'serialization_failure';
+END $$;
+DROP TRIGGER IF EXISTS test_commit_conflict ON test_commit_conflict;
+CREATE CONSTRAINT TRIGGER test_commit_conflict AFTER INSERT ON test_commit_conflict
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_commit_conflict();
+"""
+
+
+@pytest.mark.parametrize("at", ["statement", "commit"])
+async def test_conflicts_of_a_jobs_own_transaction_are_not_capped_as_its_errors_are(
+    conn: psycopg.AsyncConnection[Any], dsn: str, tenant: uuid.UUID, at: str
+) -> None:
+    """A job whose own transaction the server rolls back for a conflict more often than
+    `MAX_UNCOUNTED_HAND_BACKS` (a hot row under SERIALIZABLE) is still handed back uncounted:
+    its kind's single attempt is not spent on contention."""
+    from jobpool.worker.executor import MAX_UNCOUNTED_CONFLICTS, MAX_UNCOUNTED_HAND_BACKS
+
+    conflicts = MAX_UNCOUNTED_HAND_BACKS + 3
+    assert conflicts < MAX_UNCOUNTED_CONFLICTS
+    await prepare(conn)
+    await conn.execute(COMMIT_CONFLICT_DDL)
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_conflict_then_pass",
+                                payload={"conflicts": conflicts, "at": at})
+    w = worker(dsn, ("test_conflict_then_pass",), until_empty=False, slots=1,
+               poll_interval=0.2)
+    running = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _status_is(conn, job.id, ("done", "dlq")), "job settled")
+    finally:
+        w.stop()
+        await running
+    row = await helpers.job(conn, job.id)
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (job.id,)) == conflicts + 1
+
+
+async def _status_is(conn: psycopg.AsyncConnection[Any], job_id: int,
+                     statuses: tuple[str, ...]) -> bool:
+    return (await helpers.job(conn, job_id))["status"] in statuses
 
 
 @pytest.mark.parametrize("do", ["close_tx", "other_database_down", "own_conflict"])

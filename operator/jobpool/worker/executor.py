@@ -66,9 +66,34 @@ database's fault may be the handler's own (a `tx` it closed, an OperationalError
 serialization failure from another database it uses): uncounted, such a job would run
 again and again without end, never reaching the DLQ."""
 
+MAX_UNCOUNTED_CONFLICTS = 25
+"""Times this worker hands one attempt back uncounted when the server rolled back the job's
+own transaction for a conflict with another (its statement or its COMMIT failed with
+SQLSTATE class 40). Higher than `MAX_UNCOUNTED_HAND_BACKS`: every such conflict means
+another transaction got through, and under contention one job may meet many in a row; the
+bound still ends a handler whose own SQL raises such an error every time."""
+
 UNCOUNTED_MEMORY = 10_000
 """Attempts whose uncounted hand-backs a worker remembers at most (forgotten all at once past
 it: a long outage hands back many jobs once each, which then finish elsewhere)."""
+
+
+class OwnTransactionConflict(JobpoolError):
+    """The server rolled back the job's own transaction for a conflict with another: the
+    handler's statement or the job's COMMIT failed with SQLSTATE class 40; `error` is what
+    was raised (the handler's own exception, when it wrapped the server's)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def own_conflict(conn: AsyncConnection[Any], exc: BaseException) -> bool:
+    """Whether `exc` is a conflict the server found in the transaction on `conn`: a class 40
+    error (or one wrapping it) while that transaction is aborted. A handler that raises such
+    an error of another database it uses leaves its own transaction open (or unused)."""
+    return (isinstance(exc, Exception) and transaction_conflict(exc) and not conn.closed
+            and conn.info.transaction_status == TransactionStatus.INERROR)
 
 
 class ClaimLostError(JobpoolError):
@@ -177,7 +202,8 @@ class JobExecutor:
         self.deadlines = Deadlines()
         """The running handlers' timeouts (worker/deadlines.py)."""
         self.uncounted: dict[tuple[int, int], int] = {}
-        """Uncounted hand-backs by (job id, attempt), `MAX_UNCOUNTED_HAND_BACKS`."""
+        """Uncounted hand-backs by (job id, attempt): `MAX_UNCOUNTED_HAND_BACKS`,
+        `MAX_UNCOUNTED_CONFLICTS`."""
 
     async def execute(self, job: Job) -> JobOutcome:
         """Run one attempt of `job` and write its outcome; return that outcome. Raises
@@ -200,9 +226,14 @@ class JobExecutor:
             if not self.stopped(job.id):  # a stopped job's claim is gone: nothing to hand back
                 await self._hand_back(job)
             raise
+        except OwnTransactionConflict as conflict:
+            if self._may_hand_back_uncounted(job, MAX_UNCOUNTED_CONFLICTS):
+                return await self._hand_back_interrupted(job, conflict.error)
+            return await self._fail(job, spec, conflict.error)
         except Exception as exc:
             if (transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
-                    exc, NoSlotConnectionError)) and self._may_hand_back_uncounted(job):
+                    exc, NoSlotConnectionError)) and self._may_hand_back_uncounted(
+                        job, MAX_UNCOUNTED_HAND_BACKS):
                 return await self._hand_back_interrupted(job, exc)
             return await self._fail(job, spec, exc)
         if log.isEnabledFor(logging.INFO):
@@ -225,8 +256,13 @@ class JobExecutor:
                 conn = tx.connection()
                 leave_job_scope(conn)  # the transaction below is the job's
                 async with conn.transaction():
-                    result = await self._call_handler(job, spec, conn)
-                    await self._complete(conn, job, stored_result(result))
+                    try:
+                        result = await self._call_handler(job, spec, conn)
+                        await self._complete(conn, job, stored_result(result))
+                    except Exception as exc:
+                        if own_conflict(conn, exc):
+                            raise OwnTransactionConflict(exc) from exc
+                        raise
                     return result
             try:
                 result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
@@ -236,10 +272,13 @@ class JobExecutor:
                     await self._complete(used, job, stored)
                     await self._commit(tx, job)
                     return result
-            except BaseException:
+            except BaseException as exc:
                 used = tx.taken
+                conflict = used is not None and own_conflict(used, exc)
                 if used is not None and not used.closed:
                     await used.rollback()
+                if conflict:
+                    raise OwnTransactionConflict(cast(Exception, exc)) from exc
                 raise
         finally:
             await tx.release()
@@ -256,6 +295,8 @@ class JobExecutor:
         try:
             await tx.commit_and_release()
         except psycopg.Error as exc:
+            if (exc.sqlstate or "").startswith("40"):
+                raise OwnTransactionConflict(exc) from exc  # the COMMIT's own: nothing ran
             try:
                 committed = await self.store.committed_done(job.id, job.attempts)
             except psycopg.Error:
@@ -336,14 +377,14 @@ class JobExecutor:
             return "lost_claim"
         return outcome
 
-    def _may_hand_back_uncounted(self, job: Job) -> bool:
+    def _may_hand_back_uncounted(self, job: Job, most: int) -> bool:
         """Whether this interruption of `job` may be handed back without counting its attempt:
-        not once this worker has done so `MAX_UNCOUNTED_HAND_BACKS` times for this attempt
-        (then it fails as an error of the handler's would, with backoff, and reaches the DLQ
-        after its last attempt)."""
+        not once this worker has done so `most` times for this attempt (then it fails as an
+        error of the handler's would, with backoff, and reaches the DLQ after its last
+        attempt)."""
         key = (job.id, job.attempts)
         times = self.uncounted.pop(key, 0)
-        if times >= MAX_UNCOUNTED_HAND_BACKS:
+        if times >= most:
             log.warning("job %d (%s): interrupted %d times in attempt %d; this time the attempt "
                         "counts", job.id, job.job_kind, times + 1, job.attempts)
             return False
