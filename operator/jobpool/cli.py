@@ -334,7 +334,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.api.api_command import pool_file_lanes
     from jobpool.api.overview import gather_overview
 
-    lanes = pool_file_lanes(args.pool) if args.pool else []
+    lanes = pool_file_lanes(args.pool, "--pool") if args.pool else []
     async with await open_database(settings) as conn:
         rows = await admin.job_counts(conn)
         live = await gather_overview(conn, tenants=None, lanes=lanes)

@@ -9,12 +9,11 @@ import os
 import socket
 import uuid
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from jobpool import admin
 from jobpool.cli_arguments import actor_of
-from jobpool.core.poolspec import PoolSpec, load_pool_file
+from jobpool.core.poolspec import SHIPPED_EXAMPLES, PoolSpec, load_pool_file
 from jobpool.core.tenants import tenant_id_of
 from jobpool.db.queries import Exec, One
 from jobpool.enqueue import NewJob, enqueue_many
@@ -23,7 +22,7 @@ from jobpool.settings import Settings
 CREATE_TENANT = One("create_tenant")
 SUPPRESS_ADDRESS = Exec("suppress_address")
 
-EXAMPLE_POOL = Path(__file__).parent / "examples" / "pool.yaml"
+EXAMPLE_POOL = SHIPPED_EXAMPLES / "pool.yaml"
 """The repository's examples/pool.yaml, shipped with the package: `jobpool demo` runs it from
 any folder (a test keeps the two copies equal)."""
 UNKNOWN_MAILBOX = "nobody@example.com"

@@ -137,9 +137,16 @@ class Seconds(Text):
 
 @dataclass(frozen=True)
 class Choice(Text):
-    """One of `options`."""
+    """One of `options` (lower case; text is read in any case: `WARNING` as `warning`, as
+    the log levels are written elsewhere)."""
 
     options: tuple[str, ...]
+
+    def parse(self, text: str) -> str:
+        value = text.strip().lower()
+        if value not in self.options:
+            raise ValueError(f"must be one of {', '.join(self.options)}, got {text[:40]!r}")
+        return value
 
     def check(self, value: Any) -> None:
         if value not in self.options:

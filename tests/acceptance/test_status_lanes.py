@@ -70,3 +70,14 @@ async def test_status_marks_running_jobs_whose_holder_no_longer_beats(
     assert {(j["id"], j["holder_live"]) for j in document["running"]} == {
         (job_id, False) for job_id in running}
     assert f"{HOLDER} (not live)" in cli(dsn, "status").stdout
+
+
+async def test_status_names_its_own_flag_for_a_pool_file_it_cannot_read(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """`status --pool` named the API's variable JOBPOOL_API_POOL, which status never reads."""
+    missing = tmp_path / "no-such-pool.yaml"
+    result = cli(dsn, "status", "--pool", str(missing), check=False)
+    assert result.returncode == 2
+    assert f"jobpool: error: --pool: {missing}: cannot read the pool file" in result.stderr
+    assert "JOBPOOL_API_POOL" not in result.stderr

@@ -14,7 +14,7 @@ from jobpool.cli_arguments import worker_command
 from jobpool.core import poolspec
 from jobpool.core.crd import API_VERSION
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
-from jobpool.core.poolspec import PoolSpecError, load_pool, load_pool_file
+from jobpool.core.poolspec import SHIPPED_EXAMPLES, PoolSpecError, load_pool, load_pool_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pool.yaml"
@@ -356,6 +356,21 @@ def test_rate_limits_json_has_the_agreed_shape() -> None:
 
 
 # -- files -------------------------------------------------------------------------------
+
+
+def test_a_missing_example_names_the_copy_the_package_ships(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`jobpool run examples/pool.yaml` outside the repository said only "No such file"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PoolSpecError) as missing:
+        load_pool_file("examples/pool.yaml")
+    shipped = SHIPPED_EXAMPLES / "pool.yaml"
+    assert shipped.is_file()
+    assert f"the package ships this example as {shipped}" in str(missing.value)
+    with pytest.raises(PoolSpecError) as other:
+        load_pool_file("examples/no-such-pool.yaml")
+    assert "ships" not in str(other.value)
 
 
 def test_pool_file_problems_are_pool_spec_errors(tmp_path: Path) -> None:

@@ -141,6 +141,15 @@ def test_values_are_parsed_into_their_types() -> None:
     assert settings.lease_namespace is None  # empty is unset
 
 
+def test_a_choice_is_read_in_any_case() -> None:
+    """JOBPOOL_LOG_LEVEL=WARNING (as Python and most tools write levels) was refused."""
+    settings = Settings.from_env({"JOBPOOL_LOG_LEVEL": "WARNING",
+                                  "JOBPOOL_POOLER": " Transaction "})
+    assert (settings.log_level, settings.pooler) == ("warning", "transaction")
+    assert build_parser(Settings()).parse_args(
+        ["recover", "--log-level", "Debug"]).log_level == "debug"
+
+
 @pytest.mark.parametrize(("variable_name", "value", "message"), [
     ("JOBPOOL_SLOTS", "0", "JOBPOOL_SLOTS must be a whole number from 1 to 256, got '0'"),
     ("JOBPOOL_SLOTS", "four", "JOBPOOL_SLOTS must be a whole number from 1 to 256"),

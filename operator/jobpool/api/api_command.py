@@ -70,8 +70,9 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _load_pool(path: str) -> PoolSpec:
+def _load_pool(path: str, given_by: str = "--pool / JOBPOOL_API_POOL") -> PoolSpec:
     """The pool file's plan; reading it needs PyYAML and jsonschema (the worker extra).
+    `given_by`: the flag (and variable) that named the file, for the message.
 
     Raises ValueError naming the file and the problem.
     """
@@ -85,12 +86,13 @@ def _load_pool(path: str) -> PoolSpec:
     except ValueError as exc:
         message = str(exc)
         named = message if message.startswith(path) else f"{path}: {message}"
-        raise ValueError(f"--pool / JOBPOOL_API_POOL: {named}") from None
+        raise ValueError(f"{given_by}: {named}") from None
 
 
-def pool_file_lanes(path: str) -> list[dict[str, Any]]:
-    """`lane_summaries` of the pool file at `path` (raises ValueError naming the problem)."""
-    return lane_summaries(_load_pool(path))
+def pool_file_lanes(path: str, given_by: str) -> list[dict[str, Any]]:
+    """`lane_summaries` of the pool file at `path`, which `given_by` (a flag) named (raises
+    ValueError naming both and the problem)."""
+    return lane_summaries(_load_pool(path, given_by))
 
 
 def lane_summaries(spec: PoolSpec) -> list[dict[str, Any]]:

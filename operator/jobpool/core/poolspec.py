@@ -203,6 +203,21 @@ def _closed(schema: Any) -> Any:
     return closed
 
 
+SHIPPED_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+"""The example pool files installed with the package (the repository's examples/)."""
+
+
+def _shipped_hint(path: Path) -> str:
+    """For a missing `examples/NAME` (the README's commands, run outside the repository):
+    where the installed package has that file; else ""."""
+    if path.is_absolute() or path.parent != Path("examples"):
+        return ""
+    shipped = SHIPPED_EXAMPLES / path.name
+    if not shipped.is_file():
+        return ""
+    return f" (run from {Path.cwd()}; the package ships this example as {shipped})"
+
+
 def load_pool_file(path: str | Path) -> PoolSpec:
     """Read a YAML file holding one JobWorkerPool and return its plan.
 
@@ -216,6 +231,9 @@ def load_pool_file(path: str | Path) -> PoolSpec:
         if len(data) > MAX_CHARS:
             raise PoolSpecError(f"{path}: larger than {MAX_CHARS} bytes, not a pool file")
         text = data.decode("utf-8")
+    except FileNotFoundError as exc:
+        raise PoolSpecError(f"{path}: cannot read the pool file: {exc}"
+                            f"{_shipped_hint(path)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise PoolSpecError(f"{path}: cannot read the pool file: {exc}") from exc
     try:
