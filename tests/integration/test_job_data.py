@@ -208,6 +208,24 @@ async def test_a_handlers_own_json_loader_ends_with_its_job(
                    "than the limit of 100")
 
 
+async def test_a_handler_that_leaves_its_transaction_under_another_role_is_told_why(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """`SET LOCAL ROLE` without a RESET ROLE: the worker's done, in the same transaction, is
+    refused; the job goes to the DLQ at once with the reason, not a bare permission error."""
+    await prepare(conn)
+    abused = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_abuse_tx",
+                                    payload={"do": "local_role"})).id
+    normal = await normal_jobs(conn, [tenant], count=20)
+    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1)
+    status, error = await outcome(conn, abused)
+    assert status == "dlq"
+    assert error.startswith("PermanentError: the job's done, written in its transaction, was "
+                            "refused under the role the handler left that transaction in")
+    assert "InsufficientPrivilege" in error
+    assert await statuses(conn, normal) == {"done"}
+
+
 async def test_a_handlers_prepared_statements_end_with_its_job(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:

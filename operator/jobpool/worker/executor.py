@@ -313,6 +313,11 @@ class JobExecutor:
             held = await self.store.complete(conn, job.id, job.attempts, stored)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             raise ResultRefused(exc) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise PermanentError(  # as every attempt would be: no retry
+                "the job's done, written in its transaction, was refused under the role the "
+                "handler left that transaction in (SET ROLE, SET SESSION AUTHORIZATION): a "
+                f"handler resets it before it returns ({error_text(exc)})") from exc
         if not held:
             raise ClaimLostError
 
