@@ -252,7 +252,7 @@ RAISES: dict[str, Any] = {
 @jobpool.kind("test_abuse_tx", max_attempts=1)
 async def abuse_tx(job: Job, tx: AsyncConnection[Any]) -> None:
     """Do to `tx` what `payload.do` names (TX_ABUSES), or raise what RAISES names, or
-    `payload.do == "row_factory"`, or "cancel_itself"."""
+    `payload.do == "row_factory"`, "cancel_itself", or "stop_loop" (the worker's event loop)."""
     do = job.payload["do"]
     if do in RAISES:
         raise RAISES[do]()
@@ -260,6 +260,9 @@ async def abuse_tx(job: Job, tx: AsyncConnection[Any]) -> None:
         _set_row_factory(tx)
     elif do == "cancel_itself":
         await _cancel_itself()
+    elif do == "stop_loop":
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.05)
     else:
         await TX_ABUSES[do](tx)
 

@@ -162,6 +162,15 @@ async def test_keyboard_interrupt_and_cancelled_error_fail_only_their_job(
                                     "must not cancel the worker's task")
 
 
+async def test_a_handler_that_stops_the_event_loop_stops_no_worker(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """`loop.stop()` in a handler ended `jobpool run` half way (its jobs left to lease expiry):
+    the loop starts again, the job itself and every later one are done, the error logged."""
+    found = await run_abuses_then_probes(conn, dsn, tenant, ["stop_loop"])
+    assert found == {"stop_loop": ("done", None)}
+
+
 async def test_a_job_with_a_time_python_cannot_hold_is_shown_as_infinity(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
