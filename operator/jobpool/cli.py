@@ -387,7 +387,11 @@ def _print_lanes(live: dict[str, Any]) -> None:
 async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg.types.json import Jsonb
 
-    from jobpool.core.tenants import check_tenant_key, check_tenant_metadata
+    from jobpool.core.tenants import (
+        check_tenant_key,
+        check_tenant_metadata,
+        unregistered_limit_kinds,
+    )
 
     check_tenant_key(args.key)
     try:
@@ -405,8 +409,11 @@ async def cmd_tenants_add(args: argparse.Namespace, settings: Settings) -> int:
                              "be more than the limit of 64 KiB of JSON") from None
         row = await cur.fetchone()
         await conn.commit()
+        kinds = [kind["name"] for kind in await LIST_KINDS(conn)]
     assert row is not None
     print(f"tenant {row['key']} {row['id']}")
+    for warning in unregistered_limit_kinds(metadata, kinds, args.key):
+        print(f"jobpool: warning: {warning}", file=sys.stderr)
     return 0
 
 

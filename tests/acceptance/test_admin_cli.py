@@ -88,6 +88,25 @@ async def test_stop_show_and_status(conn: Conn, dsn: str, tenant: uuid.UUID) -> 
             "status": "failed", "jobs": 1} in status
 
 
+async def test_a_rate_limit_of_an_unregistered_kind_is_stored_with_a_warning(
+    conn: Conn, dsn: str
+) -> None:
+    """A misspelt kind in `rate_limit` was taken without a word: a limit that never applies."""
+    await prepare(conn)
+    added = cli(dsn, "tenants", "add", "initech", "--metadata",
+                '{"rate_limit": {"test_recrod": {"rps": 1}, "test_record": {"rps": 2}}}')
+    assert added.stderr.strip() == (
+        "jobpool: warning: tenant initech: rate_limit.test_recrod limits a kind no worker has "
+        "registered (`jobpool kinds list`), so it applies to nothing; did you mean "
+        "test_record?")
+    stored = await scalar(conn, "SELECT metadata -> 'rate_limit' FROM mdm.aa_tenant"
+                          " WHERE key = 'initech'")
+    assert set(stored) == {"test_recrod", "test_record"}
+    clean = cli(dsn, "tenants", "add", "globex", "--metadata",
+                '{"rate_limit": {"test_record": {"rps": 2}}}')
+    assert clean.stderr == ""
+
+
 async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:
     await prepare(conn)
     out = cli(dsn, "tenants", "add", "initech", "--metadata", '{"tier": "gold"}').stdout

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobpool.core.jsondata import to_json_text
@@ -99,3 +101,22 @@ def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
     if problems:
         raise ValueError("; ".join(problems))
     return metadata
+
+
+def unregistered_limit_kinds(metadata: Mapping[str, Any], registered: Sequence[str],
+                             tenant: str) -> list[str]:
+    """A warning per kind that `metadata.rate_limit` limits but no worker has registered
+    (`registered`: the kind names the database knows), with the registered name it is
+    closest to, if any. A warning, not a refusal: the kind's workers may not have started
+    yet; but a misspelt kind is otherwise a limit that never applies, silently."""
+    limits = metadata.get("rate_limit")
+    if not isinstance(limits, Mapping):
+        return []
+    known = set(registered)
+    warnings = []
+    for kind in sorted(str(k) for k in limits if str(k) not in known):
+        close = difflib.get_close_matches(kind, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"tenant {tenant}: rate_limit.{kind} limits a kind no worker has "
+                        f"registered (`jobpool kinds list`), so it applies to nothing{hint}")
+    return warnings
