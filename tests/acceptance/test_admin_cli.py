@@ -79,6 +79,7 @@ async def test_stop_show_and_status(conn: Conn, dsn: str, tenant: uuid.UUID) -> 
     cli(dsn, "jobs", "stop", str(job_id), "--actor", "carol")
     shown = json.loads(cli(dsn, "jobs", "show", str(job_id), "--json").stdout)
     assert (shown["status"], shown["tenant_key"]) == ("failed", "acme")
+    assert shown["last_error"] == "stopped by user:carol"  # was None: failed, with no reason shown
     again = cli(dsn, "jobs", "stop", str(job_id), check=False)
     assert again.returncode == 2 and "it is failed" in again.stderr
     cli(dsn, *worker_args("test_record", until_empty=True))

@@ -21,7 +21,10 @@ WITH target AS (
 ), stopped AS (
     UPDATE mdm.aa_job j
        SET status = 'failed', completed_at = clock_timestamp(),
-           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
+           claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL,
+           -- why it is failed, where `jobs show` and the console look first
+           last_error = left('stopped by ' || %(actor)s::text
+                             || coalesce(' (its last error: ' || j.last_error || ')', ''), 4096)
       FROM target
      WHERE j.id = target.id
     RETURNING j.id, j.tenant_id, j.job_kind, target.status::text AS was
