@@ -9,6 +9,7 @@ import random
 import pytest
 
 from jobpool.core.retry import retry_pause
+from jobpool.core.schedules import ScheduleError
 from jobpool.worker.background import BackgroundTasks
 
 
@@ -43,6 +44,21 @@ async def test_a_task_that_raises_is_restarted_and_reported_until_healthy(
     await asyncio.sleep(0)
     assert not tasks.running("flaky")  # returning ends a task
     await tasks.stop()
+
+
+def test_a_traceback_is_logged_once_per_run_of_failures_and_never_for_jobpools_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A schedule another pool owns logged its whole traceback on every retry."""
+    tasks = BackgroundTasks(random.Random(1))
+    for _ in range(3):
+        tasks.failed("bug", RuntimeError("unexpected"))
+        tasks.failed("clash", ScheduleError("schedule nightly: declared by pool other"))
+    traced = [(r.getMessage().split()[2], bool(r.exc_info)) for r in caplog.records]
+    assert traced == [("bug", True), ("clash", False)] + [("bug", False), ("clash", False)] * 2
+    tasks.healthy("bug")
+    tasks.failed("bug", RuntimeError("again"))
+    assert caplog.records[-1].exc_info  # a new run of failures
 
 
 def test_retry_pauses_grow_to_their_cap_and_are_spread() -> None:

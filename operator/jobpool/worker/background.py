@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from jobpool.core.retry import error_text, retry_pause
+from jobpool.errors import JobpoolError
 
 log = logging.getLogger("jobpool.worker")
 
@@ -63,8 +64,11 @@ class BackgroundTasks:
         self._failures[name] = failures
         self.failing[name] = error_text(exc)  # also when the exception's str() raises
         pause = retry_pause(failures, first=RESTART_FIRST, cap=RESTART_MAX, rng=self.rng)
+        # a traceback only where it helps: a bug or a library's error, once per run of
+        # failures (jobpool's own errors name the problem, e.g. a schedule another pool owns)
+        traceback = failures == 1 and not isinstance(exc, JobpoolError)
         log.error("background task %s failed (%s); restarting it in %.1fs",
-                  name, self.failing[name], pause, exc_info=exc)
+                  name, self.failing[name], pause, exc_info=exc if traceback else None)
         return pause
 
     def problems(self) -> list[str]:
