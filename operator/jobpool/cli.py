@@ -38,6 +38,7 @@ from jobpool.cli_arguments import (
     whole_number,
     worker_command,
 )
+from jobpool.cli_schedules import add_schedule_commands, print_schedules
 from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
 from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
 from jobpool.core.worker_run import WorkerRun
@@ -348,7 +349,6 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     _print_lanes(live)
     print("\npaused (`jobpool resume` lets them be claimed again)")
     print_pauses(live["paused"])
-    from jobpool.cli_schedules import print_schedules
     print_schedules(live, _print_rows)
     return 0
 
@@ -571,6 +571,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     add_api_command(sub, settings)
     add_import_command(sub, settings)
     add_pause_commands(sub, settings)
+    add_schedule_commands(sub, settings)
     return parser
 
 

@@ -84,3 +84,25 @@ SELECT s.name, s.owner, own.next_run_at, own.last_run_at, own.missed_total, own.
   LEFT JOIN mdm.aa_schedule own ON own.name = s.name AND own.owner = %(owner)s
  WHERE s.name = ANY(%(names)s::text[])
  ORDER BY s.name;
+
+-- name: retire_pool_schedules :many
+-- Delete every schedule %(owner)s declared (a pool that is gone: its workers retire nothing
+-- any more), never the built-in ones (owner ''), audited with their names and declarations.
+WITH retired AS (
+    DELETE FROM mdm.aa_schedule
+     WHERE owner = %(owner)s AND owner <> ''
+    RETURNING name, definition
+), audited AS (
+    INSERT INTO mdm.aa_audit_log (actor_principal_id, action, payload)
+    SELECT %(actor)s, 'schedules_retired',
+           jsonb_build_object('owner', %(owner)s::text,
+                              'schedules', jsonb_object_agg(name, definition))
+      FROM retired
+    HAVING count(*) > 0
+)
+SELECT name FROM retired ORDER BY name;
+
+-- name: schedule_owners :many
+-- Each pool that owns schedules, with how many (the built-in owner '' left out).
+SELECT owner, count(*)::int AS schedules
+  FROM mdm.aa_schedule WHERE owner <> '' GROUP BY owner ORDER BY owner;
