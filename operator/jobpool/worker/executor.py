@@ -78,7 +78,7 @@ UNCOUNTED_MEMORY = 10_000
 it: a long outage hands back many jobs once each, which then finish elsewhere)."""
 
 
-class OwnTransactionConflict(JobpoolError):
+class OwnConflictError(JobpoolError):
     """The server rolled back the job's own transaction for a conflict with another: the
     handler's statement or the job's COMMIT failed with SQLSTATE class 40; `error` is what
     was raised (the handler's own exception, when it wrapped the server's)."""
@@ -226,7 +226,7 @@ class JobExecutor:
             if not self.stopped(job.id):  # a stopped job's claim is gone: nothing to hand back
                 await self._hand_back(job)
             raise
-        except OwnTransactionConflict as conflict:
+        except OwnConflictError as conflict:
             if self._may_hand_back_uncounted(job, MAX_UNCOUNTED_CONFLICTS):
                 return await self._hand_back_interrupted(job, conflict.error)
             return await self._fail(job, spec, conflict.error)
@@ -261,7 +261,7 @@ class JobExecutor:
                         await self._complete(conn, job, stored_result(result))
                     except Exception as exc:
                         if own_conflict(conn, exc):
-                            raise OwnTransactionConflict(exc) from exc
+                            raise OwnConflictError(exc) from exc
                         raise
                     return result
             try:
@@ -278,7 +278,7 @@ class JobExecutor:
                 if used is not None and not used.closed:
                     await used.rollback()
                 if conflict:
-                    raise OwnTransactionConflict(cast(Exception, exc)) from exc
+                    raise OwnConflictError(cast(Exception, exc)) from exc
                 raise
         finally:
             await tx.release()
@@ -296,7 +296,7 @@ class JobExecutor:
             await tx.commit_and_release()
         except psycopg.Error as exc:
             if (exc.sqlstate or "").startswith("40"):
-                raise OwnTransactionConflict(exc) from exc  # the COMMIT's own: nothing ran
+                raise OwnConflictError(exc) from exc  # the COMMIT's own: nothing ran
             try:
                 committed = await self.store.committed_done(job.id, job.attempts)
             except psycopg.Error:
