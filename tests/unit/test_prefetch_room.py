@@ -27,11 +27,19 @@ def test_a_claim_takes_the_free_slots_and_the_room_in_the_buffer() -> None:
 
 
 def test_the_room_is_what_the_slots_start_in_the_lookahead_within_the_bound() -> None:
-    assert buffer_room(1000.0, 128) == int(1000 * LOOKAHEAD)
-    assert buffer_room(100_000.0, 128) == 128  # the bound holds at any pace
-    assert buffer_room(2.0, 128) == 0  # jobs of half a second: none claimed to wait
-    assert buffer_room(1000.0, 0) == 0  # no buffer at all
-    assert buffer_room(0.0, 16) == 0
+    assert buffer_room(1000.0, 128, busy=4) == int(1000 * LOOKAHEAD)
+    assert buffer_room(100_000.0, 128, busy=32) == 128  # the bound holds at any pace
+    assert buffer_room(2.0, 128, busy=1) == 0  # jobs of half a second: none claimed to wait
+    assert buffer_room(1000.0, 0, busy=4) == 0  # no buffer at all
+    assert buffer_room(0.0, 16, busy=0) == 0
+
+
+def test_jobs_of_a_second_on_many_slots_get_no_buffer_to_hand_back() -> None:
+    """32 slots of 1-second jobs start 32 jobs/s: a buffer of one job, which waited about a
+    second for a slot and was handed back, round after round."""
+    assert buffer_room(32.0, 128, busy=32) == 0
+    assert buffer_room(320.0, 128, busy=32) == int(320 * LOOKAHEAD)  # jobs of 0.1 s
+    assert buffer_room(320.0, 128, busy=0) == int(320 * LOOKAHEAD)
 
 
 def test_the_rate_follows_the_rounds_and_decays_while_nothing_starts() -> None:

@@ -28,9 +28,19 @@ def observed_rate(previous: float, started: int, elapsed: float) -> float:
     return previous + RATE_WEIGHT * (started / elapsed - previous)
 
 
-def buffer_room(rate: float, prefetch: int) -> int:
+LONGEST_BUFFERED = 0.25
+"""Seconds a job may take (on average) for the worker to buffer jobs behind it: a buffered job
+can wait for a slot about as long as the jobs running in them take, and one that waits a
+second (the producer's `BUFFER_WAIT`) is handed back, a write and a wake-up of every idle
+worker for nothing."""
+
+
+def buffer_room(rate: float, prefetch: int, busy: int) -> int:
     """Jobs the buffer may hold now: what the slots start in `LOOKAHEAD` seconds at `rate`
-    (jobs/s), at most `prefetch` (0: no buffer)."""
+    (jobs/s), at most `prefetch` (0: no buffer); none while the `busy` slots' jobs take
+    longer than `LONGEST_BUFFERED` seconds each (busy / rate, by Little's law)."""
+    if rate <= 0 or busy > rate * LONGEST_BUFFERED:
+        return 0
     return max(0, min(prefetch, int(rate * LOOKAHEAD)))
 
 

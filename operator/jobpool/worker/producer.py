@@ -220,7 +220,7 @@ class Producer:
         if since is None:  # the first round: the rate is measured from here on
             return
         self.rate = observed_rate(self.rate, started, now - since)
-        self.room = buffer_room(self.rate, self.prefetch)
+        self.room = buffer_room(self.rate, self.prefetch, self.busy())
 
     def _wait_for(self) -> float:
         """Seconds the loop may wait for a wake-up: the poll interval, or less while the
