@@ -46,7 +46,8 @@ async def test_jobs_that_wrote_nothing_are_done_in_batches_with_audit_and_result
     rows = [await job(conn, i) for i in ids]
     assert {r["status"] for r in rows} == {"done"}
     assert [r["result"] for r in rows] == [{"seen": n} for n in range(40)]
-    assert all(r["completed_at"] and r["claimed_by"] and r["heartbeat_at"] is None for r in rows)
+    assert all(r["completed_at"] and r["claimed_by"] and r["heartbeat_at"] is None
+               and r["lease_expires_at"] is None for r in rows)
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_done'"
                         " AND actor_principal_id = 'test-worker'") == 40
 

@@ -59,6 +59,7 @@ async def test_success_marks_done_with_audit_and_side_effects(conn: Conn, dsn: s
     rows = [await job(conn, i) for i in ids]
     assert {r["status"] for r in rows} == {"done"}
     assert all(r["attempts"] == 1 and r["completed_at"] and r["last_error"] is None for r in rows)
+    assert {r["lease_expires_at"] for r in rows} == {None}  # a finished job holds no lease
     assert await scalar(conn, "SELECT count(DISTINCT job_id) FROM test_runs") == 25
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_done'"
                         " AND actor_principal_id = 'test-worker'") == 25
@@ -107,6 +108,7 @@ async def test_permanent_error_dead_letters_at_once(conn: Conn, dsn: str,
     await run_until_empty(dsn, "test_fail")
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"], row["last_error"]) == ("dlq", 1, "PermanentError: bad")
+    assert (row["heartbeat_at"], row["lease_expires_at"]) == (None, None)
 
 
 async def test_last_error_is_truncated(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:

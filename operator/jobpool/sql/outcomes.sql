@@ -6,7 +6,7 @@
 WITH done AS (
     UPDATE mdm.aa_job
        SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
-           heartbeat_at = NULL, result = %(result)s::jsonb
+           heartbeat_at = NULL, lease_expires_at = NULL, result = %(result)s::jsonb
      WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
        AND attempts = %(attempts)s
     RETURNING id, tenant_id, job_kind
@@ -36,7 +36,7 @@ WITH input AS (
 ), done AS (
     UPDATE mdm.aa_job j
        SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
-           heartbeat_at = NULL,
+           heartbeat_at = NULL, lease_expires_at = NULL,
            result = (SELECT results FROM held)[array_position((SELECT ids FROM held), j.id)]
      WHERE j.id = ANY ((SELECT ids FROM held)::bigint[]) AND j.status = 'running'
        AND j.claimed_by = %(worker_id)s
@@ -81,7 +81,7 @@ SELECT id FROM retried;
 WITH parked AS (
     UPDATE mdm.aa_job
        SET status = 'dlq', completed_at = clock_timestamp(), last_error = %(error)s,
-           heartbeat_at = NULL
+           heartbeat_at = NULL, lease_expires_at = NULL
      WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
        AND attempts = %(attempts)s
     RETURNING id, tenant_id, job_kind, attempts
