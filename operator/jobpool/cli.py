@@ -203,7 +203,7 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
 
 
 def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
-    from jobpool.core.poolspec import check_lane_kinds, load_pool_file
+    from jobpool.core.poolspec import check_lane_kinds, check_schedules, load_pool_file
     from jobpool.core.process_group import process_count
     from jobpool.registry import load_kind_modules
     from jobpool.worker.processes import cpu_count
@@ -212,8 +212,10 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     pool = load_pool_file(args.pool)
     local_process_count(pool, cpu_count())
     # every lane's kinds, before any lane starts (the lanes import the same modules)
-    check_lane_kinds(pool, load_kind_modules((*pool.imports, *args.imports)).names(),
-                     loaded_by=("spec.worker.imports", f"{IMPORT} MODULE"))
+    registry = load_kind_modules((*pool.imports, *args.imports))
+    loaded_by = ("spec.worker.imports", f"{IMPORT} MODULE")
+    check_lane_kinds(pool, registry.names(), loaded_by=loaded_by)
+    check_schedules(pool, registry.names(), registry.payload_problem, loaded_by=loaded_by)
     if not settings.dsn:  # start and migrate the embedded server once, for every lane
         settings = replace(settings, dsn=event_loop.run(prepare_database(settings)))
     workers = process_count(settings.processes, cpu_count())

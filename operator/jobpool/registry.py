@@ -22,7 +22,7 @@ import msgspec
 from psycopg import AsyncConnection
 
 from jobpool.core.kinds import BUILTIN_KINDS, KindDefaults, check_kind_name, kind_defaults
-from jobpool.errors import UnknownKindError
+from jobpool.errors import InvalidPayloadError, UnknownKindError
 from jobpool.extras import missing_modules
 from jobpool.payloads import decode_payload
 
@@ -137,6 +137,18 @@ class Registry:
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._kinds))
+
+    def payload_problem(self, name: str, payload: Any) -> str | None:
+        """Why kind `name`'s payload model refuses `payload` (the InvalidPayloadError's
+        message), or None: accepted, or the kind has no model (or is not registered here)."""
+        spec = self._kinds.get(name)
+        if spec is None or spec.payload is None:
+            return None
+        try:
+            decode_payload(name, spec.payload, payload)
+        except InvalidPayloadError as exc:
+            return str(exc)
+        return None
 
     def specs(self) -> tuple[KindSpec, ...]:
         return tuple(self._kinds[name] for name in self.names())

@@ -310,6 +310,29 @@ async def test_a_kind_no_module_registers_is_refused_before_any_lane_starts(
                         (job.id,)) == "pending"
 
 
+async def test_a_schedule_of_an_unknown_kind_or_a_refused_payload_is_refused_at_start(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """Such a pool started and logged an error at every tick of the schedule, for good."""
+    await prepare(conn)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(FAULTY_POOL.replace("LANE", "rest") + """  schedules:
+    - {name: mail, kind: email_sned, tenant: acme, every: 60}
+    - {name: nightly, kind: reindex, tenant: acme, payload: {entity_type: product},
+       cron: "30 2 * * *"}
+""")
+
+    result = cli(dsn, "run", str(pool), "--until-empty", "--import", "kinds_for_tests",
+                 "--import", "pool_faults", "--metrics-port", "0", check=False)
+
+    assert result.returncode == 2, result.stderr
+    assert ("spec.schedules[0].kind (schedule 'mail'): unknown job kind 'email_sned' (did you "
+            "mean 'email_send'?); spec.schedules[1].payload (schedule 'nightly'): payload of "
+            "job kind 'reindex' is invalid: ") in result.stderr
+    assert "type_key" in result.stderr
+    assert "starting" not in result.stderr
+
+
 async def test_a_lane_that_fails_at_start_stops_the_pool_with_its_status(
     conn: Conn, dsn: str, tmp_path: Path
 ) -> None:

@@ -25,6 +25,18 @@ def test_the_example_pool_declares_its_schedules() -> None:
     ]
 
 
+def test_the_example_schedules_pass_their_kinds_payload_checks() -> None:
+    """The reindex example's payload once lacked `type_key`: every tick was dropped."""
+    from jobpool.core.poolspec import check_schedules
+    from jobpool.registry import load_kind_modules
+
+    block = re.search(r"```yaml\n(.*?)```", PAGE.read_text("utf-8"), re.S)
+    assert block is not None
+    registry = load_kind_modules(())
+    check_schedules(load_pool(yaml.safe_load(block.group(1))), registry.names(),
+                    registry.payload_problem)
+
+
 def test_the_field_table_is_every_field() -> None:
     rows = re.findall(r"^\| `(\w+)` \|", PAGE.read_text("utf-8"), re.M)
     crd = poolspec.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

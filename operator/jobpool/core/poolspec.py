@@ -13,7 +13,7 @@ import importlib.resources
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -397,6 +397,28 @@ def check_lane_kinds(pool: PoolSpec, registered: Iterable[str], *,
             where = f"spec.lanes[{index}].kinds" if not lane.implicit else f"lane {lane.name!r}"
             named = ", ".join(_with_nearest(kind, known) for kind in unknown)
             problems.append(f"{where} (lane {lane.name!r}): unknown job kind(s) {named}")
+    if problems:
+        raise PoolSpecError(
+            f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "
+            f"{' or '.join(loaded_by)})")
+
+
+def check_schedules(pool: PoolSpec, registered: Iterable[str],
+                    payload_problem: Callable[[str, Mapping[str, Any]], str | None], *,
+                    loaded_by: Sequence[str] = ("spec.worker.imports",)) -> None:
+    """Refuse a pool whose schedules name a kind that is not registered, or a payload their
+    kind refuses (`payload_problem(kind, payload)`: the reason, or None), before any lane
+    starts: every tick of such a schedule would be dropped with an error, as long as the pool
+    runs. Raises PoolSpecError naming every such schedule and field."""
+    known = sorted(set(registered))
+    problems = []
+    for index, schedule in enumerate(pool.schedules):
+        where = f"spec.schedules[{index}]"
+        if schedule.kind not in known:
+            problems.append(f"{where}.kind (schedule {schedule.name!r}): unknown job kind "
+                            f"{_with_nearest(schedule.kind, known)}")
+        elif (problem := payload_problem(schedule.kind, schedule.payload)) is not None:
+            problems.append(f"{where}.payload (schedule {schedule.name!r}): {problem}")
     if problems:
         raise PoolSpecError(
             f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "
