@@ -46,7 +46,7 @@ from jobpool.db.connect import connect, open_database, resolve_dsn
 from jobpool.db.migrate import migrate, migration_script
 from jobpool.db.queries import Many, One
 from jobpool.enqueue import NewJob, enqueue_many
-from jobpool.errors import JobpoolError, UnknownKindError
+from jobpool.errors import JobpoolError, UnknownKindError, UnknownTenantError
 from jobpool.extras import require_extra
 from jobpool.k8s.operator_command import add_operator_command
 from jobpool.kinds.imports.import_command import add_import_command
@@ -625,7 +625,9 @@ def run_command(argv: Sequence[str] | None) -> int:
             return _run_pool(args, settings)
         return int(event_loop.run(args.func(args, settings)))
     except (JobpoolError, ValueError, ImportError, psycopg.Error) as exc:
-        print(f"jobpool: error: {exc}", file=sys.stderr)
+        hint = (" (`jobpool tenants add KEY` adds one)"
+                if isinstance(exc, UnknownTenantError) else "")
+        print(f"jobpool: error: {exc}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

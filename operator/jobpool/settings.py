@@ -388,7 +388,7 @@ class Settings:
         applies=("api",))
     api_pool: str | None = _setting(
         None, Text(), "a JobWorkerPool file whose lanes the console's overview shows (unset: "
-        "no lanes shown)", "--pool", applies=("api",))
+        "only the lanes live workers name)", "--pool", applies=("api",))
     # `jobpool operator`
     operator_namespaces: tuple[str, ...] = _setting(
         (), Names(), "namespaces the operator watches, comma-separated (the flag is "

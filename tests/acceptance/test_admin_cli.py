@@ -126,6 +126,7 @@ async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:
     ghost = cli(dsn, "enqueue", "test_record", "--tenant", "ghost", "--import",
                 "kinds_for_tests", check=False)
     assert ghost.returncode == 2 and "unknown tenant 'ghost'" in ghost.stderr
+    assert ghost.stderr.rstrip().endswith("(`jobpool tenants add KEY` adds one)")
     bad = cli(dsn, "enqueue", "test_record", "--tenant", "initech", "--payload", "{oops",
               check=False)
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr

@@ -149,7 +149,7 @@ async def email_send(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     if not suppressed:
         if not config.smtp_url:
             raise SmtpNotConfigured("JOBPOOL_SMTP_URL is not set: no SMTP server to send through;"
-                                    " the job retries until it is configured")
+                                    " retried while the job has attempts left")
         await asyncio.to_thread(send, parse_smtp_url(config.smtp_url), delivery)
     message_id = delivery.message["Message-ID"]
     await LOG_EMAIL(tx, {
