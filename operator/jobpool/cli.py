@@ -376,6 +376,10 @@ def _print_lanes(live: dict[str, Any]) -> None:
     for a in live["activity"]:
         if a["explanation"]:
             print(f"  {lane(a['lane'])}: {a['explanation']}")
+    ready = sum(c["ready"] for c in live["counts"])
+    if not live["activity"] and ready:
+        print(f"  no live worker: nothing claims the {ready} ready job(s) (start one with "
+              "`jobpool run`; `--pool FILE` shows each lane of a pool file)")
     print("\nrunning jobs (longest-running first)")
     _print_rows([{
         "id": j["id"], "kind": j["kind"], "tenant": j["tenant"],

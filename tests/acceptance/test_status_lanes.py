@@ -81,3 +81,16 @@ async def test_status_names_its_own_flag_for_a_pool_file_it_cannot_read(
     assert result.returncode == 2
     assert f"jobpool: error: --pool: {missing}: cannot read the pool file" in result.stderr
     assert "JOBPOOL_API_POOL" not in result.stderr
+
+
+async def test_status_says_when_no_live_worker_claims_the_ready_jobs(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Without a pool file and without a live worker, the lanes table was an empty header."""
+    await prepare(conn)
+    for _ in range(3):
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record", payload={})
+    await conn.commit()
+    shown = cli(dsn, "status").stdout
+    assert "  no live worker: nothing claims the 3 ready job(s) (start one with `jobpool run`" \
+        in shown
