@@ -1,7 +1,7 @@
 """The `jobpool` command; `jobpool COMMAND --help` tells what each command below takes.
 
-Flags that configure the process take their defaults from `Settings` (the `JOBPOOL_*`
-variables), and --help names the variable of each.
+Flags that configure the process take their defaults from the `JOBPOOL_*` variables, and
+--help names the variable of each.
 `pip install jobpool` runs every command but these, which need an extra (`pip install
 'jobpool[EXTRA]'`): run (worker), demo (local), api (api), operator (operator). Without
 JOBPOOL_DSN, the embedded PostgreSQL needs the local extra.
@@ -451,10 +451,21 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 # -- parser -------------------------------------------------------------------------------
 
 
+def _version() -> str:
+    """The installed distribution's version ("unknown" when run from a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jobpool")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The `jobpool` parser; flags default to `settings` (else those of the environment)."""
     settings = Settings.from_env(os.environ) if settings is None else settings
     parser = CommandParser(prog="jobpool", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"jobpool {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or update the mdm schema")

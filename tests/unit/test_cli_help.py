@@ -136,3 +136,12 @@ def test_token_subjects_and_service_accounts_are_told_apart() -> None:
     for empty in ("", " ", "service:", "service: "):
         with pytest.raises(ValueError, match="an actor must name someone"):
             cli_actor(empty)
+
+
+def test_version_names_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as ended:
+        build_parser(Settings()).parse_args(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out.strip() == f"jobpool {version('jobpool')}"
