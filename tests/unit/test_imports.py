@@ -59,6 +59,16 @@ def test_csv_header_problems_are_refused() -> None:
         list(read_csv(io.StringIO("")))
 
 
+def test_a_csv_without_the_key_column_is_refused_before_staging() -> None:
+    """It was staged, then every record rejected, its job done: nothing said why up front."""
+    with pytest.raises(ValueError) as refused:
+        list(read_csv(io.StringIO("sku,name\nk1,A\n"), key_field="external_key"))
+    assert str(refused.value) == ("the header has no column 'external_key' for the records' "
+                                  "keys (--key-field); its columns: 'sku', 'name'")
+    [record] = read_csv(io.StringIO("sku,name\nk1,A\n"), key_field="sku")
+    assert json.loads(record.raw) == {"sku": "k1", "name": "A"}
+
+
 def test_jsonl_keeps_lines_and_escapes_nul() -> None:
     records = list(read_jsonl(io.StringIO('{"a": 1}\n\n{"b": "x\x00"}\n')))
     assert [r.line_no for r in records] == [1, 3]

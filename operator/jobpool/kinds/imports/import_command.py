@@ -48,7 +48,8 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     async with await open_database(settings) as conn:
         tenant = await admin.resolve_tenant(conn, args.tenant)
         staged = await stage_import(
-            conn, read_file(path, fmt), tenant_id=tenant["id"], type_key=args.type_key,
+            conn, read_file(path, fmt, args.key_field), tenant_id=tenant["id"],
+            type_key=args.type_key,
             source_name=path.name, fmt=fmt, key_field=args.key_field,
             unknown_keys=args.unknown_keys, batch_size=args.batch_size, actor=actor_of(args))
         await conn.commit()

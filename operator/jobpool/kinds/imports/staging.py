@@ -96,16 +96,21 @@ def _header(reader: Any) -> list[str]:
     return check_header(fields)
 
 
-def read_csv(stream: TextIO) -> Iterator[StagedRecord]:
+def read_csv(stream: TextIO, key_field: str | None = None) -> Iterator[StagedRecord]:
     """Records of a CSV text (first line the header); blank lines are skipped.
 
-    Raises ValueError for a bad header, a record over MAX_RECORD_CHARS, or text that is not
-    CSV (a field over csv's `field_size_limit`, 131,072 characters by default, included).
+    Raises ValueError for a bad header, one without the `key_field` column (when given: every
+    record would be rejected), a record over MAX_RECORD_CHARS, or text that is not CSV (a
+    field over csv's `field_size_limit`, 131,072 characters by default, included).
     """
     lines = RecordLines(stream)
     reader = csv.reader(lines, strict=True)
     try:
         header = _header(reader)
+        if key_field is not None and key_field not in header:
+            shown = ", ".join(repr(name) for name in header[:20])
+            raise ValueError(f"the header has no column {key_field!r} for the records' keys "
+                             f"(--key-field); its columns: {shown}")
         lines.next_record()
         previous = reader.line_num
         for row in reader:
@@ -135,12 +140,13 @@ def read_jsonl(stream: TextIO) -> Iterator[StagedRecord]:
             yield StagedRecord(line_no, text.replace("\x00", "\\u0000"))
 
 
-def read_file(path: Path, fmt: Format) -> Iterator[StagedRecord]:
+def read_file(path: Path, fmt: Format, key_field: str | None = None) -> Iterator[StagedRecord]:
     """Records of `path` (UTF-8, optional BOM); raises ValueError, naming the file, for text
-    that is not UTF-8 or breaks a limit of `read_csv` / `read_jsonl`."""
+    that is not UTF-8 or breaks a limit of `read_csv` (`key_field`: the column a CSV header
+    must have) / `read_jsonl`."""
     with path.open(encoding="utf-8-sig", newline="") as handle:
         try:
-            yield from (read_csv(handle) if fmt == "csv" else read_jsonl(handle))
+            yield from (read_csv(handle, key_field) if fmt == "csv" else read_jsonl(handle))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path.name} is not valid UTF-8: {exc.reason} at byte "
                              f"{exc.start}") from None
