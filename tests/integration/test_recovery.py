@@ -91,6 +91,41 @@ async def test_a_live_long_job_keeps_its_claim(conn: Conn, dsn: str, tenant: uui
     assert (row["status"], row["attempts"]) == ("done", 1)
 
 
+@jobpool.kind("test_references_its_job", max_attempts=1, stale_ttl=3.0)
+async def references_its_job(job: jobpool.Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Insert a row referencing the job's own row (its foreign key check holds FOR KEY SHARE
+    on it until the job's transaction ends), then work `payload.seconds`."""
+    await tx.execute("INSERT INTO test_job_refs (job_id) VALUES (%s)", (job.id,))
+    await asyncio.sleep(job.payload["seconds"])
+
+
+async def test_a_handler_referencing_its_job_row_blocks_no_lease_renewal(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The renewal locked every held row FOR UPDATE in one statement: it waited for the
+    handler's key-share lock on its own row, renewed no lease at all, and the worker's other
+    jobs were recovered and run a second time while they still ran here."""
+    await prepare(conn)
+    await conn.execute("CREATE TABLE test_job_refs (job_id bigint REFERENCES mdm.aa_job (id))")
+    holder = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_references_its_job",
+                                    payload={"seconds": 4})).id
+    other = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                   payload={"seconds": 4})).id
+    await conn.commit()
+    running = asyncio.create_task(run_until_empty(
+        dsn, "test_references_its_job", "test_sleep", slots=2, lease_ttl=1.5))
+    recovered: list[Any] = []
+    while not running.done():
+        await asyncio.sleep(0.5)
+        recovered += await recover_stale_claims(conn, actor="cleanup")
+        await conn.commit()
+    await running
+    assert recovered == []
+    for job_id in (holder, other):
+        row = await job(conn, job_id)
+        assert (row["status"], row["attempts"]) == ("done", 1), row
+
+
 async def test_a_job_whose_worker_always_dies_ends_in_the_dlq(conn: Conn,
                                                               tenant: uuid.UUID) -> None:
     await prepare(conn)

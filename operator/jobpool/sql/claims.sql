@@ -93,7 +93,7 @@ locked AS (
             ORDER BY j.priority, j.available_at, j.id
             -- least() passes over a NULL cap
             LIMIT least(%(limit)s - (SELECT count(*) FROM chosen) + 1, c.cap)
-              FOR UPDATE SKIP LOCKED) r
+              FOR NO KEY UPDATE SKIP LOCKED) r
 ),
 next AS (
     SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
@@ -188,7 +188,7 @@ WITH locked AS (
       FROM mdm.aa_job
      WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
      ORDER BY id
-       FOR UPDATE
+       FOR NO KEY UPDATE
 )
 UPDATE mdm.aa_job j
    SET heartbeat_at = clock_timestamp(),

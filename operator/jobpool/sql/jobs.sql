@@ -17,7 +17,7 @@ WITH target AS (
      WHERE id = %(id)s AND status IN ('pending', 'running', 'dlq')
        AND (%(tenants)s::text[] IS NULL
             OR tenant_id IN (SELECT id FROM mdm.aa_tenant WHERE key = ANY(%(tenants)s::text[])))
-       FOR UPDATE
+       FOR NO KEY UPDATE
 ), stopped AS (
     UPDATE mdm.aa_job j
        SET status = 'failed', completed_at = clock_timestamp(),

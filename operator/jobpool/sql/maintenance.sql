@@ -19,7 +19,7 @@ WITH stale AS (
        AND CASE WHEN j.lease_expires_at >= j.claimed_at THEN j.lease_expires_at
                 ELSE greatest(j.claimed_at, j.heartbeat_at) + k.stale_ttl
            END < clock_timestamp()
-       FOR UPDATE OF j SKIP LOCKED
+       FOR NO KEY UPDATE OF j SKIP LOCKED
 ), recovered AS (
     UPDATE mdm.aa_job j
        SET status = CASE WHEN j.attempts >= j.max_attempts

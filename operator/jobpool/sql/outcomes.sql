@@ -28,7 +28,7 @@ WITH input AS (
       FROM mdm.aa_job j JOIN input i ON i.id = j.id
      WHERE j.status = 'running' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
      ORDER BY j.id
-       FOR UPDATE OF j
+       FOR NO KEY UPDATE OF j
 ), held AS (
     -- as arrays read once: a join of the update to the locked rows is planned as a rescan
     -- of them per row (quadratic in the batch)
