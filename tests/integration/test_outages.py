@@ -78,6 +78,37 @@ async def conflict_then_pass(job: Job, tx: psycopg.AsyncConnection[Any]) -> None
                          " USING ERRCODE = 'serialization_failure'; END $$")
 
 
+async def _interrupt(tx: psycopg.AsyncConnection[Any], step: str) -> None:
+    """Do one step of `test_interrupted_in_steps` on the job's `tx`."""
+    if step == "conflict":
+        await tx.execute("DO $$ BEGIN RAISE EXCEPTION 'could not serialize access'"
+                         " USING ERRCODE = 'serialization_failure'; END $$")
+    elif step == "commit_conflict":
+        await tx.execute("INSERT INTO test_commit_conflict VALUES (1)")
+    elif step == "lost":
+        await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    elif step == "permanent_from_conflict":
+        try:
+            await _interrupt(tx, "conflict")
+        except psycopg.errors.SerializationFailure as exc:
+            raise jobpool.PermanentError("this conflict is final") from exc
+
+
+@jobpool.kind("test_interrupted_in_steps", max_attempts=1, stale_ttl=3600.0)
+async def interrupted_in_steps(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Run n does `payload.steps[n - 1]` (`_interrupt`; past the list, nothing): each run is
+    recorded on a connection of its own."""
+    async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True,
+                                                     row_factory=dict_row) as own:
+        await own.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES "
+                          "(%s, %s, 0)", (job.id, job.attempts))
+        runs = await scalar(own, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job.id,))
+    steps = job.payload["steps"]
+    await tx.execute("SELECT 1")  # the job's transaction is open
+    if runs <= len(steps):
+        await _interrupt(tx, steps[runs - 1])
+
+
 async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
     await helpers.wait_until(check, what, DEADLINE)
 
@@ -343,6 +374,34 @@ async def test_conflicts_of_a_jobs_own_transaction_are_not_capped_as_its_errors_
 async def _status_is(conn: psycopg.AsyncConnection[Any], job_id: int,
                      statuses: tuple[str, ...]) -> bool:
     return (await helpers.job(conn, job_id))["status"] in statuses
+
+
+@pytest.mark.parametrize(("steps", "batched", "outcome"), [
+    # a restart after three conflicts is still a restart: each cause has its own count
+    (["conflict"] * 3 + ["lost"], True, ("done", 5)),
+    # a COMMIT's conflict counts as the transaction's own without batched completions too
+    (["commit_conflict"] * 6, False, ("done", 7)),
+    # the handler's PermanentError wins over the conflict it was raised from
+    (["permanent_from_conflict"], True, ("dlq", 1)),
+])
+async def test_what_interrupts_a_job_is_counted_by_its_cause(
+    conn: psycopg.AsyncConnection[Any], dsn: str, tenant: uuid.UUID, steps: list[str],
+    batched: bool, outcome: tuple[str, int],
+) -> None:
+    await prepare(conn)
+    await conn.execute(COMMIT_CONFLICT_DDL)
+    job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_interrupted_in_steps",
+                                payload={"steps": steps})
+    w = worker(dsn, ("test_interrupted_in_steps",), until_empty=False, slots=1,
+               poll_interval=0.2, batch_completions=batched)
+    running = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _status_is(conn, job.id, ("done", "dlq")), "job settled")
+    finally:
+        w.stop()
+        await running
+    runs = await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job.id,))
+    assert ((await helpers.job(conn, job.id))["status"], runs) == outcome
 
 
 @pytest.mark.parametrize("do", ["close_tx", "other_database_down", "own_conflict"])

@@ -37,7 +37,7 @@ from jobpool.db.connect import (
     transaction_conflict,
 )
 from jobpool.db.store import Completion
-from jobpool.errors import JobpoolError, PermanentError
+from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
@@ -86,6 +86,13 @@ class OwnConflictError(JobpoolError):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def handler_decided(exc: BaseException) -> bool:
+    """Whether the handler said what becomes of the job itself (PermanentError, RetryAfter),
+    also when it raised that while handling a conflict or a lost connection: its word wins
+    over an uncounted hand-back."""
+    return isinstance(exc, PermanentError | RetryAfter)
 
 
 def own_conflict(conn: AsyncConnection[Any], exc: BaseException) -> bool:
@@ -201,8 +208,8 @@ class JobExecutor:
         """Whether a job's cancellation is its stop (worker/stops.py): nothing to hand back."""
         self.deadlines = Deadlines()
         """The running handlers' timeouts (worker/deadlines.py)."""
-        self.uncounted: dict[tuple[int, int], int] = {}
-        """Uncounted hand-backs by (job id, attempt): `MAX_UNCOUNTED_HAND_BACKS`,
+        self.uncounted: dict[tuple[int, int, str], int] = {}
+        """Uncounted hand-backs by (job id, attempt, cause): `MAX_UNCOUNTED_HAND_BACKS`,
         `MAX_UNCOUNTED_CONFLICTS`."""
 
     async def execute(self, job: Job) -> JobOutcome:
@@ -227,13 +234,16 @@ class JobExecutor:
                 await self._hand_back(job)
             raise
         except OwnConflictError as conflict:
-            if self._may_hand_back_uncounted(job, MAX_UNCOUNTED_CONFLICTS):
+            if (not handler_decided(conflict.error)
+                    and self._may_hand_back_uncounted(job, "conflicts", MAX_UNCOUNTED_CONFLICTS)):
                 return await self._hand_back_interrupted(job, conflict.error)
             return await self._fail(job, spec, conflict.error)
         except Exception as exc:
-            if (transaction_conflict(exc) or interrupted_by_connection(exc) or isinstance(
-                    exc, NoSlotConnectionError)) and self._may_hand_back_uncounted(
-                        job, MAX_UNCOUNTED_HAND_BACKS):
+            if (not handler_decided(exc)
+                    and (transaction_conflict(exc) or interrupted_by_connection(exc)
+                         or isinstance(exc, NoSlotConnectionError))
+                    and self._may_hand_back_uncounted(job, "interruptions",
+                                                      MAX_UNCOUNTED_HAND_BACKS)):
                 return await self._hand_back_interrupted(job, exc)
             return await self._fail(job, spec, exc)
         if log.isEnabledFor(logging.INFO):
@@ -255,15 +265,22 @@ class JobExecutor:
             if not self.batch_completions:
                 conn = tx.connection()
                 leave_job_scope(conn)  # the transaction below is the job's
-                async with conn.transaction():
-                    try:
-                        result = await self._call_handler(job, spec, conn)
-                        await self._complete(conn, job, stored_result(result))
-                    except Exception as exc:
-                        if own_conflict(conn, exc):
-                            raise OwnConflictError(exc) from exc
-                        raise
-                    return result
+                committing = False
+                try:
+                    async with conn.transaction():
+                        try:
+                            result = await self._call_handler(job, spec, conn)
+                            await self._complete(conn, job, stored_result(result))
+                        except Exception as exc:
+                            if own_conflict(conn, exc):
+                                raise OwnConflictError(exc) from exc
+                            raise
+                        committing = True
+                except psycopg.Error as exc:
+                    if committing and (exc.sqlstate or "").startswith("40"):
+                        raise OwnConflictError(exc) from exc  # the COMMIT's own
+                    raise
+                return result
             try:
                 result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
                 stored = stored_result(result)
@@ -382,12 +399,13 @@ class JobExecutor:
             return "lost_claim"
         return outcome
 
-    def _may_hand_back_uncounted(self, job: Job, most: int) -> bool:
+    def _may_hand_back_uncounted(self, job: Job, cause: str, most: int) -> bool:
         """Whether this interruption of `job` may be handed back without counting its attempt:
-        not once this worker has done so `most` times for this attempt (then it fails as an
-        error of the handler's would, with backoff, and reaches the DLQ after its last
-        attempt)."""
-        key = (job.id, job.attempts)
+        not once this worker has done so `most` times for this attempt and `cause` (each
+        cause its own count: a restart after some conflicts is still a restart); then it
+        fails as an error of the handler's would, with backoff, and reaches the DLQ after its
+        last attempt."""
+        key = (job.id, job.attempts, cause)
         times = self.uncounted.pop(key, 0)
         if times >= most:
             log.warning("job %d (%s): interrupted %d times in attempt %d; this time the attempt "
