@@ -267,6 +267,18 @@ def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
         declarations_for("pool-a", None, bad, ())
     plain = declarations_for(None, None, None, (cleanup_schedule(300),))
     assert (plain.retire, [s.name for s in plain.schedules]) == (False, ["cleanup_jobs"])
+    for pool in (None, "", "  "):  # their owner would be the built-in one's
+        with pytest.raises(ValueError, match=r"^JOBPOOL_SCHEDULES needs JOBPOOL_POOL: "):
+            declarations_for(pool, None, "[]", ())
+
+
+async def test_no_declaration_retires_the_built_in_schedule(conn: Conn) -> None:
+    """A worker given JOBPOOL_SCHEDULES without JOBPOOL_POOL declared under the built-in owner
+    and retired `cleanup_jobs`, the maintenance of every worker."""
+    await declare(conn, Declarations("", (cleanup_schedule(300),), retire=False))
+    await declare(conn, Declarations("", (), retire=True))
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_schedule"
+                        " WHERE name = 'cleanup_jobs'") == 1
 
 
 async def test_the_metrics_carry_each_schedules_last_and_next_run(

@@ -37,9 +37,10 @@ SELECT name, owner, definition
  ORDER BY name;
 
 -- name: retire_schedules :many
--- Delete the schedules %(owner)s declared before that it no longer declares.
+-- Delete the schedules %(owner)s declared before that it no longer declares; never the
+-- built-in ones (owner '').
 DELETE FROM mdm.aa_schedule
- WHERE owner = %(owner)s AND NOT (name = ANY(%(names)s::text[]))
+ WHERE owner = %(owner)s AND owner <> '' AND NOT (name = ANY(%(names)s::text[]))
 RETURNING name;
 
 -- name: lock_due_schedules :many

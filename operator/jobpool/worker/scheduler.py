@@ -91,6 +91,11 @@ def declarations_for(pool: str | None, namespace: str | None, schedules: str | N
     `JOBPOOL_SCHEDULES[0].cron: ...`.
     """
     declared: tuple[Schedule, ...] = ()
+    pool = pool.strip() if pool else None
+    if schedules is not None and not pool:
+        raise ScheduleError(f"{SCHEDULES_VARIABLE} needs JOBPOOL_POOL: a pool's schedules "
+                            "belong to that pool (its name, which a pool file or the "
+                            "operator sets), which alone changes and retires them")
     if schedules is not None:
         try:
             raw = json.loads(schedules)
