@@ -104,8 +104,11 @@ async def test_a_rate_limit_of_an_unregistered_kind_is_stored_with_a_warning(
                           " WHERE key = 'initech'")
     assert set(stored) == {"test_recrod", "test_record"}
     clean = cli(dsn, "tenants", "add", "globex", "--metadata",
-                '{"rate_limit": {"test_record": {"rps": 2}}}')
-    assert clean.stderr == ""
+                '{"rate_limit": {"test_record": {"rps": 2}, "*": {"rps": 9}}}')
+    assert clean.stderr == ""  # "*" is every kind without an entry of its own
+    shouted = cli(dsn, "tenants", "add", "hooli", "--metadata",
+                  '{"rate_limit": {"TEST_RECORD": {"rps": 2}}}')
+    assert shouted.stderr.rstrip().endswith("did you mean test_record?")
 
 
 async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -10,6 +9,7 @@ from typing import Any
 
 from jobpool.core.jsondata import to_json_text
 from jobpool.core.ratelimit import parse_tenant_limits
+from jobpool.core.suggestions import close_names
 
 TENANT_KEY_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,62}"
 TENANT_ID_PATTERN = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -106,17 +106,19 @@ def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
 def unregistered_limit_kinds(metadata: Mapping[str, Any], registered: Sequence[str],
                              tenant: str) -> list[str]:
     """A warning per kind that `metadata.rate_limit` limits but no worker has registered
-    (`registered`: the kind names the database knows), with the registered name it is
-    closest to, if any. A warning, not a refusal: the kind's workers may not have started
-    yet; but a misspelt kind is otherwise a limit that never applies, silently."""
+    (`registered`: the kind names the database knows; `"*"`, every kind without an entry of
+    its own, is none), with the registered names it looks like. A warning, not a refusal: the
+    kind's workers may not have started yet; but a misspelt kind is otherwise a limit that
+    never applies, silently."""
     limits = metadata.get("rate_limit")
     if not isinstance(limits, Mapping):
         return []
     known = set(registered)
+    by_lower = {name.lower(): name for name in known}
     warnings = []
-    for kind in sorted(str(k) for k in limits if str(k) not in known):
-        close = difflib.get_close_matches(kind, sorted(known), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+    for kind in sorted(str(k) for k in limits if str(k) not in known and str(k) != "*"):
+        close = [by_lower[name] for name in close_names(kind.lower(), by_lower)]
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         warnings.append(f"tenant {tenant}: rate_limit.{kind} limits a kind no worker has "
                         f"registered (`jobpool kinds list`), so it applies to nothing{hint}")
     return warnings
