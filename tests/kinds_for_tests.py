@@ -226,6 +226,7 @@ TX_ABUSES: dict[str, Any] = {
         tx, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
     "role": lambda tx: _commit_after(tx, "SET ROLE pg_monitor"),
     "local_role": lambda tx: tx.execute("SET LOCAL ROLE pg_monitor"),
+    "read_only_transaction": lambda tx: tx.execute("SET TRANSACTION READ ONLY"),
     "listen": lambda tx: tx.execute("LISTEN somewhere"),
     "held_cursor": lambda tx: _commit_after(tx, "DECLARE held CURSOR WITH HOLD FOR SELECT 1"),
     "autocommit": lambda tx: tx.set_autocommit(True),

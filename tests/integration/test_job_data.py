@@ -226,6 +226,21 @@ async def test_a_handler_that_leaves_its_transaction_under_another_role_is_told_
     assert await statuses(conn, normal) == {"done"}
 
 
+async def test_a_handler_that_leaves_its_transaction_read_only_is_told_why(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Its done was refused on every attempt, retried as if the failure could pass."""
+    await prepare(conn)
+    abused = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_abuse_tx",
+                                    payload={"do": "read_only_transaction"},
+                                    max_attempts=5)).id
+    await run_until_empty(dsn, "test_abuse_tx", slots=1)
+    status, error = await outcome(conn, abused)
+    assert (status, (await job(conn, abused))["attempts"]) == ("dlq", 1)
+    assert error.startswith("PermanentError: the job's done, written in its transaction, was "
+                            "refused: the handler made that transaction read-only")
+
+
 async def test_a_handlers_prepared_statements_end_with_its_job(
     conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:

@@ -335,6 +335,11 @@ class JobExecutor:
                 "the job's done, written in its transaction, was refused under the role the "
                 "handler left that transaction in (SET ROLE, SET SESSION AUTHORIZATION): a "
                 f"handler resets it before it returns ({error_text(exc)})") from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise PermanentError(
+                "the job's done, written in its transaction, was refused: the handler made "
+                "that transaction read-only (SET TRANSACTION READ ONLY); a handler that only "
+                f"reads needs no such setting ({error_text(exc)})") from exc
         if not held:
             raise ClaimLostError
 
