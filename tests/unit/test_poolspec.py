@@ -358,6 +358,14 @@ def test_rate_limits_json_has_the_agreed_shape() -> None:
 # -- files -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", [" ", "mdm/mdm-jobs", "Mdm Jobs!", "-jobs", "jobs."])
+def test_a_pool_name_is_one_its_deployments_can_carry(name: str) -> None:
+    """"mdm/mdm-jobs" was taken: its schedules' owner was that of pool mdm-jobs in namespace
+    mdm."""
+    with pytest.raises(PoolSpecError, match=r"^metadata\.name: .* is not a pool name"):
+        load_pool({**pool({"name": "default"}), "metadata": {"name": name}})
+
+
 def test_a_missing_example_names_the_copy_the_package_ships(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -273,6 +273,12 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     if len(name) > MAX_POOL_NAME:
         raise PoolSpecError(f"metadata.name: at most {MAX_POOL_NAME} characters, got "
                             f"{len(name)}{_setting_named('metadata.name')}")
+    if not POOL_NAME_PATTERN.fullmatch(name):  # it names the Deployments and owns schedules
+        raise PoolSpecError(f"metadata.name: {name!r:.80} is not a pool name (lower-case "
+                            "letters, digits, '-' and '.', each part starting and ending with "
+                            "a letter or digit: it names the pool's Deployments, and its "
+                            "schedules' owner is <namespace>/<name>)"
+                            f"{_setting_named('metadata.name')}")
     namespace = _namespace(metadata.get("namespace"))
     spec = document["spec"]
     worker = spec.get("worker") or {}
@@ -313,6 +319,10 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
     )
 
+
+POOL_NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+"""A Kubernetes object name (an RFC 1123 subdomain), as the API server takes a
+JobWorkerPool's."""
 
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 """A Kubernetes namespace name (an RFC 1123 label)."""
