@@ -9,7 +9,7 @@ import pytest
 import requests
 from helm_binary import CHART
 
-from jobpool.core.crd import CRD_NAME
+from jobpool.core.crd import CRD_NAME, GROUP, PLURAL
 
 from .conftest import Operator, Tools, crd_established, restricted_namespace
 from .helpers import OPERATOR_NAMESPACE, RELEASE, deployments, eventually, example_pool, pools_path
@@ -27,8 +27,10 @@ def answer(url: str) -> tuple[int, str]:
     return found.status_code, found.text
 
 
-def names_crd(text: str) -> bool:
-    return "jobworkerpools" in text.lower() or "jobs.mdm.io" in text
+def naming_the_crd(url: str) -> tuple[int, str] | None:
+    """The answer at `url` once it names the CRD (the first may say only "starting")."""
+    status, text = answer(url)
+    return (status, text) if PLURAL in text.lower() or GROUP in text else None
 
 
 def test_an_operator_started_before_its_crd_serves_pools_once_it_is_established(
@@ -42,9 +44,8 @@ def test_an_operator_started_before_its_crd_serves_pools_once_it_is_established(
     try:
         eventually(lambda: answer(operator.health)[0] == 200, "the liveness endpoint",
                    logs=operator)
-        # its first answers may say only that it is starting; then it names the missing CRD
-        status, text = eventually(lambda: (lambda a: a if names_crd(a[1]) else None)(
-            answer(readyz)), "/readyz naming the missing CRD", logs=operator)
+        status, text = eventually(lambda: naming_the_crd(readyz),
+                                  "/readyz naming the missing CRD", logs=operator)
         assert status == 503, text
 
         release.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
