@@ -1,0 +1,130 @@
+"""Where the server's time goes in one batch `done` (`complete_jobs`), per job.
+
+    python3 bench/done_cost.py --batch 100 --running 132 --rounds 30   # with jobpool installed
+
+On a throw-away migrated database of the benchmark server (`common.server_dsn`: a private
+cluster with PostgreSQL's defaults unless JOBPOOL_BENCH_DSN is set), each round claims
+`--running` jobs for one worker (as a worker holds its slots plus its prefetch), runs
+`complete_jobs` for the first `--batch` of them under EXPLAIN (ANALYZE, BUFFERS) in a
+transaction that is rolled back, and marks the claimed jobs done by hand before the next
+round, so every round starts from the same running set. Prints, per job and as medians over
+the rounds after the first five (with their range), the execution time of the statement and
+of its parts: the locking read of the jobs, the UPDATE to `done` (without that read, which
+runs inside it), the audit INSERT; and the shared buffers each touched. EXPLAIN's own timing
+adds to every figure, so compare the parts with each other, not with a drain's rate.
+`--drop-index` drops indexes first, to tell what each one costs the `done`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobpool.db.migrate import migrate
+from jobpool.db.queries import Many
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchdb import bench_database
+
+CLAIM_BY_HAND = """
+UPDATE mdm.aa_job SET status = 'running', claimed_by = 'bench', claimed_at = now(),
+       attempts = attempts + 1
+ WHERE id IN (SELECT id FROM mdm.aa_job WHERE status = 'pending' ORDER BY id LIMIT %(n)s)
+RETURNING id"""
+FINISH_BY_HAND = """
+UPDATE mdm.aa_job SET status = 'done', completed_at = now()
+ WHERE status = 'running' AND claimed_by = 'bench'"""
+PARTS = {"lock": "LockRows", "update": "Update", "audit": "Insert"}
+"""Each part's plan node: its `Node Type`, or for a ModifyTable its `Operation`."""
+
+
+async def migrated(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await migrate(conn)
+
+
+def find_node(plan: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The first node of `plan` (depth first) whose `Node Type` or `Operation` is `kind`."""
+    if kind in (plan["Node Type"], plan.get("Operation")):
+        return plan
+    for child in plan.get("Plans", ()):
+        if (found := find_node(child, kind)) is not None:
+            return found
+    return None
+
+
+def node_time(plan: dict[str, Any], kind: str) -> tuple[float, int]:
+    """(total ms, shared buffers hit or read) of the first `kind` node of `plan`; raises
+    ValueError naming `kind` when the plan has none (a changed `complete_jobs`)."""
+    node = find_node(plan, kind)
+    if node is None:
+        raise ValueError(f"the plan of complete_jobs has no {kind} node")
+    return node["Actual Total Time"], (node.get("Shared Hit Blocks", 0)
+                                       + node.get("Shared Read Blocks", 0))
+
+
+def one_round(conn: psycopg.Connection[Any], batch: int,
+              running: int) -> dict[str, tuple[float, int]]:
+    """Claim `running` jobs, EXPLAIN ANALYZE the `done` of `batch` of them (rolled back)."""
+    ids = sorted(row[0] for row in conn.execute(CLAIM_BY_HAND, {"n": running}).fetchall())
+    params = {"ids": ids[:batch], "attempts": [1] * batch, "results": [None] * batch,
+              "worker_id": "bench", "actor": "bench"}
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                           + Many("complete_jobs").text, params).fetchone()
+    conn.execute(FINISH_BY_HAND)
+    assert row is not None
+    top = row[0][0]
+    parts = {name: node_time(top["Plan"], kind) for name, kind in PARTS.items()}
+    (lock, lock_buffers), (update, update_buffers) = parts["lock"], parts["update"]
+    parts["update"] = (update - lock, update_buffers - lock_buffers)  # the lock runs inside it
+    return {"statement": (top["Execution Time"], sum(b for _, b in parts.values())), **parts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=100, help="jobs per `done` (default 100)")
+    ap.add_argument("--running", type=int, default=132,
+                    help="jobs the worker holds running when it sends the `done` (default 132)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--jobs", type=int, default=200_000, help="pending jobs in the table")
+    ap.add_argument("--drop-index", action="append", default=[], metavar="NAME",
+                    help="drop this index of mdm (say ix_aa_job_done) first, to see its cost")
+    args = ap.parse_args()
+    if not 0 < args.batch <= args.running or args.rounds <= 5:
+        ap.error("need 0 < --batch <= --running and --rounds > 5")
+    if args.jobs < args.running * args.rounds:
+        ap.error(f"--jobs {args.jobs} is fewer than --running x --rounds "
+                 f"({args.running * args.rounds}): each round claims jobs of its own")
+    with bench_database() as dsn:
+        asyncio.run(migrated(dsn))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            tenant = conn.execute(
+                "INSERT INTO mdm.aa_tenant (key) VALUES ('bench') RETURNING id").fetchone()
+            assert tenant is not None
+            conn.execute("INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts) "
+                         "SELECT %s, 'reindex', 5 FROM generate_series(1, %s)",
+                         (tenant[0], args.jobs))
+            for index in args.drop_index:
+                conn.execute(sql.SQL("DROP INDEX mdm.{}").format(sql.Identifier(index)))
+            conn.execute("VACUUM ANALYZE mdm.aa_job")
+            rounds = [one_round(conn, args.batch, args.running) for _ in range(args.rounds)][5:]
+    dropped = f", without {', '.join(args.drop_index)}" if args.drop_index else ""
+    print(f"complete_jobs, {args.batch} jobs per done, {args.running} running{dropped}, "
+          f"{len(rounds)} rounds: µs per job, median (range), and buffers per job")
+    for part in ("statement", *PARTS):
+        times = [r[part][0] * 1000 / args.batch for r in rounds]
+        buffers = statistics.median(r[part][1] for r in rounds) / args.batch
+        print(f"  {part:<10} {statistics.median(times):6.1f} ({min(times):.1f}-{max(times):.1f})"
+              f"  {buffers:5.1f}")
+
+
+if __name__ == "__main__":
+    main()
