@@ -1,4 +1,4 @@
-"""The batch-done cost benchmark's reading of an EXPLAIN plan (bench/done_cost.py)."""
+"""The claim-round cost benchmark's reading of an EXPLAIN plan (bench/round_cost.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import pytest
-from done_cost import node_time
+from round_cost import node_time
 
 PLAN = {"Node Type": "CTE Scan", "Actual Total Time": 1.6, "Plans": [
     {"Node Type": "LockRows", "Actual Total Time": 0.3, "Shared Hit Blocks": 111, "Plans": []},

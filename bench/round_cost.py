@@ -1,18 +1,22 @@
-"""Where the server's time goes in one batch `done` (`complete_jobs`), per job.
+"""Where the server's time goes in one claim round: the claim (`claim_jobs`) and the batch
+`done` (`complete_jobs`), per job.
 
-    python3 bench/done_cost.py --batch 100 --running 132 --rounds 30   # with jobpool installed
+    python3 bench/round_cost.py --batch 100 --running 132 --rounds 30   # with jobpool installed
 
 On a throw-away migrated database of the benchmark server (`common.server_dsn`: a private
-cluster with PostgreSQL's defaults unless JOBPOOL_BENCH_DSN is set), each round claims
-`--running` jobs for one worker (as a worker holds its slots plus its prefetch), runs
-`complete_jobs` for the first `--batch` of them under EXPLAIN (ANALYZE, BUFFERS) in a
-transaction that is rolled back, and marks the claimed jobs done by hand before the next
-round, so every round starts from the same running set. Prints, per job and as medians over
-the rounds after the first five (with their range), the execution time of the statement and
-of its parts: the locking read of the jobs, the UPDATE to `done` (without that read, which
-runs inside it), the audit INSERT; and the shared buffers each touched. EXPLAIN's own timing
-adds to every figure, so compare the parts with each other, not with a drain's rate.
-`--drop-index` drops indexes first, to tell what each one costs the `done`.
+cluster with PostgreSQL's defaults unless JOBPOOL_BENCH_DSN is set), one tenant and one kind,
+on a connection with the claim connection's settings (`claim_session`: no JIT, index scans),
+each round claims `--running` jobs for one worker with `claim_jobs` under EXPLAIN (ANALYZE,
+BUFFERS) (as a worker holds its slots plus its prefetch), runs `complete_jobs` for the first
+`--batch` of them the same way in a transaction that is rolled back, and marks the claimed
+jobs done by hand before the next round, so every round starts alike. Prints, per job and as
+medians over the rounds after the first five (with their range), the execution time and the
+shared buffers of each statement and of its parts: the claim's update of the jobs to
+`running`; the `done`'s locking read of the jobs, its UPDATE to `done`
+(without that read, which runs inside it) and its audit INSERT. EXPLAIN times every node,
+and plans each statement for its parameters where the worker runs one generic plan, so
+compare the parts with each other, not with a drain's rate. `--drop-index` drops indexes
+first, to tell what each one costs.
 """
 
 from __future__ import annotations
@@ -28,20 +32,16 @@ import psycopg
 from psycopg import sql
 
 from jobpool.db.migrate import migrate
-from jobpool.db.queries import Many
+from jobpool.db.queries import Many, One
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
 
-CLAIM_BY_HAND = """
-UPDATE mdm.aa_job SET status = 'running', claimed_by = 'bench', claimed_at = now(),
-       attempts = attempts + 1
- WHERE id IN (SELECT id FROM mdm.aa_job WHERE status = 'pending' ORDER BY id LIMIT %(n)s)
-RETURNING id"""
+EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
 FINISH_BY_HAND = """
 UPDATE mdm.aa_job SET status = 'done', completed_at = now()
  WHERE status = 'running' AND claimed_by = 'bench'"""
-PARTS = {"lock": "LockRows", "update": "Update", "audit": "Insert"}
+DONE_PARTS = {"lock": "LockRows", "update": "Update", "audit": "Insert"}
 """Each part's plan node: its `Node Type`, or for a ModifyTable its `Operation`."""
 
 
@@ -62,30 +62,45 @@ def find_node(plan: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def node_time(plan: dict[str, Any], kind: str) -> tuple[float, int]:
     """(total ms, shared buffers hit or read) of the first `kind` node of `plan`; raises
-    ValueError naming `kind` when the plan has none (a changed `complete_jobs`)."""
+    ValueError naming `kind` when the plan has none (a statement whose shape changed)."""
     node = find_node(plan, kind)
     if node is None:
-        raise ValueError(f"the plan of complete_jobs has no {kind} node")
+        raise ValueError(f"the plan has no {kind} node")
     return node["Actual Total Time"], (node.get("Shared Hit Blocks", 0)
                                        + node.get("Shared Read Blocks", 0))
 
 
+def explained(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Any:
+    """EXPLAIN ANALYZE `query` (which runs it): its plan, as EXPLAIN's JSON gives it."""
+    row = conn.execute(EXPLAIN + query, params).fetchone()
+    assert row is not None
+    return row[0][0]
+
+
 def one_round(conn: psycopg.Connection[Any], batch: int,
               running: int) -> dict[str, tuple[float, int]]:
-    """Claim `running` jobs, EXPLAIN ANALYZE the `done` of `batch` of them (rolled back)."""
-    ids = sorted(row[0] for row in conn.execute(CLAIM_BY_HAND, {"n": running}).fetchall())
+    """Claim `running` jobs, then the `done` of `batch` of them (rolled back), both under
+    EXPLAIN ANALYZE; the figures of both, in ms and buffers for the whole batch."""
+    claim = explained(conn, Many("claim_jobs").text, {
+        "kinds": ["reindex"], "tenants": None, "limit": running, "worker_id": "bench",
+        "capped": [], "caps": [], "lease": 60.0})
+    ids = [row[0] for row in conn.execute(
+        "SELECT id FROM mdm.aa_job WHERE status = 'running' AND claimed_by = 'bench' "
+        "ORDER BY id").fetchall()]
+    if len(ids) != running:
+        raise RuntimeError(f"the claim took {len(ids)} jobs, not {running}")
     params = {"ids": ids[:batch], "attempts": [1] * batch, "results": [None] * batch,
               "worker_id": "bench", "actor": "bench"}
     with conn.transaction(force_rollback=True):
-        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                           + Many("complete_jobs").text, params).fetchone()
+        done = explained(conn, Many("complete_jobs").text, params)
     conn.execute(FINISH_BY_HAND)
-    assert row is not None
-    top = row[0][0]
-    parts = {name: node_time(top["Plan"], kind) for name, kind in PARTS.items()}
-    (lock, lock_buffers), (update, update_buffers) = parts["lock"], parts["update"]
-    parts["update"] = (update - lock, update_buffers - lock_buffers)  # the lock runs inside it
-    return {"statement": (top["Execution Time"], sum(b for _, b in parts.values())), **parts}
+    parts = {f"done {name}": node_time(done["Plan"], kind) for name, kind in DONE_PARTS.items()}
+    (lock, lock_buffers), (update, update_buffers) = parts["done lock"], parts["done update"]
+    parts["done update"] = (update - lock, update_buffers - lock_buffers)  # the lock is inside
+    claimed = node_time(claim["Plan"], "Update")
+    return {"claim": (claim["Execution Time"], claim["Plan"].get("Shared Hit Blocks", 0)),
+            "claim update": claimed,
+            "done": (done["Execution Time"], sum(b for _, b in parts.values())), **parts}
 
 
 def main() -> None:
@@ -106,6 +121,7 @@ def main() -> None:
     with bench_database() as dsn:
         asyncio.run(migrated(dsn))
         with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(One("claim_session").text)
             tenant = conn.execute(
                 "INSERT INTO mdm.aa_tenant (key) VALUES ('bench') RETURNING id").fetchone()
             assert tenant is not None
@@ -117,14 +133,14 @@ def main() -> None:
             conn.execute("VACUUM ANALYZE mdm.aa_job")
             rounds = [one_round(conn, args.batch, args.running) for _ in range(args.rounds)][5:]
     dropped = f", without {', '.join(args.drop_index)}" if args.drop_index else ""
-    print(f"complete_jobs, {args.batch} jobs per done, {args.running} running{dropped}, "
+    print(f"a claim of {args.running} jobs and the done of {args.batch} of them{dropped}, "
           f"{len(rounds)} rounds: µs per job, median (range), and buffers per job")
-    for part in ("statement", *PARTS):
-        times = [r[part][0] * 1000 / args.batch for r in rounds]
-        buffers = statistics.median(r[part][1] for r in rounds) / args.batch
-        print(f"  {part:<10} {statistics.median(times):6.1f} ({min(times):.1f}-{max(times):.1f})"
+    for part in rounds[0]:
+        jobs = args.running if part.startswith("claim") else args.batch
+        times = [r[part][0] * 1000 / jobs for r in rounds]
+        buffers = statistics.median(r[part][1] for r in rounds) / jobs
+        print(f"  {part:<12} {statistics.median(times):6.1f} ({min(times):.1f}-{max(times):.1f})"
               f"  {buffers:5.1f}")
-
 
 if __name__ == "__main__":
     main()
