@@ -33,6 +33,7 @@ from psycopg import sql
 
 from jobpool.db.migrate import migrate
 from jobpool.db.queries import Many, One
+from jobpool.db.store import claim_caps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
@@ -66,8 +67,12 @@ def node_time(plan: dict[str, Any], kind: str) -> tuple[float, int]:
     node = find_node(plan, kind)
     if node is None:
         raise ValueError(f"the plan has no {kind} node")
-    return node["Actual Total Time"], (node.get("Shared Hit Blocks", 0)
-                                       + node.get("Shared Read Blocks", 0))
+    return node["Actual Total Time"], buffers(node)
+
+
+def buffers(node: dict[str, Any]) -> int:
+    """The shared buffers a plan node hit or read (its children's included)."""
+    return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
 def explained(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Any:
@@ -83,7 +88,7 @@ def one_round(conn: psycopg.Connection[Any], batch: int,
     EXPLAIN ANALYZE; the figures of both, in ms and buffers for the whole batch."""
     claim = explained(conn, Many("claim_jobs").text, {
         "kinds": ["reindex"], "tenants": None, "limit": running, "worker_id": "bench",
-        "capped": [], "caps": [], "lease": 60.0})
+        **claim_caps({}), "lease": 60.0})
     ids = [row[0] for row in conn.execute(
         "SELECT id FROM mdm.aa_job WHERE status = 'running' AND claimed_by = 'bench' "
         "ORDER BY id").fetchall()]
@@ -98,7 +103,7 @@ def one_round(conn: psycopg.Connection[Any], batch: int,
     (lock, lock_buffers), (update, update_buffers) = parts["done lock"], parts["done update"]
     parts["done update"] = (update - lock, update_buffers - lock_buffers)  # the lock is inside
     claimed = node_time(claim["Plan"], "Update")
-    return {"claim": (claim["Execution Time"], claim["Plan"].get("Shared Hit Blocks", 0)),
+    return {"claim": (claim["Execution Time"], buffers(claim["Plan"])),
             "claim update": claimed,
             "done": (done["Execution Time"], sum(b for _, b in parts.values())), **parts}
 
