@@ -2,9 +2,12 @@
 
     python3 bench/paired_drain.py before=/path/to/old/checkout after=. --slots 32 --jobs 20000
     python3 bench/paired_drain.py now=. --slots 32 --extra "--prefetch 0"
+    python3 bench/paired_drain.py before=/path/to/old after=. --kind bench_write --jobs 10000
 
 Each `name=checkout` is a jobpool checkout (its `operator/` goes first on the worker's
-PYTHONPATH). Every round drains a fresh database of `--jobs` no-op jobs with one `jobpool run
+PYTHONPATH). Every round drains a fresh database of `--jobs` jobs of `--kind` (`bench_noop`,
+or `bench_write`, whose handler inserts one row in the job's transaction; the round fails
+unless every job's row is there) with one `jobpool run
 --until-empty --slots N` per version, in the order given, so a change of load hits every
 version alike; prints each drain's wall time, rate (start-up included), the worker's CPU per
 job (user + system, start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job
@@ -33,7 +36,7 @@ def main() -> int:
         server_cpu,
         transactions,
     )
-    from scenarios import fresh, template
+    from scenarios import count_rows, fresh, template
     from systems import SYSTEMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,6 +45,7 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--extra", default="", help="more `jobpool run` flags, one string")
+    parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
     args = parser.parse_args()
     versions = []
     for text in args.versions:
@@ -58,8 +62,11 @@ def main() -> int:
             for name, checkout in versions:
                 database, dsn = fresh(system, tpl, "paired")
                 try:
-                    asyncio.run(system.enqueue(dsn, "bench_noop", [{}] * args.jobs, 5000))
-                    argv = system.worker(dsn, "drain", args.slots) + args.extra.split()
+                    payloads = ([{"n": n} for n in range(args.jobs)]
+                                if args.kind == "bench_write" else [{}] * args.jobs)
+                    asyncio.run(system.enqueue(dsn, args.kind, payloads, 5000))
+                    argv = system.worker(dsn, "drain", args.slots,
+                                         args.kind) + args.extra.split()
                     env = child_env()
                     env["PYTHONPATH"] = os.pathsep.join((os.path.join(checkout, "operator"),
                                                          bench))
@@ -70,6 +77,11 @@ def main() -> int:
                     server_us = ((after - server) / args.jobs * 1e6
                                  if after is not None and server is not None else float("nan"))
                     per_job = (transactions(database) - xacts) / args.jobs
+                    if args.kind == "bench_write":
+                        written = count_rows(dsn, "SELECT count(*) FROM bench_writes")
+                        if written != args.jobs:
+                            raise RuntimeError(f"{name}: {written} rows written for "
+                                               f"{args.jobs} jobs")
                 finally:
                     drop_database(database)
                 figures.setdefault(name, []).append(

@@ -75,9 +75,9 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     worker_cpu = total_cpu - idle_cpu
     server = (total_server - idle_server
               if total_server is not None and idle_server is not None else None)
-    left = _count(dsn, system.unfinished_sql)
-    written = _count(dsn, "SELECT count(*) FROM bench_writes")
-    finished = _count(dsn, system.done_sql) if system.done_sql else None
+    left = count_rows(dsn, system.unfinished_sql)
+    written = count_rows(dsn, "SELECT count(*) FROM bench_writes")
+    finished = count_rows(dsn, system.done_sql) if system.done_sql else None
     sync = _setting(dsn, "synchronous_commit")
     drop_database(name)
     if durability() not in (None, sync):
@@ -114,7 +114,7 @@ def _run_workers(argvs: list[list[str]]) -> tuple[float, float, float | None]:
     return seconds, children_cpu() - cpu_before, server
 
 
-def _count(dsn: str, query: str) -> int:
+def count_rows(dsn: str, query: str) -> int:
     """The count a `SELECT count(*) ...` query returns on `dsn`."""
     import psycopg
 

@@ -1,0 +1,199 @@
+"""What the session reset after a writing job costs, and what the ways of saving its
+transaction would cost instead, per job.
+
+    python3 bench/reset_cost.py --jobs 3000 --rounds 5   # with jobpool installed
+
+A job whose handler wrote ends with one query, its COMMIT followed by the session reset
+(`jobpool.db.connect.COMMIT_AND_RESET`): the reset's statements run after the COMMIT, so
+they are a transaction of their own, the second of every writing job in `pg_stat_database`.
+On a throw-away database of the benchmark server (`common.server_dsn`: a private cluster
+with PostgreSQL's defaults unless JOBPOOL_BENCH_DSN is set), one connection runs `--jobs`
+job-shaped transactions per variant (the handler's INSERT sent with the BEGIN in one round
+trip, as a worker's slot connection sends it; an UPDATE of one row by key standing in for
+the `done`; then the variant's end), the variants alternating, `--rounds` times:
+
+- `after-commit`: what a worker sends (COMMIT, then the reset, one query);
+- `before-commit`: the same statements with the reset before the COMMIT, one transaction
+  per job. Not a way a worker may take (the handler's settings, role and session advisory
+  locks must last until its writes are committed); it prices the reset's transaction alone;
+- `carried`: what a worker sends since the reset is carried: the reset in the next job's
+  BEGIN (one simple query: `BEGIN ... READ WRITE` and the reset), the handler's INSERT in a
+  round trip of its own, the prepared-statement check and `UNLISTEN *` before the COMMIT
+  (`jobpool.db.connect.end_job_transaction`);
+- `carried-pipeline`: the same reset sent in the pipeline of the BEGIN and the INSERT, one
+  statement at a time (a pipeline takes no multi-statement query);
+- `carried-do`: the same, the reset as one DO block.
+
+Prints, per job, medians over the rounds (with their range): the client's CPU (this
+process), the server backend's CPU (from /proc, NaN for a server of another host), wall
+time and SQL transactions (`pg_stat_database`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from jobpool.db.connect import CARRIED_RESET, CHECK_AND_COMMIT, COMMIT_AND_RESET, split_reset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchdb import bench_database
+
+BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+"""A worker's job transaction starts so (`jobpool.db.store.OWN_ISOLATION`)."""
+CARRIED_BEGIN = BEGIN + " READ WRITE"
+"""A carried reset's BEGIN: a handler's `SET default_transaction_read_only` would otherwise
+make the next job's transaction read-only before the reset undoes it."""
+INSERT = "INSERT INTO bench_reset_rows (n) VALUES (%s)"
+DONE = "UPDATE bench_reset_done SET n = n + 1 WHERE id = %s"
+DONE_ROWS = 10_000
+
+
+def do_block(undo: list[str]) -> str:
+    """`undo` as one DO block (PL/pgSQL runs CLOSE and a SELECT only through EXECUTE and
+    PERFORM)."""
+    body = []
+    for statement in undo:
+        if statement.upper().startswith("SELECT "):
+            body.append("PERFORM " + statement[len("SELECT "):] + ";")
+        elif statement.upper().startswith("CLOSE "):
+            body.append(f"EXECUTE '{statement}';")
+        else:
+            body.append(statement + ";")
+    return "DO $reset$BEGIN " + " ".join(body) + " END$reset$"
+
+
+def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connection[Any], int],
+                                                                None]]:
+    """Each variant's job, as a function of the connection and the job's number."""
+    carried_simple = CARRIED_BEGIN + ";\n" + CARRIED_RESET.decode()
+    check_and_commit = CHECK_AND_COMMIT
+    do = do_block(undo)
+
+    def drain(cur: psycopg.Cursor[Any]) -> None:
+        while cur.nextset():
+            pass
+
+    def begin_with_insert(conn: psycopg.Connection[Any], i: int, reset: list[str],
+                          begin: str = BEGIN) -> None:
+        with conn.pipeline():
+            conn.execute(begin)
+            for statement in reset:
+                conn.execute(statement, prepare=False)
+            conn.execute(INSERT, (i,))
+
+    def after_commit(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [])
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(COMMIT_AND_RESET, prepare=False))
+
+    def before_commit(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [])
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(";\n".join([*undo, check, "COMMIT"]), prepare=False))
+
+    def carried(conn: psycopg.Connection[Any], i: int) -> None:
+        drain(conn.execute(carried_simple, prepare=False))
+        conn.execute(INSERT, (i,))
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(check_and_commit, prepare=False))
+
+    def carried_pipeline(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, undo, CARRIED_BEGIN)
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(check_and_commit, prepare=False))
+
+    def carried_do(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [do], CARRIED_BEGIN)
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(check_and_commit, prepare=False))
+
+    return {"after-commit": after_commit, "before-commit": before_commit, "carried": carried,
+            "carried-pipeline": carried_pipeline, "carried-do": carried_do}
+
+
+def backend_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) of server process `pid`; NaN if /proc does not show it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def transactions(conn: psycopg.Connection[Any]) -> int:
+    """The database's committed and rolled-back transactions so far, this session's pending
+    counts flushed first (`pg_stat_force_next_flush`, PostgreSQL 15 and later)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                       "WHERE datname = current_database()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def measure(conn: psycopg.Connection[Any], job: Callable[[psycopg.Connection[Any], int], None],
+            jobs: int) -> tuple[float, float, float, float]:
+    """(client CPU, server CPU, wall, transactions) per job of `jobs` runs of `job`, µs."""
+    pid = conn.info.backend_pid
+    before = transactions(conn)
+    client, server, wall = time.process_time(), backend_cpu(pid), time.perf_counter()
+    for i in range(jobs):
+        job(conn, i)
+    client = time.process_time() - client
+    server = backend_cpu(pid) - server
+    wall = time.perf_counter() - wall
+    # the three statements of `transactions` above ran in transactions of their own
+    xacts = transactions(conn) - before - 3
+    return client / jobs * 1e6, server / jobs * 1e6, wall / jobs * 1e6, xacts / jobs
+
+
+def spread(values: list[float], digits: int = 0) -> str:
+    return (f"{statistics.median(values):,.{digits}f} "
+            f"({min(values):,.{digits}f}-{max(values):,.{digits}f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=3000, help="jobs per variant and round")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if args.jobs < 100 or args.rounds < 3:
+        ap.error("need --jobs >= 100 and --rounds >= 3 (medians of at least 3)")
+    undo, check = split_reset()
+    jobs = variants(undo, check)
+    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in jobs}
+    with bench_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_reset_rows (id bigserial PRIMARY KEY, n int)")
+        conn.execute("CREATE TABLE bench_reset_done (id int PRIMARY KEY, n int)")
+        conn.execute("INSERT INTO bench_reset_done SELECT g, 0 FROM generate_series(0, %s) g",
+                     (DONE_ROWS - 1,))
+        conn.set_autocommit(False)
+        conn.commit()
+        for job in jobs.values():  # warm-up: plans, caches
+            job(conn, 0)
+        conn.set_autocommit(True)
+        for _ in range(args.rounds):
+            for name, job in jobs.items():
+                figures[name].append(measure(conn, job, args.jobs))
+    print(f"{args.jobs} writing jobs per variant and round, {args.rounds} rounds, one "
+          "connection: per job, median (range)")
+    print(f"  {'variant':<17} {'client CPU µs':<20} {'server CPU µs':<20} {'wall µs':<22} "
+          "transactions")
+    for name, rows in figures.items():
+        print(f"  {name:<17} {spread([r[0] for r in rows]):<20} "
+              f"{spread([r[1] for r in rows]):<20} {spread([r[2] for r in rows]):<22} "
+              f"{spread([r[3] for r in rows], 2)}")
+
+
+if __name__ == "__main__":
+    main()
