@@ -346,15 +346,28 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
         await conn.commit()
         await reset_session(conn)
         return
+    await _finish_reset(conn, await _end_transaction(conn, COMMIT_AND_RESET, last=True))
+
+
+async def _end_transaction(conn: AsyncConnection[Any], query: str, *,
+                           last: bool) -> dict[str, Any]:
+    """Run `query`, the statements that end a job's transaction (simple protocol); the row of
+    its `last` statement, else of its first ({} when it has none). Raises the psycopg.Error
+    of the statement that failed, after resetting the connection on its own
+    (`reset_session`); closes a connection interrupted meanwhile (whether it committed is
+    unknown: not fit for reuse)."""
     try:
-        left = await last_row(await conn.execute(COMMIT_AND_RESET, prepare=False))
+        cur = await conn.execute(query, prepare=False)
+        if last:
+            return await last_row(cur)
+        row = await cur.fetchone()
+        return dict(row) if row is not None else {}
     except psycopg.Error:
         await reset_session(conn)
         raise
     except BaseException:
-        await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
+        await conn.close()
         raise
-    await _finish_reset(conn, left)
 
 
 def split_reset() -> tuple[list[str], str]:
@@ -399,17 +412,9 @@ async def end_job_transaction(conn: AsyncConnection[Any]) -> None:
             or conn.info.transaction_status != TransactionStatus.INTRANS):
         await commit_and_reset(conn)
         return
-    try:
-        cur = await conn.execute(CHECK_AND_COMMIT, prepare=False)
-        row = await cur.fetchone()
-    except psycopg.Error:
-        await reset_session(conn)
-        raise
-    except BaseException:
-        await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
-        raise
+    left = await _end_transaction(conn, CHECK_AND_COMMIT, last=False)
     conn.reset_due = True
-    await _finish_reset(conn, dict(row) if row is not None else {})
+    await _finish_reset(conn, left)
 
 
 PRISTINE_PREPARED_MAX = 100
