@@ -16,10 +16,9 @@ the `done`; then the variant's end), the variants alternating, `--rounds` times:
 - `before-commit`: the same statements with the reset before the COMMIT, one transaction
   per job. Not a way a worker may take (the handler's settings, role and session advisory
   locks must last until its writes are committed); it prices the reset's transaction alone;
-- `carried`: what a worker sends since the reset is carried: the reset in the next job's
-  BEGIN (one simple query: `BEGIN ... READ WRITE` and the reset), the handler's INSERT in a
-  round trip of its own, the prepared-statement check and `UNLISTEN *` before the COMMIT
-  (`jobpool.db.connect.end_job_transaction`);
+- `carried`: the reset carried into the next job's BEGIN (one simple query: `BEGIN ... READ
+  WRITE` and the reset), the handler's INSERT in a round trip of its own, the
+  prepared-statement check and `UNLISTEN *` before the COMMIT;
 - `carried-pipeline`: the same reset sent in the pipeline of the BEGIN and the INSERT, one
   statement at a time (a pipeline takes no multi-statement query);
 - `carried-do`: the same, the reset as one DO block.
@@ -42,7 +41,7 @@ from typing import Any
 
 import psycopg
 
-from jobpool.db.connect import CARRIED_RESET, CHECK_AND_COMMIT, COMMIT_AND_RESET, split_reset
+from jobpool.db.connect import COMMIT_AND_RESET, RESET_SESSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
@@ -55,6 +54,18 @@ make the next job's transaction read-only before the reset undoes it."""
 INSERT = "INSERT INTO bench_reset_rows (n) VALUES (%s)"
 DONE = "UPDATE bench_reset_done SET n = n + 1 WHERE id = %s"
 DONE_ROWS = 10_000
+
+
+def split_reset() -> tuple[list[str], str]:
+    """The worker's session reset (`reset_session`) split into its statements: those that
+    undo what a handler left, and the last, which reads what is left of the prepared
+    statements. Raises ValueError when the last statement no longer reads them."""
+    statements = [s.strip().rstrip(";") for s in RESET_SESSION.text.split(";\n") if s.strip()]
+    *undo, check = statements
+    if "pg_prepared_statements" not in check:
+        raise ValueError("the session reset's last statement no longer reads "
+                         "pg_prepared_statements")
+    return undo, check
 
 
 def do_block(undo: list[str]) -> str:
@@ -74,8 +85,8 @@ def do_block(undo: list[str]) -> str:
 def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connection[Any], int],
                                                                 None]]:
     """Each variant's job, as a function of the connection and the job's number."""
-    carried_simple = CARRIED_BEGIN + ";\n" + CARRIED_RESET.decode()
-    check_and_commit = CHECK_AND_COMMIT
+    carried_simple = ";\n".join([CARRIED_BEGIN, *undo])
+    check_and_commit = check + ";\nUNLISTEN *;\nCOMMIT"
     do = do_block(undo)
 
     def drain(cur: psycopg.Cursor[Any]) -> None:

@@ -278,9 +278,9 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
     if tx.prepared_max != 100 or tx._notice_handlers or tx._notify_handlers:
         raise jobpool.PermanentError("inherited prepared_max or notice/notification handlers")
     cur = await tx.execute(
-        # the job's own transaction's, set by the worker's BEGIN (ISOLATION LEVEL, READ WRITE)
+        # transaction_isolation is the job's own transaction's, set by the worker's BEGIN
         "SELECT array(SELECT name FROM pg_settings WHERE source = 'session'"
-        " AND name NOT IN ('transaction_isolation', 'transaction_read_only')) AS settings,"
+        " AND name <> 'transaction_isolation') AS settings,"
         " array(SELECT pg_listening_channels()) AS channels,"
         " array(SELECT name FROM pg_cursors WHERE name <> '') AS cursors")
     row = await cur.fetchone()

@@ -10,7 +10,6 @@ import pytest
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from integration.helpers import wait_until
 from jobpool.db.connect import JobConnection, open_pool
 from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
@@ -156,115 +155,42 @@ async def test_a_statement_without_parameters_may_hold_several(
     await slots.close()
 
 
-async def database_transactions(dsn: str) -> int:
-    """The test database's transactions so far (`pg_stat_database`), read afresh."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as reader:
-        await reader.execute("SELECT pg_stat_clear_snapshot()")
-        cur = await reader.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                                   "WHERE datname = current_database()")
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_job_does(
+    pool: AsyncConnectionPool[JobConnection], dsn: str,
+) -> None:
+    """The reset runs where the writing job's session ends, not in the next job's transaction:
+    a next job that only takes `tx` (to open a side connection, say) holds none of the last
+    job's session advisory locks, and one that rolls back its own transaction does not get
+    the last job's settings, read-only default or temp tables back."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute("CREATE TABLE written (v int PRIMARY KEY)")
+        await admin.execute("INSERT INTO written VALUES (1)")
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    for statement in ("SET work_mem = '1MB'", "SET default_transaction_read_only = on",
+                      "CREATE TEMP TABLE scratch (v int)", "SELECT pg_advisory_lock(4245)"):
+        await tx.execute(statement)
+    await tx.execute("INSERT INTO written (v) VALUES (%s)", (2,))
+    await tx.commit_and_release()
 
-
-async def advisory_locks_held(dsn: str, key: int) -> int:
+    nothing_sent = JobTransaction(slots)
+    assert nothing_sent.connection() is not None
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as reader:
         cur = await reader.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                   "AND objid = %s AND granted", (key,))
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+                                   "AND objid = 4245 AND granted")
+        assert await cur.fetchone() == (0,)
+    await nothing_sent.release()
 
-
-async def writing_job(slots: SlotConnections, *statements: str) -> JobConnection:
-    """One job whose handler runs `statements` (no parameters) and an INSERT with one, then
-    commits as the worker ends a writing job; its connection."""
-    tx = JobTransaction(slots)
-    for statement in statements:
-        await tx.execute(statement)
-    await tx.execute("INSERT INTO written (v) VALUES (%s)", (1,))
-    conn = tx.taken
-    assert isinstance(conn, JobConnection)
-    await tx.commit_and_release()
-    return conn
-
-
-async def test_a_writing_job_costs_one_transaction_and_the_next_job_inherits_nothing(
-    pool: AsyncConnectionPool[JobConnection], dsn: str,
-) -> None:
-    """The session reset after a writing job's COMMIT goes with the next job's BEGIN: 20 jobs
-    cost about 20 transactions (not 40). What the handler left (settings, a read-only
-    default, a session advisory lock) is gone once the next job has started."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        await admin.execute("CREATE TABLE written (v int)")
-    slots = SlotConnections(1)
-    await slots.fill(pool, timeout=5.0)
-    before = await database_transactions(dsn)
-    for _ in range(20):
-        conn = await writing_job(slots)
-    tx = JobTransaction(slots)
-    await tx.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, at idle
-    await tx.release()
-    spent = await database_transactions(dsn) - before
-    assert 20 <= spent <= 26, spent  # the last job's, the flush's and the readers' own
-
-    conn = await writing_job(slots, "SET work_mem = '1MB'",
-                             "SET default_transaction_read_only = on",
-                             "SELECT pg_advisory_lock(4242)")
-    assert conn.reset_due
-    tx = JobTransaction(slots)
-    cur = await tx.execute("SELECT current_setting('work_mem') AS work_mem, "
-                           "current_setting('transaction_read_only') AS read_only, %s::int AS n",
-                           (1,))
-    assert await cur.fetchone() == {"work_mem": "4MB", "read_only": "off", "n": 1}
-    assert tx.taken is conn and not conn.reset_due
-    assert await advisory_locks_held(dsn, 4242) == 0
-    await tx.execute("INSERT INTO written (v) VALUES (%s)", (2,))  # not read-only
-    await tx.commit_and_release()
-    await slots.close()
-
-
-async def test_a_connection_left_idle_or_returned_is_reset_on_its_own(
-    pool: AsyncConnectionPool[JobConnection], dsn: str,
-) -> None:
-    """A connection no job takes again is reset within about IDLE_RESET_AFTER seconds, so a
-    handler's forgotten session advisory lock does not outlive its job by long; one that goes
-    back to its pool before is closed (the worker's own queries never inherit it)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        await admin.execute("CREATE TABLE written (v int)")
-    slots = SlotConnections(1)
-    await slots.fill(pool, timeout=5.0)
-    conn = await writing_job(slots, "SELECT pg_advisory_lock(4243)")
-    await wait_until(lambda: not conn.reset_due, "the idle connection reset", 10.0)
-    assert await advisory_locks_held(dsn, 4243) == 0
-    assert conn in slots.idle and not conn.closed
-
-    conn = await writing_job(slots, "SELECT pg_advisory_lock(4244)")
-    assert conn.reset_due
-    await slots.close()  # before its idle reset: closed, and so returned to the pool
-    assert conn.closed
-
-    async def released() -> bool:  # once the server has ended the closed session
-        return await advisory_locks_held(dsn, 4244) == 0
-
-    await wait_until(released, "the closed session's advisory lock released", 10.0)
-
-
-async def test_a_job_that_sets_its_transaction_first_gets_the_reset_before_its_begin(
-    pool: AsyncConnectionPool[JobConnection], dsn: str,
-) -> None:
-    """`SET TRANSACTION ISOLATION LEVEL ...` must precede any query of its transaction, and the
-    reset takes a snapshot: after a writing job, the reset runs on its own first."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        await admin.execute("CREATE TABLE written (v int)")
-    slots = SlotConnections(1)
-    await slots.fill(pool, timeout=5.0)
-    conn = await writing_job(slots, "SET work_mem = '1MB'")
-    assert conn.reset_due
-    tx = JobTransaction(slots)
-    await tx.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-    cur = await tx.execute("SELECT current_setting('transaction_isolation') AS isolation, "
-                           "current_setting('work_mem') AS work_mem")
-    assert await cur.fetchone() == {"isolation": "serializable", "work_mem": "4MB"}
-    await tx.commit_and_release()
+    rolled_back = JobTransaction(slots)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await rolled_back.execute("INSERT INTO written (v) VALUES (%s)", (1,))
+    await rolled_back.rollback()
+    cur = await rolled_back.execute(
+        "SELECT current_setting('work_mem') AS work_mem, current_setting('transaction_read_only')"
+        " AS read_only, to_regclass('pg_temp.scratch') IS NULL AS no_scratch, %s::int AS n", (1,))
+    assert await cur.fetchone() == {"work_mem": "4MB", "read_only": "off", "no_scratch": True,
+                                    "n": 1}
+    await rolled_back.execute("INSERT INTO written (v) VALUES (%s)", (3,))
+    await rolled_back.commit_and_release()
     await slots.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,18 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast, overload
 
 import psycopg
-from psycopg import (
-    AsyncConnection,
-    AsyncCursor,
-    AsyncServerCursor,
-    AsyncTransaction,
-    generators,
-    sql,
-)
+from psycopg import AsyncConnection, AsyncCursor, AsyncServerCursor, AsyncTransaction, sql
 from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
@@ -137,11 +129,7 @@ class JobCursor(AsyncCursor[Any]):
     async def execute(self, query: Query, params: Params | None = None, *,
                       prepare: bool | None = None, binary: bool | None = None) -> Self:
         conn, text = self.connection, cast(Any, query)  # psycopg's overloads take either
-        if (isinstance(conn, JobConnection) and conn.reset_due and conn.opens_job_tx()
-                and sets_transaction(text, conn)):
-            await conn.settle_reset()  # the reset takes a snapshot: not before this statement
-        if (params is None or not isinstance(conn, JobConnection) or not conn.opens_job_tx()
-                or conn.reset_due):  # the carried reset goes with the BEGIN (`_start_query`)
+        if params is None or not isinstance(conn, JobConnection) or not conn.opens_job_tx():
             return await super().execute(text, params, prepare=prepare, binary=binary)
         # without parameters psycopg sends the text as it is, which may hold several
         # statements: a pipeline takes one, so those keep their BEGIN apart
@@ -154,27 +142,6 @@ class JobCursor(AsyncCursor[Any]):
         return self
 
 
-FIRST_IN_TRANSACTION = re.compile(
-    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*SET\s+(?:LOCAL\s+|SESSION\s+)?"
-    r"(?:TRANSACTION\b|transaction_(?:isolation|read_only|deferrable)\b)",
-    re.IGNORECASE | re.DOTALL)
-"""A query that begins (after blanks and comments) with a statement PostgreSQL takes only
-before the transaction's first snapshot: `SET TRANSACTION ISOLATION LEVEL ...`, `... READ
-ONLY`, `... SNAPSHOT`, `SET transaction_isolation = ...`."""
-
-
-def sets_transaction(query: Any, conn: AsyncConnection[Any]) -> bool:
-    """Whether `query` (text, bytes or a `psycopg.sql` composition) begins with a statement
-    that must come before any other in its transaction (`FIRST_IN_TRANSACTION`): a reset
-    carried with the BEGIN (`JobConnection.reset_due`) would take the first snapshot before
-    it, and PostgreSQL would refuse it ("must be called before any query")."""
-    if isinstance(query, bytes):
-        query = query.decode(errors="replace")
-    elif isinstance(query, sql.Composable):
-        query = query.as_string(conn)
-    return isinstance(query, str) and FIRST_IN_TRANSACTION.match(query) is not None
-
-
 class JobConnection(AsyncConnection[Any]):
     """A worker's pooled connection.
 
@@ -184,11 +151,7 @@ class JobConnection(AsyncConnection[Any]):
     be batched; a `tx.transaction()` block opened before any statement first starts the
     job's transaction, so it stays a savepoint inside it. The BEGIN goes out in one round
     trip with that first statement (`JobCursor`, a pipeline whose BEGIN waits for no answer
-    of its own); psycopg alone would wait for the BEGIN's answer first. When the previous
-    job on the connection left its session reset to this one (`reset_due`), the BEGIN goes
-    out with that reset instead, in one simple query (`carried_begin`), unless the first
-    statement must be the first of its transaction (`sets_transaction`): then the reset runs
-    on its own before it (`settle_reset`).
+    of its own); psycopg alone would wait for the BEGIN's answer first.
     """
 
     job_scope: bool = False
@@ -199,12 +162,6 @@ class JobConnection(AsyncConnection[Any]):
     sent_statements: bool = False
     """Whether anything was sent since the worker last cleared it: a handler that sent nothing
     cannot have changed the session, so its connection needs no reset (`reset_session`)."""
-    reset_due: bool = False
-    """Set when a job's transaction ended with `end_job_transaction`: what its handler did to
-    the session is undone at the start of the next job's transaction (`carried_begin`), or by
-    `settle_reset` when the connection is not used again soon (`SlotConnections`)."""
-    idle_since: float = 0.0
-    """`time.monotonic()` when the slots last got it back (`SlotConnections.give_back`)."""
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         """`AsyncConnection.cursor`, noting that a statement is about to be sent (every query,
@@ -223,50 +180,10 @@ class JobConnection(AsyncConnection[Any]):
         with that statement. (psycopg syncs so that the next statement of a longer pipeline
         sees the transaction open, which a handler's own pipeline keeps.) A BEGIN that fails
         fails the statement too, at the pipeline's end."""
-        if self.reset_due and self.opens_job_tx():
-            self.reset_due = False
-            yield from self._carried_begin()
-            return
         if self.begin_with_statement and self._pipeline is not None and self.opens_job_tx():
             yield from self._exec_command(self._get_tx_start_command())
             return
         yield from super()._start_query()
-
-    def _carried_begin(self) -> PQGen[None]:
-        """The job's BEGIN, READ WRITE (a handler's `SET default_transaction_read_only` is
-        undone only after it), then the reset the last job left (`CARRIED_RESET`): one
-        simple query, inside the job's transaction, so it costs no transaction of its own.
-        In a handler's own pipeline, which takes one statement at a time, each statement is
-        queued on its own."""
-        begin = self._get_tx_start_command() + b" READ WRITE"
-        if self._pipeline is not None:
-            for statement in (begin, *CARRIED_RESET_STATEMENTS):
-                yield from self._exec_command(statement)
-            yield from self._pipeline._sync_gen()
-            return
-        yield from self._simple_query(begin + b";\n" + CARRIED_RESET)
-
-    def _simple_query(self, query: bytes) -> PQGen[None]:
-        """Send `query` (several statements) in the simple protocol and wait for its end;
-        raises the error of the statement that failed."""
-        self.pgconn.send_query(query)
-        results = yield from generators.execute(self.pgconn)
-        for result in results:
-            if result.status == ExecStatus.FATAL_ERROR:
-                raise psycopg.errors.error_from_result(result, encoding=self.pgconn._encoding)
-
-    async def settle_reset(self) -> None:
-        """Undo now what the last job left in the session (`reset_due`), in a transaction of
-        its own: the connection sat idle, and a handler's session advisory lock or LISTEN
-        must not outlive its job by long. Nothing when no reset is due or a job's
-        transaction is open. Raises psycopg.Error when the reset fails (the caller replaces
-        the connection)."""
-        async with self.lock:
-            if (not self.reset_due or self.closed
-                    or self.pgconn.transaction_status != TransactionStatus.IDLE):
-                return
-            self.reset_due = False
-            await self.wait(self._simple_query(CARRIED_RESET))
 
     @asynccontextmanager
     async def transaction(
@@ -301,8 +218,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     if conn.closed:
         return
     changed = _client_changes(conn)
-    if (not changed and isinstance(conn, JobConnection) and not conn.sent_statements
-            and not conn.reset_due):
+    if not changed and isinstance(conn, JobConnection) and not conn.sent_statements:
         return  # nothing reached the server: the hot path of handlers that write nothing
     if changed:
         await _replace(conn, changed)
@@ -313,8 +229,6 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)  # each statement takes effect at once
         left = await last_row(await conn.execute(RESET_SESSION.text, prepare=False))
         await conn.set_autocommit(False)
-        if isinstance(conn, JobConnection):
-            conn.reset_due = False
     except psycopg.Error as exc:
         await _replace(conn, [_session_failure(exc)])
         return
@@ -346,74 +260,14 @@ async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
         await conn.commit()
         await reset_session(conn)
         return
-    await _finish_reset(conn, await _end_transaction(conn, COMMIT_AND_RESET, last=True))
-
-
-async def _end_transaction(conn: AsyncConnection[Any], query: str, *,
-                           last: bool) -> dict[str, Any]:
-    """Run `query`, the statements that end a job's transaction (simple protocol); the row of
-    its `last` statement, else of its first ({} when it has none). Raises the psycopg.Error
-    of the statement that failed, after resetting the connection on its own
-    (`reset_session`); closes a connection interrupted meanwhile (whether it committed is
-    unknown: not fit for reuse)."""
     try:
-        cur = await conn.execute(query, prepare=False)
-        if last:
-            return await last_row(cur)
-        row = await cur.fetchone()
-        return dict(row) if row is not None else {}
+        left = await last_row(await conn.execute(COMMIT_AND_RESET, prepare=False))
     except psycopg.Error:
         await reset_session(conn)
         raise
     except BaseException:
-        await conn.close()
+        await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
         raise
-
-
-def split_reset() -> tuple[list[str], str]:
-    """`reset_session`'s statements: those that undo what a handler left, and the last, which
-    reads what is left of the prepared statements (`_drop_handler_statements`). Raises
-    ValueError when the last statement no longer reads them."""
-    statements = [s.strip().rstrip(";") for s in RESET_SESSION.text.split(";\n") if s.strip()]
-    *undo, check = statements
-    if "pg_prepared_statements" not in check:
-        raise ValueError("the session reset's last statement no longer reads "
-                         "pg_prepared_statements")
-    return undo, check
-
-
-_UNDO, _CHECK = split_reset()
-CARRIED_RESET_STATEMENTS = tuple(statement.encode() for statement in _UNDO)
-CARRIED_RESET = b";\n".join(CARRIED_RESET_STATEMENTS)
-"""What `reset_session` undoes, without its check of the prepared statements: sent with the
-next job's BEGIN (`JobConnection._carried_begin`) or on its own (`settle_reset`)."""
-CHECK_AND_COMMIT = _CHECK + ";\nUNLISTEN *;\nCOMMIT"
-"""The end of a writing job's transaction that leaves the rest of its session reset to the
-next: the prepared statements read (a handler's SQL PREPAREs dropped after it) and its LISTENs
-ended (nothing done at its COMMIT needs them), then COMMIT, under the handler's own settings
-(`SET LOCAL synchronous_commit`, ...), role and session advisory locks, which are undone only
-after its writes are visible."""
-
-
-async def end_job_transaction(conn: AsyncConnection[Any]) -> None:
-    """COMMIT a job's transaction in one round trip and one transaction, leaving its session
-    reset to the start of the next job's transaction (`JobConnection.reset_due`), which so
-    takes no transaction of its own: a writing job costs the server one transaction, not two.
-
-    Behind a transaction pooler (no prepared statements, `pristine_prepare_threshold` None)
-    the next transaction may run on another server connection, so the reset goes in the
-    COMMIT's query as before (`commit_and_reset`); so does the end of a connection whose
-    psycopg attributes or adapters the handler changed (which is replaced). Raises the
-    psycopg.Error of the statement that failed, before the COMMIT (nothing committed) or the
-    COMMIT's own, after resetting the connection on its own (`reset_session`).
-    """
-    if (not isinstance(conn, JobConnection) or conn.pristine_prepare_threshold is None
-            or _client_changes(conn) or conn.closed
-            or conn.info.transaction_status != TransactionStatus.INTRANS):
-        await commit_and_reset(conn)
-        return
-    left = await _end_transaction(conn, CHECK_AND_COMMIT, last=False)
-    conn.reset_due = True
     await _finish_reset(conn, left)
 
 

@@ -31,7 +31,7 @@ from jobpool.core.ratelimit import Denied
 from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, safe_str
 from jobpool.db.connect import (
     JobConnection,
-    end_job_transaction,
+    commit_and_reset,
     interrupted_by_connection,
     reset_session,
     transaction_conflict,
@@ -265,8 +265,6 @@ class JobExecutor:
             if not self.batch_completions:
                 conn = tx.connection()
                 leave_job_scope(conn)  # the transaction below is the job's
-                if isinstance(conn, JobConnection):
-                    await conn.settle_reset()  # a BEGIN of psycopg's carries no reset
                 committing = False
                 try:
                     async with conn.transaction():
@@ -307,11 +305,10 @@ class JobExecutor:
         return result
 
     async def _commit(self, tx: JobTransaction, job: Job) -> None:
-        """COMMIT the job's transaction in one round trip (`commit_and_release`). When that
-        query fails, its COMMIT may have gone through unseen (a lost connection), or, behind
-        a transaction pooler where the reset follows the COMMIT in its query, before a reset
-        statement failed (a handler's statement_timeout, say): the job's row says which,
-        and only a COMMIT that failed fails the job."""
+        """COMMIT the job's transaction and reset its session, in one round trip
+        (`commit_and_release`). When that query fails, its COMMIT may have gone through
+        before a reset statement failed (a handler's statement_timeout, say): the job's row
+        says which, and only a COMMIT that failed fails the job."""
         try:
             await tx.commit_and_release()
         except psycopg.Error as exc:
@@ -537,11 +534,11 @@ class JobTransaction:
         await self._give_back(reset_session)
 
     async def commit_and_release(self) -> None:
-        """COMMIT the job's transaction, its session's reset left to the next job's BEGIN
-        (`end_job_transaction`), and give the connection back to the slots. Raises the
-        psycopg.Error of the statement that failed (the connection reset and given back all
-        the same)."""
-        await self._give_back(end_job_transaction)
+        """COMMIT the job's transaction, then reset the session in the same round trip
+        (`commit_and_reset`), and give the connection back to the slots. Raises the
+        psycopg.Error of the first statement that failed, the COMMIT or a reset statement
+        after it (the connection reset and given back all the same)."""
+        await self._give_back(commit_and_reset)
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
         if self._conn is not None and self._pool is not None:
