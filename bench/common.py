@@ -238,6 +238,15 @@ def server_cpu() -> float | None:
     return total / ticks
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` so far, from /proc; NaN if it is not
+    visible (gone, or a server on another host)."""
+    fields = _stat(pid)
+    if fields is None:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (fields[0] is stat(5)'s field 3,
     the state; fields[1] the parent's pid), or None if the process is gone."""

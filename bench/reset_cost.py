@@ -31,8 +31,6 @@ time and SQL transactions (`pg_stat_database`).
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +43,8 @@ from jobpool.db.connect import COMMIT_AND_RESET, RESET_SESSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
+from common import process_cpu
+from table import spread
 
 BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 """A worker's job transaction starts so (`jobpool.db.store.OWN_ISOLATION`)."""
@@ -131,16 +131,6 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
             "carried-pipeline": carried_pipeline, "carried-do": carried_do}
 
 
-def backend_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) of server process `pid`; NaN if /proc does not show it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def transactions(conn: psycopg.Connection[Any]) -> int:
     """The database's committed and rolled-back transactions so far, this session's pending
     counts flushed first (`pg_stat_force_next_flush`, PostgreSQL 15 and later)."""
@@ -154,23 +144,19 @@ def transactions(conn: psycopg.Connection[Any]) -> int:
 
 def measure(conn: psycopg.Connection[Any], job: Callable[[psycopg.Connection[Any], int], None],
             jobs: int) -> tuple[float, float, float, float]:
-    """(client CPU, server CPU, wall, transactions) per job of `jobs` runs of `job`, µs."""
+    """Per job of `jobs` runs of `job`: client CPU, server backend CPU and wall time (µs),
+    and SQL transactions."""
     pid = conn.info.backend_pid
     before = transactions(conn)
-    client, server, wall = time.process_time(), backend_cpu(pid), time.perf_counter()
+    client, server, wall = time.process_time(), process_cpu(pid), time.perf_counter()
     for i in range(jobs):
         job(conn, i)
     client = time.process_time() - client
-    server = backend_cpu(pid) - server
+    server = process_cpu(pid) - server
     wall = time.perf_counter() - wall
     # the three statements of `transactions` above ran in transactions of their own
     xacts = transactions(conn) - before - 3
     return client / jobs * 1e6, server / jobs * 1e6, wall / jobs * 1e6, xacts / jobs
-
-
-def spread(values: list[float], digits: int = 0) -> str:
-    return (f"{statistics.median(values):,.{digits}f} "
-            f"({min(values):,.{digits}f}-{max(values):,.{digits}f})")
 
 
 def main() -> None:
@@ -203,7 +189,7 @@ def main() -> None:
     for name, rows in figures.items():
         print(f"  {name:<17} {spread([r[0] for r in rows]):<20} "
               f"{spread([r[1] for r in rows]):<20} {spread([r[2] for r in rows]):<22} "
-              f"{spread([r[3] for r in rows], 2)}")
+              f"{spread([r[3] for r in rows])}")
 
 
 if __name__ == "__main__":

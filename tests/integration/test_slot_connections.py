@@ -175,7 +175,8 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
     await tx.commit_and_release()
 
     nothing_sent = JobTransaction(slots)
-    assert nothing_sent.connection() is not None
+    taken = nothing_sent.connection()  # taken, as a handler opening a side connection does
+    assert taken.info.transaction_status == TransactionStatus.IDLE  # nothing sent on it
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as reader:
         cur = await reader.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
                                    "AND objid = 4245 AND granted")
