@@ -13,9 +13,10 @@ jobs done by hand before the next round, so every round starts alike. Prints, pe
 medians over the rounds after the first five (with their range), the execution time and the
 shared buffers of each statement and of its parts: the claim's update of the jobs to
 `running`; the `done`'s locking read of the jobs, its UPDATE to `done`
-(without that read, which runs inside it) and its audit INSERT. EXPLAIN times every node,
-and plans each statement for its parameters where the worker runs one generic plan, so
-compare the parts with each other, not with a drain's rate. `--drop-index` drops indexes
+(without that read, which runs inside it) and its audit INSERT. Each statement runs as a
+prepared statement under the claim connection's generic plan, as the worker runs it (a
+plain EXPLAIN would plan it for the values given); EXPLAIN times every node, so compare the
+parts with each other, not with a drain's rate. `--drop-index` drops indexes
 first, to tell what each one costs.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
 
 EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 FINISH_BY_HAND = """
 UPDATE mdm.aa_job SET status = 'done', completed_at = now()
  WHERE status = 'running' AND claimed_by = 'bench'"""
@@ -62,12 +65,13 @@ def find_node(plan: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def node_time(plan: dict[str, Any], kind: str) -> tuple[float, int]:
-    """(total ms, shared buffers hit or read) of the first `kind` node of `plan`; raises
+    """(total ms over all its loops, shared buffers hit or read) of the first `kind` node of
+    `plan` (a lock taken row by row inside a nested loop runs once per row); raises
     ValueError naming `kind` when the plan has none (a statement whose shape changed)."""
     node = find_node(plan, kind)
     if node is None:
         raise ValueError(f"the plan has no {kind} node")
-    return node["Actual Total Time"], buffers(node)
+    return node["Actual Total Time"] * node.get("Actual Loops", 1), buffers(node)
 
 
 def buffers(node: dict[str, Any]) -> int:
@@ -76,8 +80,24 @@ def buffers(node: dict[str, Any]) -> int:
 
 
 def explained(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Any:
-    """EXPLAIN ANALYZE `query` (which runs it): its plan, as EXPLAIN's JSON gives it."""
-    row = conn.execute(EXPLAIN + query, params).fetchone()
+    """EXPLAIN ANALYZE `query` (which runs it) as the worker runs it: a prepared statement
+    under the claim connection's `plan_cache_mode` (the generic plan, planned without the
+    values, where a plain EXPLAIN would plan for them); its plan, as EXPLAIN's JSON gives it."""
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    text = PLACEHOLDER.sub(positional, query)
+    conn.execute(sql.SQL("PREPARE bench_stmt AS {}").format(sql.SQL(text)))  # type: ignore[arg-type]
+    try:
+        arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+        explain = sql.SQL(EXPLAIN + "EXECUTE bench_stmt ({})").format(arguments)
+        row = conn.execute(explain).fetchone()
+    finally:
+        conn.execute("DEALLOCATE bench_stmt")
     assert row is not None
     return row[0][0]
 

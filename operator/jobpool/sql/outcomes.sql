@@ -23,12 +23,17 @@ WITH input AS (
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
            AS i(id, attempts, result)
 ), locked AS (
-    -- rows are locked in id order, as renew_leases does, so the two never deadlock
+    -- rows are locked in id order, as renew_leases does, so the two never deadlock; each by
+    -- one descent of ix_aa_job_running (the lateral subquery, kept apart by OFFSET 0): a join
+    -- may be planned as a rescan of the batch per running job (quadratic in the batch)
     SELECT j.id, i.result
-      FROM mdm.aa_job j JOIN input i ON i.id = j.id
-     WHERE j.status = 'running' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts
-     ORDER BY j.id
-       FOR NO KEY UPDATE OF j
+      FROM (SELECT * FROM input ORDER BY id) i
+      CROSS JOIN LATERAL (
+            SELECT j.id FROM mdm.aa_job j
+             WHERE j.id = i.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+               AND j.attempts = i.attempts
+             OFFSET 0
+               FOR NO KEY UPDATE) j
 ), held AS (
     -- as arrays read once: a join of the update to the locked rows is planned as a rescan
     -- of them per row (quadratic in the batch)
@@ -50,9 +55,14 @@ SELECT id FROM done;
 -- name: completed_before :many
 -- Of `done`s whose commit a failure hid (a connection lost, a statement after the COMMIT),
 -- those that did commit (run only then: every batch would pay for the look-up).
+-- One primary-key probe per id (the lateral subquery, kept apart by OFFSET 0, names the id
+-- alone, so no other index fits it): a join could be planned as a scan of every done job,
+-- each compared with every id.
 SELECT j.id
-  FROM mdm.aa_job j
-  JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts) ON i.id = j.id
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
+ CROSS JOIN LATERAL (
+       SELECT j.id, j.status, j.claimed_by, j.attempts FROM mdm.aa_job j WHERE j.id = i.id
+       OFFSET 0) j
  WHERE j.status = 'done' AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts;
 
 -- name: retry_job :one

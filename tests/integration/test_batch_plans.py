@@ -1,0 +1,138 @@
+"""Statements that take a batch as arrays do work in proportion to the batch, in any plan.
+
+The claim connection runs every statement with its generic plan (`claim_session`), and
+psycopg prepares any statement run five times, whose generic plan the server may then keep.
+A generic plan is made without the arrays, each counted as 10 elements, and a table's
+statistics may date from when it held few of the rows concerned (the running jobs of a
+worker, a fresh import). A join of the batch with the table can then be planned as a rescan
+of the whole batch per row of the table: a cost quadratic in the batch (a `done` of 160 jobs
+spent 6.5 of its 9 ms so). Each test runs one statement under its generic plan, with EXPLAIN
+ANALYZE, on a batch of `BATCH` rows whose table was analyzed before it held them, and counts
+the rows its plan nodes produced or filtered out, over all their loops.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobpool.db.queries import Exec, Many, NamedQuery
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+BATCH = 200
+LINEAR = 20 * BATCH
+"""The most rows a linear plan handles here: a few per batch row (a quadratic one: BATCH²)."""
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
+
+
+async def generic_plan(conn: Conn, query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of `query` as a prepared statement under its generic plan, in a
+    transaction rolled back afterwards; the plan's root node (EXPLAIN's JSON)."""
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    text = PLACEHOLDER.sub(positional, query.text)
+    arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+    async with conn.transaction(force_rollback=True):
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(sql.SQL("PREPARE batch_statement AS {}").format(sql.SQL(text)))  # type: ignore[arg-type]
+        cur = await conn.execute(sql.SQL(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batch_statement ({})").format(arguments))
+        row = await cur.fetchone()
+        await conn.execute("DEALLOCATE batch_statement")
+    assert row is not None
+    return dict(row["QUERY PLAN"][0]["Plan"])
+
+
+def rows_handled(node: dict[str, Any]) -> float:
+    """Rows `node` and its children produced or filtered out, summed over their loops."""
+    own = sum(node.get(key, 0) for key in (
+        "Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter",
+        "Rows Removed by Index Recheck"))
+    return own * node.get("Actual Loops", 1) + sum(rows_handled(child)
+                                                  for child in node.get("Plans", ()))
+
+
+async def jobs_of_worker(conn: Conn, tenant: uuid.UUID, status: str) -> list[int]:
+    """BATCH jobs in `status`, claimed by worker `w1` at attempt 1, added after the table was
+    analyzed with 2,000 pending jobs and none of them; their ids."""
+    await conn.execute("INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts) "
+                       "SELECT %s, 'reindex', 5 FROM generate_series(1, 2000)", (tenant,))
+    await conn.execute("ANALYZE mdm.aa_job")
+    cur = await conn.execute(
+        "UPDATE mdm.aa_job SET status = %s, claimed_by = 'w1', attempts = 1,"
+        " claimed_at = now(), lease_expires_at = now() + interval '1 minute',"
+        " completed_at = CASE WHEN %s = 'done' THEN now() END"
+        " WHERE id IN (SELECT id FROM mdm.aa_job ORDER BY id LIMIT %s) RETURNING id",
+        (status, status, BATCH))
+    return sorted(row["id"] for row in await cur.fetchall())
+
+
+async def test_a_batch_done_reads_each_job_once(conn: Conn, tenant: uuid.UUID) -> None:
+    ids = await jobs_of_worker(conn, tenant, "running")
+    plan = await generic_plan(conn, Many("complete_jobs"), {
+        "ids": ids, "attempts": [1] * BATCH, "results": [None] * BATCH,
+        "worker_id": "w1", "actor": "test"})
+    assert plan["Actual Rows"] == BATCH
+    assert rows_handled(plan) <= LINEAR
+
+
+async def test_a_lease_renewal_reads_each_job_once(conn: Conn, tenant: uuid.UUID) -> None:
+    ids = await jobs_of_worker(conn, tenant, "running")
+    plan = await generic_plan(conn, Many("renew_leases"),
+                              {"ids": ids, "worker_id": "w1", "lease": 60.0})
+    assert plan["Actual Rows"] == BATCH
+    assert rows_handled(plan) <= LINEAR
+
+
+async def test_the_look_up_of_hidden_commits_reads_each_job_once(
+        conn: Conn, tenant: uuid.UUID) -> None:
+    ids = await jobs_of_worker(conn, tenant, "done")
+    plan = await generic_plan(conn, Many("completed_before"),
+                              {"ids": ids, "attempts": [1] * BATCH, "worker_id": "w1"})
+    assert plan["Actual Rows"] == BATCH
+    assert rows_handled(plan) <= LINEAR
+
+
+async def test_the_look_up_of_idempotency_keys_reads_each_key_once(
+        conn: Conn, tenant: uuid.UUID) -> None:
+    await conn.execute("ANALYZE mdm.aa_job")
+    await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, idempotency_key) "
+        "SELECT %s, 'reindex', 5, 'key-' || n FROM generate_series(1, %s) AS n", (tenant, BATCH))
+    plan = await generic_plan(conn, Many("find_idempotent_jobs"), {
+        "tenant_ids": [tenant] * BATCH, "kinds": ["reindex"] * BATCH,
+        "idempotency_keys": [f"key-{n}" for n in range(1, BATCH + 1)]})
+    assert plan["Actual Rows"] == BATCH
+    assert rows_handled(plan) <= LINEAR
+
+
+async def test_marking_a_batch_of_import_rows_reads_the_batch_not_the_import(
+        conn: Conn, tenant: uuid.UUID) -> None:
+    cur = await conn.execute(
+        "WITH t AS (INSERT INTO mdm.ddm_entity_type (tenant_id, type_key)"
+        "           VALUES (%s, 'thing') RETURNING id)"
+        " INSERT INTO mdm.aa_import_job (tenant_id, entity_type_id, source_name, format,"
+        "                                created_by)"
+        " SELECT %s, t.id, 'rows.csv', 'csv', 'test' FROM t RETURNING id", (tenant, tenant))
+    row = await cur.fetchone()
+    assert row is not None
+    await conn.execute("ANALYZE mdm.aa_import_row")
+    await conn.execute("INSERT INTO mdm.aa_import_row (import_job_id, line_no, raw) "
+                       "SELECT %s, n, 'x' FROM generate_series(1, 20000) AS n", (row["id"],))
+    plan = await generic_plan(conn, Exec("mark_import_rows"), {
+        "id": row["id"], "line_nos": list(range(1, BATCH + 1)),
+        "statuses": ["imported"] * BATCH, "error_fields": [None] * BATCH,
+        "errors": [None] * BATCH})
+    assert rows_handled(plan) <= LINEAR
+
