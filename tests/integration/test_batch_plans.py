@@ -4,7 +4,7 @@ The claim connection runs every statement with its generic plan (`claim_session`
 psycopg prepares any statement run five times, whose generic plan the server may then keep.
 A generic plan is made without the arrays, each counted as 10 elements, and a table's
 statistics may date from when it held few of the rows concerned (the running jobs of a
-worker, a fresh import). A join of the batch with the table can then be planned as a rescan
+worker). A join of the batch with the table can then be planned as a rescan
 of the whole batch per row of the table: a cost quadratic in the batch (a `done` of 160 jobs
 spent 6.5 of its 9 ms so). Each test runs one statement under its generic plan, with EXPLAIN
 ANALYZE, on a batch of `BATCH` rows whose table was analyzed before it held them, and counts
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobpool.db.queries import Exec, Many, NamedQuery
+from jobpool.db.queries import Many, NamedQuery
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -114,25 +114,5 @@ async def test_the_look_up_of_idempotency_keys_reads_each_key_once(
         "tenant_ids": [tenant] * BATCH, "kinds": ["reindex"] * BATCH,
         "idempotency_keys": [f"key-{n}" for n in range(1, BATCH + 1)]})
     assert plan["Actual Rows"] == BATCH
-    assert rows_handled(plan) <= LINEAR
-
-
-async def test_marking_a_batch_of_import_rows_reads_the_batch_not_the_import(
-        conn: Conn, tenant: uuid.UUID) -> None:
-    cur = await conn.execute(
-        "WITH t AS (INSERT INTO mdm.ddm_entity_type (tenant_id, type_key)"
-        "           VALUES (%s, 'thing') RETURNING id)"
-        " INSERT INTO mdm.aa_import_job (tenant_id, entity_type_id, source_name, format,"
-        "                                created_by)"
-        " SELECT %s, t.id, 'rows.csv', 'csv', 'test' FROM t RETURNING id", (tenant, tenant))
-    row = await cur.fetchone()
-    assert row is not None
-    await conn.execute("ANALYZE mdm.aa_import_row")
-    await conn.execute("INSERT INTO mdm.aa_import_row (import_job_id, line_no, raw) "
-                       "SELECT %s, n, 'x' FROM generate_series(1, 20000) AS n", (row["id"],))
-    plan = await generic_plan(conn, Exec("mark_import_rows"), {
-        "id": row["id"], "line_nos": list(range(1, BATCH + 1)),
-        "statuses": ["imported"] * BATCH, "error_fields": [None] * BATCH,
-        "errors": [None] * BATCH})
     assert rows_handled(plan) <= LINEAR
 

@@ -65,20 +65,12 @@ ON CONFLICT (tenant_id, entity_type_id, external_key) DO UPDATE
 RETURNING e.external_key, (e.xmax = 0) AS inserted;
 
 -- name: mark_import_rows :exec
--- Record each processed record's outcome. Each row is found and locked by one primary-key
--- probe (the lateral subquery, kept apart by OFFSET 0) and updated at the address the lock
--- returned: a plain join of the batch with the table may be planned, when the statistics
--- are older than the import, as a read of every row of the import per batch.
+-- Record each processed record's outcome.
 UPDATE mdm.aa_import_row r
    SET status = o.status::mdm.import_row_status, error_field = o.error_field, error = o.error
   FROM unnest(%(line_nos)s::int[], %(statuses)s::text[], %(error_fields)s::text[],
               %(errors)s::text[]) AS o(line_no, status, error_field, error)
- CROSS JOIN LATERAL (
-       SELECT x.ctid AS row_address FROM mdm.aa_import_row x
-        WHERE x.import_job_id = %(id)s AND x.line_no = o.line_no
-       OFFSET 0
-          FOR NO KEY UPDATE) x
- WHERE r.ctid = x.row_address;
+ WHERE r.import_job_id = %(id)s AND r.line_no = o.line_no;
 
 -- name: advance_import :exec
 -- Move the progress marker past a committed batch and add its counts.
