@@ -279,6 +279,9 @@ async def test_an_idle_worker_stopped_during_an_outage_exits_at_once(
     w = worker(dsn, ("test_outage_step",), until_empty=False, poll_interval=3600.0)
     task = await started(w)
     await wait_until(lambda: drained(dsn, 3), "the jobs done")
+    # the done's commit is visible before the worker has read its answer
+    await wait_until(lambda: not w.producer.in_flight and not w.leftovers.in_doubt,
+                     "the worker has read every answer")
     await asyncio.to_thread(private_server.stop)
     await wait_until(lambda: not w.link.online.is_set(), "the worker sees the outage")
     assert not w.leftovers.in_doubt
