@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -34,14 +33,13 @@ import psycopg
 from psycopg import sql
 
 from jobpool.db.migrate import migrate
-from jobpool.db.queries import Many, One
+from jobpool.db.queries import Many, NamedQuery, One
 from jobpool.db.store import claim_caps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
 
 EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 FINISH_BY_HAND = """
 UPDATE mdm.aa_job SET status = 'done', completed_at = now()
  WHERE status = 'running' AND claimed_by = 'bench'"""
@@ -79,23 +77,14 @@ def buffers(node: dict[str, Any]) -> int:
     return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
-def explained(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Any:
+def explained(conn: psycopg.Connection[Any], query: NamedQuery, params: dict[str, Any]) -> Any:
     """EXPLAIN ANALYZE `query` (which runs it) as the worker runs it: a prepared statement
     under the claim connection's `plan_cache_mode` (the generic plan, planned without the
     values, where a plain EXPLAIN would plan for them); its plan, as EXPLAIN's JSON gives it."""
-    names: list[str] = []
-
-    def positional(match: re.Match[str]) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-
-    text = PLACEHOLDER.sub(positional, query)
-    conn.execute(sql.SQL("PREPARE bench_stmt AS {}").format(sql.SQL(text)))  # type: ignore[arg-type]
+    prepare, execute = query.prepared("bench_stmt", params)
+    conn.execute(prepare)
     try:
-        arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
-        explain = sql.SQL(EXPLAIN + "EXECUTE bench_stmt ({})").format(arguments)
-        row = conn.execute(explain).fetchone()
+        row = conn.execute(sql.SQL(EXPLAIN) + execute).fetchone()
     finally:
         conn.execute("DEALLOCATE bench_stmt")
     assert row is not None
@@ -106,7 +95,7 @@ def one_round(conn: psycopg.Connection[Any], batch: int,
               running: int) -> dict[str, tuple[float, int]]:
     """Claim `running` jobs, then the `done` of `batch` of them (rolled back), both under
     EXPLAIN ANALYZE; the figures of both, in ms and buffers for the whole batch."""
-    claim = explained(conn, Many("claim_jobs").text, {
+    claim = explained(conn, Many("claim_jobs"), {
         "kinds": ["reindex"], "tenants": None, "limit": running, "worker_id": "bench",
         **claim_caps({}), "lease": 60.0})
     ids = [row[0] for row in conn.execute(
@@ -117,7 +106,7 @@ def one_round(conn: psycopg.Connection[Any], batch: int,
     params = {"ids": ids[:batch], "attempts": [1] * batch, "results": [None] * batch,
               "worker_id": "bench", "actor": "bench"}
     with conn.transaction(force_rollback=True):
-        done = explained(conn, Many("complete_jobs").text, params)
+        done = explained(conn, Many("complete_jobs"), params)
     conn.execute(FINISH_BY_HAND)
     parts = {f"done {name}": node_time(done["Plan"], kind) for name, kind in DONE_PARTS.items()}
     (lock, lock_buffers), (update, update_buffers) = parts["done lock"], parts["done update"]

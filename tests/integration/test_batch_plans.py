@@ -13,7 +13,6 @@ the rows its plan nodes produced or filtered out, over all their loops.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
@@ -28,26 +27,14 @@ BATCH = 200
 LINEAR = 20 * BATCH
 """The most rows a linear plan handles here: a few per batch row (a quadratic one: BATCH²)."""
 
-PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
-
-
 async def generic_plan(conn: Conn, query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
     """EXPLAIN ANALYZE of `query` as a prepared statement under its generic plan, in a
     transaction rolled back afterwards; the plan's root node (EXPLAIN's JSON)."""
-    names: list[str] = []
-
-    def positional(match: re.Match[str]) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-
-    text = PLACEHOLDER.sub(positional, query.text)
-    arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+    prepare, execute = query.prepared("batch_statement", params)
     async with conn.transaction(force_rollback=True):
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute(sql.SQL("PREPARE batch_statement AS {}").format(sql.SQL(text)))  # type: ignore[arg-type]
-        cur = await conn.execute(sql.SQL(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batch_statement ({})").format(arguments))
+        await conn.execute(prepare)
+        cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + execute)
         row = await cur.fetchone()
         await conn.execute("DEALLOCATE batch_statement")
     assert row is not None

@@ -19,10 +19,11 @@ themselves (a pipeline, COPY, an EXPLAIN, a query given to KEDA, identifiers com
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, LiteralString
 
-from psycopg import AsyncConnection, Connection
+from psycopg import AsyncConnection, Connection, sql
 from psycopg.rows import dict_row
 
 from jobpool.sql import QUERIES, Query
@@ -32,6 +33,9 @@ Row = dict[str, Any]
 
 Params = Mapping[str, Any] | None
 """A query's named parameters (`%(name)s`), or None for a query without any."""
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
+"""A named parameter in a query's text: `%(name)s` (text) or `%(name)b` (binary)."""
 
 
 class NamedQuery:
@@ -60,6 +64,29 @@ class NamedQuery:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    def prepared(self, statement: str,
+                 params: Mapping[str, Any]) -> tuple[sql.Composed, sql.Composed]:
+        """`PREPARE statement AS ...` of this query (its parameters numbered in order of first
+        use) and the `EXECUTE statement (...)` that runs it with `params` as literals. An
+        EXPLAIN of that EXECUTE shows the plan a prepared statement runs with (the generic
+        plan under `plan_cache_mode = force_generic_plan`), where an EXPLAIN of the text
+        itself plans for the values given. Raises KeyError naming a parameter missing from
+        `params`."""
+        names: list[str] = []
+
+        def numbered(match: re.Match[str]) -> str:
+            if match[1] not in names:
+                names.append(match[1])
+            return f"${names.index(match[1]) + 1}"
+
+        text = PLACEHOLDER.sub(numbered, self.query.text)
+        prepare = sql.SQL("PREPARE {} AS {}").format(
+            sql.Identifier(statement), sql.SQL(text))
+        execute = sql.SQL("EXECUTE {} ({})").format(
+            sql.Identifier(statement),
+            sql.SQL(", ").join(sql.Literal(params[name]) for name in names))
+        return prepare, execute
 
 
 class One(NamedQuery):

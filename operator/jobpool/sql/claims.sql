@@ -193,8 +193,8 @@ WITH locked AS (
 UPDATE mdm.aa_job j
    SET heartbeat_at = clock_timestamp(),
        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
- -- the locked ids as one array, each found by a descent of ix_aa_job_running: a join with
- -- the locked rows may be planned as a rescan of them per row (quadratic in the jobs held)
+ -- the locked ids as one array, read once: a join with the locked rows may be planned as a
+ -- rescan of them per row (quadratic in the jobs held)
  WHERE j.id = ANY ((SELECT array_agg(id) FROM locked)::bigint[]) AND j.status = 'running'
    AND j.claimed_by = %(worker_id)s
 RETURNING j.id;

@@ -1,7 +1,7 @@
 -- jobpool: no-transaction
--- A worker's running jobs by id: the batched `done` and the lease renewal find each of their
--- jobs with one descent of (claimed_by, id), in whatever plan, instead of reading every running
--- job of the worker once per job in the batch (a cost quadratic in the batch).
+-- A worker's running jobs by id: the batched `done` locks each of its jobs with one descent of
+-- (claimed_by, id), in whatever plan, instead of reading every running job of the worker once
+-- per job in the batch (a cost quadratic in the batch).
 -- Built CONCURRENTLY beside the old index, which is then dropped and its name taken over, so a
 -- big queue keeps working during the upgrade; every step is safe to run again after an
 -- interruption.
