@@ -1,21 +1,27 @@
 """What the session reset after a writing job costs, and what the ways of saving its
-transaction would cost instead, per job.
+transaction or its round trips would cost instead, per job.
 
     python3 bench/reset_cost.py --jobs 3000 --rounds 5   # with jobpool installed
 
-A job whose handler wrote ends with one query, its COMMIT followed by the session reset
-(`jobpool.db.connect.COMMIT_AND_RESET`): the reset's statements run after the COMMIT, so
-they are a transaction of their own, the second of every writing job in `pg_stat_database`.
-On a throw-away database of the benchmark server (`common.server_dsn`: a private cluster
-with PostgreSQL's defaults unless JOBPOOL_BENCH_DSN is set), one connection runs `--jobs`
-job-shaped transactions per variant (the handler's INSERT sent with the BEGIN in one round
-trip, as a worker's slot connection sends it; an UPDATE of one row by key standing in for
-the `done`; then the variant's end), the variants alternating, `--rounds` times:
+A job whose handler wrote ends with one query, its `done`, its COMMIT and the session reset
+(`jobpool.db.connect.end_job`): the reset runs after the COMMIT, so it is a transaction of its
+own, the second of every writing job in `pg_stat_database`. On a throw-away migrated database
+of the benchmark server (`common.server_dsn`: a private cluster with PostgreSQL's defaults
+unless JOBPOOL_BENCH_DSN is set), one connection runs `--jobs` job-shaped transactions per
+variant (the handler's INSERT sent with the BEGIN in one round trip, as a worker's slot
+connection sends it; an UPDATE of one row by key standing in for the `done`; then the
+variant's end), the variants alternating, `--rounds` times:
 
-- `after-commit`: what a worker sends (COMMIT, then the reset, one query);
-- `before-commit`: the same statements with the reset before the COMMIT, one transaction
-  per job. Not a way a worker may take (the handler's settings, role and session advisory
-  locks must last until its writes are committed); it prices the reset's transaction alone;
+- `one-query`: what a worker sends: the `done` (the same UPDATE in a PL/pgSQL function, as
+  `mdm.aa_job_done` runs it), COMMIT and the reset (`SET SESSION AUTHORIZATION DEFAULT`, then
+  `mdm.aa_reset_session()`) in one query;
+- `done-apart`: the `done` a round trip of its own (a prepared statement), then COMMIT and
+  the same reset in one query;
+- `text-reset`: the same, the reset as the statements `mdm.aa_reset_session` runs, sent as
+  text (`RESET_STATEMENTS`);
+- `before-commit`: those statements before the COMMIT, one transaction per job. Not a way a
+  worker may take (the handler's settings, role and session advisory locks must last until
+  its writes are committed); it prices the reset's transaction alone;
 - `carried`: the reset carried into the next job's BEGIN (one simple query: `BEGIN ... READ
   WRITE` and the reset), the handler's INSERT in a round trip of its own, the
   prepared-statement check and `UNLISTEN *` before the COMMIT;
@@ -31,6 +37,7 @@ time and SQL transactions (`pg_stat_database`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +46,8 @@ from typing import Any
 
 import psycopg
 
-from jobpool.db.connect import COMMIT_AND_RESET, RESET_SESSION
+from jobpool.db.connect import COMMIT_AND_RESET
+from jobpool.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
@@ -53,19 +61,29 @@ CARRIED_BEGIN = BEGIN + " READ WRITE"
 make the next job's transaction read-only before the reset undoes it."""
 INSERT = "INSERT INTO bench_reset_rows (n) VALUES (%s)"
 DONE = "UPDATE bench_reset_done SET n = n + 1 WHERE id = %s"
+DONE_FUNCTION = """CREATE FUNCTION bench_done(row_id int) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE bench_reset_done SET n = n + 1 WHERE id = row_id;
+    RETURN FOUND;
+END $$"""
+"""`DONE` as `mdm.aa_job_done` runs it: inside a PL/pgSQL function, its plan cached."""
 DONE_ROWS = 10_000
+
+RESET_STATEMENTS = ["SET SESSION AUTHORIZATION DEFAULT", "RESET ALL", "UNLISTEN *",
+                    "CLOSE ALL", "SELECT pg_advisory_unlock_all()", "DISCARD TEMP",
+                    "DISCARD SEQUENCES"]
+"""What the worker's reset undoes (`jobpool.db.connect.RESET_SESSION`, and
+`mdm.aa_reset_session`), statement by statement, as a text reset would send them."""
+PREPARED_CHECK = ("SELECT pg_catalog.count(*) FILTER (WHERE NOT from_sql) AS prepared, "
+                  "pg_catalog.array_agg(name) FILTER (WHERE from_sql) AS handler_made "
+                  "FROM pg_catalog.pg_prepared_statements")
+"""What `mdm.aa_reset_session` returns, as a statement of its own."""
 
 
 def split_reset() -> tuple[list[str], str]:
-    """The worker's session reset (`reset_session`) split into its statements: those that
-    undo what a handler left, and the last, which reads what is left of the prepared
-    statements. Raises ValueError when the last statement no longer reads them."""
-    statements = [s.strip().rstrip(";") for s in RESET_SESSION.text.split(";\n") if s.strip()]
-    *undo, check = statements
-    if "pg_prepared_statements" not in check:
-        raise ValueError("the session reset's last statement no longer reads "
-                         "pg_prepared_statements")
-    return undo, check
+    """The text reset: the statements that undo what a handler left, and the read of what
+    is left of the prepared statements."""
+    return list(RESET_STATEMENTS), PREPARED_CHECK
 
 
 def do_block(undo: list[str]) -> str:
@@ -101,10 +119,20 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
                 conn.execute(statement, prepare=False)
             conn.execute(INSERT, (i,))
 
-    def after_commit(conn: psycopg.Connection[Any], i: int) -> None:
+    def one_query(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [])
+        drain(conn.execute(f"SELECT bench_done({i % DONE_ROWS});\n{COMMIT_AND_RESET}",
+                           prepare=False))
+
+    def done_apart(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
         conn.execute(DONE, (i % DONE_ROWS,))
         drain(conn.execute(COMMIT_AND_RESET, prepare=False))
+
+    def text_reset(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [])
+        conn.execute(DONE, (i % DONE_ROWS,))
+        drain(conn.execute(";\n".join(["COMMIT", *undo, check]), prepare=False))
 
     def before_commit(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
@@ -127,8 +155,14 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
         conn.execute(DONE, (i % DONE_ROWS,))
         drain(conn.execute(check_and_commit, prepare=False))
 
-    return {"after-commit": after_commit, "before-commit": before_commit, "carried": carried,
+    return {"one-query": one_query, "done-apart": done_apart, "text-reset": text_reset,
+            "before-commit": before_commit, "carried": carried,
             "carried-pipeline": carried_pipeline, "carried-do": carried_do}
+
+
+async def migrate_database(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await migrate(conn)
 
 
 def transactions(conn: psycopg.Connection[Any]) -> int:
@@ -170,6 +204,8 @@ def main() -> None:
     jobs = variants(undo, check)
     figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in jobs}
     with bench_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        asyncio.run(migrate_database(dsn))  # mdm.aa_reset_session, which the reset calls
+        conn.execute(DONE_FUNCTION)
         conn.execute("CREATE TABLE bench_reset_rows (id bigserial PRIMARY KEY, n int)")
         conn.execute("CREATE TABLE bench_reset_done (id int PRIMARY KEY, n int)")
         conn.execute("INSERT INTO bench_reset_done SELECT g, 0 FROM generate_series(0, %s) g",

@@ -14,6 +14,9 @@ from jobpool.db.connect import JobConnection, open_pool
 from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 
+NO_DONE = b"SELECT 1;"
+"""A statement standing in for a job's `done` where no job's row is at stake."""
+
 
 @pytest.fixture
 async def pool(dsn: str) -> AsyncIterator[AsyncConnectionPool[JobConnection]]:
@@ -172,7 +175,7 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
                       "CREATE TEMP TABLE scratch (v int)", "SELECT pg_advisory_lock(4245)"):
         await tx.execute(statement)
     await tx.execute("INSERT INTO written (v) VALUES (%s)", (2,))
-    await tx.commit_and_release()
+    await tx.end(NO_DONE)
 
     nothing_sent = JobTransaction(slots)
     taken = nothing_sent.connection()  # taken, as a handler opening a side connection does
@@ -193,5 +196,5 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
     assert await cur.fetchone() == {"work_mem": "4MB", "read_only": "off", "no_scratch": True,
                                     "n": 1}
     await rolled_back.execute("INSERT INTO written (v) VALUES (%s)", (3,))
-    await rolled_back.commit_and_release()
+    await rolled_back.end(NO_DONE)
     await slots.close()

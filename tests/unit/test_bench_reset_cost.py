@@ -10,10 +10,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from reset_cost import do_block, split_reset
 
+from jobpool.db.connect import RESET_SESSION
+from jobpool.sql import migrations
 
-def test_the_reset_splits_into_what_undoes_and_the_check_of_prepared_statements() -> None:
+
+def test_the_text_reset_undoes_what_the_workers_reset_undoes() -> None:
+    """Its statements are those of `mdm.aa_reset_session` (and the role, reset before it is
+    called): the text variants price the same work."""
     undo, check = split_reset()
-    assert undo[0] == "RESET ALL" and "SELECT pg_advisory_unlock_all()" in undo
+    function = next(text for _, name, text in migrations()
+                    if name == "done_and_reset_functions")
+    body = function[function.index("FUNCTION mdm.aa_reset_session()"):]
+    assert undo[0] == "SET SESSION AUTHORIZATION DEFAULT" and undo[0] in RESET_SESSION.text
+    for statement in undo[1:]:
+        assert statement.removeprefix("SELECT ").replace("pg_advisory", "pg_catalog."
+                                                         "pg_advisory") in body, statement
     assert "pg_prepared_statements" in check and not check.endswith(";")
     assert not any(";" in statement for statement in undo)
 

@@ -2,7 +2,7 @@ import pytest
 from psycopg import _queries as psycopg_queries
 
 from jobpool.db.connect import COMMIT_AND_RESET
-from jobpool.db.store import CLAIM_JOBS, COMPLETE_JOBS, COMPLETED_BEFORE
+from jobpool.db.store import CLAIM_JOBS, COMPLETE_JOB_OR_RAISE, COMPLETE_JOBS, COMPLETED_BEFORE
 from jobpool.settings import Settings
 from jobpool.sql import MAX_CACHED_TEXT, load_queries, migrations, parse_queries
 
@@ -73,8 +73,13 @@ def test_a_writing_job_commits_before_its_session_is_reset() -> None:
     last until its writes are visible."""
     statements = [line.split()[0] for line in COMMIT_AND_RESET.splitlines() if line.strip()]
     assert statements[0] == "COMMIT;"
-    assert "RESET" in statements and "UNLISTEN" in statements
-    assert COMMIT_AND_RESET.index("COMMIT;") < COMMIT_AND_RESET.index("pg_advisory_unlock_all")
+    assert COMMIT_AND_RESET.index("COMMIT;") < COMMIT_AND_RESET.index(
+        "SET SESSION AUTHORIZATION DEFAULT") < COMMIT_AND_RESET.index("mdm.aa_reset_session()")
+
+
+def test_the_done_sent_before_a_commit_ends_its_statement() -> None:
+    """`end_job` sends it, then COMMIT, in one text: its `;` is what separates them."""
+    assert COMPLETE_JOB_OR_RAISE.text.endswith(";")
 
 
 def test_duplicate_query_names_are_refused() -> None:

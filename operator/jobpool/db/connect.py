@@ -26,7 +26,7 @@ from jobpool.db.migrate import check_schema, migrate
 from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
-from jobpool.errors import DatabaseUnavailableError
+from jobpool.errors import DatabaseUnavailableError, JobpoolError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
 
@@ -239,36 +239,72 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
 
 
 COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
-"""The end of a writing job's transaction, then its session reset, in one query. COMMIT comes
+"""The end of a writing job's transaction after its `done`, then its session reset. COMMIT comes
 first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
 its session advisory locks are held until its writes are visible."""
+COMMIT_AND_RESET_QUERY = ("\n" + COMMIT_AND_RESET).encode()
 
 
-async def commit_and_reset(conn: AsyncConnection[Any]) -> None:
-    """COMMIT a job's transaction, then reset its session (`reset_session`), in one round
-    trip (`COMMIT_AND_RESET`, one simple-protocol query): a job whose handler wrote ends
-    this way, which saves the worker a round trip per such job.
+class NotCommittedError(JobpoolError):
+    """The job's transaction failed before its COMMIT ran (its `done` statement, or a
+    transaction the handler left aborted): nothing it wrote committed. `error` is the
+    psycopg.Error the server answered."""
 
-    Raises the psycopg.Error of the first statement that failed, after resetting the
-    connection on its own (`reset_session`, which rolls back what is left and may close it).
-    The COMMIT may have gone through before a reset statement failed: the caller tells by the
-    job's row. A connection whose psycopg attributes or adapters the handler changed gets a
-    plain COMMIT, then `reset_session` (which closes it).
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
+    """End a writing job in one round trip: its `done` statement (`done`, values as
+    literals, ending with ";": `QueueStore.done_statement`), COMMIT, then the session reset
+    (`reset_session`), one simple-protocol query (`COMMIT_AND_RESET` after `done`). A job
+    whose handler wrote ends this way: two round trips in all with the handler's first
+    statement, where a `done` of its own would be a third.
+
+    Raises NotCommittedError when the transaction failed before its COMMIT (the `done`
+    refused, or the claim no longer held: SQLSTATE `CLAIM_NOT_HELD`), else the psycopg.Error
+    of the COMMIT or of a reset statement after it (the COMMIT may have gone through: the
+    caller tells by the job's row); either way after resetting the connection on its own
+    (`reset_session`, which rolls back what is left and may close it). A connection whose
+    psycopg attributes or adapters the handler changed gets the three apart (the reset then
+    closes it).
     """
     if (_client_changes(conn) or conn.closed
             or conn.info.transaction_status != TransactionStatus.INTRANS):
-        await conn.commit()
-        await reset_session(conn)
+        await _end_job_apart(conn, done)
         return
+    query = done + COMMIT_AND_RESET_QUERY  # `done` ends with ";"
     try:
-        left = await last_row(await conn.execute(COMMIT_AND_RESET, prepare=False))
-    except psycopg.Error:
+        left = await last_row(await conn.execute(query, prepare=False))
+    except psycopg.Error as exc:
+        uncommitted = _aborted(conn)  # the failure came before the COMMIT
         await reset_session(conn)
+        if uncommitted:
+            raise NotCommittedError(exc) from exc
         raise
     except BaseException:
         await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
         raise
     await _finish_reset(conn, left)
+
+
+def _aborted(conn: AsyncConnection[Any]) -> bool:
+    """Whether `conn`'s transaction is open and aborted."""
+    return conn.info.transaction_status == TransactionStatus.INERROR
+
+
+async def _end_job_apart(conn: AsyncConnection[Any], done: bytes) -> None:
+    """`end_job` as three statements, for a connection not fit for the one query."""
+    try:
+        await conn.execute(done, prepare=False)
+    except psycopg.Error as exc:
+        await reset_session(conn)
+        raise NotCommittedError(exc) from exc
+    try:
+        await conn.commit()
+    finally:
+        await reset_session(conn)
 
 
 PRISTINE_PREPARED_MAX = 100

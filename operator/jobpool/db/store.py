@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import psycopg
-from psycopg import AsyncConnection, IsolationLevel
+from psycopg import AsyncConnection, IsolationLevel, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,6 +24,7 @@ COMPLETE_JOBS = Many("complete_jobs")
 COMPLETED_BEFORE = Many("completed_before")
 CLAIM_JOBS = Many("claim_jobs")
 COMPLETE_JOB = One("complete_job")
+COMPLETE_JOB_OR_RAISE = Exec("complete_job_or_raise")
 RETRY_JOB = One("retry_job")
 DEAD_LETTER_JOB = One("dead_letter_job")
 RELEASE_JOB = One("release_job")
@@ -37,6 +38,10 @@ claims, `done`s, retries, lease renewals, token leases, and a job's own transact
 carries the worker's `done` of the job and meets its lease renewals on the same row (under
 SERIALIZABLE that renewal alone would fail the `done`). A handler may ask for another level
 (docs/operations.md, "Production databases"); `jobpool.db.connect.open_pool` sets it."""
+
+CLAIM_NOT_HELD = "JP001"
+"""The SQLSTATE of a `done` that requires the claim (`QueueStore.done_statement`) when this
+worker no longer holds it."""
 
 UNCAPPED: Mapping[str, int] = MappingProxyType({})
 """No pair capped: every pair's jobs may be claimed up to the claim's limit."""
@@ -84,6 +89,8 @@ class QueueStore:
         self.lease = lease
         """Seconds each claim is leased for (its claimer renews it: `jobpool.worker.leases`)."""
         self._claimer: AsyncConnection[Any] | None = None
+        self._claim_literals: tuple[str, str] | None = None
+        """worker_id and actor as SQL literals (`done_statement`)."""
 
     async def register_kinds(self, specs: Iterable[KindSpec]) -> None:
         """Upsert the kinds and their defaults into `mdm.aa_job_kind`."""
@@ -237,6 +244,25 @@ class QueueStore:
         """
         row = await COMPLETE_JOB(conn, {**self._cas(job_id, attempts), "result": result})
         return bool(row and row["changed"])
+
+    def done_statement(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
+                       result: str | None) -> bytes:
+        """The `done` of attempt `attempts` of job `job_id` as one statement with literal
+        values (quoted as `conn` quotes them), to send in one query with the job's COMMIT
+        (`jobpool.db.connect.end_job`): when this worker no longer holds the claim it fails
+        with SQLSTATE `CLAIM_NOT_HELD`, so the COMMIT after it never runs and the handler's
+        writes are rolled back. The worker's own literals are quoted once per store.
+
+        result: checked JSON text (`core.jsondata.to_json_text`) or None.
+        """
+        if self._claim_literals is None:
+            self._claim_literals = (sql.Literal(self.worker_id).as_string(conn),
+                                    sql.Literal(self.actor).as_string(conn))
+        worker_id, actor = self._claim_literals
+        return COMPLETE_JOB_OR_RAISE.text.format(
+            id=int(job_id), attempts=int(attempts), worker_id=worker_id, actor=actor,
+            result="NULL" if result is None else sql.Literal(result).as_string(conn),
+        ).encode()
 
     async def committed_done(self, job_id: int, attempts: int) -> bool:
         """Whether this worker's `done` of attempt `attempts` of job `job_id` committed (when

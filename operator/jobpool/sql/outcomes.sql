@@ -2,19 +2,16 @@
 -- compare-and-set on (status, claimed_by, attempts).
 
 -- name: complete_job :one
--- Mark a job done (with the handler's result) if this worker still holds its claim.
-WITH done AS (
-    UPDATE mdm.aa_job
-       SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
-           heartbeat_at = NULL, lease_expires_at = NULL, result = %(result)s::jsonb
-     WHERE id = %(id)s AND status = 'running' AND claimed_by = %(worker_id)s
-       AND attempts = %(attempts)s
-    RETURNING id, tenant_id, job_kind
-), audited AS (
-    INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
-    SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
-)
-SELECT count(*)::int AS changed FROM done;
+-- Mark a job done (with the handler's result) if this worker still holds its claim
+-- (`mdm.aa_job_done`, which also writes the audit row).
+SELECT mdm.aa_job_done(%(id)s, %(attempts)s, %(worker_id)s, %(actor)s, %(result)s::jsonb,
+                       false) AS changed;
+
+-- name: complete_job_or_raise :exec
+-- The same, as the first statement of the query that ends a writing job with its COMMIT:
+-- a claim no longer held raises SQLSTATE JP001, so that the COMMIT after it does not run.
+-- psycopg.sql.SQL(...).format(): every placeholder is a sql.Literal.
+SELECT mdm.aa_job_done({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb, true);
 
 -- name: complete_jobs :many
 -- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.

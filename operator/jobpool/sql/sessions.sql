@@ -13,21 +13,11 @@ LISTEN jobpool_stop;
 SELECT 1 AS alive;
 
 -- name: reset_session :one
--- Undo what a job's handler left in its session, in one round trip (simple protocol): what
--- DISCARD ALL does but DEALLOCATE ALL, which would drop psycopg's prepared statements (made
--- by the protocol). Returns how many of those are left (a handler may have deallocated
--- some) and the names of the statements SQL PREPARE made (a handler's: they may hold the
--- names psycopg gives its own next), for `deallocate`.
-RESET ALL;
+-- Undo what a job's handler left in its session (simple protocol, one round trip): its role
+-- first, so that the rest runs as the worker's own (`mdm.aa_reset_session`, which returns how
+-- many of the client's prepared statements are left and those SQL PREPARE made).
 SET SESSION AUTHORIZATION DEFAULT;
-UNLISTEN *;
-CLOSE ALL;
-SELECT pg_advisory_unlock_all();
-DISCARD TEMP;
-DISCARD SEQUENCES;
-SELECT pg_catalog.count(*) FILTER (WHERE NOT from_sql) AS prepared,
-       pg_catalog.array_agg(name) FILTER (WHERE from_sql) AS handler_made
-  FROM pg_catalog.pg_prepared_statements;
+SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
 -- name: deallocate :exec
 -- Drop one prepared statement; psycopg.sql.SQL(...).format(): {name} is a sql.Identifier.

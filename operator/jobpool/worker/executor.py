@@ -31,12 +31,13 @@ from jobpool.core.ratelimit import Denied
 from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, safe_str
 from jobpool.db.connect import (
     JobConnection,
-    commit_and_reset,
+    NotCommittedError,
+    end_job,
     interrupted_by_connection,
     reset_session,
     transaction_conflict,
 )
-from jobpool.db.store import Completion
+from jobpool.db.store import CLAIM_NOT_HELD, Completion
 from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.metrics import JobOutcome, WorkerMetrics
@@ -149,6 +150,9 @@ class OutcomeStore(Protocol):
 
     async def complete(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
                        result: str | None) -> bool: ...
+
+    def done_statement(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
+                       result: str | None) -> bytes: ...
 
     async def committed_done(self, job_id: int, attempts: int) -> bool: ...
 
@@ -286,8 +290,7 @@ class JobExecutor:
                 stored = stored_result(result)
                 used = tx.taken
                 if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
-                    await self._complete(used, job, stored)
-                    await self._commit(tx, job)
+                    await self._end(tx, job, stored)
                     return result
             except BaseException as exc:
                 used = tx.taken
@@ -304,13 +307,21 @@ class JobExecutor:
             raise ClaimLostError
         return result
 
-    async def _commit(self, tx: JobTransaction, job: Job) -> None:
-        """COMMIT the job's transaction and reset its session, in one round trip
-        (`commit_and_release`). When that query fails, its COMMIT may have gone through
-        before a reset statement failed (a handler's statement_timeout, say): the job's row
-        says which, and only a COMMIT that failed fails the job."""
+    async def _end(self, tx: JobTransaction, job: Job, stored: str | None) -> None:
+        """Mark the job done, COMMIT its transaction and reset its session, in one round trip
+        (`JobTransaction.end`). When that query fails after its COMMIT ran (a reset
+        statement under a handler's statement_timeout, say), or its answer is lost, the
+        job's row says whether the COMMIT went through, and only a COMMIT that failed fails
+        the job. Raises ClaimLostError, ResultRefused, PermanentError or OwnConflictError
+        when the `done` was refused (`refused_done`)."""
+        self.leases.finishing(job.id)
         try:
-            await tx.commit_and_release()
+            await tx.end(self.store.done_statement(tx.connection(), job.id, job.attempts,
+                                                   stored))
+        except NotCommittedError as failed:
+            if transaction_conflict(failed.error):
+                raise OwnConflictError(failed.error) from failed.error
+            raise refused_done(failed.error) from failed.error
         except psycopg.Error as exc:
             if (exc.sqlstate or "").startswith("40"):
                 raise OwnConflictError(exc) from exc  # the COMMIT's own: nothing ran
@@ -324,22 +335,13 @@ class JobExecutor:
                         job.id, job.job_kind, error_text(exc))
 
     async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
-        """Mark the job done in its transaction; raises ClaimLostError, or ResultRefused."""
+        """Mark the job done in its transaction; raises ClaimLostError, or what
+        `refused_done` makes of a `done` the server refused."""
         self.leases.finishing(job.id)
         try:
             held = await self.store.complete(conn, job.id, job.attempts, stored)
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            raise ResultRefused(exc) from exc
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise PermanentError(  # as every attempt would be: no retry
-                "the job's done, written in its transaction, was refused under the role the "
-                "handler left that transaction in (SET ROLE, SET SESSION AUTHORIZATION): a "
-                f"handler resets it before it returns ({error_text(exc)})") from exc
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise PermanentError(
-                "the job's done, written in its transaction, was refused: the handler made "
-                "that transaction read-only (SET TRANSACTION READ ONLY); a handler that only "
-                f"reads needs no such setting ({error_text(exc)})") from exc
+        except psycopg.Error as exc:
+            raise refused_done(exc) from exc
         if not held:
             raise ClaimLostError
 
@@ -484,6 +486,29 @@ class JobExecutor:
         asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
 
 
+def refused_done(exc: psycopg.Error) -> Exception:
+    """What the server's refusal of a job's `done`, written in the job's transaction, means
+    for the job: ClaimLostError (this worker no longer holds the claim), ResultRefused (the
+    result does not fit the column), PermanentError (the handler left its transaction under
+    another role or read-only, as every attempt would), else `exc` itself (a conflict, a
+    lost connection, a transaction the handler left aborted)."""
+    if exc.sqlstate == CLAIM_NOT_HELD:
+        return ClaimLostError(str(exc))
+    if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
+        return ResultRefused(exc)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return PermanentError(
+            "the job's done, written in its transaction, was refused under the role the "
+            "handler left that transaction in (SET ROLE, SET SESSION AUTHORIZATION): a "
+            f"handler resets it before it returns ({error_text(exc)})")
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return PermanentError(
+            "the job's done, written in its transaction, was refused: the handler made "
+            "that transaction read-only (SET TRANSACTION READ ONLY); a handler that only "
+            f"reads needs no such setting ({error_text(exc)})")
+    return exc
+
+
 def enter_job_scope(conn: AsyncConnection[Any]) -> None:
     """The job's transaction starts with the handler's first statement on `conn`; nothing
     was sent on it yet."""
@@ -533,12 +558,12 @@ class JobTransaction:
         it back to the slots, if it was taken."""
         await self._give_back(reset_session)
 
-    async def commit_and_release(self) -> None:
-        """COMMIT the job's transaction, then reset the session in the same round trip
-        (`commit_and_reset`), and give the connection back to the slots. Raises the
-        psycopg.Error of the first statement that failed, the COMMIT or a reset statement
-        after it (the connection reset and given back all the same)."""
-        await self._give_back(commit_and_reset)
+    async def end(self, done: bytes) -> None:
+        """Send the job's `done` statement, COMMIT and the session reset in one round trip
+        (`end_job`), and give the connection back to the slots. Raises NotCommittedError, or
+        the psycopg.Error of the COMMIT or a reset statement after it (the connection reset
+        and given back all the same)."""
+        await self._give_back(lambda conn: end_job(conn, done))
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
         if self._conn is not None and self._pool is not None:

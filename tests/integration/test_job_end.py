@@ -1,0 +1,133 @@
+"""The end of a job whose handler wrote: its `done`, COMMIT and session reset in one query."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+
+import jobpool
+from integration.helpers import job, prepare, scalar
+from integration.test_slot_connections import client_messages
+from jobpool.db.connect import NotCommittedError, open_pool
+from jobpool.db.store import CLAIM_NOT_HELD, QueueStore
+from jobpool.worker.executor import JobTransaction
+from jobpool.worker.slot_connections import SlotConnections
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+WORKER = "h/1/end"
+ACTOR = "o'brien \\ 100%s"
+"""An actor whose name needs quoting (a quote, a backslash, a placeholder-like %s)."""
+INSERT_RUN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)"
+
+
+@pytest.fixture
+async def claimed(conn: Conn, dsn: str, tenant: uuid.UUID) -> AsyncIterator[
+        tuple[QueueStore, SlotConnections, dict[str, Any]]]:
+    """A store of worker `WORKER`, one slot connection, and a test_record job it claimed."""
+    await prepare(conn)
+    await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+    pool = open_pool(dsn, size=2)
+    await pool.open()
+    store = QueueStore(pool, worker_id=WORKER, actor=ACTOR)
+    slots = SlotConnections(1)
+    try:
+        [row] = await store.claim(kinds=["test_record"], tenants=None, limit=1)
+        await slots.fill(pool, timeout=5.0)
+        yield store, slots, row
+    finally:
+        await slots.close()
+        await store.close()
+        await pool.close()
+
+
+async def done_audits(conn: Conn, job_id: int) -> int:
+    return int(await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log "
+                                  "WHERE action = 'job_done' AND job_id = %s", (job_id,)))
+
+
+async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_its_done(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]], tmp_path: Path,
+) -> None:
+    """The handler's first statement goes out with the BEGIN; the `done`, the COMMIT and the
+    session reset go out as one query: one Sync and one Query in all."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots)
+    taken = tx.connection()
+    path = tmp_path / "trace"
+    with path.open("w") as out:
+        taken.pgconn.trace(out.fileno())
+        await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+        await tx.end(store.done_statement(taken, row["id"], row["attempts"], '{"n": 1}'))
+        taken.pgconn.untrace()
+    sent = client_messages(path.read_text())
+    assert (sent.count("Sync"), sent.count("Query")) == (1, 1), sent
+    done = await job(conn, row["id"])
+    assert (done["status"], done["result"], done["claimed_by"]) == ("done", {"n": 1}, WORKER)
+    assert await done_audits(conn, row["id"]) == 1
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 1
+    assert taken.info.transaction_status == TransactionStatus.IDLE
+
+
+async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """The `done` fails (SQLSTATE JP001) before the COMMIT in its query can run: nothing the
+    handler wrote commits, the other worker's claim is untouched, no audit row is written,
+    and the connection is reset and serves the next job."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
+                       (row["id"],))
+    with pytest.raises(NotCommittedError) as failed:
+        await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], None))
+    assert failed.value.error.sqlstate == CLAIM_NOT_HELD
+    after = await job(conn, row["id"])
+    assert (after["status"], after["claimed_by"]) == ("running", "other/1/x")
+    assert await done_audits(conn, row["id"]) == 0
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 0
+    following = JobTransaction(slots)
+    cur = await following.execute("SELECT %s::int AS n", (5,))
+    assert await cur.fetchone() == {"n": 5}
+    await following.release()
+
+
+async def test_a_result_the_column_refuses_is_not_committed(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A result jsonb cannot hold (a NUL escape): the `done` fails in the transaction, so
+    the handler's writes are rolled back with it and the job stays claimed."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    with pytest.raises(NotCommittedError) as failed:
+        await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"],
+                                          '{"t": "a\\u0000b"}'))
+    assert isinstance(failed.value.error, psycopg.errors.DataError)
+    assert (await job(conn, row["id"]))["status"] == "running"
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 0
+
+
+async def test_the_done_statements_literals_arrive_as_they_were(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """The values go into the statement as literals: a result and an actor with quotes,
+    backslashes, `%s` and non-ASCII text are stored exactly."""
+    store, slots, row = claimed
+    result = '{"q": "it\'s a \\\\ at 100%s, grüße", "e": "\\u00e9"}'
+    tx = JobTransaction(slots)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], result))
+    assert (await job(conn, row["id"]))["result"] == {"q": "it's a \\ at 100%s, grüße",
+                                                       "e": "é"}
+    assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
+                              "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
