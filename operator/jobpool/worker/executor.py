@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection
@@ -312,8 +312,8 @@ class JobExecutor:
         (`JobTransaction.end`). When that query fails after its COMMIT ran (a reset
         statement under a handler's statement_timeout, say), or its answer is lost, the
         job's row says whether the COMMIT went through, and only a COMMIT that failed fails
-        the job. Raises ClaimLostError, ResultRefused, PermanentError or OwnConflictError
-        when the `done` was refused (`refused_done`)."""
+        the job. Raises OwnConflictError, or what `refused_done` makes of a `done` the
+        server refused."""
         self.leases.finishing(job.id)
         try:
             await tx.end(self.store.done_statement(tx.connection(), job.id, job.attempts,
@@ -321,7 +321,7 @@ class JobExecutor:
         except NotCommittedError as failed:
             if transaction_conflict(failed.error):
                 raise OwnConflictError(failed.error) from failed.error
-            raise refused_done(failed.error) from failed.error
+            raise_refused_done(failed.error)
         except psycopg.Error as exc:
             if (exc.sqlstate or "").startswith("40"):
                 raise OwnConflictError(exc) from exc  # the COMMIT's own: nothing ran
@@ -341,7 +341,7 @@ class JobExecutor:
         try:
             held = await self.store.complete(conn, job.id, job.attempts, stored)
         except psycopg.Error as exc:
-            raise refused_done(exc) from exc
+            raise_refused_done(exc)
         if not held:
             raise ClaimLostError
 
@@ -484,6 +484,14 @@ class JobExecutor:
     def _wake_in(self, delay: float) -> None:
         """Wake the fetch loop when something this worker scheduled `delay` s ahead falls due."""
         asyncio.get_running_loop().call_later(delay + WAKE_SLACK, self.wake.set)
+
+
+def raise_refused_done(exc: psycopg.Error) -> NoReturn:
+    """Raise what `refused_done` makes of `exc` (`exc` itself, or its meaning from it)."""
+    meaning = refused_done(exc)
+    if meaning is exc:
+        raise exc
+    raise meaning from exc
 
 
 def refused_done(exc: psycopg.Error) -> Exception:
