@@ -105,6 +105,14 @@ class SchemaNotMigratedError(JobpoolError):
     """The database lacks the jobpool schema, or an older version of it."""
 
 
+class SchemaPrivilegeError(SchemaNotMigratedError):
+    """The worker's role may not execute the schema's functions a writing job ends with.
+
+    A kind of SchemaNotMigratedError because a worker treats both alike: it waits, not ready,
+    naming the problem, and starts once a migration or a GRANT fixed it; every writing job's
+    `done` would be refused meanwhile."""
+
+
 class AttachmentNotFoundError(JobpoolError, LookupError):
     """No attachment with that id for that tenant."""
 

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 import jobpool
 from integration import helpers
 from integration.helpers import prepare, scalar, worker
+from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
 from jobpool.worker.runtime import Worker
@@ -268,3 +269,30 @@ async def test_a_role_limit_too_small_for_one_slot_is_refused_naming_it(
     w = worker(limited, ("test_record",), until_empty=False, slots=4)
     with pytest.raises(jobpool.ConnectionBudgetError, match=r"CONNECTION LIMIT 6 .* needs 10"):
         await asyncio.wait_for(w.run(), DEADLINE)
+
+
+JOB_END_FUNCTIONS = ("mdm.aa_job_done(bigint, integer, text, text, jsonb, boolean), "
+                     "mdm.aa_reset_session()")
+
+
+async def test_a_role_that_may_not_execute_the_job_end_functions_is_told_so_at_start(
+    dsn: str, limited_role: Any, tenant: uuid.UUID,
+) -> None:
+    """Default privileges that keep EXECUTE from PUBLIC: a drain does not start (a served
+    worker waits, not ready) and names the GRANT, instead of having every writing job's
+    `done` refused; once granted, the same worker runs the job."""
+    limited = await limited_role(20)
+    role = conninfo_to_dict(limited)["user"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                     row_factory=dict_row) as conn:
+        await conn.execute(f"REVOKE EXECUTE ON FUNCTION {JOB_END_FUNCTIONS} FROM PUBLIC")
+        job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+        with pytest.raises(SchemaPrivilegeError,
+                           match=f"role {role} may not execute mdm.aa_job_done or "
+                                 "mdm.aa_reset_session.*GRANT EXECUTE ON FUNCTION"):
+            await worker(limited, ("test_record",)).run()
+        assert (await helpers.job(conn, job_id))["status"] == "pending"
+        await conn.execute(sql.SQL(f"GRANT EXECUTE ON FUNCTION {JOB_END_FUNCTIONS} TO {{}}")
+                           .format(sql.Identifier(role)))
+        await worker(limited, ("test_record",)).run()
+        assert (await helpers.job(conn, job_id))["status"] == "done"

@@ -26,7 +26,7 @@ from jobpool.db.migrate import check_schema, migrate
 from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
-from jobpool.errors import DatabaseUnavailableError, JobpoolError
+from jobpool.errors import DatabaseUnavailableError, JobpoolError, SchemaPrivilegeError
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 CONNECTION_ALLOWANCE = One("connection_allowance")
 DEALLOCATE = Exec("deallocate")
+JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
 RESET_SESSION = One("reset_session")
 
@@ -460,15 +461,29 @@ async def probe(dsn: str, *, timeout: float) -> None:
     """Connect to `dsn` afresh and check that its schema is migrated.
 
     Raises psycopg.OperationalError (unreachable, refusing, or no answer within `timeout`
-    seconds) or SchemaNotMigratedError.
+    seconds), SchemaNotMigratedError, or SchemaPrivilegeError (the role may not execute the
+    functions a writing job ends with).
     """
     try:
         async with asyncio.timeout(timeout):
             async with await AsyncConnection.connect(with_tcp_liveness(dsn),
                                                      autocommit=True) as conn:
                 await check_schema(conn)
+                await check_job_end_privileges(conn)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
+
+
+async def check_job_end_privileges(conn: AsyncConnection[Any]) -> None:
+    """Raise SchemaPrivilegeError unless `conn`'s role may execute the functions a writing
+    job ends with (`end_job`), which a database's default privileges may have kept from
+    PUBLIC."""
+    row = await JOB_END_FUNCTIONS_EXECUTABLE(conn)
+    if not (row and row["executable"]):
+        raise SchemaPrivilegeError(
+            f"role {conn.info.parameter_status('session_authorization') or '?'} may not execute "
+            "mdm.aa_job_done or mdm.aa_reset_session, which every writing job's end calls: "
+            "GRANT EXECUTE ON FUNCTION mdm.aa_job_done, mdm.aa_reset_session TO that role")
 
 
 async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:

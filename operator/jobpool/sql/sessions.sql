@@ -19,6 +19,13 @@ SELECT 1 AS alive;
 SET SESSION AUTHORIZATION DEFAULT;
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
+-- name: job_end_functions_executable :one
+-- Whether the connection's role may execute the functions a writing job ends with.
+SELECT pg_catalog.has_function_privilege(
+           'mdm.aa_job_done(bigint, integer, text, text, jsonb, boolean)', 'EXECUTE')
+       AND pg_catalog.has_function_privilege('mdm.aa_reset_session()', 'EXECUTE')
+       AS executable;
+
 -- name: deallocate :exec
 -- Drop one prepared statement; psycopg.sql.SQL(...).format(): {name} is a sql.Identifier.
 DEALLOCATE {name};
