@@ -131,3 +131,26 @@ async def test_the_done_statements_literals_arrive_as_they_were(
                                                        "e": "é"}
     assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
                               "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
+
+
+async def test_literals_survive_the_quoting_and_encoding_a_handler_left(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A handler that turned standard_conforming_strings off and switched the client encoding
+    to LATIN1: the `done`'s literals still arrive as they were, and the reset restores both."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await tx.execute("SET standard_conforming_strings = off")
+    await tx.execute("SET client_encoding = 'LATIN1'")
+    result = '{"q": "it\'s a \\\\ and grüße"}'
+    await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], result))
+    assert (await job(conn, row["id"]))["result"] == {"q": "it's a \\ and grüße"}
+    assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
+                              "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
+    following = JobTransaction(slots)
+    cur = await following.execute(
+        "SELECT current_setting('standard_conforming_strings') AS scs, "
+        "current_setting('client_encoding') AS encoding, %s::int AS n", (1,))
+    assert await cur.fetchone() == {"scs": "on", "encoding": "UTF8", "n": 1}
+    await following.release()

@@ -2,7 +2,13 @@ import pytest
 from psycopg import _queries as psycopg_queries
 
 from jobpool.db.connect import COMMIT_AND_RESET
-from jobpool.db.store import CLAIM_JOBS, COMPLETE_JOB_OR_RAISE, COMPLETE_JOBS, COMPLETED_BEFORE
+from jobpool.db.store import (
+    CLAIM_JOBS,
+    COMPLETE_JOB_OR_RAISE,
+    COMPLETE_JOBS,
+    COMPLETED_BEFORE,
+    escaped_literal,
+)
 from jobpool.settings import Settings
 from jobpool.sql import MAX_CACHED_TEXT, load_queries, migrations, parse_queries
 
@@ -97,3 +103,9 @@ def test_every_query_has_a_description_and_the_claim_is_the_spec_form() -> None:
 def test_migrations_are_numbered_without_gaps() -> None:
     versions = [version for version, _, _ in migrations()]
     assert versions == list(range(1, len(versions) + 1))
+
+
+def test_an_escaped_literal_reads_the_same_under_either_string_setting() -> None:
+    assert escaped_literal("it's a \\ test") == "E'it''s a \\\\ test'"
+    with pytest.raises(ValueError, match="NUL"):
+        escaped_literal("a\0b")

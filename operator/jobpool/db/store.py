@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import psycopg
-from psycopg import AsyncConnection, IsolationLevel, sql
+from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
@@ -54,6 +54,16 @@ DEFAULT_LEASE = 30.0
 
 CLAIM_CONNECT_TIMEOUT = 10.0
 """Seconds opening the claim connection may take before it counts as a lost connection."""
+
+
+def escaped_literal(text: str) -> str:
+    """`text` as a PostgreSQL escape string constant (`E'...'`), read the same whatever
+    `standard_conforming_strings` a handler left in its session: quotes doubled, backslashes
+    escaped. Raises ValueError on a NUL character, which no PostgreSQL text holds (and which
+    would end the query text early)."""
+    if "\0" in text:
+        raise ValueError("a NUL character cannot be sent in a PostgreSQL text literal")
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 class Completion(NamedTuple):
@@ -248,21 +258,21 @@ class QueueStore:
     def done_statement(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
                        result: str | None) -> bytes:
         """The `done` of attempt `attempts` of job `job_id` as one statement with literal
-        values (quoted as `conn` quotes them), to send in one query with the job's COMMIT
-        (`jobpool.db.connect.end_job`): when this worker no longer holds the claim it fails
-        with SQLSTATE `CLAIM_NOT_HELD`, so the COMMIT after it never runs and the handler's
-        writes are rolled back. The worker's own literals are quoted once per store.
+        values (`escaped_literal`), in `conn`'s client encoding, to send in one query with the
+        job's COMMIT (`jobpool.db.connect.end_job`): when this worker no longer holds the claim
+        it fails with SQLSTATE `CLAIM_NOT_HELD`, so the COMMIT after it never runs and the
+        handler's writes are rolled back. The worker's own literals are quoted once per store.
 
-        result: checked JSON text (`core.jsondata.to_json_text`) or None.
+        result: checked JSON text (`core.jsondata.to_json_text`) or None. Raises
+        UnicodeEncodeError when `result` does not fit the client encoding a handler set.
         """
         if self._claim_literals is None:
-            self._claim_literals = (sql.Literal(self.worker_id).as_string(conn),
-                                    sql.Literal(self.actor).as_string(conn))
+            self._claim_literals = (escaped_literal(self.worker_id), escaped_literal(self.actor))
         worker_id, actor = self._claim_literals
         return COMPLETE_JOB_OR_RAISE.text.format(
             id=int(job_id), attempts=int(attempts), worker_id=worker_id, actor=actor,
-            result="NULL" if result is None else sql.Literal(result).as_string(conn),
-        ).encode()
+            result="NULL" if result is None else escaped_literal(result),
+        ).encode(conn.info.encoding)
 
     async def committed_done(self, job_id: int, attempts: int) -> bool:
         """Whether this worker's `done` of attempt `attempts` of job `job_id` committed (when
