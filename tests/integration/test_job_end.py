@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -63,7 +64,7 @@ async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_i
     with path.open("w") as out:
         taken.pgconn.trace(out.fileno())
         await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
-        await tx.end(store.done_statement(taken, row["id"], row["attempts"], '{"n": 1}'))
+        await tx.end(store.done_statement(row["id"], row["attempts"], '{"n": 1}'))
         taken.pgconn.untrace()
     sent = client_messages(path.read_text())
     assert (sent.count("Sync"), sent.count("Query")) == (1, 1), sent
@@ -87,7 +88,7 @@ async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
     await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
                        (row["id"],))
     with pytest.raises(NotCommittedError) as failed:
-        await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], None))
+        await tx.end(store.done_statement(row["id"], row["attempts"], None))
     assert failed.value.error.sqlstate == CLAIM_NOT_HELD
     after = await job(conn, row["id"])
     assert (after["status"], after["claimed_by"]) == ("running", "other/1/x")
@@ -109,7 +110,7 @@ async def test_a_result_the_column_refuses_is_not_committed(
     tx = JobTransaction(slots)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     with pytest.raises(NotCommittedError) as failed:
-        await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"],
+        await tx.end(store.done_statement(row["id"], row["attempts"],
                                           '{"t": "a\\u0000b"}'))
     assert isinstance(failed.value.error, psycopg.errors.DataError)
     assert (await job(conn, row["id"]))["status"] == "running"
@@ -126,26 +127,33 @@ async def test_the_done_statements_literals_arrive_as_they_were(
     result = '{"q": "it\'s a \\\\ at 100%s, grüße", "e": "\\u00e9"}'
     tx = JobTransaction(slots)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
-    await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], result))
+    await tx.end(store.done_statement(row["id"], row["attempts"], result))
     assert (await job(conn, row["id"]))["result"] == {"q": "it's a \\ at 100%s, grüße",
                                                        "e": "é"}
     assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
                               "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
 
 
+@pytest.mark.parametrize(("encoding", "text"), [
+    ("LATIN1", "it's a \\ and grüße, 5 €"),  # € is not LATIN1: escaped, it needs not be
+    ("SJIS", "¥100 and ¥'"),  # SJIS and EUC_JP send ¥ as the byte of a backslash
+    ("EUC_JP", "¥'; COMMIT; --"),
+])
 async def test_literals_survive_the_quoting_and_encoding_a_handler_left(
-    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]], encoding: str,
+    text: str,
 ) -> None:
-    """A handler that turned standard_conforming_strings off and switched the client encoding
-    to LATIN1: the `done`'s literals still arrive as they were, and the reset restores both."""
+    """A handler that turned standard_conforming_strings off and switched the client encoding:
+    the `done`'s literals (ASCII, other characters escaped) still arrive as they were, and
+    the reset restores both settings."""
     store, slots, row = claimed
     tx = JobTransaction(slots)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await tx.execute("SET standard_conforming_strings = off")
-    await tx.execute("SET client_encoding = 'LATIN1'")
-    result = '{"q": "it\'s a \\\\ and grüße"}'
-    await tx.end(store.done_statement(tx.connection(), row["id"], row["attempts"], result))
-    assert (await job(conn, row["id"]))["result"] == {"q": "it's a \\ and grüße"}
+    await tx.execute(f"SET client_encoding = '{encoding}'")
+    result = json.dumps({"q": text}, ensure_ascii=False)
+    await tx.end(store.done_statement(row["id"], row["attempts"], result))
+    assert (await job(conn, row["id"]))["result"] == {"q": text}
     assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
                               "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
     following = JobTransaction(slots)

@@ -20,10 +20,12 @@ import pytest
 import jobpool
 from jobpool.core.kinds import KindDefaults
 from jobpool.db.store import Completion
+from jobpool.errors import PermanentError
 from jobpool.job import Job
 from jobpool.metrics import WorkerMetrics
 from jobpool.registry import KindSpec
-from jobpool.worker.executor import JobExecutor
+from jobpool.worker.completer import ResultRefused
+from jobpool.worker.executor import JobExecutor, refused_done
 from jobpool.worker.slot_connections import SlotConnections
 from jobpool.worker.token_store import TokenStore
 
@@ -194,3 +196,17 @@ async def test_a_cancelled_attempt_is_handed_back_and_the_cancellation_goes_on()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert store.writes == [("release", 7, {"delay": 0.0})]
+
+
+def test_a_refused_done_is_read_by_what_refused_it() -> None:
+    """A role the handler left refuses the done for good (the DLQ, with the reason); the
+    worker's own role without EXECUTE on the done's function is an operator's GRANT away, so
+    that job is retried; a value the column refuses is the result's fault."""
+    left_role = psycopg.errors.InsufficientPrivilege("permission denied for table aa_job")
+    assert isinstance(refused_done(left_role), PermanentError)
+    no_grant = psycopg.errors.InsufficientPrivilege(
+        "permission denied for function aa_job_done")
+    assert refused_done(no_grant) is no_grant
+    assert isinstance(refused_done(psycopg.errors.CheckViolation("no")), ResultRefused)
+    lost = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+    assert refused_done(lost) is lost

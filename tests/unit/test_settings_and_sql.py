@@ -107,5 +107,6 @@ def test_migrations_are_numbered_without_gaps() -> None:
 
 def test_an_escaped_literal_reads_the_same_under_either_string_setting() -> None:
     assert escaped_literal("it's a \\ test") == "E'it''s a \\\\ test'"
+    assert escaped_literal("¥ é 🎉") == "E'\\u00a5 \\u00e9 \\U0001f389'"  # ASCII alone
     with pytest.raises(ValueError, match="NUL"):
         escaped_literal("a\0b")

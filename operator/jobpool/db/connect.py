@@ -457,19 +457,21 @@ async def open_live_pool(
     return pool
 
 
-async def probe(dsn: str, *, timeout: float) -> None:
-    """Connect to `dsn` afresh and check that its schema is migrated.
+async def probe(dsn: str, *, timeout: float, for_worker: bool = False) -> None:
+    """Connect to `dsn` afresh and check that its schema is migrated, and `for_worker`, that
+    its role may execute the functions a writing job ends with (a worker's probe; the API
+    and the commands call no such function).
 
     Raises psycopg.OperationalError (unreachable, refusing, or no answer within `timeout`
-    seconds), SchemaNotMigratedError, or SchemaPrivilegeError (the role may not execute the
-    functions a writing job ends with).
+    seconds), SchemaNotMigratedError, or SchemaPrivilegeError.
     """
     try:
         async with asyncio.timeout(timeout):
             async with await AsyncConnection.connect(with_tcp_liveness(dsn),
                                                      autocommit=True) as conn:
                 await check_schema(conn)
-                await check_job_end_privileges(conn)
+                if for_worker:
+                    await check_job_end_privileges(conn)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
 

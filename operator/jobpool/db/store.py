@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -57,13 +58,26 @@ CLAIM_CONNECT_TIMEOUT = 10.0
 
 
 def escaped_literal(text: str) -> str:
-    """`text` as a PostgreSQL escape string constant (`E'...'`), read the same whatever
-    `standard_conforming_strings` a handler left in its session: quotes doubled, backslashes
-    escaped. Raises ValueError on a NUL character, which no PostgreSQL text holds (and which
+    """`text` as a PostgreSQL escape string constant (`E'...'`) of ASCII characters alone:
+    quotes doubled, backslashes escaped, every other character a `\\uXXXX` (`\\UXXXXXXXX`)
+    escape. So it reads the same whatever `standard_conforming_strings` or client encoding a
+    handler left in its session (in SJIS and EUC_JP a byte of another character may be a
+    backslash). Raises ValueError on a NUL character, which no PostgreSQL text holds (and which
     would end the query text early)."""
     if "\0" in text:
         raise ValueError("a NUL character cannot be sent in a PostgreSQL text literal")
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+    escaped = text.replace("\\", "\\\\").replace("'", "''")
+    if not escaped.isascii():
+        escaped = NOT_ASCII.sub(_unicode_escape, escaped)
+    return "E'" + escaped + "'"
+
+
+NOT_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _unicode_escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 class Completion(NamedTuple):
@@ -255,16 +269,14 @@ class QueueStore:
         row = await COMPLETE_JOB(conn, {**self._cas(job_id, attempts), "result": result})
         return bool(row and row["changed"])
 
-    def done_statement(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
-                       result: str | None) -> bytes:
-        """The `done` of attempt `attempts` of job `job_id` as one statement with literal
-        values (`escaped_literal`), in `conn`'s client encoding, to send in one query with the
-        job's COMMIT (`jobpool.db.connect.end_job`): when this worker no longer holds the claim
-        it fails with SQLSTATE `CLAIM_NOT_HELD`, so the COMMIT after it never runs and the
-        handler's writes are rolled back. The worker's own literals are quoted once per store.
+    def done_statement(self, job_id: int, attempts: int, result: str | None) -> bytes:
+        """The `done` of attempt `attempts` of job `job_id` as one statement of ASCII text,
+        its values literals (`escaped_literal`), to send in one query with the job's COMMIT
+        (`jobpool.db.connect.end_job`): when this worker no longer holds the claim it fails
+        with SQLSTATE `CLAIM_NOT_HELD`, so the COMMIT after it never runs and the handler's
+        writes are rolled back. The worker's own literals are quoted once per store.
 
-        result: checked JSON text (`core.jsondata.to_json_text`) or None. Raises
-        UnicodeEncodeError when `result` does not fit the client encoding a handler set.
+        result: checked JSON text (`core.jsondata.to_json_text`) or None.
         """
         if self._claim_literals is None:
             self._claim_literals = (escaped_literal(self.worker_id), escaped_literal(self.actor))
@@ -272,7 +284,7 @@ class QueueStore:
         return COMPLETE_JOB_OR_RAISE.text.format(
             id=int(job_id), attempts=int(attempts), worker_id=worker_id, actor=actor,
             result="NULL" if result is None else escaped_literal(result),
-        ).encode(conn.info.encoding)
+        ).encode("ascii")
 
     async def committed_done(self, job_id: int, attempts: int) -> bool:
         """Whether this worker's `done` of attempt `attempts` of job `job_id` committed (when

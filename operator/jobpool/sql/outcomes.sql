@@ -10,7 +10,7 @@ SELECT mdm.aa_job_done(%(id)s, %(attempts)s, %(worker_id)s, %(actor)s, %(result)
 -- name: complete_job_or_raise :exec
 -- The same, as the first statement of the query that ends a writing job with its COMMIT:
 -- a claim no longer held raises SQLSTATE JP001, so that the COMMIT after it does not run.
--- psycopg.sql.SQL(...).format(): every placeholder is a sql.Literal.
+-- str.format(): every placeholder a literal (`QueueStore.done_statement`).
 SELECT mdm.aa_job_done({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb, true);
 
 -- name: complete_jobs :many

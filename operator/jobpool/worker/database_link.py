@@ -205,7 +205,7 @@ class PoolConnector:
         self.make_store = make_store
 
     async def probe(self) -> None:
-        await probe(self.dsn, timeout=PROBE_TIMEOUT)
+        await probe(self.dsn, timeout=PROBE_TIMEOUT, for_worker=True)
 
     async def fit(self) -> None:
         await self._fit()

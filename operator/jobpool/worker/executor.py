@@ -151,8 +151,7 @@ class OutcomeStore(Protocol):
     async def complete(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
                        result: str | None) -> bool: ...
 
-    def done_statement(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
-                       result: str | None) -> bytes: ...
+    def done_statement(self, job_id: int, attempts: int, result: str | None) -> bytes: ...
 
     async def committed_done(self, job_id: int, attempts: int) -> bool: ...
 
@@ -316,8 +315,7 @@ class JobExecutor:
         server refused."""
         self.leases.finishing(job.id)
         try:
-            await tx.end(self.store.done_statement(tx.connection(), job.id, job.attempts,
-                                                   stored))
+            await tx.end(self.store.done_statement(job.id, job.attempts, stored))
         except NotCommittedError as failed:
             if transaction_conflict(failed.error):
                 raise OwnConflictError(failed.error) from failed.error
@@ -505,6 +503,8 @@ def refused_done(exc: psycopg.Error) -> Exception:
     if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
         return ResultRefused(exc)
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        if "permission denied for function" in str(exc):
+            return exc  # the worker's role lost EXECUTE on the done (a GRANT away): retried
         return PermanentError(
             "the job's done, written in its transaction, was refused under the role the "
             "handler left that transaction in (SET ROLE, SET SESSION AUTHORIZATION): a "
