@@ -11,8 +11,8 @@ Public API, all on the base install (`pip install jobpool`, README "Install"):
 - the errors (docs/writing-kinds.md, "Errors"): `JobpoolError`, the base of them all;
   `PermanentError` and `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
   `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
-  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`,
-  `ConnectionBudgetError`.
+  `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`
+  (and its `SchemaPrivilegeError`), `ConnectionBudgetError`.
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
@@ -28,6 +28,7 @@ from jobpool.errors import (
     PermanentError,
     RetryAfter,
     SchemaNotMigratedError,
+    SchemaPrivilegeError,
     UnknownKindError,
     UnknownTenantError,
 )
@@ -52,9 +53,9 @@ __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",
     "DatabaseUnavailableError", "Enqueued", "FetchError", "InvalidPayloadError", "Job",
     "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob", "PermanentError",
-    "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "Subscription", "UnknownKindError",
-    "UnknownTenantError", "Upload", "WebhookVerificationError", "commit_upload",
-    "commit_upload_sync", "enqueue", "enqueue_many", "enqueue_many_sync", "enqueue_sync", "kind",
-    "publish_event", "publish_event_sync", "register_fetcher", "subscribe_webhook",
-    "verify_webhook",
+    "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "SchemaPrivilegeError",
+    "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
+    "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",
+    "enqueue_many_sync", "enqueue_sync", "kind", "publish_event", "publish_event_sync",
+    "register_fetcher", "subscribe_webhook", "verify_webhook",
 ]
