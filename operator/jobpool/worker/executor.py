@@ -7,9 +7,9 @@ The job's transaction: the handler's `tx` is a `JobTransaction`, which takes the
 connection (`SlotConnections`) on the handler's first use of it and puts that connection in
 job scope (`JobConnection.job_scope`): the transaction starts with the handler's first
 statement, so a handler that sends none leaves the connection idle, and its `done` goes to
-the completer's batch; a handler that wrote gets its `done` in its own transaction, then one
-COMMIT. Without `batch_completions` every job runs in a transaction opened before its
-handler.
+the completer's batch; a handler that wrote gets its `done`, the COMMIT and the session reset
+in one query (`JobTransaction.end`). Without `batch_completions` every job runs in a
+transaction opened before its handler.
 """
 
 from __future__ import annotations
