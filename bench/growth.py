@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from jobpool.db.queries import Many, One
+from jobpool.db.store import claim_parameters
 
 CLAIM_JOBS = Many("claim_jobs")
 CLAIM_SESSION = One("claim_session")
@@ -78,8 +79,8 @@ def measure(size: int, repeat: int) -> dict[str, Any]:
         conn.execute("VACUUM ANALYZE mdm.aa_job")
         fill_s = time.monotonic() - started
         conn.autocommit = False
-        claim = {"kinds": KINDS, "tenants": None, "limit": 4, "worker_id": "bench/1/growth",
-                 "throttled": []}
+        claim = claim_parameters(kinds=KINDS, tenants=None, limit=4,
+                                 worker_id="bench/1/growth", lease=30.0)
         one_kind = {**claim, "kinds": KINDS[:1]}
         timings: dict[str, list[float]] = {"claim_all_kinds": [], "claim_one_kind": []}
         for _ in range(max(10, repeat * 10)):

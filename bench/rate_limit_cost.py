@@ -30,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import jobpool
 from jobpool.db.migrate import migrate
 from jobpool.db.queries import Many, One
-from jobpool.db.store import register_kinds
+from jobpool.db.store import claim_parameters, register_kinds
 from jobpool.enqueue import NewJob, enqueue_many
 from jobpool.job import Job
 from jobpool.pauses import pause
@@ -107,8 +107,7 @@ async def claim_buffers(dsn: str) -> int:
         await conn.execute(CLAIM_SESSION.text)
         cur = await conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_JOBS.text,
-            {"kinds": [KIND], "tenants": None, "limit": 4, "lease": 30, "worker_id": "bench",
-             "throttled": []})
+            claim_parameters(kinds=[KIND], tenants=None, limit=4, worker_id="bench", lease=30))
         row = await cur.fetchone()
         await conn.rollback()
     assert row is not None

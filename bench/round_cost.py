@@ -34,7 +34,7 @@ from psycopg import sql
 
 from jobpool.db.migrate import migrate
 from jobpool.db.queries import Many, NamedQuery, One
-from jobpool.db.store import claim_caps
+from jobpool.db.store import claim_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
@@ -95,9 +95,8 @@ def one_round(conn: psycopg.Connection[Any], batch: int,
               running: int) -> dict[str, tuple[float, int]]:
     """Claim `running` jobs, then the `done` of `batch` of them (rolled back), both under
     EXPLAIN ANALYZE; the figures of both, in ms and buffers for the whole batch."""
-    claim = explained(conn, Many("claim_jobs"), {
-        "kinds": ["reindex"], "tenants": None, "limit": running, "worker_id": "bench",
-        **claim_caps({}), "lease": 60.0})
+    claim = explained(conn, Many("claim_jobs"), claim_parameters(
+        kinds=["reindex"], tenants=None, limit=running, worker_id="bench", lease=60.0))
     ids = [row[0] for row in conn.execute(
         "SELECT id FROM mdm.aa_job WHERE status = 'running' AND claimed_by = 'bench' "
         "ORDER BY id").fetchall()]

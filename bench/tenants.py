@@ -38,6 +38,7 @@ from psycopg.rows import dict_row
 
 from jobpool.core.crd import API_VERSION
 from jobpool.db.queries import Many, One
+from jobpool.db.store import claim_parameters
 
 CLAIM_JOBS = Many("claim_jobs")
 CLAIM_SESSION = One("claim_session")
@@ -128,8 +129,8 @@ def _claim_params(conn: psycopg.Connection[Any], lane: str) -> dict[str, Any]:
     assert quiet is not None
     kinds, tenants = {"heavy": (["index_sync", "gin_backfill"], None),
                       "tenant": (KINDS, [quiet["id"]])}[lane]
-    return {"kinds": kinds, "tenants": tenants, "limit": 4, "worker_id": "bench/1/claim",
-            "capped": [], "caps": []}
+    return claim_parameters(kinds=kinds, tenants=tenants, limit=4, worker_id="bench/1/claim",
+                            lease=30.0)
 
 
 def foreign_backlog(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:

@@ -97,7 +97,7 @@ def test_every_query_has_a_description_and_the_claim_is_the_spec_form() -> None:
     assert all(query.doc for query in load_queries().values())
     claim = CLAIM_JOBS.text
     assert "FOR UPDATE SKIP LOCKED" in claim
-    assert "ORDER BY j.priority, j.available_at, j.id" in claim
+    assert "ORDER BY priority, available_at, id\nLIMIT 1" in claim
 
 
 def test_migrations_are_numbered_without_gaps() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -16,6 +17,7 @@ from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from jobpool.core.claim_bounds import Bound, ClaimBounds, Pair, claim_pairs
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
 
@@ -113,6 +115,8 @@ class QueueStore:
         self.lease = lease
         """Seconds each claim is leased for (its claimer renews it: `jobpool.worker.leases`)."""
         self._claimer: AsyncConnection[Any] | None = None
+        self._claim_bounds = ClaimBounds()
+        """Where claims start while a snapshot held open slows the full claim."""
         self._claim_literals: tuple[str, str] | None = None
         """worker_id and actor as SQL literals (`done_statement`)."""
 
@@ -147,7 +151,8 @@ class QueueStore:
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
         within a priority level tenants take turns (docs/concepts.md, "Fair turns between
-        tenants").
+        tenants"). While full claims are slow (a snapshot held open), the claims in between
+        start where this store's last ones ended (`jobpool.core.claim_bounds`).
 
         It runs on the store's own claim connection (`claim_session`: a generic plan, the
         server's commit durability; behind a transaction pooler `claim_transaction`
@@ -169,10 +174,10 @@ class QueueStore:
                 before = await conn.execute(COMPLETED_BEFORE.text, {
                     "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
                     "worker_id": self.worker_id}) if resent else None
-                claim = await conn.execute(CLAIM_JOBS.text, {
-                    "kinds": list(kinds), "tenants": None if tenants is None else list(tenants),
-                    "limit": limit, "worker_id": self.worker_id, **capped, "lease": self.lease,
-                }) if limit > 0 else None
+                bounds = self._claim_bounds.next_bounds(time.monotonic())
+                claim = await conn.execute(CLAIM_JOBS.text, claim_parameters(
+                    kinds=kinds, tenants=tenants, limit=limit, worker_id=self.worker_id,
+                    lease=self.lease, caps=capped, bounds=bounds)) if limit > 0 else None
                 await conn.commit()
             held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
             if before:
@@ -181,6 +186,8 @@ class QueueStore:
         except BaseException:
             await self._drop_claim_connection()
             raise
+        if claim:
+            self._claim_bounds.claimed(claimed, full=bounds is None, now=time.monotonic())
         return held, claimed
 
     async def _claim_connection(self) -> AsyncConnection[Any]:
@@ -328,6 +335,22 @@ class QueueStore:
         async with self.pool.connection() as conn:
             return await RELEASE_UNRUN_CLAIMS(
                 conn, {"running": list(running), "worker_id": self.worker_id})
+
+
+def claim_parameters(
+    *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None, limit: int, worker_id: str,
+    lease: float, caps: Mapping[str, list[Any]] | None = None,
+    bounds: Mapping[Pair, Bound] | None = None,
+) -> dict[str, Any]:
+    """The parameters of `claim_jobs`: up to `limit` jobs of `kinds` (and `tenants`, None =
+    all) for `worker_id`, leased for `lease` seconds; `caps` as `claim_caps` returns them
+    (None: no pair capped); `bounds` for a bounded claim (`jobpool.core.claim_bounds`), None
+    for a full one."""
+    return {
+        "kinds": list(kinds), "pairs": claim_pairs(kinds, tenants, bounds), "limit": limit,
+        "worker_id": worker_id, "lease": lease,
+        **(claim_caps(UNCAPPED) if caps is None else caps),
+    }
 
 
 def claim_caps(caps: Mapping[str, int]) -> dict[str, list[Any]]:

@@ -18,6 +18,11 @@
 -- by priority, then by the row's rank among its tenant's rows of that priority, then by the
 -- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
 -- priority level tenants take turns (round robin), across levels priority rules.
+-- %(pairs)s (jsonb: [{job_kind, tenant_id, priority, available_at, id}]) names the pairs to read
+-- and where in each to start, past that position: its own tenants' pairs for a worker that
+-- serves some tenants only (from the start), or a bounded claim's (past the last job claimed
+-- there: while a snapshot held open keeps every claimed job's index entry alive,
+-- docs/operations.md, "A snapshot held open"); null reads every tenant's pairs.
 WITH RECURSIVE
 kinds AS (
     -- a kind paused for every tenant is not walked at all
@@ -26,37 +31,43 @@ kinds AS (
                         WHERE p.tenant_id IS NULL AND p.job_kind = k.job_kind)
 ),
 scanned AS (
-    -- every tenant (%(tenants)s null): the head of each pair, walking the tenants of a kind
+    -- a full claim for every tenant (%(pairs)s null): the head of each pair, walking the
+    -- tenants of a kind
     SELECT h.*
       FROM kinds k
       CROSS JOIN LATERAL (
-           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
-            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.available_at <= now()
-            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+           SELECT job_kind, tenant_id, priority, available_at, id FROM mdm.aa_job
+            WHERE status = 'pending' AND job_kind = k.job_kind AND available_at <= now()
+            ORDER BY tenant_id, priority, available_at, id
             LIMIT 1) h
-     WHERE %(tenants)s::uuid[] IS NULL
+     WHERE %(pairs)s::jsonb IS NULL
     UNION ALL
     SELECT h.*
       FROM scanned s
       CROSS JOIN LATERAL (
-           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
-            WHERE j.status = 'pending' AND j.job_kind = s.job_kind AND j.tenant_id > s.tenant_id
-              AND j.available_at <= now()
-            ORDER BY j.tenant_id, j.priority, j.available_at, j.id
+           SELECT job_kind, tenant_id, priority, available_at, id FROM mdm.aa_job
+            WHERE status = 'pending' AND job_kind = s.job_kind AND tenant_id > s.tenant_id
+              AND available_at <= now()
+            ORDER BY tenant_id, priority, available_at, id
             LIMIT 1) h
 ),
 heads AS (
     SELECT * FROM scanned
     UNION ALL
-    -- the worker's own tenants: the head of each of their pairs
+    -- the pairs named (%(pairs)s: those of the worker's own tenants, or a bounded claim's,
+    -- `jobpool.core.claim_bounds`), the head of each past its position (priority,
+    -- available_at, id), so that a bounded claim does not step over the jobs claimed before
     SELECT h.*
-      FROM kinds k
-      CROSS JOIN (SELECT DISTINCT unnest(%(tenants)s::uuid[]) AS tenant_id) t
+      FROM jsonb_to_recordset(%(pairs)s::jsonb)
+           AS b(job_kind text, tenant_id uuid, priority smallint, available_at timestamptz,
+                id bigint)
+      JOIN kinds USING (job_kind)
       CROSS JOIN LATERAL (
-           SELECT j.job_kind, j.tenant_id, j.priority, j.available_at, j.id FROM mdm.aa_job j
-            WHERE j.status = 'pending' AND j.job_kind = k.job_kind AND j.tenant_id = t.tenant_id
-              AND j.available_at <= now()
-            ORDER BY j.priority, j.available_at, j.id
+           SELECT job_kind, tenant_id, priority, available_at, id FROM mdm.aa_job
+            WHERE status = 'pending' AND job_kind = b.job_kind AND tenant_id = b.tenant_id
+              AND (priority, available_at, id) > (b.priority, b.available_at, b.id)
+              AND available_at <= now()
+            ORDER BY priority, available_at, id
             LIMIT 1) h
 ),
 open_heads AS (
@@ -78,7 +89,7 @@ open_heads AS (
                           AND (p.job_kind = h.job_kind OR p.job_kind IS NULL))
 ),
 chosen AS (
-    SELECT job_kind, tenant_id, turn_at, cap
+    SELECT *
       FROM open_heads
      ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
@@ -87,10 +98,13 @@ locked AS (
     SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
       FROM chosen c
       CROSS JOIN LATERAL (
-           SELECT j.id, j.tenant_id, j.priority, j.available_at FROM mdm.aa_job j
-            WHERE j.status = 'pending' AND j.job_kind = c.job_kind
-              AND j.tenant_id = c.tenant_id AND j.available_at <= now()
-            ORDER BY j.priority, j.available_at, j.id
+           SELECT id, tenant_id, priority, available_at FROM mdm.aa_job
+            WHERE status = 'pending' AND job_kind = c.job_kind
+              AND tenant_id = c.tenant_id AND available_at <= now()
+              -- from the pair's head on: what lies before it in the index is not pending for
+              -- this statement's snapshot, and may be many entries (a snapshot held open)
+              AND (priority, available_at, id) >= (c.priority, c.available_at, c.id)
+            ORDER BY priority, available_at, id
             -- least() passes over a NULL cap
             LIMIT least(%(limit)s - (SELECT count(*) FROM chosen) + 1, c.cap)
               FOR NO KEY UPDATE SKIP LOCKED) r
@@ -106,17 +120,17 @@ next AS (
 ),
 claimed AS (
     -- by primary key: the plan is made once for any %(limit)s, and a join could scan the table
-    UPDATE mdm.aa_job j
+    UPDATE mdm.aa_job
        SET status = 'running', claimed_by = %(worker_id)s, claimed_at = now(),
            heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-           attempts = j.attempts + 1
-     WHERE j.id = ANY (ARRAY(SELECT id FROM next))
-    RETURNING j.id, j.tenant_id, j.job_kind, j.payload, j.status::text AS status, j.priority,
-              j.available_at, j.created_at, j.claimed_by, j.claimed_at, j.attempts,
-              j.max_attempts, j.last_error, j.idempotency_key, j.trace_context,
-              -- epochs, not a difference of timestamps: that fails for an infinite created_at
-              (extract(epoch FROM j.claimed_at) - extract(epoch FROM j.created_at))::float8
-                  AS claim_latency
+           attempts = attempts + 1
+     WHERE id = ANY (ARRAY(SELECT id FROM next))
+    RETURNING id, tenant_id, job_kind, payload, status::text, priority,
+              available_at, created_at, claimed_by, claimed_at, attempts,
+              max_attempts, last_error, idempotency_key, trace_context,
+              -- the statement's time to its rows (`jobpool.core.claim_bounds`: its walk of the
+              -- index, without the COMMIT or the network)
+              clock_timestamp() - statement_timestamp() AS claim_time
 ),
 served AS (
     SELECT DISTINCT tenant_id FROM claimed
@@ -183,20 +197,25 @@ SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
 -- Renew the lease of this worker's running jobs for %(lease)s seconds from now; returns the ids
 -- it still holds.
 WITH locked AS (
-    -- rows are locked in id order, as complete_jobs does, so the two never deadlock
-    SELECT id
-      FROM mdm.aa_job
-     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND claimed_by = %(worker_id)s
-     ORDER BY id
-       FOR NO KEY UPDATE
+    -- rows are locked in id order, as complete_jobs does, so the two never deadlock; each by
+    -- one descent of ix_aa_job_running (claimed_by, id) (the lateral subquery, kept apart by
+    -- OFFSET 0): the ids as a filter of this worker's entries would walk every one of them,
+    -- which a snapshot held open keeps for each job it claimed since
+    SELECT j.id
+      FROM (SELECT DISTINCT unnest(%(ids)s::bigint[]) AS id ORDER BY id) i
+      CROSS JOIN LATERAL (
+            SELECT j.id FROM mdm.aa_job j
+             WHERE j.id = i.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+             OFFSET 0
+               FOR NO KEY UPDATE) j
 )
 UPDATE mdm.aa_job j
    SET heartbeat_at = clock_timestamp(),
        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
- -- the locked ids as one array, read once: a join with the locked rows may be planned as a
- -- rescan of them per row (quadratic in the jobs held)
- WHERE j.id = ANY ((SELECT array_agg(id) FROM locked)::bigint[]) AND j.status = 'running'
-   AND j.claimed_by = %(worker_id)s
+ -- by primary key alone (`locked` holds the rows, checked there); the locked ids as one
+ -- array, read once: a join with the locked rows may be planned as a rescan of them per row
+ -- (quadratic in the jobs held)
+ WHERE j.id = ANY ((SELECT array_agg(id) FROM locked)::bigint[])
 RETURNING j.id;
 
 -- name: stopped_jobs :many

@@ -36,12 +36,14 @@ WITH input AS (
     -- of them per row (quadratic in the batch)
     SELECT array_agg(id) AS ids, array_agg(result) AS results FROM locked
 ), done AS (
+    -- by primary key alone: `locked` holds these rows, checked there. A condition on
+    -- claimed_by here is planned as a walk of every entry of this worker's in
+    -- ix_aa_job_running, which a snapshot held open keeps for each job it claimed since
     UPDATE mdm.aa_job j
        SET status = 'done', completed_at = clock_timestamp(), last_error = NULL,
            heartbeat_at = NULL, lease_expires_at = NULL,
            result = (SELECT results FROM held)[array_position((SELECT ids FROM held), j.id)]
-     WHERE j.id = ANY ((SELECT ids FROM held)::bigint[]) AND j.status = 'running'
-       AND j.claimed_by = %(worker_id)s
+     WHERE j.id = ANY ((SELECT ids FROM held)::bigint[])
     RETURNING j.id, j.tenant_id, j.job_kind
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
