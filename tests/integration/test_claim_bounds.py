@@ -88,6 +88,7 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
         conn: Conn, store: QueueStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # every full claim counts as slow, and bounded claims last all of this test
     monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
+    monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
     monkeypatch.setattr(claim_bounds, "FULL_CLAIM_EVERY", 3600.0)
     tenant, other = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     ids = await _jobs(conn, tenant, 10)
@@ -110,6 +111,7 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
 async def test_a_worker_of_its_own_tenants_reads_each_of_their_pairs_past_its_bound(
         conn: Conn, store: QueueStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
+    monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
     monkeypatch.setattr(claim_bounds, "FULL_CLAIM_EVERY", 3600.0)
     a, b, c = [await add_tenant(conn, key) for key in "abc"]
     jobs_a, jobs_b, jobs_c = [await _jobs(conn, t, 4) for t in (a, b, c)]

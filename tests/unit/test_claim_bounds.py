@@ -10,6 +10,7 @@ from typing import Any
 from jobpool.core.claim_bounds import (
     FULL_CLAIM_EVERY,
     SLOW_CLAIM,
+    SLOW_PAIR,
     ClaimBounds,
     claim_pairs,
 )
@@ -21,9 +22,10 @@ FAST = timedelta(seconds=SLOW_CLAIM / 10)
 
 
 def row(job_id: int, tenant: uuid.UUID = A, *, took: timedelta = SLOW, priority: int = 100,
-        kind: str = "k") -> dict[str, Any]:
+        kind: str = "k", pairs: int = 2) -> dict[str, Any]:
     return {"job_kind": kind, "tenant_id": tenant, "priority": priority,
-            "available_at": T0 + timedelta(seconds=job_id), "id": job_id, "claim_time": took}
+            "available_at": T0 + timedelta(seconds=job_id), "id": job_id, "claim_time": took,
+            "pairs_read": pairs}
 
 
 def bound(job_id: int, priority: int = 100) -> tuple[int, datetime, int]:
@@ -41,10 +43,24 @@ def slow_bounds(*rows: dict[str, Any], now: float = 0.0) -> ClaimBounds:
 def test_claims_are_full_until_two_full_claims_in_a_row_were_slow() -> None:
     bounds = ClaimBounds()
     assert bounds.next_bounds(0.0) is None
-    bounds.claimed([row(1)], full=True, now=0.0)
+    assert bounds.claimed([row(1)], full=True, now=0.0) is None
     assert bounds.next_bounds(0.0) is None  # one slow claim may be the plan or the load
-    bounds.claimed([row(2), row(3), row(4, B)], full=True, now=0.0)
+    assert bounds.claimed([row(2), row(3), row(4, B)], full=True, now=0.0) == "bounded"
     assert bounds.next_bounds(0.5) == {("k", A): bound(3), ("k", B): bound(4)}
+    assert bounds.claimed([row(5)], full=False, now=0.5) is None
+    assert bounds.claimed([row(6)], full=True, now=1.0) is None  # still slow: no news
+    assert bounds.claimed([row(7, took=FAST)], full=True, now=2.0) == "full"
+    assert bounds.claimed([row(8, took=FAST)], full=True, now=2.0) is None
+
+
+def test_a_claim_long_for_the_many_pairs_it_read_is_not_slow() -> None:
+    bounds = ClaimBounds()
+    many = int(SLOW.total_seconds() / SLOW_PAIR) + 1  # under SLOW_PAIR seconds per pair
+    for job_id in (1, 2, 3):
+        assert bounds.claimed([row(job_id, pairs=many)], full=True, now=0.0) is None
+    assert bounds.next_bounds(0.0) is None
+    bounds.claimed([row(4, pairs=many - 2)], full=True, now=0.0)
+    assert bounds.claimed([row(5, pairs=many - 2)], full=True, now=0.0) == "bounded"
 
 
 def test_a_fast_full_claim_ends_bounded_claims() -> None:

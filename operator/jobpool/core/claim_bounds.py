@@ -8,7 +8,8 @@ marked dead, so each claim steps over all of them, a heap visit each, before it 
 pending job. At 3,000 jobs/s that is 180,000 more entries a minute, and the worker's rate
 falls to a fraction of what it was.
 
-So while full claims take `SLOW_CLAIM` seconds or more, the worker claims *bounded*: only
+So while full claims take `SLOW_CLAIM` seconds or more (and `SLOW_PAIR` per pair they read:
+not a claim that is long because it reads many pairs), the worker claims *bounded*: only
 from the pairs it claimed from since its last full claim, each starting past the last job it
 took there (its bound: the job's priority, available_at and id, the index's order). Every job
 before a bound was claimed, or locked by another worker's claim, when the bound was set.
@@ -34,6 +35,12 @@ SLOW_CLAIM = 0.01
 """Seconds a full claim statement may take on the server (to its rows: without the COMMIT or
 the network) before it counts as slow: a claim of a few dozen jobs takes about a millisecond
 there, one over a thousand tenants' heads a few; ten means it walks entries it cannot skip."""
+
+SLOW_PAIR = 0.0001
+"""Seconds per pair read a slow full claim takes at least: a descent to a pair's head takes a
+few microseconds, so a claim over ten thousand pairs may take 30 ms and read nothing it could
+skip (bounded claims would only hold the other tenants' turns back); a hundred means the
+heads it found lay behind hundreds of entries each."""
 
 SLOW_STREAK = 2
 """Slow full claims in a row before the next claims are bounded: the first claim on a new
@@ -74,40 +81,48 @@ class ClaimBounds:
         """The bounds the next claim starts at (`claim_pairs`), or None for a full claim."""
         return self._bounds if self._bounds and now < self._bounded_until else None
 
-    def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool, now: float) -> None:
-        """Record a claim's rows (dicts with job_kind, tenant_id, priority, available_at, id
-        and claim_time, the statement's time on the server as a timedelta), whether it was
-        `full`, and when it ended (`now`).
+    def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool,
+                now: float) -> str | None:
+        """Record a claim's rows (dicts with job_kind, tenant_id, priority, available_at, id,
+        claim_time, the statement's time on the server as a timedelta, and pairs_read, the
+        heads it found), whether it was `full`, and when it ended (`now`).
 
-        A full claim that took jobs fast ends bounded claiming: the next claim is full again.
+        A full claim that took jobs fast (under `SLOW_CLAIM`, or under `SLOW_PAIR` per pair
+        read) ends bounded claiming: the next claim is full again.
         A slow one (the `SLOW_STREAK`th in a row, or while claims are bounded) sets the bounds
         of the pairs it took from (it started at their heads, so its last job is the bound,
         even below the one before) and keeps those of the pairs claimed from since the full
         claim before, so that a full claim that found nothing this once does not end bounded
         claiming; a pair not claimed from for a whole interval is dropped. A full claim that
         took nothing tells nothing of its speed. A bounded claim moves its pairs' bounds on.
+
+        Returns what changed, for the worker's log: "bounded" when bounded claims begin,
+        "full" when they end, else None.
         """
         if not full:
             for pair, bound in _last_per_pair(rows).items():
                 self._bounds[pair] = max(bound, self._bounds.get(pair, bound))
                 self._recent.add(pair)
-            return
+            return None
         # any row's time will do: every row is written after the walk that found them all
         took = rows[0]["claim_time"].total_seconds() if rows else None
         if took is None and self._slow < SLOW_STREAK:
-            return
-        if took is not None and took < SLOW_CLAIM:
+            return None
+        if took is not None and (took < SLOW_CLAIM
+                                 or took < SLOW_PAIR * rows[0]["pairs_read"]):
+            ended = self._slow >= SLOW_STREAK
             if self._slow:
                 self._bounds, self._recent, self._slow, self._bounded_until = {}, set(), 0, 0.0
-            return
+            return "full" if ended else None
         self._slow += 1
         if self._slow < SLOW_STREAK:
-            return
+            return None
         self._bounded_until = now + max(FULL_CLAIM_EVERY, (took or 0.0) / FULL_CLAIM_SHARE)
         taken = _last_per_pair(rows)
         self._bounds = {pair: bound for pair, bound in self._bounds.items()
                         if pair in self._recent} | taken
         self._recent = set(taken)
+        return "bounded" if self._slow == SLOW_STREAK else None
 
 
 def claim_pairs(kinds: Sequence[str], tenants: Sequence[UUID] | None,

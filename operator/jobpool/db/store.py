@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 import uuid
@@ -17,9 +18,18 @@ from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from jobpool.core.claim_bounds import Bound, ClaimBounds, Pair, claim_pairs
+from jobpool.core.claim_bounds import (
+    FULL_CLAIM_EVERY,
+    SLOW_CLAIM,
+    Bound,
+    ClaimBounds,
+    Pair,
+    claim_pairs,
+)
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
+
+log = logging.getLogger(__name__)
 
 CLAIM_TRANSACTION = One("claim_transaction")
 CLAIM_SESSION = One("claim_session")
@@ -187,8 +197,22 @@ class QueueStore:
             await self._drop_claim_connection()
             raise
         if claim:
-            self._claim_bounds.claimed(claimed, full=bounds is None, now=time.monotonic())
+            self._log_claim_mode(self._claim_bounds.claimed(
+                claimed, full=bounds is None, now=time.monotonic()))
         return held, claimed
+
+    @staticmethod
+    def _log_claim_mode(change: str | None) -> None:
+        """Say when claims turn bounded (`jobpool.core.claim_bounds`) and when they end."""
+        if change == "bounded":
+            log.warning(
+                "claims take %.0f ms or more on the server, likely a snapshot held open (a "
+                "long transaction) keeping the claimed jobs' index entries: claiming past the "
+                "last job taken in each (kind, tenant) pair, with a full claim every %.0f s "
+                "or more (docs/operations.md, 'A snapshot held open')",
+                SLOW_CLAIM * 1000, FULL_CLAIM_EVERY)
+        elif change == "full":
+            log.info("claims are fast again: every claim reads each pair from its head")
 
     async def _claim_connection(self) -> AsyncConnection[Any]:
         """The claim connection, opened (`claim_session`, transactions at `OWN_ISOLATION`) on

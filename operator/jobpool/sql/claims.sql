@@ -75,7 +75,7 @@ open_heads AS (
     -- in the tenant and cap: the smaller of the pair's and its kind's (NULL: unlimited)
     SELECT h.*, tt.turn_at, c.cap,
            row_number() OVER (PARTITION BY h.tenant_id
-                              ORDER BY h.priority, h.available_at, h.id) AS pair_rank
+                              ORDER BY priority, available_at, id) AS pair_rank
       FROM heads h
       LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
       CROSS JOIN LATERAL (
@@ -95,7 +95,7 @@ chosen AS (
      LIMIT %(limit)s
 ),
 locked AS (
-    SELECT r.id, r.tenant_id, r.priority, r.available_at, c.turn_at
+    SELECT r.*, c.turn_at
       FROM chosen c
       CROSS JOIN LATERAL (
            SELECT id, tenant_id, priority, available_at FROM mdm.aa_job
@@ -128,9 +128,11 @@ claimed AS (
     RETURNING id, tenant_id, job_kind, payload, status::text, priority,
               available_at, created_at, claimed_by, claimed_at, attempts,
               max_attempts, last_error, idempotency_key, trace_context,
-              -- the statement's time to its rows (`jobpool.core.claim_bounds`: its walk of the
-              -- index, without the COMMIT or the network)
-              clock_timestamp() - statement_timestamp() AS claim_time
+              -- the statement's time to its rows and the pairs it read
+              -- (`jobpool.core.claim_bounds`: its walk of the index, without the COMMIT or the
+              -- network, and what made it long)
+              clock_timestamp() - statement_timestamp() AS claim_time,
+              (SELECT count(*) FROM heads) AS pairs_read
 ),
 served AS (
     SELECT DISTINCT tenant_id FROM claimed
