@@ -11,11 +11,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from integration.helpers import add_tenant, prepare
 from jobpool.core import claim_bounds
 from jobpool.core.claim_bounds import Bound, Pair
+from jobpool.db.connect import open_pool
 from jobpool.db.store import CLAIM_JOBS, QueueStore, claim_parameters
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -89,18 +92,20 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
     # every full claim counts as slow, and bounded claims last all of this test
     monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
     monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
-    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_EVERY", 3600.0)
+    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_SHARE", 1e-9)
     tenant, other = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     ids = await _jobs(conn, tenant, 10)
-    first = await store.claim(kinds=[KIND], tenants=None, limit=2)
-    second = await store.claim(kinds=[KIND], tenants=None, limit=2)  # the second slow one
-    assert [row["id"] for row in first + second] == ids[:4]
+    taken: list[dict[str, Any]] = []
+    for _ in range(claim_bounds.SLOW_STREAK):  # slow full claims: from then on bounded
+        taken += await store.claim(kinds=[KIND], tenants=None, limit=1)
+    streak = claim_bounds.SLOW_STREAK
+    assert [row["id"] for row in taken] == ids[:streak]
     # available before the jobs claimed (an enqueue whose transaction began before theirs),
     # and a pair this store has not claimed from
     behind = await _jobs(conn, tenant, 1, age=3600.0)
     elsewhere = await _jobs(conn, other, 1, age=3600.0)
     bounded = await store.claim(kinds=[KIND], tenants=None, limit=3)
-    assert [row["id"] for row in bounded] == ids[4:7]
+    assert [row["id"] for row in bounded] == ids[streak:streak + 3]
     # a full claim (another worker's, or this one's next) takes them first: they are older
     pool_store = QueueStore(store.pool, worker_id="host/2/store", actor="w")
     async with pool_store:
@@ -108,17 +113,38 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
     assert {row["id"] for row in full} == {behind[0], elsewhere[0]}
 
 
-async def test_a_worker_of_its_own_tenants_reads_each_of_their_pairs_past_its_bound(
+async def test_a_worker_of_its_own_tenants_claims_bounded_from_their_pairs_alone(
         conn: Conn, store: QueueStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
     monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
-    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_EVERY", 3600.0)
+    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_SHARE", 1e-9)
     a, b, c = [await add_tenant(conn, key) for key in "abc"]
     jobs_a, jobs_b, jobs_c = [await _jobs(conn, t, 4) for t in (a, b, c)]
     taken: list[int] = []
-    for _ in range(2):  # two slow full claims: from then on bounded
+    for _ in range(claim_bounds.SLOW_STREAK):  # slow full claims: from then on bounded
         taken += [row["id"] for row in await store.claim(kinds=[KIND], tenants=[a, b], limit=2)]
     taken += [row["id"] for row in await store.claim(kinds=[KIND], tenants=[a, b], limit=8)]
     # every job of the worker's tenants once, none of the other tenant's
     assert sorted(taken) == sorted(jobs_a + jobs_b)
     assert not set(taken) & set(jobs_c)
+
+
+@pytest.mark.parametrize("style", ["iso_8601", "sql_standard", "postgres_verbose"])
+async def test_the_claim_reads_its_own_timing_whatever_the_databases_interval_style(
+        conn: Conn, dsn: str, style: str) -> None:
+    """The claim reports its time as a timestamp, never as an interval, whose text would
+    follow the session's IntervalStyle."""
+    await prepare(conn)
+    database = conninfo_to_dict(dsn)["dbname"]
+    await conn.execute(sql.SQL("ALTER DATABASE {} SET IntervalStyle = {}").format(
+        sql.Identifier(database), sql.Literal(style)))
+    tenant = await add_tenant(conn, "a")
+    ids = await _jobs(conn, tenant, 3)
+    pool = open_pool(dsn, size=2)
+    await pool.open()
+    try:
+        async with QueueStore(pool, worker_id="host/1/store", actor="w") as store:
+            claimed = await store.claim(kinds=[KIND], tenants=None, limit=3)
+    finally:
+        await pool.close()
+    assert [row["id"] for row in claimed] == ids

@@ -8,84 +8,99 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobpool.core.claim_bounds import (
-    FULL_CLAIM_EVERY,
+    FULL_CLAIM_SHARE,
     SLOW_CLAIM,
     SLOW_PAIR,
+    SLOW_STREAK,
     ClaimBounds,
-    claim_pairs,
+    bounds_json,
+    pairs_read,
 )
 
-A, B = uuid.UUID(int=1), uuid.UUID(int=2)
+A, B, C = uuid.UUID(int=1), uuid.UUID(int=2), uuid.UUID(int=3)
 T0 = datetime(2026, 12, 4, tzinfo=UTC)
 SLOW = timedelta(seconds=SLOW_CLAIM * 2)
 FAST = timedelta(seconds=SLOW_CLAIM / 10)
+SPAN = SLOW.total_seconds() / FULL_CLAIM_SHARE
+"""Seconds of bounded claims after a full claim that took SLOW."""
 
 
 def row(job_id: int, tenant: uuid.UUID = A, *, took: timedelta = SLOW, priority: int = 100,
-        kind: str = "k", pairs: int = 2) -> dict[str, Any]:
+        kind: str = "k") -> dict[str, Any]:
     return {"job_kind": kind, "tenant_id": tenant, "priority": priority,
-            "available_at": T0 + timedelta(seconds=job_id), "id": job_id, "claim_time": took,
-            "pairs_read": pairs}
+            "available_at": T0 + timedelta(seconds=job_id), "id": job_id,
+            "claimed_at": T0, "claim_end": T0 + took}
 
 
 def bound(job_id: int, priority: int = 100) -> tuple[int, datetime, int]:
     return (priority, T0 + timedelta(seconds=job_id), job_id)
 
 
+def full(bounds: ClaimBounds, rows: list[dict[str, Any]], now: float = 0.0,
+         pairs: int = 2) -> str | None:
+    return bounds.claimed(rows, full=True, pairs_read=pairs, now=now)
+
+
+def bounded(bounds: ClaimBounds, rows: list[dict[str, Any]], now: float = 0.0) -> str | None:
+    return bounds.claimed(rows, full=False, pairs_read=0, now=now)
+
+
 def slow_bounds(*rows: dict[str, Any], now: float = 0.0) -> ClaimBounds:
-    """Bounds after two slow full claims, the second taking `rows`."""
+    """Bounds after SLOW_STREAK slow full claims, the last taking `rows`."""
     bounds = ClaimBounds()
-    bounds.claimed([row(1)], full=True, now=now)
-    bounds.claimed(list(rows), full=True, now=now)
+    for _ in range(SLOW_STREAK - 1):
+        full(bounds, [row(1)], now)
+    full(bounds, list(rows), now)
     return bounds
 
 
-def test_claims_are_full_until_two_full_claims_in_a_row_were_slow() -> None:
+def test_claims_are_full_until_some_full_claims_in_a_row_were_slow() -> None:
+    assert SLOW_STREAK > 1  # one slow claim may be the plan or the load
     bounds = ClaimBounds()
     assert bounds.next_bounds(0.0) is None
-    assert bounds.claimed([row(1)], full=True, now=0.0) is None
-    assert bounds.next_bounds(0.0) is None  # one slow claim may be the plan or the load
-    assert bounds.claimed([row(2), row(3), row(4, B)], full=True, now=0.0) == "bounded"
-    assert bounds.next_bounds(0.5) == {("k", A): bound(3), ("k", B): bound(4)}
-    assert bounds.claimed([row(5)], full=False, now=0.5) is None
-    assert bounds.claimed([row(6)], full=True, now=1.0) is None  # still slow: no news
-    assert bounds.claimed([row(7, took=FAST)], full=True, now=2.0) == "full"
-    assert bounds.claimed([row(8, took=FAST)], full=True, now=2.0) is None
+    for _ in range(SLOW_STREAK - 1):
+        assert full(bounds, [row(1)]) is None
+        assert bounds.next_bounds(0.0) is None
+    assert full(bounds, [row(2), row(3), row(4, B)]) == "bounded"
+    assert bounds.next_bounds(SPAN / 2) == {("k", A): bound(3), ("k", B): bound(4)}
+    assert bounded(bounds, [row(5)], SPAN / 2) is None
+    assert full(bounds, [row(6)], SPAN) is None  # still slow: no news
+    assert full(bounds, [row(7, took=FAST)], 2 * SPAN) == "full"
+    assert bounds.next_bounds(2 * SPAN) is None
+    assert full(bounds, [row(8, took=FAST)], 2 * SPAN) is None
 
 
 def test_a_claim_long_for_the_many_pairs_it_read_is_not_slow() -> None:
     bounds = ClaimBounds()
     many = int(SLOW.total_seconds() / SLOW_PAIR) + 1  # under SLOW_PAIR seconds per pair
-    for job_id in (1, 2, 3):
-        assert bounds.claimed([row(job_id, pairs=many)], full=True, now=0.0) is None
+    for job_id in range(SLOW_STREAK + 1):
+        assert full(bounds, [row(job_id)], pairs=many) is None
     assert bounds.next_bounds(0.0) is None
-    bounds.claimed([row(4, pairs=many - 2)], full=True, now=0.0)
-    assert bounds.claimed([row(5, pairs=many - 2)], full=True, now=0.0) == "bounded"
+    for _ in range(SLOW_STREAK - 1):
+        full(bounds, [row(4)], pairs=many - 2)
+    assert full(bounds, [row(5)], pairs=many - 2) == "bounded"
 
 
-def test_a_fast_full_claim_ends_bounded_claims() -> None:
+def test_a_fast_full_claim_ends_bounded_claims_and_the_streak() -> None:
     bounds = slow_bounds(row(2))
-    bounds.claimed([row(3, took=FAST)], full=True, now=FULL_CLAIM_EVERY)
-    assert bounds.next_bounds(FULL_CLAIM_EVERY) is None
-    bounds.claimed([row(4)], full=True, now=FULL_CLAIM_EVERY)  # the streak starts again
-    assert bounds.next_bounds(FULL_CLAIM_EVERY) is None
+    full(bounds, [row(3, took=FAST)], SPAN / 2)
+    assert bounds.next_bounds(SPAN / 2) is None
+    full(bounds, [row(4)], SPAN / 2)  # the streak starts again
+    assert bounds.next_bounds(SPAN / 2) is None
 
 
-def test_the_next_full_claim_comes_after_the_interval_or_ten_times_its_own_time() -> None:
-    bounds = slow_bounds(row(2))
-    assert bounds.next_bounds(FULL_CLAIM_EVERY - 0.01) is not None
-    assert bounds.next_bounds(FULL_CLAIM_EVERY) is None
+def test_the_next_full_claim_comes_after_ten_times_the_last_ones_time() -> None:
     long = slow_bounds(row(2, took=timedelta(seconds=0.5)))
     assert long.next_bounds(4.9) is not None
     assert long.next_bounds(5.0) is None
 
 
 def test_a_bounded_claim_moves_its_pairs_bounds_on_and_never_back() -> None:
-    bounds = slow_bounds(row(5))
-    bounds.claimed([row(6), row(9), row(2, B)], full=False, now=0.1)
-    assert bounds.next_bounds(0.1) == {("k", A): bound(9), ("k", B): bound(2)}
-    bounds.claimed([row(7)], full=False, now=0.2)  # claimed behind by a claim in between
-    assert bounds.next_bounds(0.2) == {("k", A): bound(9), ("k", B): bound(2)}
+    bounds = slow_bounds(row(5), row(1, B))
+    bounded(bounds, [row(6), row(9), row(2, B)], SPAN / 4)
+    assert bounds.next_bounds(SPAN / 4) == {("k", A): bound(9), ("k", B): bound(2)}
+    bounded(bounds, [row(7)], SPAN / 2)  # claimed behind by a full claim's lock in between
+    assert bounds.next_bounds(SPAN / 2) == {("k", A): bound(9), ("k", B): bound(2)}
 
 
 def test_the_index_order_puts_priority_first() -> None:
@@ -93,46 +108,33 @@ def test_the_index_order_puts_priority_first() -> None:
     assert bounds.next_bounds(0.0) == {("k", A): bound(3, priority=200)}
 
 
-def test_a_slow_full_claim_restarts_the_bounds_from_what_it_took() -> None:
-    bounds = slow_bounds(row(5))
-    # it began at the pair's head, so a job behind the old bound is the new bound
-    bounds.claimed([row(3)], full=True, now=FULL_CLAIM_EVERY)
-    assert bounds.next_bounds(FULL_CLAIM_EVERY) == {("k", A): bound(3)}
-
-
-def test_a_pair_not_claimed_from_for_a_whole_interval_is_dropped() -> None:
+def test_a_slow_full_claim_makes_its_own_pairs_the_bounds() -> None:
     bounds = slow_bounds(row(5), row(6, B))
-    bounds.claimed([], full=True, now=1.0)  # found nothing: both were claimed from since
-    assert bounds.next_bounds(1.0) == {("k", A): bound(5), ("k", B): bound(6)}
-    bounds.claimed([row(7)], full=False, now=1.5)  # A claimed from since, B not
-    bounds.claimed([], full=True, now=2.0)
-    assert bounds.next_bounds(2.0) == {("k", A): bound(7)}
-    bounds.claimed([], full=True, now=3.0)
-    assert bounds.next_bounds(3.0) is None
+    # it began at A's head, so a job behind A's old bound is the new bound; B lost its turn
+    # there, so bounded claims leave B to the next full claim, which starts at its head
+    full(bounds, [row(3), row(4, C)], SPAN)
+    assert bounds.next_bounds(SPAN) == {("k", A): bound(3), ("k", C): bound(4)}
 
 
-def test_a_full_claim_that_took_nothing_tells_nothing_before_the_streak() -> None:
-    bounds = ClaimBounds()
-    bounds.claimed([row(1)], full=True, now=0.0)
-    bounds.claimed([], full=True, now=0.0)
-    bounds.claimed([row(2)], full=True, now=0.0)  # the second slow one that took jobs
-    assert bounds.next_bounds(0.0) == {("k", A): bound(2)}
+def test_a_full_claim_that_took_nothing_keeps_claims_bounded() -> None:
+    bounds = slow_bounds(row(5))
+    assert full(bounds, [], SPAN) is None  # nothing lay behind the bound
+    shortest = SLOW_CLAIM / FULL_CLAIM_SHARE
+    assert bounds.next_bounds(SPAN + shortest / 2) == {("k", A): bound(5)}
+    assert bounds.next_bounds(SPAN + shortest) is None
+    fresh = ClaimBounds()
+    for _ in range(SLOW_STREAK - 1):
+        full(fresh, [row(1)])
+        full(fresh, [])  # tells nothing of its speed
+    assert full(fresh, [row(2)]) == "bounded"
 
 
-def test_pairs_of_every_tenant_are_left_to_the_claims_walk() -> None:
-    assert claim_pairs(["k"], None) is None
+def test_pairs_read_by_a_full_claim() -> None:
+    assert pairs_read(["k", "m"], None, heads=5) == 7  # the heads, and one more per kind
+    assert pairs_read(["k", "m", "k"], [A, B, C, A], heads=1) == 6  # every pair, found or not
 
 
-def test_pairs_of_a_bounded_claim_are_its_bounds() -> None:
-    pairs = json.loads(claim_pairs(["k"], None, {("k", A): bound(3)}) or "")
-    assert pairs == [{"job_kind": "k", "tenant_id": str(A), "priority": 100,
-                      "available_at": (T0 + timedelta(seconds=3)).isoformat(), "id": 3}]
-
-
-def test_pairs_of_own_tenants_start_at_each_bound_else_before_every_job() -> None:
-    pairs = json.loads(claim_pairs(["k", "m", "k"], [A, B, A], {("k", B): bound(3)}) or "")
-    assert [(p["job_kind"], p["tenant_id"]) for p in pairs] == [
-        ("k", str(A)), ("k", str(B)), ("m", str(A)), ("m", str(B))]
-    start = {"priority": -32768, "available_at": "-infinity", "id": 0}
-    assert {key: pairs[0][key] for key in start} == start
-    assert pairs[1]["id"] == 3
+def test_bounds_travel_as_json_in_the_index_order() -> None:
+    assert json.loads(bounds_json({("k", A): bound(3)})) == [
+        {"job_kind": "k", "tenant_id": str(A), "priority": 100,
+         "available_at": (T0 + timedelta(seconds=3)).isoformat(), "id": 3}]

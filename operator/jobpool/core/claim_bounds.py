@@ -10,17 +10,16 @@ falls to a fraction of what it was.
 
 So while full claims take `SLOW_CLAIM` seconds or more (and `SLOW_PAIR` per pair they read:
 not a claim that is long because it reads many pairs), the worker claims *bounded*: only
-from the pairs it claimed from since its last full claim, each starting past the last job it
-took there (its bound: the job's priority, available_at and id, the index's order). Every job
+from the pairs its last full claim took jobs from, each starting past the last job taken
+there (its bound: the job's priority, available_at and id, the index's order). Every job
 before a bound was claimed, or locked by another worker's claim, when the bound was set.
-A full claim still runs every `FULL_CLAIM_EVERY` seconds, or less often when it is slower
-(it takes at most `FULL_CLAIM_SHARE` of the time); it finds what bounded claims pass over:
-pairs this worker has not claimed from, and jobs that became ready behind a bound (enqueued by
-a transaction that began before the bound's job was enqueued, of a more urgent priority, a
-delayed job of a more urgent priority that came due, or handed back by another worker's
-aborted claim). Those wait up to one full-claim interval longer, and tenants that were not
-served in the last full claim wait for the next one to take their turn: while claims are
-fast none of this applies, each claim is a full one.
+A full claim still runs after ten times its own time (`FULL_CLAIM_SHARE`); it finds what
+bounded claims pass over: the other pairs, whose tenants take their turns there, and jobs
+that became ready behind a bound (enqueued by a transaction that began before the bound's
+job was enqueued, of a more urgent priority, taken back from a dead worker, handed back by
+another). A full claim that does not take from a pair drops its bound, so a pair whose
+tenant lost its turn is not served past older jobs of its own. While claims are fast none of
+this applies: each claim is a full one.
 """
 
 from __future__ import annotations
@@ -42,17 +41,15 @@ few microseconds, so a claim over ten thousand pairs may take 30 ms and read not
 skip (bounded claims would only hold the other tenants' turns back); a hundred means the
 heads it found lay behind hundreds of entries each."""
 
-SLOW_STREAK = 2
+SLOW_STREAK = 3
 """Slow full claims in a row before the next claims are bounded: the first claim on a new
-connection also plans the statement, and a single slow one may be the machine's load."""
-
-FULL_CLAIM_EVERY = 1.0
-"""Seconds between full claims at most while claims are bounded: how much longer a job behind
-a bound, or of a pair not claimed from, may wait."""
+connection also plans the statement, and a claim now and then is slow for the machine's load
+(its server process waiting for a core); while a snapshot is held every claim is slow."""
 
 FULL_CLAIM_SHARE = 0.1
-"""The share of the time full claims may take while they are slow: one that took 0.5 s is
-followed by bounded claims for 5 s."""
+"""The share of the time full claims take while they are slow: one that took 50 ms is followed
+by bounded claims for 0.5 s, one of `SLOW_CLAIM` by 0.1 s. That interval is how much longer a
+job behind a bound, or a tenant the last full claim did not serve, waits for a full claim."""
 
 Pair = tuple[str, UUID]
 """(job_kind, tenant_id)."""
@@ -65,36 +62,36 @@ class ClaimBounds:
     """Whether the next claim is full or bounded, and the bounds of a bounded one.
 
     `next_bounds(now)` tells where the next claim starts; `claimed(rows, ...)` records what a
-    claim took. `now` is a monotonic clock in seconds (`time.monotonic()`). A fresh instance claims
-    full, and so does one whose last full claim that took jobs was fast.
+    claim took. `now` is a monotonic clock in seconds (`time.monotonic()`). A fresh instance
+    claims full, and so does one whose last full claim that took jobs was fast.
     """
 
     def __init__(self) -> None:
         self._bounds: dict[Pair, Bound] = {}
-        self._recent: set[Pair] = set()
-        """Pairs claimed from since the last full claim: their bounds outlive the next one."""
         self._slow = 0
         """Slow full claims in a row."""
         self._bounded_until = 0.0
 
     def next_bounds(self, now: float) -> Mapping[Pair, Bound] | None:
-        """The bounds the next claim starts at (`claim_pairs`), or None for a full claim."""
+        """The bounds the next claim starts at (`claim_parameters`), or None for a full
+        claim."""
         return self._bounds if self._bounds and now < self._bounded_until else None
 
-    def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool,
+    def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool, pairs_read: int,
                 now: float) -> str | None:
         """Record a claim's rows (dicts with job_kind, tenant_id, priority, available_at, id,
-        claim_time, the statement's time on the server as a timedelta, and pairs_read, the
-        heads it found), whether it was `full`, and when it ended (`now`).
+        claimed_at and claim_end, when the claim wrote them), whether it was `full`, how many
+        (kind, tenant) pairs it read (`pairs_read`), and when it ended (`now`).
 
         A full claim that took jobs fast (under `SLOW_CLAIM`, or under `SLOW_PAIR` per pair
-        read) ends bounded claiming: the next claim is full again.
-        A slow one (the `SLOW_STREAK`th in a row, or while claims are bounded) sets the bounds
-        of the pairs it took from (it started at their heads, so its last job is the bound,
-        even below the one before) and keeps those of the pairs claimed from since the full
-        claim before, so that a full claim that found nothing this once does not end bounded
-        claiming; a pair not claimed from for a whole interval is dropped. A full claim that
-        took nothing tells nothing of its speed. A bounded claim moves its pairs' bounds on.
+        read) ends bounded claiming: the next claim is full again. A slow one (the
+        `SLOW_STREAK`th in a row, or any after) makes the pairs it took from the bounds, each
+        at the last job it took there (it started at their heads: a job that lay behind the
+        old bound is behind the new one no more), and drops the others: a pair whose tenant
+        lost its turn in the full claim is not served past jobs of its own that wait behind its
+        bound. A full claim that took nothing tells nothing of its speed, and found nothing
+        behind any bound: while claims are bounded, they stay so. A bounded claim moves its
+        pairs' bounds on.
 
         Returns what changed, for the worker's log: "bounded" when bounded claims begin,
         "full" when they end, else None.
@@ -102,55 +99,41 @@ class ClaimBounds:
         if not full:
             for pair, bound in _last_per_pair(rows).items():
                 self._bounds[pair] = max(bound, self._bounds.get(pair, bound))
-                self._recent.add(pair)
+            return None
+        if not rows:
+            if self._bounds:
+                self._bounded_until = now + SLOW_CLAIM / FULL_CLAIM_SHARE
             return None
         # any row's time will do: every row is written after the walk that found them all
-        took = rows[0]["claim_time"].total_seconds() if rows else None
-        if took is None and self._slow < SLOW_STREAK:
-            return None
-        if took is not None and (took < SLOW_CLAIM
-                                 or took < SLOW_PAIR * rows[0]["pairs_read"]):
+        took = (rows[0]["claim_end"] - rows[0]["claimed_at"]).total_seconds()
+        if took < SLOW_CLAIM or took < SLOW_PAIR * pairs_read:
             ended = self._slow >= SLOW_STREAK
             if self._slow:
-                self._bounds, self._recent, self._slow, self._bounded_until = {}, set(), 0, 0.0
+                self._bounds, self._slow, self._bounded_until = {}, 0, 0.0
             return "full" if ended else None
         self._slow += 1
         if self._slow < SLOW_STREAK:
             return None
-        self._bounded_until = now + max(FULL_CLAIM_EVERY, (took or 0.0) / FULL_CLAIM_SHARE)
-        taken = _last_per_pair(rows)
-        self._bounds = {pair: bound for pair, bound in self._bounds.items()
-                        if pair in self._recent} | taken
-        self._recent = set(taken)
+        self._bounded_until = now + took / FULL_CLAIM_SHARE
+        self._bounds = _last_per_pair(rows)
         return "bounded" if self._slow == SLOW_STREAK else None
 
 
-def claim_pairs(kinds: Sequence[str], tenants: Sequence[UUID] | None,
-                bounds: Mapping[Pair, Bound] | None = None) -> str | None:
-    """The claim's %(pairs)s: the (kind, tenant) pairs it reads one by one and the position
-    past which it reads each, as JSON text; None reads every tenant's pairs of `kinds`.
-
-    For a worker of some `tenants`: every pair of `kinds` x `tenants`, past its bound where
-    `bounds` has one, else from the start. For every tenant (`tenants` None): None, or the
-    pairs of `bounds` when given (a bounded claim)."""
+def pairs_read(kinds: Sequence[str], tenants: Sequence[UUID] | None, heads: int) -> int:
+    """The (kind, tenant) pairs a full claim read: every pair of `kinds` x `tenants` for a
+    worker of some tenants, else the `heads` it found (the claim's `heads` column) and one
+    descent more per kind, which found no further tenant."""
     if tenants is None:
-        if bounds is None:
-            return None
-        positions: dict[Pair, Bound | None] = dict(bounds)
-    else:
-        known = bounds or {}
-        positions = {(kind, tenant): known.get((kind, tenant))
-                     for kind in dict.fromkeys(kinds) for tenant in dict.fromkeys(tenants)}
-    return json.dumps([_pair(kind, tenant, bound) for (kind, tenant), bound in positions.items()])
+        return heads + len(set(kinds))
+    return len(set(kinds)) * len(set(tenants))
 
 
-def _pair(kind: str, tenant: UUID, bound: Bound | None) -> dict[str, Any]:
-    """One element of %(pairs)s: past `bound`, or from the start (None: before every job,
-    '-infinity' included)."""
-    priority, available_at, job_id = bound or (-32768, None, 0)
-    return {"job_kind": kind, "tenant_id": str(tenant), "priority": priority,
-            "available_at": "-infinity" if available_at is None else available_at.isoformat(),
-            "id": job_id}
+def bounds_json(bounds: Mapping[Pair, Bound]) -> str:
+    """The claim's %(bounds)s: one object per pair, with its position (jsonb text)."""
+    return json.dumps([
+        {"job_kind": kind, "tenant_id": str(tenant), "priority": priority,
+         "available_at": available_at.isoformat(), "id": job_id}
+        for (kind, tenant), (priority, available_at, job_id) in bounds.items()])
 
 
 def _last_per_pair(rows: Sequence[Mapping[str, Any]]) -> dict[Pair, Bound]:

@@ -19,12 +19,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.claim_bounds import (
-    FULL_CLAIM_EVERY,
+    FULL_CLAIM_SHARE,
     SLOW_CLAIM,
     Bound,
     ClaimBounds,
     Pair,
-    claim_pairs,
+    bounds_json,
+    pairs_read,
 )
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
@@ -198,7 +199,8 @@ class QueueStore:
             raise
         if claim:
             self._log_claim_mode(self._claim_bounds.claimed(
-                claimed, full=bounds is None, now=time.monotonic()))
+                claimed, full=bounds is None, now=time.monotonic(),
+                pairs_read=pairs_read(kinds, tenants, claimed[0]["heads"] if claimed else 0)))
         return held, claimed
 
     @staticmethod
@@ -208,9 +210,9 @@ class QueueStore:
             log.warning(
                 "claims take %.0f ms or more on the server, likely a snapshot held open (a "
                 "long transaction) keeping the claimed jobs' index entries: claiming past the "
-                "last job taken in each (kind, tenant) pair, with a full claim every %.0f s "
-                "or more (docs/operations.md, 'A snapshot held open')",
-                SLOW_CLAIM * 1000, FULL_CLAIM_EVERY)
+                "last job taken in each (kind, tenant) pair, with a full claim in %.0f %% of "
+                "the time (docs/operations.md, 'A snapshot held open')",
+                SLOW_CLAIM * 1000, FULL_CLAIM_SHARE * 100)
         elif change == "full":
             log.info("claims are fast again: every claim reads each pair from its head")
 
@@ -368,11 +370,15 @@ def claim_parameters(
 ) -> dict[str, Any]:
     """The parameters of `claim_jobs`: up to `limit` jobs of `kinds` (and `tenants`, None =
     all) for `worker_id`, leased for `lease` seconds; `caps` as `claim_caps` returns them
-    (None: no pair capped); `bounds` for a bounded claim (`jobpool.core.claim_bounds`), None
-    for a full one."""
+    (None: no pair capped); `bounds` for a bounded claim (`jobpool.core.claim_bounds`: only
+    those pairs, each past its position), None for a full one."""
+    if bounds is not None:
+        tenant_ids: list[uuid.UUID] | None = []
+    else:
+        tenant_ids = None if tenants is None else list(dict.fromkeys(tenants))
     return {
-        "kinds": list(kinds), "pairs": claim_pairs(kinds, tenants, bounds), "limit": limit,
-        "worker_id": worker_id, "lease": lease,
+        "kinds": list(kinds), "tenants": tenant_ids, "limit": limit, "worker_id": worker_id,
+        "lease": lease, "bounds": None if bounds is None else bounds_json(bounds),
         **(claim_caps(UNCAPPED) if caps is None else caps),
     }
 

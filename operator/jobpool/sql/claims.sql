@@ -18,11 +18,9 @@
 -- by priority, then by the row's rank among its tenant's rows of that priority, then by the
 -- tenant's last turn (mdm.aa_tenant_turn, oldest first), then by available_at: within a
 -- priority level tenants take turns (round robin), across levels priority rules.
--- %(pairs)s (jsonb: [{job_kind, tenant_id, priority, available_at, id}]) names the pairs to read
--- and where in each to start, past that position: its own tenants' pairs for a worker that
--- serves some tenants only (from the start), or a bounded claim's (past the last job claimed
--- there: while a snapshot held open keeps every claimed job's index entry alive,
--- docs/operations.md, "A snapshot held open"); null reads every tenant's pairs.
+-- A bounded claim (%(bounds)s, jsonb: [{job_kind, tenant_id, priority, available_at, id}])
+-- reads only the pairs named, each past its position: while a snapshot held open keeps every
+-- claimed job's index entry alive (docs/operations.md, "A snapshot held open").
 WITH RECURSIVE
 kinds AS (
     -- a kind paused for every tenant is not walked at all
@@ -31,7 +29,7 @@ kinds AS (
                         WHERE p.tenant_id IS NULL AND p.job_kind = k.job_kind)
 ),
 scanned AS (
-    -- a full claim for every tenant (%(pairs)s null): the head of each pair, walking the
+    -- a full claim for every tenant (%(tenants)s null): the head of each pair, walking the
     -- tenants of a kind
     SELECT h.*
       FROM kinds k
@@ -40,7 +38,7 @@ scanned AS (
             WHERE status = 'pending' AND job_kind = k.job_kind AND available_at <= now()
             ORDER BY tenant_id, priority, available_at, id
             LIMIT 1) h
-     WHERE %(pairs)s::jsonb IS NULL
+     WHERE %(tenants)s::uuid[] IS NULL
     UNION ALL
     SELECT h.*
       FROM scanned s
@@ -54,14 +52,18 @@ scanned AS (
 heads AS (
     SELECT * FROM scanned
     UNION ALL
-    -- the pairs named (%(pairs)s: those of the worker's own tenants, or a bounded claim's,
-    -- `jobpool.core.claim_bounds`), the head of each past its position (priority,
-    -- available_at, id), so that a bounded claim does not step over the jobs claimed before
+    -- the pairs looked up one by one, the head of each past a position (priority,
+    -- available_at, id): the pairs of the worker's own tenants (%(tenants)s, distinct; empty
+    -- for a bounded claim), from the start; the pairs of a bounded claim (%(bounds)s,
+    -- `jobpool.core.claim_bounds`), each past the last job this worker took there, so that
+    -- it does not step over the jobs claimed before
     SELECT h.*
-      FROM jsonb_to_recordset(%(pairs)s::jsonb)
-           AS b(job_kind text, tenant_id uuid, priority smallint, available_at timestamptz,
-                id bigint)
-      JOIN kinds USING (job_kind)
+      FROM (SELECT k.job_kind, t, -32768, '-infinity'::timestamptz, 0
+              FROM kinds k, unnest(%(tenants)s::uuid[]) t
+            UNION ALL
+            SELECT b.job_kind, b.tenant_id, b.priority, b.available_at, b.id
+              FROM jsonb_populate_recordset(NULL::mdm.aa_job, %(bounds)s::jsonb) b
+              JOIN kinds USING (job_kind)) b (job_kind, tenant_id, priority, available_at, id)
       CROSS JOIN LATERAL (
            SELECT job_kind, tenant_id, priority, available_at, id FROM mdm.aa_job
             WHERE status = 'pending' AND job_kind = b.job_kind AND tenant_id = b.tenant_id
@@ -77,11 +79,11 @@ open_heads AS (
            row_number() OVER (PARTITION BY h.tenant_id
                               ORDER BY priority, available_at, id) AS pair_rank
       FROM heads h
-      LEFT JOIN mdm.aa_tenant_turn tt ON tt.tenant_id = h.tenant_id
+      LEFT JOIN mdm.aa_tenant_turn tt USING (tenant_id)
       CROSS JOIN LATERAL (
            SELECT min(c.cap) AS cap
              FROM unnest(%(capped)s::text[], %(caps)s::int[]) AS c(pair, cap)
-            WHERE c.pair IN (h.tenant_id || '/' || h.job_kind, '*/' || h.job_kind)) c
+            WHERE c.pair IN (h.tenant_id || '/' || job_kind, '*/' || job_kind)) c
      WHERE coalesce(c.cap, 1) > 0
        -- paused: the pair, or its tenant for every kind (ix_aa_pause_lookup)
        AND NOT EXISTS (SELECT 1 FROM mdm.aa_pause p
@@ -112,9 +114,9 @@ locked AS (
 next AS (
     SELECT id, row_number() OVER (ORDER BY priority, turn, turn_at NULLS FIRST, available_at,
                                            id) AS ord
-      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.tenant_id, l.priority
-                                           ORDER BY l.available_at, l.id) AS turn
-              FROM locked l) AS ranked
+      FROM (SELECT *, row_number() OVER (PARTITION BY tenant_id, priority
+                                         ORDER BY available_at, id) AS turn
+              FROM locked) AS ranked
      ORDER BY ord
      LIMIT %(limit)s
 ),
@@ -125,14 +127,13 @@ claimed AS (
            heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s),
            attempts = attempts + 1
      WHERE id = ANY (ARRAY(SELECT id FROM next))
-    RETURNING id, tenant_id, job_kind, payload, status::text, priority,
+    RETURNING id, tenant_id, job_kind, payload, status, priority,
               available_at, created_at, claimed_by, claimed_at, attempts,
               max_attempts, last_error, idempotency_key, trace_context,
-              -- the statement's time to its rows and the pairs it read
-              -- (`jobpool.core.claim_bounds`: its walk of the index, without the COMMIT or the
-              -- network, and what made it long)
-              clock_timestamp() - statement_timestamp() AS claim_time,
-              (SELECT count(*) FROM heads) AS pairs_read
+              -- when the rows were written (less claimed_at: the claim transaction's time
+              -- to them, its walk of the index without the COMMIT or the network) and the
+              -- heads found (`jobpool.core.claim_bounds`)
+              clock_timestamp() AS claim_end, (SELECT count(*) FROM heads) AS heads
 ),
 served AS (
     SELECT DISTINCT tenant_id FROM claimed
@@ -156,14 +157,13 @@ turned AS (
      WHERE t.tenant_id = free.tenant_id
 ),
 first_turns AS (
-    -- a tenant's first turn; in tenant order, so two claims meeting new tenants never deadlock
+    -- a tenant's first turn (a tenant with one already: the conflict, found before any row
+    -- is written); in tenant order, so two claims meeting new tenants never deadlock
     INSERT INTO mdm.aa_tenant_turn (tenant_id, turn_at)
-    SELECT s.tenant_id, now() FROM served s
-     WHERE NOT EXISTS (SELECT 1 FROM mdm.aa_tenant_turn tt WHERE tt.tenant_id = s.tenant_id)
-     ORDER BY s.tenant_id
+    SELECT tenant_id, now() FROM served ORDER BY tenant_id
     ON CONFLICT (tenant_id) DO NOTHING
 )
-SELECT c.* FROM claimed c JOIN next n ON n.id = c.id ORDER BY n.ord;
+SELECT claimed.* FROM claimed JOIN next USING (id) ORDER BY ord;
 
 -- name: claim_session :one
 -- Settings of the worker's claim connection (set once when it opens).
