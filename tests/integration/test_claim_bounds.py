@@ -88,7 +88,8 @@ async def test_a_bounded_claim_does_not_step_over_the_jobs_claimed_under_a_held_
 
 
 async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_claim(
-        conn: Conn, store: QueueStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        conn: Conn, store: QueueStore, dsn: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     # every full claim counts as slow, and bounded claims last all of this test
     monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
     monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
@@ -100,6 +101,7 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
         taken += await store.claim(kinds=[KIND], tenants=None, limit=1)
     streak = claim_bounds.SLOW_STREAK
     assert [row["id"] for row in taken] == ids[:streak]
+    assert "likely a snapshot held open" in caplog.text  # the worker's log says so
     # available before the jobs claimed (an enqueue whose transaction began before theirs),
     # and a pair this store has not claimed from
     behind = await _jobs(conn, tenant, 1, age=3600.0)

@@ -31,9 +31,10 @@ from typing import Any
 from uuid import UUID
 
 SLOW_CLAIM = 0.01
-"""Seconds a full claim statement may take on the server (to its rows: without the COMMIT or
-the network) before it counts as slow: a claim of a few dozen jobs takes about a millisecond
-there, one over a thousand tenants' heads a few; ten means it walks entries it cannot skip."""
+"""Seconds a full claim may take on the server before it counts as slow, from its
+transaction's start to the rows it writes (the batched `done`s before it and the claim; not
+the COMMIT nor the network): a claim of a few dozen jobs takes about a millisecond there, one
+over a thousand tenants' heads a few; ten means it walks entries it cannot skip."""
 
 SLOW_PAIR = 0.0001
 """Seconds per pair read a slow full claim takes at least: a descent to a pair's head takes a
@@ -120,12 +121,13 @@ class ClaimBounds:
 
 
 def pairs_read(kinds: Sequence[str], tenants: Sequence[UUID] | None, heads: int) -> int:
-    """The (kind, tenant) pairs a full claim read: every pair of `kinds` x `tenants` for a
-    worker of some tenants, else the `heads` it found (the claim's `heads` column) and one
-    descent more per kind, which found no further tenant."""
+    """The (kind, tenant) pairs a full claim of `kinds` and `tenants` (a worker's: each named
+    once) read: every pair of them for a worker of some tenants, else the `heads` it found
+    (the claim's `heads` column) and one descent more per kind, which found no further
+    tenant."""
     if tenants is None:
-        return heads + len(set(kinds))
-    return len(set(kinds)) * len(set(tenants))
+        return heads + len(kinds)
+    return len(kinds) * len(tenants)
 
 
 def bounds_json(bounds: Mapping[Pair, Bound]) -> str:
