@@ -104,7 +104,6 @@ async def test_the_look_up_of_idempotency_keys_reads_each_key_once(
     assert rows_handled(plan) <= LINEAR
 
 
-
 def job_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
     """The scans of mdm.aa_job in the plan under `node` (not its Update node)."""
     own = [node] if (node.get("Relation Name") == "aa_job"

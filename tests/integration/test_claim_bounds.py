@@ -44,6 +44,14 @@ def _bounds(rows: list[dict[str, Any]]) -> dict[Pair, Bound]:
 
 
 @pytest.fixture
+def always_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every full claim counts as slow, and bounded claims, once begun, last all of the test."""
+    monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
+    monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
+    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_SHARE", 1e-9)
+
+
+@pytest.fixture
 async def snapshot(dsn: str) -> AsyncIterator[None]:
     """Another session holding a snapshot open (a REPEATABLE READ transaction that has read)."""
     async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as holder:
@@ -88,12 +96,8 @@ async def test_a_bounded_claim_does_not_step_over_the_jobs_claimed_under_a_held_
 
 
 async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_claim(
-        conn: Conn, store: QueueStore, dsn: str, monkeypatch: pytest.MonkeyPatch,
+        conn: Conn, store: QueueStore, always_bounded: None,
         caplog: pytest.LogCaptureFixture) -> None:
-    # every full claim counts as slow, and bounded claims last all of this test
-    monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
-    monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
-    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_SHARE", 1e-9)
     tenant, other = await add_tenant(conn, "a"), await add_tenant(conn, "b")
     ids = await _jobs(conn, tenant, 10)
     taken: list[dict[str, Any]] = []
@@ -116,10 +120,7 @@ async def test_a_bounded_claim_leaves_a_job_behind_its_bound_to_the_next_full_cl
 
 
 async def test_a_worker_of_its_own_tenants_claims_bounded_from_their_pairs_alone(
-        conn: Conn, store: QueueStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claim_bounds, "SLOW_CLAIM", 0.0)
-    monkeypatch.setattr(claim_bounds, "SLOW_PAIR", 0.0)
-    monkeypatch.setattr(claim_bounds, "FULL_CLAIM_SHARE", 1e-9)
+        conn: Conn, store: QueueStore, always_bounded: None) -> None:
     a, b, c = [await add_tenant(conn, key) for key in "abc"]
     jobs_a, jobs_b, jobs_c = [await _jobs(conn, t, 4) for t in (a, b, c)]
     taken: list[int] = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 SLOW_CLAIM = 0.01
@@ -58,6 +58,9 @@ Pair = tuple[str, UUID]
 Bound = tuple[int, datetime, int]
 """(priority, available_at, id) of the last job claimed from a pair, in the index's order."""
 
+Change = Literal["bounded", "full"] | None
+"""What a claim changed: bounded claims began, they ended, or nothing."""
+
 
 class ClaimBounds:
     """Whether the next claim is full or bounded, and the bounds of a bounded one.
@@ -79,7 +82,7 @@ class ClaimBounds:
         return self._bounds if self._bounds and now < self._bounded_until else None
 
     def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool, pairs_read: int,
-                now: float) -> str | None:
+                now: float) -> Change:
         """Record a claim's rows (dicts with job_kind, tenant_id, priority, available_at, id,
         claimed_at and claim_end, when the claim wrote them), whether it was `full`, how many
         (kind, tenant) pairs it read (`pairs_read`), and when it ended (`now`).

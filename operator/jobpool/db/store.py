@@ -22,6 +22,7 @@ from jobpool.core.claim_bounds import (
     FULL_CLAIM_SHARE,
     SLOW_CLAIM,
     Bound,
+    Change,
     ClaimBounds,
     Pair,
     bounds_json,
@@ -204,7 +205,7 @@ class QueueStore:
         return held, claimed
 
     @staticmethod
-    def _log_claim_mode(change: str | None) -> None:
+    def _log_claim_mode(change: Change) -> None:
         """Say when claims turn bounded (`jobpool.core.claim_bounds`) and when they end."""
         if change == "bounded":
             log.warning(
