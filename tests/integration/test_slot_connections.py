@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -120,6 +123,92 @@ async def test_the_first_statement_with_parameters_goes_out_with_the_begin(
     first = sent[:sent.index("Sync")]
     assert first.count("Execute") == 2, sent  # the BEGIN and the statement, then one Sync
     assert conn.info.transaction_status == TransactionStatus.INTRANS
+    await tx.release()
+    await slots.close()
+
+
+SYNC = b"S\x00\x00\x00\x04"
+"""The protocol's Sync message: the server answers everything sent before it."""
+
+
+@contextlib.asynccontextmanager
+async def recording_proxy(dsn: str) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A TCP proxy in front of `dsn`'s server: a DSN through it, and the chunks the clients'
+    writes arrive in, in order (a write of a few hundred bytes arrives as one)."""
+    async with await psycopg.AsyncConnection.connect(dsn) as probe:
+        host, port = probe.info.host, probe.info.port
+    chunks: list[bytes] = []
+    pumps: set[asyncio.Task[None]] = set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   record: bool) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if record:
+                    chunks.append(data)
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if host.startswith("/"):
+            server_r, server_w = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        else:
+            server_r, server_w = await asyncio.open_connection(host, port)
+        pumps.update({asyncio.create_task(pump(client_r, server_w, True)),
+                      asyncio.create_task(pump(server_r, client_w, False))})
+
+    proxy = await asyncio.start_server(serve, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    try:
+        yield make_conninfo(dsn, host="127.0.0.1", port=proxy_port, sslmode="disable",
+                            gssencmode="disable"), chunks
+    finally:
+        proxy.close()
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def test_the_begin_and_the_first_statement_reach_the_server_in_one_write(dsn: str) -> None:
+    """The job's BEGIN, its first statement and the Sync go out in one write, which wakes the
+    server's backend once (psycopg's own pipeline writes each of them apart, then a Flush)."""
+    async with recording_proxy(dsn) as (proxied, chunks):
+        pool = open_pool(proxied, size=1)
+        await pool.open(wait=True)
+        slots = SlotConnections(1)
+        try:
+            await slots.fill(pool, timeout=5.0)
+            tx = JobTransaction(slots)
+            tx.connection()
+            before = len(chunks)
+            cur = await tx.execute("SELECT %s::int AS n", (7,))
+            assert await cur.fetchone() == {"n": 7}
+            sent = chunks[before:]
+            assert len(sent) == 1, sent
+            assert b"BEGIN" in sent[0] and b"SELECT $1::int" in sent[0], sent
+            assert sent[0].endswith(SYNC), sent
+            await tx.release()
+        finally:
+            await slots.close()
+            await pool.close()
+
+
+async def test_a_handlers_own_pipeline_opens_the_job_transaction_in_it(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A handler that sends its first statements in a pipeline of its own gets each result,
+    in the job's transaction (READ COMMITTED)."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    async with tx.pipeline():
+        first = await tx.execute("SELECT %s::int AS n", (1,))
+        second = await tx.execute("SELECT %s::int AS n, current_setting('transaction_isolation')"
+                                  " AS isolation", (2,))
+    assert await first.fetchone() == {"n": 1}
+    assert await second.fetchone() == {"n": 2, "isolation": "read committed"}
+    assert tx.connection().info.transaction_status == TransactionStatus.INTRANS
     await tx.release()
     await slots.close()
 

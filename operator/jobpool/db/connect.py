@@ -11,10 +11,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast, overload
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncServerCursor, AsyncTransaction, sql
+from psycopg import (
+    AsyncConnection,
+    AsyncCursor,
+    AsyncPipeline,
+    AsyncServerCursor,
+    AsyncTransaction,
+    sql,
+)
 from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.generators import send
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
@@ -134,13 +142,44 @@ class JobCursor(AsyncCursor[Any]):
             return await super().execute(text, params, prepare=prepare, binary=binary)
         # without parameters psycopg sends the text as it is, which may hold several
         # statements: a pipeline takes one, so those keep their BEGIN apart
-        async with conn.pipeline():
+        async with conn.statement_with_begin():
             conn.begin_with_statement = True
             try:
                 await super().execute(text, params, prepare=prepare, binary=binary)
             finally:
                 conn.begin_with_statement = False
         return self
+
+
+class OneWritePipeline(AsyncPipeline):
+    """A pipeline that sends everything queued in it in one write, when it ends.
+
+    psycopg's pipeline writes each command as it is queued (a BEGIN, the statement, the Sync,
+    then a Flush request: four writes), and every write wakes the server's backend to read
+    it. Queued in libpq's buffer until the Sync instead, the BEGIN and the statement reach
+    the server as one write, which it answers at once (a Sync makes the server send every
+    result, so no Flush request follows). For `JobCursor`'s BEGIN and one statement, whose
+    results nobody reads before the pipeline ends.
+    """
+
+    def _communicate_gen(self) -> PQGen[None]:
+        self._queue_in_libpq()
+        return
+        yield  # a generator that writes nothing
+
+    def _exit_gen(self) -> PQGen[None]:
+        try:
+            self._enqueue_sync()
+            self._queue_in_libpq()
+            yield from send(self.pgconn)
+        finally:
+            yield from self._fetch_gen(flush=False)
+
+    def _queue_in_libpq(self) -> None:
+        """Hand the queued commands to libpq, which buffers them (pipeline mode writes only
+        past its buffer's threshold; `send` writes the rest)."""
+        while self.command_queue:
+            self.command_queue.popleft()()
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -185,6 +224,24 @@ class JobConnection(AsyncConnection[Any]):
             yield from self._exec_command(self._get_tx_start_command())
             return
         yield from super()._start_query()
+
+    @asynccontextmanager
+    async def statement_with_begin(self) -> AsyncIterator[None]:
+        """A pipeline for the job's BEGIN and its first statement, written at once
+        (`OneWritePipeline`); inside a pipeline of the handler's own, that one."""
+        if self._pipeline is not None:
+            async with self.pipeline():
+                yield
+            return
+        async with self.lock:
+            self._check_connection_ok()
+            pipeline = self._pipeline = OneWritePipeline(self)
+        try:
+            async with pipeline:
+                yield
+        finally:
+            async with self.lock:
+                self._pipeline = None
 
     @asynccontextmanager
     async def transaction(
