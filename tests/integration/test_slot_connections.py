@@ -194,6 +194,48 @@ async def test_the_begin_and_the_first_statement_reach_the_server_in_one_write(d
             await pool.close()
 
 
+async def test_a_first_statement_larger_than_the_sockets_buffers_goes_out_whole(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A first statement of megabytes (libpq writes part of it while it is queued, the rest
+    when the pipeline ends) arrives whole, in the job's transaction."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    big = "x" * (8 * 1024 * 1024)
+    cur = await tx.execute("SELECT length(%s::text) AS n, md5(%s::text) = md5(repeat('x', %s))"
+                           " AS same", (big, big, len(big)))
+    assert await cur.fetchone() == {"n": len(big), "same": True}
+    assert tx.connection().info.transaction_status == TransactionStatus.INTRANS
+    await tx.release()
+    await slots.close()
+
+
+async def test_a_first_statement_cancelled_while_it_is_written_keeps_the_connection(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A handler cancelled (its timeout, a stop) while its first statement of megabytes is
+    still being written: the statement is written out and cancelled on the server, and the
+    connection, not left waiting for answers to what was never sent, serves the next job."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    conn = tx.connection()
+    pid = conn.info.backend_pid
+    writing = asyncio.ensure_future(tx.execute("SELECT length(%s::text)", ("x" * 16_000_000,)))
+    await asyncio.sleep(0.01)
+    writing.cancel()
+    with contextlib.suppress(asyncio.CancelledError, psycopg.errors.QueryCanceled):
+        await writing
+    assert not conn.closed
+    await tx.release()
+    again = JobTransaction(slots)
+    cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
+    assert await cur.fetchone() == {"n": 1, "pid": pid}
+    await again.release()
+    await slots.close()
+
+
 async def test_a_handlers_own_pipeline_opens_the_job_transaction_in_it(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:

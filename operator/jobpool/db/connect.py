@@ -22,10 +22,10 @@ from psycopg import (
 from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.generators import send
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
+from psycopg.waiting import Ready, Wait
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Allowance
@@ -168,16 +168,29 @@ class OneWritePipeline(AsyncPipeline):
         yield  # a generator that writes nothing
 
     def _exit_gen(self) -> PQGen[None]:
+        written = False
         try:
             self._enqueue_sync()
             self._queue_in_libpq()
-            yield from send(self.pgconn)
+            yield from self._write_out()
+            written = True
         finally:
-            yield from self._fetch_gen(flush=False)
+            # cut short (the connection lost), the rest is still in libpq's buffer: a Flush
+            # request writes it, or the results of a statement never sent would be awaited
+            yield from self._fetch_gen(flush=not written)
+
+    def _write_out(self) -> PQGen[None]:
+        """Write libpq's buffer out, reading what the server sends meanwhile. A wait resumed
+        with nothing ready (as psycopg resumes it after sending a cancellation) writes on: the
+        server answers the cancellation only once the statement has arrived whole."""
+        while self.pgconn.flush():
+            ready = yield Wait.RW
+            if ready and ready & Ready.R:
+                self.pgconn.consume_input()
 
     def _queue_in_libpq(self) -> None:
         """Hand the queued commands to libpq, which buffers them (pipeline mode writes only
-        past its buffer's threshold; `send` writes the rest)."""
+        past its buffer's threshold; `_write_out` writes the rest)."""
         while self.command_queue:
             self.command_queue.popleft()()
 
