@@ -160,6 +160,10 @@ class OneWritePipeline(AsyncPipeline):
     the server as one write, which it answers at once (a Sync makes the server send every
     result, so no Flush request follows). For `JobCursor`'s BEGIN and one statement, whose
     results nobody reads before the pipeline ends.
+
+    It overrides two private generators of psycopg's pipeline (`_communicate_gen`,
+    `_exit_gen`); tests/integration/test_slot_connections.py holds what it must do (one
+    write, a cancelled write, a statement of megabytes) against the psycopg installed.
     """
 
     def _communicate_gen(self) -> PQGen[None]:
