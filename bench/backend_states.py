@@ -6,9 +6,9 @@
 Fills a fresh database with `--jobs` jobs of `--kind` (`bench_noop`, or `bench_write`, whose
 handler inserts one row in the job's transaction), drains it with one `jobpool run
 --until-empty --slots N` process, and from the moment the first job is done samples
-`pg_stat_activity` every `--every` seconds for `--seconds`. Prints, per (state, wait event,
-start of the backend's last query up to its first parenthesis), how many of the drain's
-backends were in it on average.
+`pg_stat_activity` every `--every` seconds for `--seconds`, then stops the worker. Prints,
+per (state, wait event, start of the backend's last query up to its first parenthesis), how
+many of the drain's backends were in it on average.
 `idle` and `idle in transaction` with the wait event `ClientRead` are backends waiting for the
 worker to send; `active` ones work or wait for the server (a lock, the WAL). Runs inside
 bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private cluster.
@@ -27,14 +27,12 @@ values of a job's end), that tell the statements apart."""
 
 def main() -> int:
     import argparse
-    import asyncio
     import collections
-    import os
     import subprocess
     import time
 
     from common import admin, child_env, drop_database
-    from scenarios import count_rows, fresh, template
+    from scenarios import count_rows, enqueue_drain_jobs, fresh, template
     from systems import SYSTEMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,15 +48,10 @@ def main() -> int:
     states: collections.Counter[tuple[str, str, str]] = collections.Counter()
     samples = 0
     try:
-        payloads = ([{"n": n} for n in range(args.jobs)]
-                    if args.kind == "bench_write" else [{}] * args.jobs)
-        asyncio.run(system.enqueue(dsn, args.kind, payloads, 5000))
-        env = child_env()
-        env["PYTHONPATH"] = os.pathsep.join(
-            (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "operator"), os.path.dirname(os.path.abspath(__file__))))
-        worker = subprocess.Popen(system.worker(dsn, "drain", args.slots, args.kind), env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
+        worker = subprocess.Popen(system.worker(dsn, "drain", args.slots, args.kind),
+                                  env=child_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
         try:
             done = "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'"
             while count_rows(dsn, done) == 0 and worker.poll() is None:
@@ -74,10 +67,9 @@ def main() -> int:
                         states[(state or "", wait, " ".join(query.split()))] += 1
                     samples += 1
                     time.sleep(args.every)
-            worker.wait(timeout=3600)
         finally:
-            if worker.poll() is None:
-                worker.kill()
+            worker.kill()  # the samples are taken: the rest of the drain is not needed
+            worker.wait()
     finally:
         drop_database(database)
         drop_database(tpl)

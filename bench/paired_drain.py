@@ -24,7 +24,6 @@ from run import bootstrap
 
 def main() -> int:
     import argparse
-    import asyncio
     import os
     import statistics
 
@@ -36,7 +35,7 @@ def main() -> int:
         server_cpu,
         transactions,
     )
-    from scenarios import count_rows, fresh, template
+    from scenarios import count_rows, enqueue_drain_jobs, fresh, template
     from systems import SYSTEMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,9 +61,7 @@ def main() -> int:
             for name, checkout in versions:
                 database, dsn = fresh(system, tpl, "paired")
                 try:
-                    payloads = ([{"n": n} for n in range(args.jobs)]
-                                if args.kind == "bench_write" else [{}] * args.jobs)
-                    asyncio.run(system.enqueue(dsn, args.kind, payloads, 5000))
+                    enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
                     argv = system.worker(dsn, "drain", args.slots,
                                          args.kind) + args.extra.split()
                     env = child_env()

@@ -41,6 +41,13 @@ def fresh(system: System, tpl: str, label: str) -> tuple[str, str]:
     return name, recreate_database(name, tpl)
 
 
+def enqueue_drain_jobs(system: System, dsn: str, kind: str, jobs: int) -> None:
+    """Enqueue `jobs` jobs of `kind` for a drain: `bench_noop` with payload `{}`, `bench_write`
+    with `{"n": i}` (its handler inserts one row into `bench_writes`), in batches of 5,000."""
+    payloads = [{"n": i} for i in range(jobs)] if kind == "bench_write" else [{}] * jobs
+    asyncio.run(system.enqueue(dsn, kind, payloads, 5000))
+
+
 def drain(system: System, tpl: str, jobs: int, concurrency: int,
           processes: int = 1, kind: str = "bench_noop", profile: str = "default"
           ) -> dict[str, Any]:
@@ -60,8 +67,7 @@ def drain(system: System, tpl: str, jobs: int, concurrency: int,
     name, dsn = fresh(system, tpl, "drain")
     argvs = system.workers(dsn, "drain", concurrency, processes, kind, profile)
     idle_seconds, idle_cpu, idle_server = _run_workers(argvs)  # start-up and exit alone
-    payloads = [{"n": i} for i in range(jobs)] if kind == "bench_write" else [{}] * jobs
-    asyncio.run(system.enqueue(dsn, kind, payloads, 5000))
+    enqueue_drain_jobs(system, dsn, kind, jobs)
     before = transactions(name)
     load_before = load()
     total_seconds, total_cpu, total_server = _run_workers(argvs)

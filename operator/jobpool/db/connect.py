@@ -185,8 +185,9 @@ class OneWritePipeline(AsyncPipeline):
 
     def _write_out(self) -> PQGen[None]:
         """Write libpq's buffer out, reading what the server sends meanwhile. A wait resumed
-        with nothing ready (as psycopg resumes it after sending a cancellation) writes on: the
-        server answers the cancellation only once the statement has arrived whole."""
+        with nothing ready (as psycopg resumes it after sending a cancellation) writes on, so
+        the statement arrives whole and the server's answer to it (its cancellation) can be
+        read: stopping half way would leave the server waiting for the rest."""
         while self.pgconn.flush():
             ready = yield Wait.RW
             if ready and ready & Ready.R:
