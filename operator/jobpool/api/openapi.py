@@ -368,8 +368,10 @@ _SCOPE = [
     {"name": "kind", "in": "query", "description": "job kind; absent: every kind",
      "schema": {"type": "string", "pattern": KIND_NAME}},
 ]
+_STORABLE_TEXT = r"^[^\u0000]*$"
+"""Text PostgreSQL can store: no NUL (a URL's %00), which the server answers with a 400."""
 _REASON = {"name": "reason", "in": "query", "description": "why, shown with the pause",
-           "schema": {"type": "string", "maxLength": MAX_REASON}}
+           "schema": {"type": "string", "maxLength": MAX_REASON, "pattern": _STORABLE_TEXT}}
 _SCOPE_ERRORS = {
     **_COMMON_ERRORS,
     "400": _problem(f"a bad tenant, kind or reason, or {_BODY}"),
