@@ -10,8 +10,12 @@ handler inserts one row in the job's transaction), drains it with one `jobpool r
 per (state, wait event, start of the backend's last query up to its first parenthesis), how
 many of the drain's backends were in it on average.
 `idle` and `idle in transaction` with the wait event `ClientRead` are backends waiting for the
-worker to send; `active` ones work or wait for the server (a lock, the WAL). Runs inside
-bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private cluster.
+worker to send; `active` ones work or wait for the server (a lock, the WAL). Then where the
+worker's event-loop thread was over the same seconds (Linux's /proc/PID/task/PID/schedstat):
+on a core, runnable but waiting for one (the machine's cores taken by others, the server's
+backends most of all), or asleep (waiting for the server's answers, or for nothing to do).
+Runs inside bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private
+cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +23,18 @@ from __future__ import annotations
 import sys
 
 from run import bootstrap
+
+
+def thread_times(pid: int) -> tuple[float, float] | None:
+    """Seconds the main thread of process `pid` has run on a core and waited runnable for
+    one, or None where the kernel keeps no such figures."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as stat:
+            on_core, runnable = stat.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_core) / 1e9, int(runnable) / 1e9
+
 
 QUERY_START = 30
 """Characters of each backend's last query, up to its first parenthesis (past it come the
@@ -47,6 +63,8 @@ def main() -> int:
     database, dsn = fresh(system, tpl, "states")
     states: collections.Counter[tuple[str, str, str]] = collections.Counter()
     samples = 0
+    before = after = None
+    sampled = 0.0
     try:
         enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
         worker = subprocess.Popen(system.worker(dsn, "drain", args.slots, args.kind),
@@ -57,7 +75,8 @@ def main() -> int:
             while count_rows(dsn, done) == 0 and worker.poll() is None:
                 time.sleep(0.05)
             with admin() as conn:
-                ends = time.monotonic() + args.seconds
+                began, before = time.monotonic(), thread_times(worker.pid)
+                ends = began + args.seconds
                 while time.monotonic() < ends and worker.poll() is None:
                     for state, wait, query in conn.execute(
                             "SELECT state, coalesce(wait_event, ''), "
@@ -67,6 +86,7 @@ def main() -> int:
                         states[(state or "", wait, " ".join(query.split()))] += 1
                     samples += 1
                     time.sleep(args.every)
+                after, sampled = thread_times(worker.pid), time.monotonic() - began
         finally:
             worker.kill()  # the samples are taken: the rest of the drain is not needed
             worker.wait()
@@ -81,6 +101,11 @@ def main() -> int:
     print("| --- | --- | --- | --- |")
     for (state, wait, query), seen in states.most_common(12):
         print(f"| {seen / samples:.2f} | {state} | {wait} | `{query}` |")
+    if before is not None and after is not None:
+        on_core, runnable = (b - a for a, b in zip(before, after, strict=True))
+        print(f"the worker's event-loop thread over those {sampled:.1f} s: on a core "
+              f"{on_core / sampled:.0%}, runnable waiting for a core {runnable / sampled:.0%}, "
+              f"asleep {max(sampled - on_core - runnable, 0.0) / sampled:.0%}")
     return 0
 
 

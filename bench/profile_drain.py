@@ -3,12 +3,18 @@
     python3 bench/profile_drain.py --slots 4 --jobs 20000        # cProfile, top 25 by own time
     python3 bench/profile_drain.py --slots 32 --sort cumulative
     python3 bench/profile_drain.py --slots 32 --kind bench_write   # handlers that insert a row
+    python3 bench/profile_drain.py --slots 32 --kind bench_write --timer cpu
 
 Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` jobs of
 `--kind` (`bench_noop`, or `bench_write`, whose handler inserts one row in the job's transaction),
 drains it with one `jobpool run --until-empty` process under cProfile, prints the functions
 that took the most time and the microseconds of worker CPU per job. cProfile slows every
 Python call, so compare profiles with each other, never with `run.py`'s rates.
+
+`--timer wall` (cProfile's default) counts the time the worker waited runnable, too: on a
+machine with fewer cores than busy processes, a send that wakes a server backend often hands
+it the core, and the send is charged with the backend's work. `--timer cpu` counts the
+worker's own CPU time only (each timer call is a system call, so every call costs more).
 """
 
 from __future__ import annotations
@@ -16,6 +22,22 @@ from __future__ import annotations
 import sys
 
 from run import bootstrap
+
+TIMERS = {"wall": "time.perf_counter", "cpu": "time.process_time"}
+
+PROFILED = """\
+import cProfile, runpy, sys, time
+sys.argv = ["jobpool", *sys.argv[1:]]
+profile = cProfile.Profile({timer})
+try:
+    profile.runcall(runpy.run_module, "jobpool", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    profile.dump_stats({out!r})
+"""
+"""A worker under cProfile with the timer asked for: `-c` with this, then the worker's
+arguments after `-m jobpool`."""
 
 
 def main() -> int:
@@ -34,6 +56,8 @@ def main() -> int:
     parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
     parser.add_argument("--sort", default="tottime", help="pstats sort key")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--timer", default="wall", choices=["wall", "cpu"],
+                        help="what a function is charged with: elapsed time, or CPU time")
     args = parser.parse_args()
     system = SYSTEMS["jobpool"]
     tpl = template(system)
@@ -42,7 +66,8 @@ def main() -> int:
         asyncio.run(system.enqueue(dsn, args.kind, [{"n": i} for i in range(args.jobs)], 5000))
         with tempfile.NamedTemporaryFile(suffix=".prof") as out:
             argv = system.worker(dsn, "drain", args.slots, args.kind)
-            profiled = [argv[0], "-m", "cProfile", "-o", out.name, *argv[1:]]
+            profiled = [argv[0], "-c", PROFILED.format(timer=TIMERS[args.timer], out=out.name),
+                        *argv[3:]]
             elapsed = run_child(profiled, child_env(), timeout=3600)
             stats = pstats.Stats(out.name)
             print(f"{args.jobs} jobs, {args.slots} slots: {elapsed:.2f}s wall under cProfile, "

@@ -274,6 +274,46 @@ async def test_a_first_statement_that_fails_fails_as_it_would_alone(
     await slots.close()
 
 
+async def test_a_first_statement_whose_parameter_cannot_be_sent_fails_alone(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A parameter psycopg cannot adapt fails the handler's call with psycopg's own error,
+    before anything of the statement is sent; the connection leaves pipeline mode and serves
+    the next job on the same backend."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    conn = tx.connection()
+    pid = conn.info.backend_pid
+    with pytest.raises(psycopg.ProgrammingError, match="cannot adapt type 'object'"):
+        await tx.execute("SELECT %s AS n", (object(),))
+    assert conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+    await tx.release()
+    again = JobTransaction(slots)
+    cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
+    assert await cur.fetchone() == {"n": 1, "pid": pid}
+    await again.release()
+    await slots.close()
+
+
+async def test_two_tasks_sharing_a_tx_get_their_own_results_in_one_transaction(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A handler that sends two statements at once from two tasks on its `tx` (gather): one
+    of them opens the job's transaction, the other runs in it, and each gets its own row."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    first, second = await asyncio.gather(
+        tx.execute("SELECT %s::int AS n, txid_current() AS xid", (1,)),
+        tx.execute("SELECT %s::int AS n, txid_current() AS xid", (2,)))
+    one, two = await first.fetchone(), await second.fetchone()
+    assert (one["n"], two["n"], one["xid"] == two["xid"]) == (1, 2, True)
+    assert tx.connection().info.transaction_status == TransactionStatus.INTRANS
+    await tx.release()
+    await slots.close()
+
+
 async def test_a_statement_without_parameters_may_hold_several(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
