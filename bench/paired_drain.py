@@ -7,12 +7,16 @@
 Each `name=checkout` is a jobpool checkout (its `operator/` goes first on the worker's
 PYTHONPATH). Every round drains a fresh database of `--jobs` jobs of `--kind` (`bench_noop`,
 or `bench_write`, whose handler inserts one row in the job's transaction; the round fails
-unless every job's row is there) with one `jobpool run
---until-empty --slots N` per version, in the order given, so a change of load hits every
-version alike; prints each drain's wall time, rate (start-up included), the worker's CPU per
-job (user + system, start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job
-and the SQL transactions per job, then each version's medians (min-max). Runs inside
-bench/.venv (run.py's bootstrap), on JOBPOOL_BENCH_DSN's server or a private cluster.
+unless every job's row is there) with one `jobpool run --until-empty --slots N` per version,
+each round starting one version further down the list (two versions: A B, B A, A B, ...)
+after a CHECKPOINT: a change of load hits every version alike, and no version always drains
+after another's WAL and dead rows (with a fixed order, the second drain of a round ran
+10-15 % slower and took 10-15 % more worker CPU per job, whichever version it was). Prints
+each drain's wall time, rate (start-up included), the worker's CPU per job (user + system,
+start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job and the SQL
+transactions per job, then each version's medians (min-max). Give an even `--rounds` for
+as many first places as second ones. Runs inside bench/.venv (run.py's bootstrap), on
+JOBPOOL_BENCH_DSN's server or a private cluster.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ def main() -> int:
     import statistics
 
     from common import (
+        admin,
         child_env,
         children_cpu,
         drop_database,
@@ -42,7 +47,7 @@ def main() -> int:
     parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--slots", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--extra", default="", help="more `jobpool run` flags, one string")
     parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
     args = parser.parse_args()
@@ -58,10 +63,13 @@ def main() -> int:
     bench = os.path.dirname(os.path.abspath(__file__))
     try:
         for round_ in range(args.rounds):
-            for name, checkout in versions:
+            turn = round_ % len(versions)
+            for name, checkout in versions[turn:] + versions[:turn]:
                 database, dsn = fresh(system, tpl, "paired")
                 try:
                     enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
+                    with admin() as conn:
+                        conn.execute("CHECKPOINT")
                     argv = system.worker(dsn, "drain", args.slots,
                                          args.kind) + args.extra.split()
                     env = child_env()

@@ -162,3 +162,84 @@ async def test_literals_survive_the_quoting_and_encoding_a_handler_left(
         "current_setting('client_encoding') AS encoding, %s::int AS n", (1,))
     assert await cur.fetchone() == {"scs": "on", "encoding": "UTF8", "n": 1}
     await following.release()
+
+
+async def advisory_holders(conn: Conn, key: int) -> int:
+    return int(await scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND objid = %s AND granted", (key,)))
+
+
+async def test_a_refused_end_resets_a_session_changed_through_the_handlers_own_cursor(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A handler that wrote only through a cursor it built itself (not `tx.cursor()`): when
+    the end is refused (the claim lost), the session it changed is still reset, so no session
+    advisory lock of the job outlives it."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots)
+    own = psycopg.AsyncClientCursor(tx.connection())
+    await own.execute("SELECT pg_advisory_lock(%s)", (77001,))
+    await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
+                       (row["id"],))
+    with pytest.raises(NotCommittedError):
+        await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert await advisory_holders(conn, 77001) == 0
+
+
+FAILING_RESET = """
+CREATE OR REPLACE FUNCTION mdm.aa_reset_session()
+RETURNS TABLE (prepared integer, handler_made text[]) LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('test.fail_reset', true) = 'on' THEN
+        RAISE EXCEPTION 'the reset failed';
+    END IF;
+    RESET ALL;
+    RETURN QUERY SELECT pg_catalog.count(*)::integer, NULL::text[]
+                   FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql;
+END
+$$"""
+"""A reset that fails while the session has `test.fail_reset` on: stands for a reset statement
+that fails after the job's COMMIT (a handler's own statement_timeout ending it, say)."""
+
+
+async def test_a_reset_failing_after_the_commit_closes_the_connection_whatever_cursor_wrote(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """The job's writes and its `done` are committed; the session the handler changed through
+    a cursor of its own cannot be reset, so its connection is closed, not kept for the next
+    job."""
+    store, slots, row = claimed
+    await conn.execute(FAILING_RESET)
+    tx = JobTransaction(slots)
+    taken = tx.connection()
+    own = psycopg.AsyncClientCursor(taken)
+    await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await own.execute("SET work_mem = '1MB'")
+    await own.execute("SET test.fail_reset = 'on'")
+    with pytest.raises(psycopg.errors.RaiseException, match="the reset failed"):
+        await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert (await job(conn, row["id"]))["status"] == "done"
+    assert taken.closed and taken not in slots.idle
+
+
+async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(
+    claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """psycopg drops its prepared statements (DEALLOCATE ALL) after a DROP or ALTER read at a
+    pipeline's end, at its next query: that is the job's end, not the next job, whose own
+    prepared statement would be dropped with them."""
+    _, slots, _ = claimed
+    for n in range(6):  # often enough for psycopg to prepare it
+        tx = JobTransaction(slots)
+        await tx.execute("SELECT %s::int + 1 AS n", (n,))
+        await tx.end(b"SELECT 1;")
+    tx = JobTransaction(slots)
+    async with tx.pipeline():
+        await tx.execute("DROP TABLE IF EXISTS nothing_here")
+    await tx.end(b"SELECT 1;")
+    following = JobTransaction(slots)
+    for n in (3, 4):
+        cur = await following.execute("SELECT %s::int * 2 AS m", (n,), prepare=True)
+        assert await cur.fetchone() == {"m": n * 2}
+    await following.end(b"SELECT 1;")

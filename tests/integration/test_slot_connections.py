@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg.adapt import Dumper
 from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
@@ -296,6 +298,42 @@ async def test_a_first_statement_whose_parameter_cannot_be_sent_fails_alone(
     await slots.close()
 
 
+class Interrupting(Dumper):
+    """Dumps nothing: raises what is not an Exception, as a dumper of a handler's may."""
+
+    oid = 25
+
+    def dump(self, obj: Any) -> bytes:
+        raise KeyboardInterrupt("from a dumper")
+
+
+class Opaque:
+    """A value only `Interrupting` dumps."""
+
+
+async def test_a_first_statement_interrupted_while_queued_leaves_pipeline_mode(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """Whatever a parameter's dumper raises, the pipeline of the job's first statement ends:
+    the connection is in the job's transaction, out of pipeline mode, and takes the next
+    statement."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    conn = tx.connection()
+    cur = tx.cursor()
+    cur.adapters.register_dumper(Opaque, Interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        await cur.execute("SELECT %s", (Opaque(),))
+    assert conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+    assert not conn.begin_with_statement
+    after = await tx.execute("SELECT 1 AS n")
+    assert await after.fetchone() == {"n": 1}
+    await tx.release()
+    assert not conn.closed
+    await slots.close()
+
+
 async def test_two_tasks_sharing_a_tx_get_their_own_results_in_one_transaction(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
@@ -368,4 +406,25 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
                                     "n": 1}
     await rolled_back.execute("INSERT INTO written (v) VALUES (%s)", (3,))
     await rolled_back.end(NO_DONE)
+    await slots.close()
+
+
+async def test_a_session_changed_through_a_cursor_the_handler_built_is_reset(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A handler that sends its statements through a cursor of its own (not `tx.cursor()`) and
+    commits them itself, leaving nothing for the job's end: its settings are still undone
+    before the next job."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots)
+    own = psycopg.AsyncClientCursor(tx.connection())
+    await own.execute("SET work_mem = '1MB'")
+    await tx.commit()
+    await tx.release()
+    following = JobTransaction(slots)
+    cur = await following.execute("SELECT current_setting('work_mem') AS work_mem, %s::int AS n",
+                                  (1,))
+    assert await cur.fetchone() == {"work_mem": "4MB", "n": 1}
+    await following.release()
     await slots.close()

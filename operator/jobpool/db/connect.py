@@ -177,7 +177,7 @@ class JobCursor(AsyncCursor[Any]):
         conn.begin_with_statement = True
         try:
             yield from self._execute_gen(query, params, prepare=prepare, binary=binary)
-        except Exception as exc:
+        except BaseException as exc:  # a dumper may raise anything: the pipeline ends all the same
             conn.begin_with_statement = False
             try:
                 yield from pipeline._exit_gen()
@@ -266,12 +266,6 @@ class JobConnection(AsyncConnection[Any]):
     """Whether anything was sent since the worker last cleared it: a handler that sent nothing
     cannot have changed the session, so its connection needs no reset (`reset_session`)."""
 
-    def cursor(self, *args: Any, **kwargs: Any) -> Any:
-        """`AsyncConnection.cursor`, noting that a statement is about to be sent (every query,
-        `execute` and COPY goes through a cursor)."""
-        self.sent_statements = True
-        return super().cursor(*args, **kwargs)
-
     def opens_job_tx(self) -> bool:
         """Whether the next statement opens the job's transaction."""
         return (self.job_scope and not self.autocommit
@@ -282,7 +276,10 @@ class JobConnection(AsyncConnection[Any]):
         queued without the Sync (and wait) psycopg puts after it, so that it is answered
         with that statement. (psycopg syncs so that the next statement of a longer pipeline
         sees the transaction open, which a handler's own pipeline keeps.) A BEGIN that fails
-        fails the statement too, at the pipeline's end."""
+        fails the statement too, at the pipeline's end. Every statement a cursor sends starts
+        here (a cursor the handler built itself, a server cursor, COPY), so here it is noted
+        that one was sent (`sent_statements`)."""
+        self.sent_statements = True
         if self.begin_with_statement and self._pipeline is not None and self.opens_job_tx():
             yield from self._exec_command(self._get_tx_start_command())
             return
@@ -400,13 +397,19 @@ async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, An
     What `conn.execute(query)` does, without a cursor: no query conversion, no row maker and
     no result object for each of the statements, which cost about a fifth of a writing job's
     CPU in the worker. The worker's own query of known statements, never a handler's."""
+    if isinstance(conn, JobConnection):
+        conn.sent_statements = True  # as `_start_query` notes it: a failure here is reset after
     async with conn.lock:
         conn._check_connection_ok()
         conn.pgconn.send_query(query)
         results = await conn.wait(execute_gen(conn.pgconn))
-    for result in results:
-        if result.status == ExecStatus.FATAL_ERROR:
-            raise psycopg.errors.error_from_result(result, encoding=conn.pgconn._encoding)
+        for result in results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                raise psycopg.errors.error_from_result(result, encoding=conn.pgconn._encoding)
+        # what psycopg's execute does after each query: the DEALLOCATE ALL a handler's DROP
+        # or ALTER queued (read at its pipeline's end), else the next job's first statement
+        # would send it and drop what that statement prepared
+        await conn.wait(conn._prepared.maintain_gen(conn))
     if not results or results[-1].status != ExecStatus.TUPLES_OK or results[-1].ntuples < 1:
         return {}
     last = results[-1]
