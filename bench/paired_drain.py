@@ -11,7 +11,7 @@ unless every job's row is there) with one `jobpool run --until-empty --slots N` 
 each round starting one version further down the list (two versions: A B, B A, A B, ...)
 after a CHECKPOINT: a change of load hits every version alike, and no version always drains
 after another's WAL and dead rows (with a fixed order, the second drain of a round ran
-10-15 % slower and took 10-15 % more worker CPU per job, whichever version it was). Prints
+9-12 % slower and took 10-15 % more worker CPU per job, whichever version it was). Prints
 each drain's wall time, rate (start-up included), the worker's CPU per job (user + system,
 start-up included: measure it with `--jobs 1`), PostgreSQL's CPU per job and the SQL
 transactions per job, then each version's medians (min-max). Give an even `--rounds` for

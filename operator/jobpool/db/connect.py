@@ -167,7 +167,7 @@ class JobCursor(AsyncCursor[Any]):
     def _with_begin_gen(self, pipeline: OneWritePipeline, query: Query, params: Params, *,
                         prepare: bool | None, binary: bool | None) -> PQGen[None]:
         """What `async with pipeline: await cursor.execute(...)` does, as one generator: the
-        connection's lock taken and the connection waited on once, not four times each (a
+        connection's lock taken once and the connection waited on once, not five and three times (a
         writing job's first statement is on the hot path). Queueing the BEGIN and the
         statement writes nothing; the pipeline's end writes both with the Sync and reads their
         results. An error while queueing (a parameter that cannot be adapted) still ends the
@@ -395,8 +395,9 @@ async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, An
     that failed (the server skips those after it).
 
     What `conn.execute(query)` does, without a cursor: no query conversion, no row maker and
-    no result object for each of the statements, which cost about a fifth of a writing job's
-    CPU in the worker. The worker's own query of known statements, never a handler's."""
+    no result object for each of the statements (the worker's CPU per writing job is what
+    bounds a writing drain: bench/RESULTS.md, "Fewer psycopg layers on a writing job's two
+    queries"). The worker's own query of known statements, never a handler's."""
     if isinstance(conn, JobConnection):
         conn.sent_statements = True  # as `_start_query` notes it: a failure here is reset after
     async with conn.lock:
