@@ -213,6 +213,14 @@ async def test_a_first_statement_larger_than_the_sockets_buffers_goes_out_whole(
     await slots.close()
 
 
+async def assert_next_job_runs_on(slots: SlotConnections, pid: int) -> None:
+    """The next job's first statement runs, on the backend `pid` (the connection was kept)."""
+    again = JobTransaction(slots)
+    cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
+    assert await cur.fetchone() == {"n": 1, "pid": pid}
+    await again.release()
+
+
 async def test_a_first_statement_cancelled_while_it_is_written_keeps_the_connection(
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
@@ -231,10 +239,7 @@ async def test_a_first_statement_cancelled_while_it_is_written_keeps_the_connect
         await writing
     assert not conn.closed
     await tx.release()
-    again = JobTransaction(slots)
-    cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
-    assert await cur.fetchone() == {"n": 1, "pid": pid}
-    await again.release()
+    await assert_next_job_runs_on(slots, pid)
     await slots.close()
 
 
@@ -291,10 +296,7 @@ async def test_a_first_statement_whose_parameter_cannot_be_sent_fails_alone(
         await tx.execute("SELECT %s AS n", (object(),))
     assert conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
     await tx.release()
-    again = JobTransaction(slots)
-    cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
-    assert await cur.fetchone() == {"n": 1, "pid": pid}
-    await again.release()
+    await assert_next_job_runs_on(slots, pid)
     await slots.close()
 
 
