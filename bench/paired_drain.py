@@ -1,4 +1,4 @@
-"""Paired drains of jobpool versions: one no-op drain each, alternated, CPU per job by each rate.
+"""Paired drains of jobpool versions, which goes first alternating: rate and CPU per job.
 
     python3 bench/paired_drain.py before=/path/to/old/checkout after=. --slots 32 --jobs 20000
     python3 bench/paired_drain.py now=. --slots 32 --extra "--prefetch 0"

@@ -8,8 +8,9 @@
 Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` jobs of
 `--kind` (`bench_noop`, or `bench_write`, whose handler inserts one row in the job's transaction),
 drains it with one `jobpool run --until-empty` process under cProfile, prints the functions
-that took the most time and the microseconds of worker CPU per job. cProfile slows every
-Python call, so compare profiles with each other, never with `run.py`'s rates.
+that took the most time and the profiled microseconds per job (of the timer's kind).
+cProfile slows every Python call, so compare profiles with each other, never with `run.py`'s
+rates.
 
 `--timer wall` (cProfile's default) counts the time the worker waited runnable, too: on a
 machine with fewer cores than busy processes, a send that wakes a server backend often hands
@@ -70,8 +71,10 @@ def main() -> int:
                         *argv[3:]]
             elapsed = run_child(profiled, child_env(), timeout=3600)
             stats = pstats.Stats(out.name)
+            charged = {"wall": "elapsed time", "cpu": "the worker's CPU time"}[args.timer]
             print(f"{args.jobs} jobs, {args.slots} slots: {elapsed:.2f}s wall under cProfile, "
-                  f"{stats.total_tt / args.jobs * 1e6:.0f} µs of profiled CPU per job")
+                  f"{stats.total_tt / args.jobs * 1e6:.0f} µs per job of profiled "
+                  f"{charged} (--timer {args.timer}), start-up included")
             stats.sort_stats(args.sort).print_stats(args.top)
     finally:
         drop_database(name)

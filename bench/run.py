@@ -56,6 +56,8 @@ def bootstrap() -> None:
                             "assert not missing_modules('worker')"],
                            capture_output=True, check=False)
     if probe.returncode != 0:  # jobpool's workers need its worker extra
+        print(f"bench: installing the peers and jobpool's worker extra into {VENV} "
+              "(the first run: a few minutes)", file=sys.stderr, flush=True)
         subprocess.run([str(interpreter), "-m", "pip", "install", "-q", "-r",
                         str(BENCH / "requirements.txt"), "-e", f"{BENCH.parent}[worker]"],
                        check=True)
