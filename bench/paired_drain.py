@@ -42,6 +42,7 @@ def main() -> int:
     )
     from scenarios import count_rows, enqueue_drain_jobs, fresh, template
     from systems import SYSTEMS
+    from table import spread
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
@@ -96,9 +97,6 @@ def main() -> int:
                       f"{per_job:.3f} transactions/job", flush=True)
     finally:
         drop_database(tpl)
-
-    def spread(values: list[float]) -> str:
-        return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
     for name, rows in figures.items():
         print(f"{name}: {spread([r[0] for r in rows])} jobs/s; worker "

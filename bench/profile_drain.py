@@ -24,7 +24,9 @@ import sys
 
 from run import bootstrap
 
-TIMERS = {"wall": "time.perf_counter", "cpu": "time.process_time"}
+TIMERS = {"wall": ("time.perf_counter", "elapsed time"),
+          "cpu": ("time.process_time", "worker CPU time")}
+"""Each `--timer`: the clock cProfile reads, and what it charges a function with."""
 
 PROFILED = """\
 import cProfile, runpy, sys, time
@@ -43,12 +45,11 @@ arguments after `-m jobpool`."""
 
 def main() -> int:
     import argparse
-    import asyncio
     import pstats
     import tempfile
 
     from common import child_env, drop_database, run_child
-    from scenarios import fresh, template
+    from scenarios import enqueue_drain_jobs, fresh, template
     from systems import SYSTEMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,24 +58,24 @@ def main() -> int:
     parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
     parser.add_argument("--sort", default="tottime", help="pstats sort key")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--timer", default="wall", choices=["wall", "cpu"],
+    parser.add_argument("--timer", default="wall", choices=list(TIMERS),
                         help="what a function is charged with: elapsed time, or CPU time")
     args = parser.parse_args()
     system = SYSTEMS["jobpool"]
     tpl = template(system)
     name, dsn = fresh(system, tpl, "profile")
     try:
-        asyncio.run(system.enqueue(dsn, args.kind, [{"n": i} for i in range(args.jobs)], 5000))
+        enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
         with tempfile.NamedTemporaryFile(suffix=".prof") as out:
             argv = system.worker(dsn, "drain", args.slots, args.kind)
-            profiled = [argv[0], "-c", PROFILED.format(timer=TIMERS[args.timer], out=out.name),
+            clock, charged = TIMERS[args.timer]
+            profiled = [argv[0], "-c", PROFILED.format(timer=clock, out=out.name),
                         *argv[3:]]
             elapsed = run_child(profiled, child_env(), timeout=3600)
             stats = pstats.Stats(out.name)
-            charged = {"wall": "elapsed time", "cpu": "the worker's CPU time"}[args.timer]
             print(f"{args.jobs} jobs, {args.slots} slots: {elapsed:.2f}s wall under cProfile, "
-                  f"{stats.total_tt / args.jobs * 1e6:.0f} µs per job of profiled "
-                  f"{charged} (--timer {args.timer}), start-up included")
+                  f"{stats.total_tt / args.jobs * 1e6:.0f} µs of profiled {charged} per job "
+                  f"(--timer {args.timer}), start-up included")
             stats.sort_stats(args.sort).print_stats(args.top)
     finally:
         drop_database(name)

@@ -175,23 +175,24 @@ class JobCursor(AsyncCursor[Any]):
         conn = cast(JobConnection, self.connection)
         yield from pipeline._enter_gen()
         conn.begin_with_statement = True
+        failure: BaseException | None = None
         try:
             yield from self._execute_gen(query, params, prepare=prepare, binary=binary)
         except BaseException as exc:  # a dumper may raise anything: the pipeline ends all the same
+            failure = exc
+        finally:
             conn.begin_with_statement = False
-            try:
-                yield from pipeline._exit_gen()
-            except Exception as ending:
-                log.warning("error ignored ending the pipeline of a job's first statement: %s",
-                            ending)
-            finally:
-                pipeline._exit(exc)
-            raise
-        conn.begin_with_statement = False
         try:
             yield from pipeline._exit_gen()
+        except Exception as ending:
+            if failure is None:
+                raise
+            log.warning("error ignored ending the pipeline of a job's first statement: %s",
+                        ending)
         finally:
-            pipeline._exit(None)
+            pipeline._exit(failure)
+        if failure is not None:
+            raise failure
 
 
 class OneWritePipeline(AsyncPipeline):
@@ -327,7 +328,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             await conn.rollback()
         await conn.set_autocommit(True)  # each statement takes effect at once
-        left = await last_row(await conn.execute(RESET_SESSION.text, prepare=False))
+        left = await _last_row_of(conn, RESET_SESSION_QUERY)
         await conn.set_autocommit(False)
     except psycopg.Error as exc:
         await _replace(conn, [_session_failure(exc)])
@@ -338,6 +339,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
     await _finish_reset(conn, left)
 
 
+RESET_SESSION_QUERY = RESET_SESSION.text.encode()
 COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
 """The end of a writing job's transaction after its `done`, then its session reset. COMMIT comes
 first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
@@ -390,9 +392,11 @@ async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
 
 
 async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, Any]:
-    """Run `query` (statements without parameters, simple protocol) and return the row of
-    its last statement as `last_row` does; raises the psycopg.Error of the first statement
-    that failed (the server skips those after it).
+    """Run `query` (statements without parameters, simple protocol, sent as it is: no BEGIN
+    is added, the caller's transaction is open or autocommit on) and return the row of its
+    last statement ({} when it has none, which `reset_session` takes as a connection not to
+    trust); raises the psycopg.Error of the first statement that failed (the server skips
+    those after it).
 
     What `conn.execute(query)` does, without a cursor: no query conversion, no row maker and
     no result object for each of the statements (the worker's CPU per writing job is what
@@ -502,15 +506,6 @@ async def _replace(conn: AsyncConnection[Any], changed: list[str]) -> None:
     log.warning("a handler changed its connection's %s; replacing the connection",
                 ", ".join(changed))
     await conn.close()
-
-
-async def last_row(cur: AsyncCursor[Any]) -> dict[str, Any]:
-    """The row of the last statement of a multi-statement `cur` ({} when it has none, which
-    `reset_session` takes as a connection not to trust)."""
-    while cur.nextset():
-        pass
-    row = await cur.fetchone()
-    return dict(row) if row is not None else {}
 
 
 def adapters_changed(conn: AsyncConnection[Any]) -> bool:
