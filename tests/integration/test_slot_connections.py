@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.adapt import Dumper
-from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
+from recording_proxy import SYNC, recording_proxy
 
 from jobpool.db.connect import JobConnection, open_pool
 from jobpool.worker.executor import JobTransaction
@@ -127,49 +127,6 @@ async def test_the_first_statement_with_parameters_goes_out_with_the_begin(
     assert conn.info.transaction_status == TransactionStatus.INTRANS
     await tx.release()
     await slots.close()
-
-
-SYNC = b"S\x00\x00\x00\x04"
-"""The protocol's Sync message: the server answers everything sent before it."""
-
-
-@contextlib.asynccontextmanager
-async def recording_proxy(dsn: str) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A TCP proxy in front of `dsn`'s server: a DSN through it, and the chunks the clients'
-    writes arrive in, in order (a write of a few hundred bytes arrives as one)."""
-    async with await psycopg.AsyncConnection.connect(dsn) as probe:
-        host, port = probe.info.host, probe.info.port
-    chunks: list[bytes] = []
-    pumps: set[asyncio.Task[None]] = set()
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                   record: bool) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                if record:
-                    chunks.append(data)
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        if host.startswith("/"):
-            server_r, server_w = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
-        else:
-            server_r, server_w = await asyncio.open_connection(host, port)
-        pumps.update({asyncio.create_task(pump(client_r, server_w, True)),
-                      asyncio.create_task(pump(server_r, client_w, False))})
-
-    proxy = await asyncio.start_server(serve, "127.0.0.1", 0)
-    proxy_port = proxy.sockets[0].getsockname()[1]
-    try:
-        yield make_conninfo(dsn, host="127.0.0.1", port=proxy_port, sslmode="disable",
-                            gssencmode="disable"), chunks
-    finally:
-        proxy.close()
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 async def test_the_begin_and_the_first_statement_reach_the_server_in_one_write(dsn: str) -> None:

@@ -63,9 +63,10 @@ class FakeLink:
 
 
 def completer(store: FakeStore, link: FakeLink, *, running: int = 4, slots: int = 4,
-              delay: float = 60.0) -> Completer:
+              delay: float = 60.0, claim_coming: bool = False) -> Completer:
     return Completer(store, link, wake=asyncio.Event(), running=lambda: running,
-                     slots=lambda: slots, delay=delay, rng=random.Random(7))
+                     slots=lambda: slots, delay=delay, rng=random.Random(7),
+                     claim_coming=lambda: claim_coming)
 
 
 async def queued(c: Completer, *ids: int) -> list[asyncio.Task[bool]]:
@@ -95,6 +96,17 @@ async def test_the_queued_dones_go_in_one_transaction_with_the_claim() -> None:
     assert claimed == [{"id": 10}, {"id": 11}]
     assert [await t for t in tasks] == [True, False]  # 2 lost its claim
     assert c.queue == []
+
+
+async def test_half_the_slots_waiting_wake_the_fetch_loop_unless_a_claim_is_coming() -> None:
+    """Buffered jobs take the freed slots, and the buffer's low-water mark sends the next claim
+    with the queued `done`s: a wake-up per `done` would only send smaller claims."""
+    for coming, woken in ((False, True), (True, False)):
+        c = completer(FakeStore(), FakeLink(), running=4, slots=4, delay=0.0,
+                      claim_coming=coming)
+        await queued(c, 1, 2)
+        await asyncio.sleep(0.01)  # past the lone `done`'s delay too
+        assert c.wake.is_set() is woken, coming
 
 
 async def test_nothing_to_write_and_no_slot_free_sends_nothing() -> None:

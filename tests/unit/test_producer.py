@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from jobpool.core.kinds import KindDefaults
-from jobpool.db.store import Row
+from jobpool.db.store import Completion, Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
 from jobpool.registry import KindSpec
@@ -216,6 +216,53 @@ async def test_buffered_jobs_run_in_claim_order_never_more_handlers_than_slots()
     assert claims.limits[0] == 5  # two free slots + three buffered
     assert max(claims.limits) <= 5
     assert sorted(leases.released) == list(range(1, 11)) and p.buffer == {}
+
+
+class Gate:
+    """Runs each job until the test lets one more finish (`permits`)."""
+
+    def __init__(self) -> None:
+        self.releasing = False
+        self.permits = asyncio.Semaphore(0)
+
+    async def execute(self, job: Job) -> JobOutcome:
+        await self.permits.acquire()
+        return "done"
+
+
+class Flowing(Claims):
+    """Claims whose every round also writes a `done`: jobs flow, so a full buffer is refilled."""
+
+    def take(self) -> list[Pending]:
+        return [(Completion(0, 1, None), asyncio.get_running_loop().create_future())]
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_no_claim_while_the_buffer_is_above_its_low_water_mark() -> None:
+    """While the buffer holds more than half its room, the slots have work for the next
+    claim's round trip: a claim then would take only the few jobs there is room for. At the
+    mark it goes out, for the room the started jobs left."""
+    claims, gate = Flowing(*range(1, 20)), Gate()
+    p = producer(slots=1, prefetch=4, until_empty=False)
+    loop = asyncio.create_task(p.run(claims, gate, Returns()))
+    await settle()
+    assert claims.limits == [5] and len(p.buffer) == 4  # one free slot + the room of four
+
+    gate.permits.release()  # job 1 ends, job 2 starts: three buffered, above the mark of two
+    await settle()
+    assert claims.limits == [5] and len(p.buffer) == 3
+
+    gate.permits.release()  # job 3 starts: two buffered, the mark
+    await settle()
+    assert claims.limits == [5, 2] and len(p.buffer) == 4
+
+    p.stopping.set()
+    p.wake.set()
+    await asyncio.wait_for(loop, 10.0)
 
 
 async def test_a_buffered_job_is_leased_from_its_claim_and_timed_from_its_start() -> None:

@@ -14,7 +14,6 @@ import psycopg
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
-    AsyncPipeline,
     AsyncServerCursor,
     AsyncTransaction,
     sql,
@@ -26,12 +25,12 @@ from psycopg.generators import execute as execute_gen
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
-from psycopg.waiting import Ready, Wait
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Allowance
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema, migrate
+from jobpool.db.one_write import one_write
 from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
@@ -151,99 +150,21 @@ class JobCursor(AsyncCursor[Any]):
                 finally:
                     conn.begin_with_statement = False
             return self
-        try:
-            async with conn.lock:  # held throughout: no other task sends on it meanwhile
-                conn._check_connection_ok()
-                pipeline = conn._pipeline = OneWritePipeline(conn, _no_lock=True)
-                try:
-                    await conn.wait(self._with_begin_gen(pipeline, text, params,
-                                                         prepare=prepare, binary=binary))
-                finally:
-                    conn._pipeline = None
-        except psycopg.errors._NO_TRACEBACK as exc:  # as psycopg's own execute raises them
-            raise exc.with_traceback(None) from None
+        await one_write(conn, self._with_begin_gen(text, params, prepare=prepare, binary=binary))
         return self
 
-    def _with_begin_gen(self, pipeline: OneWritePipeline, query: Query, params: Params, *,
-                        prepare: bool | None, binary: bool | None) -> PQGen[None]:
-        """What `async with pipeline: await cursor.execute(...)` does, as one generator: the
-        connection's lock taken once and the connection waited on once, not five and three times (a
-        writing job's first statement is on the hot path). Queueing the BEGIN and the
-        statement writes nothing; the pipeline's end writes both with the Sync and reads their
-        results. An error while queueing (a parameter that cannot be adapted) still ends the
-        pipeline, and is the one raised."""
+    def _with_begin_gen(self, query: Query, params: Params, *, prepare: bool | None,
+                        binary: bool | None) -> PQGen[None]:
+        """The job's BEGIN and its first statement, queued for `one_write`: the connection's
+        lock taken once and the connection waited on once, not five and three times as
+        `async with conn.pipeline(): await cursor.execute(...)` would (a writing job's first
+        statement is on the hot path)."""
         conn = cast(JobConnection, self.connection)
-        yield from pipeline._enter_gen()
         conn.begin_with_statement = True
-        failure: BaseException | None = None
         try:
             yield from self._execute_gen(query, params, prepare=prepare, binary=binary)
-        except BaseException as exc:  # a dumper may raise anything: the pipeline ends all the same
-            failure = exc
         finally:
             conn.begin_with_statement = False
-        try:
-            yield from pipeline._exit_gen()
-        except Exception as ending:
-            if failure is None:
-                raise
-            log.warning("error ignored ending the pipeline of a job's first statement: %s",
-                        ending)
-        finally:
-            pipeline._exit(failure)
-        if failure is not None:
-            raise failure
-
-
-class OneWritePipeline(AsyncPipeline):
-    """A pipeline that sends everything queued in it in one write, when it ends.
-
-    psycopg's pipeline writes each command as it is queued (a BEGIN, the statement, the Sync,
-    then a Flush request: four writes), and every write wakes the server's backend to read
-    it. Queued in libpq's buffer until the Sync instead, the BEGIN and the statement reach
-    the server as one write, which it answers at once (a Sync makes the server send every
-    result, so no Flush request follows). For `JobCursor`'s BEGIN and one statement, whose
-    results nobody reads before the pipeline ends.
-
-    It overrides two private generators of psycopg's pipeline (`_communicate_gen`,
-    `_exit_gen`), and `JobCursor` drives it through private parts of psycopg's pipeline and
-    cursor (`_enter_gen`, `_exit`, `_execute_gen`); tests/integration/test_slot_connections.py
-    holds what it must do (one write, a cancelled write, a statement of megabytes, an error
-    while queueing) against the psycopg installed.
-    """
-
-    def _communicate_gen(self) -> PQGen[None]:
-        self._queue_in_libpq()
-        return
-        yield  # a generator that writes nothing
-
-    def _exit_gen(self) -> PQGen[None]:
-        written = False
-        try:
-            self._enqueue_sync()
-            self._queue_in_libpq()
-            yield from self._write_out()
-            written = True
-        finally:
-            # cut short (the connection lost), the rest is still in libpq's buffer: a Flush
-            # request writes it, or the results of a statement never sent would be awaited
-            yield from self._fetch_gen(flush=not written)
-
-    def _write_out(self) -> PQGen[None]:
-        """Write libpq's buffer out, reading what the server sends meanwhile. A wait resumed
-        with nothing ready (as psycopg resumes it after sending a cancellation) writes on, so
-        the statement arrives whole and the server's answer to it (its cancellation) can be
-        read: stopping half way would leave the server waiting for the rest."""
-        while self.pgconn.flush():
-            ready = yield Wait.RW
-            if ready and ready & Ready.R:
-                self.pgconn.consume_input()
-
-    def _queue_in_libpq(self) -> None:
-        """Hand the queued commands to libpq, which buffers them (pipeline mode writes only
-        past its buffer's threshold; `_write_out` writes the rest)."""
-        while self.command_queue:
-            self.command_queue.popleft()()
 
 
 class JobConnection(AsyncConnection[Any]):

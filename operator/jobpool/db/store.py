@@ -28,6 +28,7 @@ from jobpool.core.claim_bounds import (
     bounds_json,
     pairs_read,
 )
+from jobpool.db.one_write import one_write_transaction
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
 
@@ -168,33 +169,39 @@ class QueueStore:
 
         It runs on the store's own claim connection (`claim_session`: a generic plan, the
         server's commit durability; behind a transaction pooler `claim_transaction`
-        in each transaction instead), as one pipeline: BEGIN at `OWN_ISOLATION`, the
-        statements and COMMIT go out together, so a statement that fails undoes the others. Any
-        error closes that connection (the next call opens a fresh one) and is raised:
-        psycopg.OperationalError when the server cannot be reached within
+        in each transaction instead), in one write (`one_write_transaction`): BEGIN at
+        `OWN_ISOLATION`, the statements and COMMIT go out together, so a statement that fails
+        undoes the others, and the transaction is never open on the server while the worker
+        runs jobs. Any error closes that connection (the next call opens a fresh one) and is
+        raised: psycopg.OperationalError when the server cannot be reached within
         `CLAIM_CONNECT_TIMEOUT` seconds.
         """
         capped = claim_caps(caps)
+        resent = [c for c in completions if c.resent]
+        bounds = self._claim_bounds.next_bounds(time.monotonic())
+        statements: list[tuple[str, Mapping[str, Any] | None]] = []
+        if self.transaction_pooler:
+            statements.append((CLAIM_TRANSACTION.text, None))
+        if completions:
+            statements.append((COMPLETE_JOBS.text, self._completions(completions)))
+        if resent:
+            statements.append((COMPLETED_BEFORE.text, {
+                "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
+                "worker_id": self.worker_id}))
+        claim = limit > 0
+        if claim:
+            statements.append((CLAIM_JOBS.text, claim_parameters(
+                kinds=kinds, tenants=tenants, limit=limit, worker_id=self.worker_id,
+                lease=self.lease, caps=capped, bounds=bounds)))
         conn = await self._claim_connection()
         try:
-            async with conn.pipeline():
-                if self.transaction_pooler:
-                    await conn.execute(CLAIM_TRANSACTION.text)
-                done = await conn.execute(COMPLETE_JOBS.text,
-                                          self._completions(completions)) if completions else None
-                resent = [c for c in completions if c.resent]
-                before = await conn.execute(COMPLETED_BEFORE.text, {
-                    "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
-                    "worker_id": self.worker_id}) if resent else None
-                bounds = self._claim_bounds.next_bounds(time.monotonic())
-                claim = await conn.execute(CLAIM_JOBS.text, claim_parameters(
-                    kinds=kinds, tenants=tenants, limit=limit, worker_id=self.worker_id,
-                    lease=self.lease, caps=capped, bounds=bounds)) if limit > 0 else None
-                await conn.commit()
-            held: set[int] = {row["id"] for row in await done.fetchall()} if done else set()
-            if before:
-                held |= {row["id"] for row in await before.fetchall()}
-            claimed: list[Row] = await claim.fetchall() if claim else []
+            cursors = await one_write_transaction(conn, statements)
+            if self.transaction_pooler:
+                cursors.pop(0)
+            held: set[int] = set()
+            for _ in range(bool(completions) + bool(resent)):
+                held |= {row["id"] for row in await cursors.pop(0).fetchall()}
+            claimed: list[Row] = await cursors.pop(0).fetchall() if claim else []
         except BaseException:
             await self._drop_claim_connection()
             raise
@@ -218,21 +225,21 @@ class QueueStore:
             log.info("claims are fast again: every claim reads each pair from its head")
 
     async def _claim_connection(self) -> AsyncConnection[Any]:
-        """The claim connection, opened (`claim_session`, transactions at `OWN_ISOLATION`) on
-        first use or after it failed, like the pool's own (`jobpool.db.connect.open_pool`:
-        dict rows, jobpool's loaders, TCP keepalives, its `prepare_threshold`)."""
+        """The claim connection, opened (`claim_session`; transactions at `OWN_ISOLATION`,
+        each begun explicitly by `one_write_transaction`) on first use or after it failed,
+        like the pool's own (`jobpool.db.connect.open_pool`: dict rows, jobpool's loaders,
+        TCP keepalives, its `prepare_threshold`)."""
         conn = self._claimer
         if conn is not None and not conn.closed:
             return conn
         try:
             async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
-                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=False,
+                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=True,
                                                      **self._pool_kwargs())
                 self._claimer = conn  # closed by `_drop_claim_connection` if the next fails
-                await conn.set_isolation_level(OWN_ISOLATION)
+                await conn.set_isolation_level(OWN_ISOLATION)  # the BEGIN of each claim
                 if not self.transaction_pooler:
                     await conn.execute(CLAIM_SESSION.text)
-                    await conn.commit()
         except BaseException as exc:
             await self._drop_claim_connection()
             if isinstance(exc, TimeoutError):

@@ -86,6 +86,7 @@ class Completer:
         self, store: CompletionStore, link: LinkReports, *, wake: asyncio.Event,
         running: Callable[[], int], slots: Callable[[], int], delay: float,
         rng: random.Random, freed: Callable[[], None] = lambda: None,
+        claim_coming: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
         self.link = link
@@ -95,6 +96,7 @@ class Completer:
         self.delay = delay
         self.rng = rng
         self.freed = freed
+        self.claim_coming = claim_coming
         self.waiting = 0
         """Jobs waiting in `complete` for their `done` to be written."""
         self.queue: list[Pending] = []
@@ -116,7 +118,11 @@ class Completer:
 
     def _queued(self) -> None:
         """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
-        running job does, else at most `delay` seconds later."""
+        running job does, else at most `delay` seconds later; not while a claim is coming
+        anyway (`claim_coming`: buffered jobs start in the freed slots, and the buffer's
+        low-water mark sends the next claim, with these `done`s)."""
+        if self.claim_coming():
+            return
         waiting = len(self.queue)
         if waiting >= self.running() or waiting * 2 >= self.slots():
             self.wake.set()

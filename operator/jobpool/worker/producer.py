@@ -7,8 +7,10 @@ the free slots plus the room in the prefetch buffer: what the slots start in a f
 round trips at the rate they run, at most `WorkerConfig.prefetch` jobs (core/prefetch.py). A job
 starts as soon as a slot frees: a slot is busy while its handler runs, not while its
 batched `done` waits for the next claim, so the next claim goes out while jobs run, once
-the buffer has fallen to its low-water mark (`low_water`); one claim is in flight at a
-time. Buffered jobs start in claim order. Each is covered by the lease thread from its claim
+the buffer has fallen to its low-water mark (`low_water`), and not before (`claim_ahead`):
+the `done`s queued meanwhile wait for it, while the buffer's jobs take their slots. One claim
+is in flight at a time, written in one write (`jobpool.db.one_write`), so the server never
+waits for the rest of it while the loop runs jobs. Buffered jobs start in claim order. Each is covered by the lease thread from its claim
 on, with no deadline until it starts (its kind's timeout counts from its start). A buffered
 job that a stop or stale-claim recovery took away is dropped unrun. The buffer is handed
 back whole (the attempts not counted, idle workers woken) once its oldest job has waited
@@ -188,7 +190,12 @@ class Producer:
             self.fill()
             async with self.claiming:  # not while settling after an outage hands back the buffer
                 await self._hand_back_stalled(returns)
-            await completer.gather()
+            if self.claim_ahead():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self._wait_for())
+                continue
+            if not self.buffer:  # else the claim goes now, to be back before the buffer runs dry
+                await completer.gather()
             batch = completer.take()
             self._measure_rate()
             limit = claim_limit(slots=self.slots(), busy=self.busy(),
@@ -211,6 +218,13 @@ class Producer:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self._wait_for())
+
+    def claim_ahead(self) -> bool:
+        """Whether the buffer holds more than its low-water mark: the slots have work for more
+        than the next claim's round trip, so the claim waits until it falls to the mark (the
+        queued `done`s go with it). A claim sent earlier would take only the few jobs the
+        buffer has room for, and cost a transaction; sent later, the slots would wait for it."""
+        return len(self.buffer) > low_water(self.room)
 
     def _measure_rate(self) -> None:
         """Update the start rate and the buffer's room from the jobs started since the last

@@ -253,7 +253,8 @@ class Worker:
             completer = Completer(watched, self.link, wake=self.producer.wake,
                                   running=lambda: len(self.producer.in_flight),
                                   slots=lambda: self.slots, delay=self.config.completion_delay,
-                                  rng=self.rng, freed=self.producer.slot_freed)
+                                  rng=self.rng, freed=self.producer.slot_freed,
+                                  claim_coming=lambda: bool(self.producer.buffer))
             executor = JobExecutor(
                 store, writer=self.link, completer=completer,
                 slot_connections=self.slot_connections, leases=self.leases,
