@@ -4,18 +4,19 @@ end give the running jobs the grace period before handing back the rest.
 
 Each claim goes out with the `done`s the completer queued (one transaction) and takes up to
 the free slots plus the room in the prefetch buffer: what the slots start in a few claim
-round trips at the rate they run, at most `WorkerConfig.prefetch` jobs (core/prefetch.py). A job
-starts as soon as a slot frees: a slot is busy while its handler runs, not while its
+round trips at the rate they run, at most `WorkerConfig.prefetch` jobs (core/prefetch.py).
+A job starts as soon as a slot frees: a slot is busy while its handler runs, not while its
 batched `done` waits for the next claim, so the next claim goes out while jobs run, once
 the buffer has fallen to its low-water mark (`low_water`), and not before (`claim_ahead`):
-the `done`s queued meanwhile wait for it, while the buffer's jobs take their slots. One claim
-is in flight at a time, written in one write (`jobpool.db.one_write`), so the server never
-waits for the rest of it while the loop runs jobs. Buffered jobs start in claim order. Each is covered by the lease thread from its claim
-on, with no deadline until it starts (its kind's timeout counts from its start). A buffered
-job that a stop or stale-claim recovery took away is dropped unrun. The buffer is handed
-back whole (the attempts not counted, idle workers woken) once its oldest job has waited
-`BUFFER_WAIT` seconds, because every slot runs a long handler (and it is refilled only
-while jobs flow: `claim_limit`), at shutdown, and after an outage.
+the `done`s queued meanwhile wait for it, while the buffer's jobs take their slots. One
+claim is in flight at a time, written in one write (`jobpool.db.one_write`), so the server
+never waits for the rest of it while the loop runs jobs. Buffered jobs start in claim
+order. Each is covered by the lease thread from its claim on, with no deadline until it
+starts (its kind's timeout counts from its start). A buffered job that a stop or
+stale-claim recovery took away is dropped unrun. The buffer is handed back whole (the
+attempts not counted, idle workers woken) once its oldest job has waited `BUFFER_WAIT`
+seconds, because every slot runs a long handler (and it is refilled only while jobs flow:
+`claim_limit`), at shutdown, and after an outage.
 
 The loop waits for a wake-up (LISTEN, a finished job, a queued `done`, something scheduled
 falling due) or the poll interval, and while the database link is offline for it to answer
