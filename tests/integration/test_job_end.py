@@ -58,7 +58,7 @@ async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_i
     """The handler's first statement goes out with the BEGIN; the `done`, the COMMIT and the
     session reset go out as one query: one Sync and one Query in all."""
     store, slots, row = claimed
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     taken = tx.connection()
     path = tmp_path / "trace"
     with path.open("w") as out:
@@ -83,7 +83,7 @@ async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
     handler wrote commits, the other worker's claim is untouched, no audit row is written,
     and the connection is reset and serves the next job."""
     store, slots, row = claimed
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
                        (row["id"],))
@@ -95,7 +95,7 @@ async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
     assert await done_audits(conn, row["id"]) == 0
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (row["id"],)) == 0
-    following = JobTransaction(slots)
+    following = JobTransaction(slots, 0)
     cur = await following.execute("SELECT %s::int AS n", (5,))
     assert await cur.fetchone() == {"n": 5}
     await following.release()
@@ -107,7 +107,7 @@ async def test_a_result_the_column_refuses_is_not_committed(
     """A result jsonb cannot hold (a NUL escape): the `done` fails in the transaction, so
     the handler's writes are rolled back with it and the job stays claimed."""
     store, slots, row = claimed
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     with pytest.raises(NotCommittedError) as failed:
         await tx.end(store.done_statement(row["id"], row["attempts"],
@@ -125,7 +125,7 @@ async def test_the_done_statements_literals_arrive_as_they_were(
     backslashes, `%s` and non-ASCII text are stored exactly."""
     store, slots, row = claimed
     result = '{"q": "it\'s a \\\\ at 100%s, grüße", "e": "\\u00e9"}'
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await tx.end(store.done_statement(row["id"], row["attempts"], result))
     assert (await job(conn, row["id"]))["result"] == {"q": "it's a \\ at 100%s, grüße",
@@ -147,7 +147,7 @@ async def test_literals_survive_the_quoting_and_encoding_a_handler_left(
     the `done`'s literals (ASCII, other characters escaped) still arrive as they were, and
     the reset restores both settings."""
     store, slots, row = claimed
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await tx.execute("SET standard_conforming_strings = off")
     await tx.execute(f"SET client_encoding = '{encoding}'")
@@ -156,7 +156,7 @@ async def test_literals_survive_the_quoting_and_encoding_a_handler_left(
     assert (await job(conn, row["id"]))["result"] == {"q": text}
     assert await scalar(conn, "SELECT actor_principal_id FROM mdm.aa_audit_log "
                               "WHERE action = 'job_done' AND job_id = %s", (row["id"],)) == ACTOR
-    following = JobTransaction(slots)
+    following = JobTransaction(slots, 0)
     cur = await following.execute(
         "SELECT current_setting('standard_conforming_strings') AS scs, "
         "current_setting('client_encoding') AS encoding, %s::int AS n", (1,))
@@ -176,7 +176,7 @@ async def test_a_refused_end_resets_a_session_changed_through_the_handlers_own_c
     the end is refused (the claim lost), the session it changed is still reset, so no session
     advisory lock of the job outlives it."""
     store, slots, row = claimed
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     own = psycopg.AsyncClientCursor(tx.connection())
     await own.execute("SELECT pg_advisory_lock(%s)", (77001,))
     await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
@@ -211,7 +211,7 @@ async def test_a_reset_failing_after_the_commit_closes_the_connection_whatever_c
     job."""
     store, slots, row = claimed
     await conn.execute(FAILING_RESET)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     taken = tx.connection()
     own = psycopg.AsyncClientCursor(taken)
     await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
@@ -231,14 +231,14 @@ async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(
     prepared statement would be dropped with them."""
     _, slots, _ = claimed
     for n in range(6):  # often enough for psycopg to prepare it
-        tx = JobTransaction(slots)
+        tx = JobTransaction(slots, 0)
         await tx.execute("SELECT %s::int + 1 AS n", (n,))
         await tx.end(b"SELECT 1;")
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 0)
     async with tx.pipeline():
         await tx.execute("DROP TABLE IF EXISTS nothing_here")
     await tx.end(b"SELECT 1;")
-    following = JobTransaction(slots)
+    following = JobTransaction(slots, 0)
     for n in (3, 4):
         cur = await following.execute("SELECT %s::int * 2 AS m", (n,), prepare=True)
         assert await cur.fetchone() == {"m": n * 2}

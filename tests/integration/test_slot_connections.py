@@ -37,7 +37,7 @@ async def test_a_handler_that_never_touches_tx_takes_no_connection(
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
     idle = list(slots.idle)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 1)
     assert tx.taken is None
     await tx.release()
     assert (slots.idle, slots.lent) == (idle, 0)
@@ -49,7 +49,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
 ) -> None:
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 2)
     pid = tx.info.backend_pid  # a plain attribute is a use too
     conn = tx.taken
     assert isinstance(conn, JobConnection) and conn.job_scope
@@ -62,7 +62,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
     assert (len(slots.idle), slots.lent) == (2, 0)
     assert conn in slots.idle and not conn.job_scope
     assert conn.info.transaction_status == TransactionStatus.IDLE  # rolled back, reset
-    again = JobTransaction(slots)
+    again = JobTransaction(slots, 3)
     cur = await again.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename = 'scratch'")
     assert (await cur.fetchone())["n"] == 0
     await again.release()
@@ -74,7 +74,7 @@ async def test_a_connection_the_handler_closed_is_replaced(
 ) -> None:
     slots = SlotConnections(2)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 4)
     closed = tx.connection()
     await tx.close()
     await tx.release()
@@ -88,11 +88,31 @@ async def test_with_no_connection_ready_the_job_gets_a_clear_error(
 ) -> None:
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    first = JobTransaction(slots)
+    first = JobTransaction(slots, 5)
     first.connection()
     with pytest.raises(NoSlotConnectionError, match="no database connection is ready"):
-        JobTransaction(slots).connection()
+        JobTransaction(slots, 6).connection()
     await first.release()
+    await slots.close()
+
+
+async def test_an_abandoned_jobs_slot_gets_another_connection_and_its_own_goes_back_later(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A handler that ignored its stop runs on with its connection while its slot takes the
+    next job: that job finds a connection, and the abandoned one leaves the slots when its
+    handler ends at last."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    abandoned = JobTransaction(slots, 1)
+    held = abandoned.connection()
+    await slots.abandon(1)
+    following = JobTransaction(slots, 2)
+    assert following.connection() is not held
+    await abandoned.release()  # the handler ends at last
+    await following.release()
+    assert (len(slots.idle), slots.lent, slots.orphans) == (1, 0, set())
+    assert held not in slots.idle
     await slots.close()
 
 
@@ -109,7 +129,7 @@ async def test_the_first_statement_with_parameters_goes_out_with_the_begin(
     COMMITTED), and later statements go out one by one as psycopg sends them."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 7)
     conn = tx.connection()
     path = tmp_path / "trace"
     with path.open("w") as out:
@@ -138,7 +158,7 @@ async def test_the_begin_and_the_first_statement_reach_the_server_in_one_write(d
         slots = SlotConnections(1)
         try:
             await slots.fill(pool, timeout=5.0)
-            tx = JobTransaction(slots)
+            tx = JobTransaction(slots, 8)
             tx.connection()
             before = len(chunks)
             cur = await tx.execute("SELECT %s::int AS n", (7,))
@@ -160,7 +180,7 @@ async def test_a_first_statement_larger_than_the_sockets_buffers_goes_out_whole(
     when the pipeline ends) arrives whole, in the job's transaction."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 9)
     big = "x" * (8 * 1024 * 1024)
     cur = await tx.execute("SELECT length(%s::text) AS n, md5(%s::text) = md5(repeat('x', %s))"
                            " AS same", (big, big, len(big)))
@@ -172,7 +192,7 @@ async def test_a_first_statement_larger_than_the_sockets_buffers_goes_out_whole(
 
 async def assert_next_job_runs_on(slots: SlotConnections, pid: int) -> None:
     """The next job's first statement runs, on the backend `pid` (the connection was kept)."""
-    again = JobTransaction(slots)
+    again = JobTransaction(slots, 10)
     cur = await again.execute("SELECT %s::int AS n, pg_backend_pid() AS pid", (1,))
     assert await cur.fetchone() == {"n": 1, "pid": pid}
     await again.release()
@@ -186,7 +206,7 @@ async def test_a_first_statement_cancelled_while_it_is_written_keeps_the_connect
     connection, not left waiting for answers to what was never sent, serves the next job."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 11)
     conn = tx.connection()
     pid = conn.info.backend_pid
     writing = asyncio.ensure_future(tx.execute("SELECT length(%s::text)", ("x" * 16_000_000,)))
@@ -207,7 +227,7 @@ async def test_a_handlers_own_pipeline_opens_the_job_transaction_in_it(
     in the job's transaction (READ COMMITTED)."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 12)
     async with tx.pipeline():
         first = await tx.execute("SELECT %s::int AS n", (1,))
         second = await tx.execute("SELECT %s::int AS n, current_setting('transaction_isolation')"
@@ -226,12 +246,12 @@ async def test_a_first_statement_that_fails_fails_as_it_would_alone(
     worker rolls it back), and the next job's first statement opens a fresh one."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 13)
     with pytest.raises(psycopg.errors.DivisionByZero):
         await tx.execute("SELECT 1 / %s::int", (0,))
     assert tx.connection().info.transaction_status == TransactionStatus.INERROR
     await tx.release()
-    again = JobTransaction(slots)
+    again = JobTransaction(slots, 14)
     cur = await again.execute("SELECT %s::int AS n", (1,))
     assert await cur.fetchone() == {"n": 1}
     await again.release()
@@ -246,7 +266,7 @@ async def test_a_first_statement_whose_parameter_cannot_be_sent_fails_alone(
     the next job on the same backend."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 15)
     conn = tx.connection()
     pid = conn.info.backend_pid
     with pytest.raises(psycopg.ProgrammingError, match="cannot adapt type 'object'"):
@@ -278,7 +298,7 @@ async def test_a_first_statement_interrupted_while_queued_leaves_pipeline_mode(
     statement."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 16)
     conn = tx.connection()
     cur = tx.cursor()
     cur.adapters.register_dumper(Opaque, Interrupting)
@@ -300,7 +320,7 @@ async def test_two_tasks_sharing_a_tx_get_their_own_results_in_one_transaction(
     of them opens the job's transaction, the other runs in it, and each gets its own row."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 17)
     first, second = await asyncio.gather(
         tx.execute("SELECT %s::int AS n, txid_current() AS xid", (1,)),
         tx.execute("SELECT %s::int AS n, txid_current() AS xid", (2,)))
@@ -318,7 +338,7 @@ async def test_a_statement_without_parameters_may_hold_several(
     job's transaction."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 18)
     await tx.execute("CREATE TEMP TABLE two (v int); INSERT INTO two VALUES (1), (2)")
     cur = await tx.execute("SELECT count(*) AS n FROM two")
     assert await cur.fetchone() == {"n": 2}
@@ -338,14 +358,14 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
         await admin.execute("INSERT INTO written VALUES (1)")
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 19)
     for statement in ("SET work_mem = '1MB'", "SET default_transaction_read_only = on",
                       "CREATE TEMP TABLE scratch (v int)", "SELECT pg_advisory_lock(4245)"):
         await tx.execute(statement)
     await tx.execute("INSERT INTO written (v) VALUES (%s)", (2,))
     await tx.end(NO_DONE)
 
-    nothing_sent = JobTransaction(slots)
+    nothing_sent = JobTransaction(slots, 20)
     taken = nothing_sent.connection()  # taken, as a handler opening a side connection does
     assert taken.info.transaction_status == TransactionStatus.IDLE  # nothing sent on it
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as reader:
@@ -354,7 +374,7 @@ async def test_a_writing_jobs_session_is_gone_before_the_next_job_whatever_that_
         assert await cur.fetchone() == (0,)
     await nothing_sent.release()
 
-    rolled_back = JobTransaction(slots)
+    rolled_back = JobTransaction(slots, 21)
     with pytest.raises(psycopg.errors.UniqueViolation):
         await rolled_back.execute("INSERT INTO written (v) VALUES (%s)", (1,))
     await rolled_back.rollback()
@@ -376,12 +396,12 @@ async def test_a_session_changed_through_a_cursor_the_handler_built_is_reset(
     before the next job."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
-    tx = JobTransaction(slots)
+    tx = JobTransaction(slots, 22)
     own = psycopg.AsyncClientCursor(tx.connection())
     await own.execute("SET work_mem = '1MB'")
     await tx.commit()
     await tx.release()
-    following = JobTransaction(slots)
+    following = JobTransaction(slots, 23)
     cur = await following.execute("SELECT current_setting('work_mem') AS work_mem, %s::int AS n",
                                   (1,))
     assert await cur.fetchone() == {"work_mem": "4MB", "n": 1}

@@ -263,7 +263,7 @@ class JobExecutor:
         job is completed later in a batch with others (`complete_jobs`). Raises ClaimLostError when
         this worker no longer holds the claim.
         """
-        tx = JobTransaction(self.slot_connections)
+        tx = JobTransaction(self.slot_connections, job.id)
         try:
             if not self.batch_completions:
                 conn = tx.connection()
@@ -536,14 +536,16 @@ class JobTransaction:
     attributes and put in job scope (`enter_job_scope`); until then nothing is borrowed.
     Everything else is the connection's own."""
 
-    __slots__ = ("_conn", "_pool", "_slots")
+    __slots__ = ("_conn", "_job_id", "_pool", "_slots")
     _conn: AsyncConnection[Any] | None
+    _job_id: int
     _pool: AsyncConnectionPool[Any] | None
     _slots: SlotConnections
 
-    def __init__(self, slots: SlotConnections) -> None:
+    def __init__(self, slots: SlotConnections, job_id: int) -> None:
         init = object.__setattr__  # past this class's own __setattr__: one per job
         init(self, "_slots", slots)
+        init(self, "_job_id", job_id)
         init(self, "_conn", None)
         init(self, "_pool", None)
 
@@ -556,7 +558,7 @@ class JobTransaction:
         """The connection, taken now if it was not yet (raises NoSlotConnectionError)."""
         conn = self._conn
         if conn is None:
-            conn, self._pool = self._slots.take()
+            conn, self._pool = self._slots.take(self._job_id)
             enter_job_scope(conn)
             self._conn = conn
         return conn
@@ -580,7 +582,7 @@ class JobTransaction:
             try:
                 await finish(conn)
             finally:
-                await self._slots.give_back(conn, pool)
+                await self._slots.give_back(conn, pool, self._job_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.connection(), name)

@@ -140,8 +140,10 @@ class Worker:
         """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
         self.stops = Stops(grace=config.stop_grace, finishing=lambda job_id:
                            self.leases.is_finishing(job_id),
-                           abandon=lambda job_id: self.producer.finished(job_id))
+                           abandon=self._abandon)
         """Stops of running jobs: a stop cancels the job's handler (worker/stops.py)."""
+        self.abandoning: set[asyncio.Task[None]] = set()
+        """Slots of abandoned jobs getting a connection of their own again (`_abandon`)."""
         where = self.settings
         self.heartbeat = Heartbeat(self.worker_id, pool=where.pool, lane=where.lane,
                                    kinds=self.kinds, tenants=config.tenants, slots=config.slots,
@@ -388,6 +390,20 @@ class Worker:
         self.budget_note = note
         self.slots = self.slot_connections.count = budget.slots
         self.metrics.slots.set(budget.slots)
+
+    def _abandon(self, job_id: int) -> None:
+        """A stopped job's handler ignored its stop past the grace (worker/stops.py): its slot
+        takes the next job once it has a connection of its own again, as the abandoned handler
+        keeps the one it took (`SlotConnections.abandon`)."""
+        task = asyncio.create_task(self._free_abandoned_slot(job_id), name=f"abandon-{job_id}")
+        self.abandoning.add(task)
+        task.add_done_callback(self.abandoning.discard)
+
+    async def _free_abandoned_slot(self, job_id: int) -> None:
+        try:
+            await self.slot_connections.abandon(job_id)
+        finally:
+            self.producer.finished(job_id)
 
     def observe(self, job: Job, outcome: JobOutcome, started: float) -> None:
         """Record one finished attempt of `job` (`started`: its `time.monotonic()` at the

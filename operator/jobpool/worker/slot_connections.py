@@ -12,6 +12,9 @@ failure writes).
 A running job has a connection waiting for it: the list holds one for every slot that has
 not taken its own, so taking never waits. A connection that comes back closed, in a
 transaction, or from a pool retired after an outage is returned to its pool and replaced.
+A job abandoned after its stop (its handler ignored the cancellation and still runs) keeps
+its connection until that handler ends, and its slot gets another one before it takes the
+next job (`abandon`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ class SlotConnections:
         self.count = count
         self.idle: list[AsyncConnection[Any]] = []
         self.lent = 0
+        """Connections lent to the slots' running jobs."""
+        self.holders: dict[int, AsyncConnection[Any]] = {}
+        """The lent connections by the id of the job that took each."""
+        self.orphans: set[AsyncConnection[Any]] = set()
+        """Connections of abandoned jobs: their slots have others; back to the pool at last."""
         self.pool: AsyncConnectionPool[Any] | None = None
 
     async def fill(self, pool: AsyncConnectionPool[Any], *, timeout: float) -> None:
@@ -81,8 +89,8 @@ class SlotConnections:
             else:  # a job handed one back meanwhile
                 await pool.putconn(conn)
 
-    def take(self) -> tuple[AsyncConnection[Any], AsyncConnectionPool[Any]]:
-        """A connection for one job, and the pool it belongs to; never waits.
+    def take(self, job_id: int) -> tuple[AsyncConnection[Any], AsyncConnectionPool[Any]]:
+        """A connection for job `job_id`, and the pool it belongs to; never waits.
 
         Raises NoSlotConnectionError when none is ready (only after the database was unreachable;
         the next reconnect tops the list up).
@@ -91,22 +99,45 @@ class SlotConnections:
             raise NoSlotConnectionError("no database connection is ready for this job (the "
                                         "database was unreachable); it is retried")
         self.lent += 1
-        return self.idle.pop(), self.pool
+        conn = self.holders[job_id] = self.idle.pop()
+        return conn, self.pool
 
-    async def give_back(self, conn: AsyncConnection[Any], pool: AsyncConnectionPool[Any]) -> None:
-        """Keep `conn` for the next job if it is fit; else return it to `pool` and take a
-        fresh one (left to the next hand-back or reconnect when the pool cannot give one
-        within `REPLACE_TIMEOUT`)."""
+    async def give_back(self, conn: AsyncConnection[Any], pool: AsyncConnectionPool[Any],
+                        job_id: int) -> None:
+        """Keep `conn` (taken by job `job_id`) for the next job if it is fit; else return it
+        to `pool` and take a fresh one (left to the next hand-back or reconnect when the pool
+        cannot give one within `REPLACE_TIMEOUT`). An abandoned job's goes back to `pool`."""
+        if conn in self.orphans:
+            self.orphans.discard(conn)
+            await pool.putconn(conn)
+            return
         self.lent -= 1
+        self.holders.pop(job_id, None)
         if (pool is self.pool and not conn.closed
                 and conn.info.transaction_status == TransactionStatus.IDLE):
             self.idle.append(conn)
             return
         await pool.putconn(conn)  # the pool closes or replaces it
+        await self._replace()
+
+    async def abandon(self, job_id: int) -> None:
+        """Job `job_id` was abandoned: its handler ignored its stop and runs on, holding its
+        connection, while its slot is freed for the next job. That connection no longer counts
+        as the slot's (it goes back to its pool when the handler ends); another is taken for
+        the slot now, within `REPLACE_TIMEOUT` seconds, so that the next job finds one."""
+        conn = self.holders.pop(job_id, None)
+        if conn is None:
+            return  # the handler never took one
+        self.lent -= 1
+        self.orphans.add(conn)
+        await self._replace()
+
+    async def _replace(self) -> None:
+        """Top the list up after a lent connection left it, within `REPLACE_TIMEOUT`."""
         try:
             await self._top_up(REPLACE_TIMEOUT)
         except (psycopg.OperationalError, PoolClosed) as exc:
-            log.warning("no connection to replace a job's closed one yet (%s)", exc)
+            log.warning("no connection for a slot whose connection left yet (%s)", exc)
 
     async def close(self) -> None:
         """Return the idle connections to their pool (before the pool closes)."""
