@@ -80,14 +80,16 @@ async def test_a_failing_statement_commits_nothing_and_is_raised(autocommit: Con
         "n": 0}
 
 
-async def test_a_parameter_that_cannot_be_sent_fails_before_anything_is_written(
+async def test_a_parameter_that_cannot_be_sent_rolls_back_what_was_queued_before_it(
     autocommit: Conn,
 ) -> None:
+    """The BEGIN and the statements before it are written all the same: a ROLLBACK takes
+    the COMMIT's place, and the connection is idle, out of pipeline mode."""
     with pytest.raises(psycopg.ProgrammingError, match="cannot adapt"):
         await one_write_transaction(autocommit, [
             ("INSERT INTO written VALUES (%s)", (1,)), ("SELECT %s", (object(),))])
-    assert autocommit.pgconn.pipeline_status == 0  # out of pipeline mode
-    await autocommit.rollback()
+    assert autocommit.pgconn.pipeline_status == 0
+    assert autocommit.info.transaction_status == TransactionStatus.IDLE
     assert await (await autocommit.execute("SELECT count(*) AS n FROM written")).fetchone() == {
         "n": 0}
 

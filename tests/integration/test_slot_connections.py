@@ -100,19 +100,45 @@ async def test_an_abandoned_jobs_slot_gets_another_connection_and_its_own_goes_b
     pool: AsyncConnectionPool[JobConnection],
 ) -> None:
     """A handler that ignored its stop runs on with its connection while its slot takes the
-    next job: that job finds a connection, and the abandoned one leaves the slots when its
-    handler ends at last."""
+    next job: that job finds a connection, the pool grows by one meanwhile so the worker's
+    own writes keep their spare, and both go back when the handler ends at last."""
     slots = SlotConnections(1)
-    await slots.fill(pool, timeout=5.0)
+    await slots.fill(pool, timeout=5.0)  # the pool of 4 keeps 3 spares
     abandoned = JobTransaction(slots, 1)
     held = abandoned.connection()
     await slots.abandon(1)
     following = JobTransaction(slots, 2)
     assert following.connection() is not held
+    assert (pool.min_size, pool.max_size) == (5, 5)
+    spares = [await pool.getconn(timeout=2.0) for _ in range(3)]
+    for conn in spares:
+        await pool.putconn(conn)
     await abandoned.release()  # the handler ends at last
     await following.release()
-    assert (len(slots.idle), slots.lent, slots.orphans) == (1, 0, set())
-    assert held not in slots.idle
+    assert (len(slots.idle), slots.lent, slots.orphans, slots.abandoned) == (1, 0, {}, set())
+    assert held not in slots.idle and (pool.min_size, pool.max_size) == (4, 4)
+    await slots.close()
+
+
+async def test_an_abandoned_handler_gets_no_connection_after_its_abandon(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """Abandoned before it used `tx`, the handler would take the connection its slot's next
+    job needs; its changes could not commit anyway."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    abandoned = JobTransaction(slots, 1)
+    await slots.abandon(1)
+    with pytest.raises(NoSlotConnectionError, match="abandoned after its stop"):
+        abandoned.connection()
+    following = JobTransaction(slots, 2)
+    following.connection()
+    await abandoned.release()
+    await following.release()
+    assert (len(slots.idle), slots.lent, slots.abandoned) == (1, 0, set())
+    again = JobTransaction(slots, 1)  # a later attempt of the same job takes one
+    again.connection()
+    await again.release()
     await slots.close()
 
 

@@ -109,6 +109,18 @@ async def test_half_the_slots_waiting_wake_the_fetch_loop_unless_a_claim_is_comi
         assert c.wake.is_set() is woken, coming
 
 
+async def test_while_a_claim_is_coming_a_done_waits_for_it_at_most_done_wait() -> None:
+    """Slots that took long jobs keep the buffer above its mark: the `done` does not wait
+    for the buffer's hand-back (a second) but wakes the loop once overdue."""
+    c = completer(FakeStore(), FakeLink(), delay=0.0, claim_coming=True)
+    await queued(c, 1)
+    assert not c.overdue() and not c.wake.is_set()
+    await asyncio.wait_for(c.wake.wait(), 5.0)
+    assert c.overdue()
+    c.take()
+    assert not c.overdue()
+
+
 async def test_nothing_to_write_and_no_slot_free_sends_nothing() -> None:
     store = FakeStore()
     c = completer(store, FakeLink())

@@ -52,6 +52,9 @@ class Claims:
     def take(self) -> list[Pending]:
         return []
 
+    def overdue(self) -> bool:
+        return False
+
     async def send(
         self, batch: list[Pending], *, kinds: Sequence[str], tenants: Sequence[uuid.UUID] | None,
         limit: int, caps: Callable[[], Mapping[str, int]],
@@ -231,10 +234,16 @@ class Gate:
 
 
 class Flowing(Claims):
-    """Claims whose every round also writes a `done`: jobs flow, so a full buffer is refilled."""
+    """Claims whose every round also writes a `done`: jobs flow, so a full buffer is refilled.
+    `late`: a queued `done` is overdue."""
+
+    late = False
 
     def take(self) -> list[Pending]:
         return [(Completion(0, 1, None), asyncio.get_running_loop().create_future())]
+
+    def overdue(self) -> bool:
+        return self.late
 
 
 async def settle() -> None:
@@ -259,6 +268,23 @@ async def test_no_claim_while_the_buffer_is_above_its_low_water_mark() -> None:
     gate.permits.release()  # job 3 starts: two buffered, the mark
     await settle()
     assert claims.limits == [5, 2] and len(p.buffer) == 4
+
+    p.stopping.set()
+    p.wake.set()
+    await asyncio.wait_for(loop, 10.0)
+
+
+async def test_an_overdue_done_sends_the_claim_above_the_low_water_mark() -> None:
+    claims, gate = Flowing(*range(1, 20)), Gate()
+    p = producer(slots=1, prefetch=4, until_empty=False)
+    loop = asyncio.create_task(p.run(claims, gate, Returns()))
+    await settle()
+    assert claims.limits == [5]
+
+    claims.late = True
+    gate.permits.release()  # three buffered, above the mark, but a `done` is overdue
+    await settle()
+    assert claims.limits[:2] == [5, 1]
 
     p.stopping.set()
     p.wake.set()

@@ -131,8 +131,10 @@ async def one_write_transaction(
     Returns one cursor per statement, its rows ready to fetch. Raises the psycopg.Error of
     the first statement that failed (the server skips the ones after it, COMMIT included:
     nothing committed), and leaves `conn` in that aborted transaction: the caller rolls back
-    or closes it. ProgrammingError for a connection not in autocommit, whose own BEGIN would
-    wait for its answer before the statements.
+    or closes it. A statement that cannot be queued (a parameter that cannot be adapted)
+    raises its error after a ROLLBACK in place of the COMMIT: nothing committed, `conn` idle.
+    ProgrammingError for a connection not in autocommit, whose own BEGIN would wait for its
+    answer before the statements.
     """
     if not conn.autocommit:
         raise psycopg.ProgrammingError("one_write_transaction needs an autocommit connection")
@@ -140,8 +142,13 @@ async def one_write_transaction(
 
     def queue() -> PQGen[None]:
         yield from conn._exec_command(conn._get_tx_start_command())
-        for cursor, (query, params) in zip(cursors, statements, strict=True):
-            yield from cursor._execute_gen(query, params)
+        try:
+            for cursor, (query, params) in zip(cursors, statements, strict=True):
+                yield from cursor._execute_gen(query, params)
+        except BaseException:
+            # the BEGIN and the statements queued before this one are written all the same
+            yield from conn._exec_command(b"ROLLBACK")
+            raise
         yield from conn._exec_command(b"COMMIT")
 
     await one_write(conn, queue())

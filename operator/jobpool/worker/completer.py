@@ -33,6 +33,11 @@ log = logging.getLogger("jobpool.worker")
 Pending = tuple[Completion, "asyncio.Future[bool]"]
 """A queued `done` and the future its job waits on (True: written; False: claim lost)."""
 
+DONE_WAIT = 0.05
+"""Seconds a queued `done` waits at most for the claim the buffer's low-water mark sends
+(`claim_coming`): the length of work the buffer holds (core/prefetch.py, `LOOKAHEAD`), so in a
+steady flow the mark comes first; when the slots take long jobs meanwhile, this bounds it."""
+
 CLAIM_RETRY_MAX = 30.0
 """Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
 
@@ -100,13 +105,18 @@ class Completer:
         self.waiting = 0
         """Jobs waiting in `complete` for their `done` to be written."""
         self.queue: list[Pending] = []
+        self.queued_at: float | None = None
+        """Event-loop time the oldest queued `done` was queued at (None: the queue is empty)."""
         self.claim_failures = 0
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
 
     async def complete(self, completion: Completion) -> bool:
         """Queue `completion` for the fetch loop's next transaction and wait for it to be
         written: False when this worker no longer held the claim. Raises ResultRefused."""
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        if not self.queue:
+            self.queued_at = loop.time()
         self.queue.append((completion, done))
         self.waiting += 1
         try:
@@ -118,12 +128,14 @@ class Completer:
 
     def _queued(self) -> None:
         """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
-        running job does, else at most `delay` seconds later; not while a claim is coming
-        anyway (`claim_coming`: buffered jobs start in the freed slots, and the buffer's
-        low-water mark sends the next claim, with these `done`s)."""
-        if self.claim_coming():
-            return
+        running job does, else at most `delay` seconds later; while a claim is coming anyway
+        (`claim_coming`: buffered jobs start in the freed slots, and the buffer's low-water
+        mark sends the next claim, with these `done`s) at most `DONE_WAIT` seconds later."""
         waiting = len(self.queue)
+        if self.claim_coming():
+            if waiting == 1:
+                asyncio.get_running_loop().call_later(DONE_WAIT, self.wake.set)
+            return
         if waiting >= self.running() or waiting * 2 >= self.slots():
             self.wake.set()
         elif waiting == 1:
@@ -138,9 +150,14 @@ class Completer:
             for _ in range(4):
                 await asyncio.sleep(0)
 
+    def overdue(self) -> bool:
+        """Whether the oldest queued `done` has waited `DONE_WAIT` seconds or more."""
+        return (self.queued_at is not None
+                and asyncio.get_running_loop().time() - self.queued_at >= DONE_WAIT)
+
     def take(self) -> list[Pending]:
         """The queued `done`s, to go with the next claim (`send`); the queue is empty after."""
-        batch, self.queue = self.queue, []
+        batch, self.queue, self.queued_at = self.queue, [], None
         return batch
 
     async def send(
@@ -186,6 +203,8 @@ class Completer:
         """Put `batch` back at the head of the queue, marked `resent`: its try may have
         committed unseen, so the next write also asks whether it did."""
         self.queue[:0] = [(c._replace(resent=True), done) for c, done in batch]
+        if batch and self.queued_at is None:
+            self.queued_at = asyncio.get_running_loop().time()
 
     def _claim_failed(self, exc: Exception, batch: list[Pending]) -> None:
         """The claim failed on a live connection: a statement refused (a handler left a

@@ -69,6 +69,10 @@ class Batches(Protocol):
 
     def take(self) -> list[Pending]: ...
 
+    def overdue(self) -> bool:
+        """Whether a queued `done` has waited long enough to go without the low-water claim."""
+        ...
+
     @property
     def waiting(self) -> int:
         """Jobs whose handler is over and whose `done` waits to be written."""
@@ -223,9 +227,13 @@ class Producer:
     def claim_ahead(self) -> bool:
         """Whether the buffer holds more than its low-water mark: the slots have work for more
         than the next claim's round trip, so the claim waits until it falls to the mark (the
-        queued `done`s go with it). A claim sent earlier would take only the few jobs the
-        buffer has room for, and cost a transaction; sent later, the slots would wait for it."""
-        return len(self.buffer) > low_water(self.room)
+        queued `done`s go with it), or until a queued `done` is overdue (the slots took long
+        jobs meanwhile: `completer.DONE_WAIT`). A claim sent earlier would take only the few
+        jobs the buffer has room for, and cost a transaction; sent later, the slots would
+        wait for it."""
+        completer = self._completer
+        return (len(self.buffer) > low_water(self.room)
+                and not (completer is not None and completer.overdue()))
 
     def _measure_rate(self) -> None:
         """Update the start rate and the buffer's room from the jobs started since the last

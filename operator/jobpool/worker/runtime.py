@@ -28,6 +28,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Need, plan_slots
+from jobpool.core.retry import error_text
 from jobpool.db.connect import connection_allowance, with_tcp_liveness
 from jobpool.db.queries import Exec, One, Row
 from jobpool.db.reconnect import PROBE_TIMEOUT
@@ -402,6 +403,9 @@ class Worker:
     async def _free_abandoned_slot(self, job_id: int) -> None:
         try:
             await self.slot_connections.abandon(job_id)
+        except Exception as exc:  # the pool closed meanwhile (shutdown, an outage)
+            log.warning("no connection for the slot of abandoned job %d (%s)", job_id,
+                        error_text(exc))
         finally:
             self.producer.finished(job_id)
 

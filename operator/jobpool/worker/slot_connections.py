@@ -51,8 +51,10 @@ class SlotConnections:
         """Connections lent to the slots' running jobs."""
         self.holders: dict[int, AsyncConnection[Any]] = {}
         """The lent connections by the id of the job that took each."""
-        self.orphans: set[AsyncConnection[Any]] = set()
-        """Connections of abandoned jobs: their slots have others; back to the pool at last."""
+        self.orphans: dict[AsyncConnection[Any], AsyncConnectionPool[Any]] = {}
+        """Connections of abandoned jobs, each with the pool grown by one for it (`abandon`)."""
+        self.abandoned: set[int] = set()
+        """Ids of the abandoned jobs: a connection is never lent to one of them again."""
         self.pool: AsyncConnectionPool[Any] | None = None
 
     async def fill(self, pool: AsyncConnectionPool[Any], *, timeout: float) -> None:
@@ -95,6 +97,9 @@ class SlotConnections:
         Raises NoSlotConnectionError when none is ready (only after the database was unreachable;
         the next reconnect tops the list up).
         """
+        if job_id in self.abandoned:
+            raise NoSlotConnectionError("this job was abandoned after its stop: its handler "
+                                        "gets no connection (its changes could not commit)")
         if not self.idle or self.pool is None:
             raise NoSlotConnectionError("no database connection is ready for this job (the "
                                         "database was unreachable); it is retried")
@@ -106,10 +111,15 @@ class SlotConnections:
                         job_id: int) -> None:
         """Keep `conn` (taken by job `job_id`) for the next job if it is fit; else return it
         to `pool` and take a fresh one (left to the next hand-back or reconnect when the pool
-        cannot give one within `REPLACE_TIMEOUT`). An abandoned job's goes back to `pool`."""
+        cannot give one within `REPLACE_TIMEOUT`). An abandoned job's goes back to `pool`,
+        which shrinks back by the connection it grew by for it."""
         if conn in self.orphans:
-            self.orphans.discard(conn)
+            grown = self.orphans.pop(conn)
+            self.abandoned.discard(job_id)
             await pool.putconn(conn)
+            if grown is self.pool:  # not retired after an outage meanwhile
+                await grown.resize(grown.min_size - 1, grown.max_size - 1)
+            await self._replace()  # in case the slot's own could not be had at the abandon
             return
         self.lent -= 1
         self.holders.pop(job_id, None)
@@ -122,15 +132,25 @@ class SlotConnections:
 
     async def abandon(self, job_id: int) -> None:
         """Job `job_id` was abandoned: its handler ignored its stop and runs on, holding its
-        connection, while its slot is freed for the next job. That connection no longer counts
-        as the slot's (it goes back to its pool when the handler ends); another is taken for
-        the slot now, within `REPLACE_TIMEOUT` seconds, so that the next job finds one."""
+        connection if it took one, while its slot is freed for the next job. That connection
+        no longer counts as the slot's: the pool grows by one connection for as long as the
+        handler runs (the worker's own writes keep theirs), and the slot takes one now,
+        within `REPLACE_TIMEOUT` seconds, so that the next job finds one. The handler gets no
+        connection from here on (`take`)."""
+        self.abandoned.add(job_id)
         conn = self.holders.pop(job_id, None)
-        if conn is None:
-            return  # the handler never took one
+        pool = self.pool
+        if conn is None or pool is None:
+            return  # the handler never took one: the slot's is in the list
         self.lent -= 1
-        self.orphans.add(conn)
+        self.orphans[conn] = pool
+        await pool.resize(pool.min_size + 1, pool.max_size + 1)
         await self._replace()
+
+    def ended(self, job_id: int) -> None:
+        """Job `job_id`'s handler ended without a connection: if it was abandoned, its id may
+        take one again (a later attempt of the same job)."""
+        self.abandoned.discard(job_id)
 
     async def _replace(self) -> None:
         """Top the list up after a lent connection left it, within `REPLACE_TIMEOUT`."""
