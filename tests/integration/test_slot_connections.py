@@ -114,6 +114,7 @@ async def test_an_abandoned_jobs_slot_gets_another_connection_and_its_own_goes_b
     for conn in spares:
         await pool.putconn(conn)
     await abandoned.release()  # the handler ends at last
+    slots.ended(1)
     await following.release()
     assert (len(slots.idle), slots.lent, slots.orphans, slots.abandoned) == (1, 0, {}, set())
     assert held not in slots.idle and (pool.min_size, pool.max_size) == (4, 4)
@@ -134,6 +135,7 @@ async def test_an_abandoned_handler_gets_no_connection_after_its_abandon(
     following = JobTransaction(slots, 2)
     following.connection()
     await abandoned.release()
+    slots.ended(1)  # its task ended
     await following.release()
     assert (len(slots.idle), slots.lent, slots.abandoned) == (1, 0, set())
     again = JobTransaction(slots, 1)  # a later attempt of the same job takes one

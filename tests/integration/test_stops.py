@@ -220,6 +220,8 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
     assert stopped in INTERRUPTED and stopped in CLEANED  # cancelled twice
     await _assert_stopped_by(conn, stopped, "alice@example.com")
     assert (await job(conn, after))["status"] == "done"
+    slots = run.worker.slot_connections  # the abandoned task ended: nothing of it is kept
+    assert (slots.abandoned, slots.orphans, slots.lent) == (set(), {}, 0)
 
 
 async def test_without_listen_the_lease_renewal_delivers_the_stop(

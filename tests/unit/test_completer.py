@@ -102,10 +102,8 @@ async def test_half_the_slots_waiting_wake_the_fetch_loop_unless_a_claim_is_comi
     """Buffered jobs take the freed slots, and the buffer's low-water mark sends the next claim
     with the queued `done`s: a wake-up per `done` would only send smaller claims."""
     for coming, woken in ((False, True), (True, False)):
-        c = completer(FakeStore(), FakeLink(), running=4, slots=4, delay=0.0,
-                      claim_coming=coming)
+        c = completer(FakeStore(), FakeLink(), running=4, slots=4, claim_coming=coming)
         await queued(c, 1, 2)
-        await asyncio.sleep(0.01)  # past the lone `done`'s delay too
         assert c.wake.is_set() is woken, coming
 
 

@@ -35,14 +35,13 @@ class OneWritePipeline(AsyncPipeline):
     then a Flush request: four writes), and every write wakes the server's backend to read
     it. Queued in libpq's buffer until the Sync instead, the BEGIN and the statement reach
     the server as one write, which it answers at once (a Sync makes the server send every
-    result, so no Flush request follows). For `JobCursor`'s BEGIN and one statement, whose
-    results nobody reads before the pipeline ends.
+    result, so no Flush request follows). For statements whose results nobody reads before
+    the pipeline ends, driven by `one_write`.
 
     It overrides two private generators of psycopg's pipeline (`_communicate_gen`,
-    `_exit_gen`), and `JobCursor` drives it through private parts of psycopg's pipeline and
-    cursor (`_enter_gen`, `_exit`, `_execute_gen`); tests/integration/test_slot_connections.py
-    holds what it must do (one write, a cancelled write, a statement of megabytes, an error
-    while queueing) against the psycopg installed.
+    `_exit_gen`); tests/integration/test_slot_connections.py and test_one_write.py hold what
+    it must do (one write, a cancelled write, a statement of megabytes, an error while
+    queueing) against the psycopg installed.
     """
 
     def _communicate_gen(self) -> PQGen[None]:

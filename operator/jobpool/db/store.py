@@ -179,29 +179,27 @@ class QueueStore:
         capped = claim_caps(caps)
         resent = [c for c in completions if c.resent]
         bounds = self._claim_bounds.next_bounds(time.monotonic())
-        statements: list[tuple[str, Mapping[str, Any] | None]] = []
+        statements: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
         if self.transaction_pooler:
-            statements.append((CLAIM_TRANSACTION.text, None))
+            statements["settings"] = (CLAIM_TRANSACTION.text, None)
         if completions:
-            statements.append((COMPLETE_JOBS.text, self._completions(completions)))
+            statements["done"] = (COMPLETE_JOBS.text, self._completions(completions))
         if resent:
-            statements.append((COMPLETED_BEFORE.text, {
+            statements["done before"] = (COMPLETED_BEFORE.text, {
                 "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
-                "worker_id": self.worker_id}))
+                "worker_id": self.worker_id})
         claim = limit > 0
         if claim:
-            statements.append((CLAIM_JOBS.text, claim_parameters(
+            statements["claim"] = (CLAIM_JOBS.text, claim_parameters(
                 kinds=kinds, tenants=tenants, limit=limit, worker_id=self.worker_id,
-                lease=self.lease, caps=capped, bounds=bounds)))
+                lease=self.lease, caps=capped, bounds=bounds))
         conn = await self._claim_connection()
         try:
-            cursors = await one_write_transaction(conn, statements)
-            if self.transaction_pooler:
-                cursors.pop(0)
-            held: set[int] = set()
-            for _ in range(bool(completions) + bool(resent)):
-                held |= {row["id"] for row in await cursors.pop(0).fetchall()}
-            claimed: list[Row] = await cursors.pop(0).fetchall() if claim else []
+            cursors = dict(zip(statements, await one_write_transaction(
+                conn, list(statements.values())), strict=True))
+            held = {row["id"] for name in ("done", "done before") if name in cursors
+                    for row in await cursors[name].fetchall()}
+            claimed: list[Row] = await cursors["claim"].fetchall() if claim else []
         except BaseException:
             await self._drop_claim_connection()
             raise

@@ -576,8 +576,6 @@ class JobTransaction:
         await self._give_back(lambda conn: end_job(conn, done))
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
-        if self._conn is None:
-            self._slots.ended(self._job_id)
         if self._conn is not None and self._pool is not None:
             conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
             leave_job_scope(conn)

@@ -196,8 +196,7 @@ class Producer:
             async with self.claiming:  # not while settling after an outage hands back the buffer
                 await self._hand_back_stalled(returns)
             if self.claim_ahead():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self._wait_for())
+                await self._wait_for_wake()
                 continue
             if not self.buffer:  # else the claim goes now, to be back before the buffer runs dry
                 await completer.gather()
@@ -221,8 +220,7 @@ class Producer:
                 return
             if limit > 0 and len(claimed) == limit:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self._wait_for())
+            await self._wait_for_wake()
 
     def claim_ahead(self) -> bool:
         """Whether the buffer holds more than its low-water mark: the slots have work for more
@@ -244,6 +242,11 @@ class Producer:
             return
         self.rate = observed_rate(self.rate, started, now - since)
         self.room = buffer_room(self.rate, self.prefetch, self.busy())
+
+    async def _wait_for_wake(self) -> None:
+        """Wait for a wake-up, at most `_wait_for()` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), self._wait_for())
 
     def _wait_for(self) -> float:
         """Seconds the loop may wait for a wake-up: the poll interval, or less while the

@@ -395,7 +395,10 @@ class Worker:
     def _abandon(self, job_id: int) -> None:
         """A stopped job's handler ignored its stop past the grace (worker/stops.py): its slot
         takes the next job once it has a connection of its own again, as the abandoned handler
-        keeps the one it took (`SlotConnections.abandon`)."""
+        keeps the one it took (`SlotConnections.abandon`) until its task ends."""
+        running = self.producer.in_flight.get(job_id)
+        if running is not None:
+            running.add_done_callback(lambda _: self.slot_connections.ended(job_id))
         task = asyncio.create_task(self._free_abandoned_slot(job_id), name=f"abandon-{job_id}")
         self.abandoning.add(task)
         task.add_done_callback(self.abandoning.discard)

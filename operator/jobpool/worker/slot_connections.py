@@ -47,15 +47,19 @@ class SlotConnections:
     def __init__(self, count: int) -> None:
         self.count = count
         self.idle: list[AsyncConnection[Any]] = []
-        self.lent = 0
-        """Connections lent to the slots' running jobs."""
         self.holders: dict[int, AsyncConnection[Any]] = {}
-        """The lent connections by the id of the job that took each."""
+        """The connections lent to the slots' running jobs, by the id of the job that took
+        each."""
         self.orphans: dict[AsyncConnection[Any], AsyncConnectionPool[Any]] = {}
         """Connections of abandoned jobs, each with the pool grown by one for it (`abandon`)."""
         self.abandoned: set[int] = set()
         """Ids of the abandoned jobs: a connection is never lent to one of them again."""
         self.pool: AsyncConnectionPool[Any] | None = None
+
+    @property
+    def lent(self) -> int:
+        """Connections lent to the slots' running jobs."""
+        return len(self.holders)
 
     async def fill(self, pool: AsyncConnectionPool[Any], *, timeout: float) -> None:
         """Serve from `pool` from now on, with live connections: the idle ones go back to
@@ -103,7 +107,6 @@ class SlotConnections:
         if not self.idle or self.pool is None:
             raise NoSlotConnectionError("no database connection is ready for this job (the "
                                         "database was unreachable); it is retried")
-        self.lent += 1
         conn = self.holders[job_id] = self.idle.pop()
         return conn, self.pool
 
@@ -115,13 +118,11 @@ class SlotConnections:
         which shrinks back by the connection it grew by for it."""
         if conn in self.orphans:
             grown = self.orphans.pop(conn)
-            self.abandoned.discard(job_id)
             await pool.putconn(conn)
             if grown is self.pool:  # not retired after an outage meanwhile
                 await grown.resize(grown.min_size - 1, grown.max_size - 1)
             await self._replace()  # in case the slot's own could not be had at the abandon
             return
-        self.lent -= 1
         self.holders.pop(job_id, None)
         if (pool is self.pool and not conn.closed
                 and conn.info.transaction_status == TransactionStatus.IDLE):
@@ -136,20 +137,19 @@ class SlotConnections:
         no longer counts as the slot's: the pool grows by one connection for as long as the
         handler runs (the worker's own writes keep theirs), and the slot takes one now,
         within `REPLACE_TIMEOUT` seconds, so that the next job finds one. The handler gets no
-        connection from here on (`take`)."""
+        connection from here on (`take`), until its task ends (`ended`)."""
         self.abandoned.add(job_id)
         conn = self.holders.pop(job_id, None)
         pool = self.pool
         if conn is None or pool is None:
             return  # the handler never took one: the slot's is in the list
-        self.lent -= 1
         self.orphans[conn] = pool
         await pool.resize(pool.min_size + 1, pool.max_size + 1)
         await self._replace()
 
     def ended(self, job_id: int) -> None:
-        """Job `job_id`'s handler ended without a connection: if it was abandoned, its id may
-        take one again (a later attempt of the same job)."""
+        """The task of abandoned job `job_id` ended: a later attempt of the same job may take
+        a connection again."""
         self.abandoned.discard(job_id)
 
     async def _replace(self) -> None:
