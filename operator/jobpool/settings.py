@@ -25,6 +25,9 @@ PREFIX = "JOBPOOL_"
 DEFAULT_METRICS_PORT = 9108
 MAX_SLOTS = 256
 """Each slot holds a database connection while its job runs; more is a typo, not a pool."""
+MAX_PREFETCH = 4096
+"""Claimed jobs a worker may hold beyond its free slots, each a row it leases: the buffer holds
+about 50 ms of its slots' work, a few hundred jobs at the fastest pace; more is a typo."""
 MAX_PROCESSES = 64
 """Worker processes of one `jobpool run`; each opens slots + 3 connections."""
 MIN_GRACE, MAX_GRACE = 0.1, 3600.0
@@ -294,7 +297,7 @@ class Settings:
                           pool_fields=("spec.lanes[].workersPerPod",
                                        "spec.heavyLane.workersPerPod"))
     prefetch: int = _setting(
-        128, Whole(0, MAX_SLOTS),
+        512, Whole(0, MAX_PREFETCH),
         "the most claimed jobs a worker holds beyond its free slots, started as slots free: it "
         "holds about what its slots start in 50 ms at their pace, up to this (0: claim only "
         "into free slots), see [The fetch loop](workers-and-pools.md#the-fetch-loop)",

@@ -7,6 +7,7 @@ from jobpool.core.prefetch import (
     LOOKAHEAD,
     buffer_room,
     claim_limit,
+    first_room,
     low_water,
     observed_rate,
 )
@@ -52,3 +53,10 @@ def test_the_rate_follows_the_rounds_and_decays_while_nothing_starts() -> None:
         rate = observed_rate(rate, 0, 0.5)  # idle polls
     assert rate < 1
     assert observed_rate(42.0, 5, 0.0) == 42.0  # a round that took no time changes nothing
+
+
+def test_the_first_claim_holds_as_many_as_the_slots_within_the_bound() -> None:
+    assert first_room(512, 4) == 4
+    assert first_room(512, 32) == 32
+    assert first_room(2, 32) == 2
+    assert first_room(0, 4) == 0  # no buffer at all

@@ -216,8 +216,9 @@ async def test_buffered_jobs_run_in_claim_order_never_more_handlers_than_slots()
 
     assert runs.ran == list(range(1, 11))  # FIFO by claim order
     assert runs.most <= 2
-    assert claims.limits[0] == 5  # two free slots + three buffered
-    assert max(claims.limits) <= 5
+    # two free slots + as many buffered as there are slots (the pace is not known yet)
+    assert claims.limits[0] == 4
+    assert max(claims.limits) <= 5  # two free slots + at most the bound of three buffered
     assert sorted(leases.released) == list(range(1, 11)) and p.buffer == {}
 
 
@@ -256,18 +257,18 @@ async def test_no_claim_while_the_buffer_is_above_its_low_water_mark() -> None:
     claim's round trip: a claim then would take only the few jobs there is room for. At the
     mark it goes out, for the room the started jobs left."""
     claims, gate = Flowing(*range(1, 20)), Gate()
-    p = producer(slots=1, prefetch=4, until_empty=False)
+    p = producer(slots=4, prefetch=4, until_empty=False)
     loop = asyncio.create_task(p.run(claims, gate, Returns()))
     await settle()
-    assert claims.limits == [5] and len(p.buffer) == 4  # one free slot + the room of four
+    assert claims.limits == [8] and len(p.buffer) == 4  # four free slots + the room of four
 
-    gate.permits.release()  # job 1 ends, job 2 starts: three buffered, above the mark of two
+    gate.permits.release()  # job 1 ends, job 5 starts: three buffered, above the mark of two
     await settle()
-    assert claims.limits == [5] and len(p.buffer) == 3
+    assert claims.limits == [8] and len(p.buffer) == 3
 
-    gate.permits.release()  # job 3 starts: two buffered, the mark
+    gate.permits.release()  # job 6 starts: two buffered, the mark
     await settle()
-    assert claims.limits == [5, 2] and len(p.buffer) == 4
+    assert claims.limits == [8, 2] and len(p.buffer) == 4
 
     p.stopping.set()
     p.wake.set()
@@ -276,15 +277,15 @@ async def test_no_claim_while_the_buffer_is_above_its_low_water_mark() -> None:
 
 async def test_an_overdue_done_sends_the_claim_above_the_low_water_mark() -> None:
     claims, gate = Flowing(*range(1, 20)), Gate()
-    p = producer(slots=1, prefetch=4, until_empty=False)
+    p = producer(slots=4, prefetch=4, until_empty=False)
     loop = asyncio.create_task(p.run(claims, gate, Returns()))
     await settle()
-    assert claims.limits == [5]
+    assert claims.limits == [8]
 
     claims.late = True
     gate.permits.release()  # three buffered, above the mark, but a `done` is overdue
     await settle()
-    assert claims.limits[:2] == [5, 1]
+    assert claims.limits[:2] == [8, 1]
 
     p.stopping.set()
     p.wake.set()

@@ -44,6 +44,14 @@ def buffer_room(rate: float, prefetch: int, busy: int) -> int:
     return max(0, min(prefetch, int(rate * LOOKAHEAD)))
 
 
+def first_room(prefetch: int, slots: int) -> int:
+    """Jobs the buffer may hold at the first claim, before any pace is known: as many as the
+    worker has `slots`, at most `prefetch`. The whole bound taken then would be held for a
+    second and handed back by a worker whose handlers run long; jobs that run fast grow the
+    room at the next claims."""
+    return min(prefetch, slots)
+
+
 def low_water(room: int) -> int:
     """Buffered jobs at or below which the loop claims again while its slots are busy: half
     the buffer's room, so that the next claim's round trip overlaps the start of the other

@@ -36,7 +36,13 @@ from typing import Any, Protocol
 
 import psycopg
 
-from jobpool.core.prefetch import buffer_room, claim_limit, low_water, observed_rate
+from jobpool.core.prefetch import (
+    buffer_room,
+    claim_limit,
+    first_room,
+    low_water,
+    observed_rate,
+)
 from jobpool.db.queries import Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
@@ -152,9 +158,9 @@ class Producer:
         """Jobs started per second, smoothed over claim rounds (`core.prefetch.observed_rate`)."""
         self.started = 0
         """Jobs started since the last claim round."""
-        self.room = self.prefetch
-        """Jobs the buffer may hold now (`core.prefetch.buffer_room`): at most `prefetch`, all
-        of it at the first claim (nothing is known of the jobs' pace yet)."""
+        self.room = first_room(self.prefetch, slots())
+        """Jobs the buffer may hold now (`core.prefetch.buffer_room`): at most `prefetch`, as
+        many as the slots at the first claim (`core.prefetch.first_room`)."""
         self._rate_since: float | None = None
         self.wake = wake
         self.stopping = asyncio.Event()
