@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import AsyncConnection, IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.claim_bounds import (
@@ -197,8 +198,11 @@ class QueueStore:
         try:
             cursors = dict(zip(statements, await one_write_transaction(
                 conn, list(statements.values())), strict=True))
-            held = {row["id"] for name in ("done", "done before") if name in cursors
-                    for row in await cursors[name].fetchall()}
+            held: set[int] = set()
+            for name in ("done", "done before"):
+                if name in cursors:
+                    cursors[name].row_factory = tuple_row  # one id per row, no dict each
+                    held.update(row[0] for row in await cursors[name].fetchall())
             claimed: list[Row] = await cursors["claim"].fetchall() if claim else []
         except BaseException:
             await self._drop_claim_connection()
@@ -287,10 +291,14 @@ class QueueStore:
         await self.close()
 
     def _completions(self, completions: Sequence[Completion]) -> dict[str, Any]:
+        """`complete_jobs`' parameters: the ids and attempts as array literals
+        (`int_array`); the results as a list, or None when no job returned one (unnest pads
+        the missing array with nulls)."""
+        results = [c.result for c in completions]
         return {
-            "ids": [c.job_id for c in completions],
-            "attempts": [c.attempts for c in completions],
-            "results": [c.result for c in completions],
+            "ids": int_array(c.job_id for c in completions),
+            "attempts": int_array(c.attempts for c in completions),
+            "results": results if any(result is not None for result in results) else None,
             "worker_id": self.worker_id, "actor": self.actor,
         }
 
@@ -367,6 +375,14 @@ class QueueStore:
         async with self.pool.connection() as conn:
             return await RELEASE_UNRUN_CLAIMS(
                 conn, {"running": list(running), "worker_id": self.worker_id})
+
+
+def int_array(values: Iterable[int]) -> str:
+    """An array literal of `values` ('{1,2,3}'), for a parameter cast to bigint[] or int[]
+    in the statement. psycopg adapts a list element by element in Python, looking for the
+    smallest type that holds them all: for the ids and attempts of a batched `done` that is
+    about a microsecond per job, the literal a tenth of it."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def claim_parameters(

@@ -130,10 +130,11 @@ claimed AS (
     RETURNING id, tenant_id, job_kind, payload, status, priority,
               available_at, created_at, claimed_by, claimed_at, attempts,
               max_attempts, last_error, idempotency_key, trace_context,
-              -- when the rows were written (less claimed_at: the claim transaction's time
-              -- to them, its walk of the index without the COMMIT or the network) and the
-              -- heads found (`jobpool.core.claim_bounds`)
-              clock_timestamp() AS claim_end, (SELECT count(*) FROM heads) AS heads
+              -- seconds from the claim transaction's start to the rows' writing (its walk
+              -- of the index, without the COMMIT or the network) and the heads found
+              -- (`jobpool.core.claim_bounds`)
+              extract(epoch FROM clock_timestamp() - now())::float8 AS claim_seconds,
+              (SELECT count(*) FROM heads) AS heads
 ),
 served AS (
     SELECT DISTINCT tenant_id FROM claimed

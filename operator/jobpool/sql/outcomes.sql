@@ -15,6 +15,7 @@ SELECT mdm.aa_job_done({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb, 
 
 -- name: complete_jobs :many
 -- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
+-- %(results)s null: no job returned a result (unnest pads a missing array with nulls).
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])

@@ -153,6 +153,8 @@ class TokenStore:
         seconds, and its jobs are denied meanwhile (`store_failed`). The job's promise
         (`claimed`) is kept until the decision, so that a claim meanwhile counts its token.
         """
+        if not self._may_limit(kind):
+            return None
         tenant = str(tenant_id)
         needs = self._needs(tenant, kind)
         if not needs:
@@ -186,6 +188,8 @@ class TokenStore:
         promised a token until they ask for it (`acquire`), or for PROMISE_LIFETIME."""
         now = self.clock()
         for row in rows:
+            if not self._may_limit(row["job_kind"]):
+                continue
             pair = (str(row["tenant_id"]), str(row["job_kind"]))
             if self._needs(*pair):
                 self.pairs.add(pair)
@@ -238,6 +242,12 @@ class TokenStore:
     def tenant_label(self, tenant_id: uuid.UUID | str) -> str:
         """The tenant's key for metric labels (its id until the next refresh knows it)."""
         return self.tenant_keys.get(str(tenant_id), str(tenant_id))
+
+    def _may_limit(self, kind: str) -> bool:
+        """Whether any limit may cover a job of `kind`: some tenant has limits, or a provider
+        caps the kind. Asked first, per job, because the answer is mostly no, and the tenant's
+        id as text (`_needs`' key) costs more than the question."""
+        return bool(self.tenants) or kind in self.caps.kinds
 
     def _needs(self, tenant: str, kind: str) -> list[Need]:
         needs: list[Need] = []
