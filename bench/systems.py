@@ -291,8 +291,8 @@ class River(System):
 
 SYSTEMS: dict[str, System] = {
     "jobpool": Jobpool(
-        "jobpool", 4, "--slots", "jobpool", "4 slots, prefetch up to 128",
-        "{n} slots, prefetch up to 128",
+        "jobpool", 4, "--slots", "jobpool", "4 slots, prefetch up to 512",
+        "{n} slots, prefetch up to 512",
         "{n} slots, prefetch 0 (no job claimed beyond its free slots)",
         unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'",
         done_sql="SELECT count(*) FROM mdm.aa_job WHERE status = 'done'",
