@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from jobpool.db.queries import Many, NamedQuery
+from jobpool.db.store import Completion, completion_parameters
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -65,11 +66,16 @@ async def jobs_of_worker(conn: Conn, tenant: uuid.UUID, status: str) -> list[int
     return sorted(row["id"] for row in await cur.fetchall())
 
 
+def done_parameters(ids: list[int]) -> dict[str, Any]:
+    """The batched `done`'s parameters for `ids` (attempt 1, no result), as worker `w1` sends
+    them."""
+    return completion_parameters([Completion(job_id, 1, None) for job_id in ids],
+                                 worker_id="w1", actor="test")
+
+
 async def test_a_batch_done_reads_each_job_once(conn: Conn, tenant: uuid.UUID) -> None:
     ids = await jobs_of_worker(conn, tenant, "running")
-    plan = await generic_plan(conn, Many("complete_jobs"), {
-        "ids": ids, "attempts": [1] * BATCH, "results": [None] * BATCH,
-        "worker_id": "w1", "actor": "test"})
+    plan = await generic_plan(conn, Many("complete_jobs"), done_parameters(ids))
     assert plan["Actual Rows"] == BATCH
     assert rows_handled(plan) <= LINEAR
 
@@ -118,9 +124,7 @@ async def test_a_batch_done_and_a_lease_renewal_reach_each_job_by_its_id(
     thousands within minutes, and such a walk made the `done` of 130 jobs take 23 ms."""
     ids = await jobs_of_worker(conn, tenant, "running")
     for query, params in (
-            (Many("complete_jobs"), {"ids": ids, "attempts": [1] * BATCH,
-                                     "results": [None] * BATCH, "worker_id": "w1",
-                                     "actor": "test"}),
+            (Many("complete_jobs"), done_parameters(ids)),
             (Many("renew_leases"), {"ids": ids, "worker_id": "w1", "lease": 60.0})):
         plan = await generic_plan(conn, query, params)
         assert plan["Actual Rows"] == BATCH

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from jobpool.core.prefetch import (
+    FIRST_ROOM,
     LOOKAHEAD,
     buffer_room,
     claim_limit,
@@ -55,8 +56,8 @@ def test_the_rate_follows_the_rounds_and_decays_while_nothing_starts() -> None:
     assert observed_rate(42.0, 5, 0.0) == 42.0  # a round that took no time changes nothing
 
 
-def test_the_first_claim_holds_as_many_as_the_slots_within_the_bound() -> None:
-    assert first_room(512, 4) == 4
-    assert first_room(512, 32) == 32
-    assert first_room(2, 32) == 2
-    assert first_room(0, 4) == 0  # no buffer at all
+def test_the_first_claim_holds_the_bound_up_to_the_first_room() -> None:
+    assert first_room(4) == 4
+    assert first_room(FIRST_ROOM) == FIRST_ROOM
+    assert first_room(512) == FIRST_ROOM
+    assert first_room(0) == 0  # no buffer at all

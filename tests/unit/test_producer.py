@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from jobpool.core.kinds import KindDefaults
+from jobpool.core.prefetch import FIRST_ROOM
 from jobpool.db.store import Completion, Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
@@ -216,9 +217,8 @@ async def test_buffered_jobs_run_in_claim_order_never_more_handlers_than_slots()
 
     assert runs.ran == list(range(1, 11))  # FIFO by claim order
     assert runs.most <= 2
-    # two free slots + as many buffered as there are slots (the pace is not known yet)
-    assert claims.limits[0] == 4
-    assert max(claims.limits) <= 5  # two free slots + at most the bound of three buffered
+    assert claims.limits[0] == 5  # two free slots + three buffered
+    assert max(claims.limits) <= 5
     assert sorted(leases.released) == list(range(1, 11)) and p.buffer == {}
 
 
@@ -250,6 +250,17 @@ class Flowing(Claims):
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+async def test_the_first_claim_buffers_at_most_the_first_room() -> None:
+    """Before any pace is known: a worker whose handlers run long would hold the whole bound
+    for a second and hand it back."""
+    claims, runs = Claims(*range(1, 300)), Runs()
+    p = producer(slots=4, prefetch=512)
+
+    await asyncio.wait_for(p.run(claims, runs, Returns()), 10.0)
+
+    assert claims.limits[0] == 4 + FIRST_ROOM
 
 
 async def test_no_claim_while_the_buffer_is_above_its_low_water_mark() -> None:
@@ -315,16 +326,17 @@ async def test_a_buffered_job_is_leased_from_its_claim_and_timed_from_its_start(
 
 async def _running_with_buffer(p: Producer, claims: Claims, runs: Runs, returns: Returns,
                                ) -> asyncio.Task[None]:
+    """Run `p` (two slots, a buffer of two) until jobs 1 and 2 run and 3 and 4 wait."""
     runs.release.clear()
     loop = asyncio.create_task(p.run(claims, runs, returns))
-    while not (runs.ran == [1] and list(p.buffer) == [2, 3]):
+    while not (runs.ran == [1, 2] and list(p.buffer) == [3, 4]):
         await asyncio.sleep(0.01)
     return loop
 
 
 async def test_at_shutdown_the_buffer_is_handed_back_at_once_and_never_runs() -> None:
-    claims, runs, returns, leases = Claims(1, 2, 3), Runs(), Returns(), Leases()
-    p = producer(slots=1, prefetch=2, until_empty=False, grace=5.0, leases=leases)
+    claims, runs, returns, leases = Claims(1, 2, 3, 4), Runs(), Returns(), Leases()
+    p = producer(slots=2, prefetch=2, until_empty=False, grace=5.0, leases=leases)
     loop = await _running_with_buffer(p, claims, runs, returns)
     p.stopping.set()
     p.wake.set()
@@ -333,24 +345,24 @@ async def test_at_shutdown_the_buffer_is_handed_back_at_once_and_never_runs() ->
     drained = asyncio.create_task(p.drain(claims, runs, returns))
     while not returns.unrun:
         await asyncio.sleep(0.01)
-    assert returns.unrun == [[1]]  # everything but the running job, before its grace ends
-    assert p.buffer == {} and 2 in leases.released and 3 in leases.released
+    assert returns.unrun == [[1, 2]]  # everything but the running jobs, before their grace ends
+    assert p.buffer == {} and 3 in leases.released and 4 in leases.released
     runs.release.set()
     await asyncio.wait_for(drained, 10.0)
-    assert runs.ran == [1]
+    assert runs.ran == [1, 2]
 
 
 async def test_a_stopped_or_lost_buffered_job_is_dropped_unrun() -> None:
-    claims, runs, returns, leases = Claims(1, 2, 3), Runs(), Returns(), Leases()
-    p = producer(slots=1, prefetch=2, until_empty=False, leases=leases)
+    claims, runs, returns, leases = Claims(1, 2, 3, 4), Runs(), Returns(), Leases()
+    p = producer(slots=2, prefetch=2, until_empty=False, leases=leases)
     loop = await _running_with_buffer(p, claims, runs, returns)
     try:
-        p.stop_notified("2")
-        p.claim_lost(3, False)
-        assert p.buffer == {} and {2, 3} <= set(leases.released)
+        p.stop_notified("3")
+        p.claim_lost(4, False)
+        assert p.buffer == {} and {3, 4} <= set(leases.released)
         runs.release.set()
         await asyncio.sleep(0.2)
-        assert runs.ran == [1]
+        assert runs.ran == [1, 2]
     finally:
         p.stopping.set()
         p.wake.set()
@@ -361,24 +373,24 @@ async def test_a_buffer_behind_long_handlers_is_handed_back_and_not_refilled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(producer_module, "BUFFER_WAIT", 0.05)
-    claims, runs, returns, leases = Claims(1, 2, 3, 4), Runs(), Returns(), Leases()
-    claims.queue = claims.queue[:3]  # job 4 arrives once the buffer has been handed back
-    p = producer(slots=1, prefetch=2, until_empty=False, leases=leases)
+    claims, runs, returns, leases = Claims(1, 2, 3, 4, 5), Runs(), Returns(), Leases()
+    claims.queue = claims.queue[:4]  # job 5 arrives once the buffer has been handed back
+    p = producer(slots=2, prefetch=2, until_empty=False, leases=leases)
     loop = await _running_with_buffer(p, claims, runs, returns)
     try:
         while not returns.unrun:
             await asyncio.sleep(0.01)
-        assert returns.unrun == [[1]]  # all but the running job
-        assert p.buffer == {} and {2, 3} <= set(leases.released)
-        claims.queue = [row(4)]
+        assert returns.unrun == [[1, 2]]  # all but the running jobs
+        assert p.buffer == {} and {3, 4} <= set(leases.released)
+        claims.queue = [row(5)]
         p.wake.set()
-        await asyncio.sleep(0.2)  # the slot is still busy and no done flows: no claim
-        assert claims.limits[-1] == 0 and [r["id"] for r in claims.queue] == [4]
+        await asyncio.sleep(0.2)  # the slots are still busy and no done flows: no claim
+        assert claims.limits[-1] == 0 and [r["id"] for r in claims.queue] == [5]
         runs.release.set()
-        while 4 not in runs.ran:  # the slot freed: claiming again
+        while 5 not in runs.ran:  # the slots freed: claiming again
             await asyncio.sleep(0.01)
     finally:
         p.stopping.set()
         p.wake.set()
         await asyncio.wait_for(loop, 10.0)
-    assert runs.ran == [1, 4]
+    assert runs.ran == [1, 2, 5]

@@ -44,12 +44,16 @@ def buffer_room(rate: float, prefetch: int, busy: int) -> int:
     return max(0, min(prefetch, int(rate * LOOKAHEAD)))
 
 
-def first_room(prefetch: int, slots: int) -> int:
-    """Jobs the buffer may hold at the first claim, before any pace is known: as many as the
-    worker has `slots`, at most `prefetch`. The whole bound taken then would be held for a
-    second and handed back by a worker whose handlers run long; jobs that run fast grow the
-    room at the next claims."""
-    return min(prefetch, slots)
+FIRST_ROOM = 128
+"""Jobs the buffer may hold at the first claim, before any pace is known (`first_room`)."""
+
+
+def first_room(prefetch: int) -> int:
+    """Jobs the buffer may hold at the first claim: `prefetch`, at most `FIRST_ROOM`. A fast
+    drain's first claim needs no more (the room grows with the measured pace from the next
+    claim on), and a worker whose handlers run long holds them for a second, then hands
+    them back (the producer's `BUFFER_WAIT`)."""
+    return min(prefetch, FIRST_ROOM)
 
 
 def low_water(room: int) -> int:

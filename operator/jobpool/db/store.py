@@ -184,7 +184,8 @@ class QueueStore:
         if self.transaction_pooler:
             statements["settings"] = (CLAIM_TRANSACTION.text, None)
         if completions:
-            statements["done"] = (COMPLETE_JOBS.text, self._completions(completions))
+            statements["done"] = (COMPLETE_JOBS.text, completion_parameters(
+                completions, worker_id=self.worker_id, actor=self.actor))
         if resent:
             statements["done before"] = (COMPLETED_BEFORE.text, {
                 "ids": [c.job_id for c in resent], "attempts": [c.attempts for c in resent],
@@ -290,18 +291,6 @@ class QueueStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _completions(self, completions: Sequence[Completion]) -> dict[str, Any]:
-        """`complete_jobs`' parameters: the ids and attempts as array literals
-        (`int_array`); the results as a list, or None when no job returned one (unnest pads
-        the missing array with nulls)."""
-        results = [c.result for c in completions]
-        return {
-            "ids": int_array(c.job_id for c in completions),
-            "attempts": int_array(c.attempts for c in completions),
-            "results": results if any(result is not None for result in results) else None,
-            "worker_id": self.worker_id, "actor": self.actor,
-        }
-
     def _cas(self, job_id: int, attempts: int) -> dict[str, Any]:
         return {"id": job_id, "attempts": attempts, "worker_id": self.worker_id,
                 "actor": self.actor}
@@ -377,12 +366,26 @@ class QueueStore:
                 conn, {"running": list(running), "worker_id": self.worker_id})
 
 
+def completion_parameters(completions: Sequence[Completion], *, worker_id: str,
+                          actor: str) -> dict[str, Any]:
+    """`complete_jobs`' parameters for `completions` by `worker_id`, audited as `actor`: the
+    ids and attempts as array literals (`int_array`); the results as a list, or None when no
+    job returned one (unnest pads the missing array with nulls)."""
+    results = [c.result for c in completions]
+    return {
+        "ids": int_array(c.job_id for c in completions),
+        "attempts": int_array(c.attempts for c in completions),
+        "results": results if any(result is not None for result in results) else None,
+        "worker_id": worker_id, "actor": actor,
+    }
+
+
 def int_array(values: Iterable[int]) -> str:
     """An array literal of `values` ('{1,2,3}'), for a parameter cast to bigint[] or int[]
     in the statement. psycopg adapts a list element by element in Python, looking for the
     smallest type that holds them all: for the ids and attempts of a batched `done` that is
     about a microsecond per job, the literal a tenth of it."""
-    return "{" + ",".join(map(str, values)) + "}"
+    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
 def claim_parameters(

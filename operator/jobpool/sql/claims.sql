@@ -116,7 +116,7 @@ next AS (
                                            id) AS ord
       FROM (SELECT *, row_number() OVER (PARTITION BY tenant_id, priority
                                          ORDER BY available_at, id) AS turn
-              FROM locked) AS ranked
+              FROM locked) ranked
      ORDER BY ord
      LIMIT %(limit)s
 ),
@@ -130,10 +130,10 @@ claimed AS (
     RETURNING id, tenant_id, job_kind, payload, status, priority,
               available_at, created_at, claimed_by, claimed_at, attempts,
               max_attempts, last_error, idempotency_key, trace_context,
-              -- seconds from the claim transaction's start to the rows' writing (its walk
-              -- of the index, without the COMMIT or the network) and the heads found
-              -- (`jobpool.core.claim_bounds`)
-              extract(epoch FROM clock_timestamp() - now())::float8 AS claim_seconds,
+              -- the claim statement's time to the rows' writing (its walk of the index,
+              -- without the batched `done` before it, the COMMIT or the network) and the
+              -- heads found (`jobpool.core.claim_bounds`)
+              clock_timestamp() - statement_timestamp() AS took,
               (SELECT count(*) FROM heads) AS heads
 ),
 served AS (
@@ -150,11 +150,10 @@ turned AS (
       FROM (SELECT tt.tenant_id FROM mdm.aa_tenant_turn tt
              WHERE tt.tenant_id IN (SELECT tenant_id FROM served)
                AND ((SELECT count(*) FROM served) > 1
-                    OR EXISTS (SELECT 1 FROM mdm.aa_tenant_turn other
-                                WHERE other.turn_at >= tt.turn_at
-                                  AND other.tenant_id <> tt.tenant_id))
+                    OR EXISTS (SELECT 1 FROM mdm.aa_tenant_turn o
+                                WHERE o.turn_at >= tt.turn_at AND o.tenant_id <> tt.tenant_id))
              ORDER BY tt.tenant_id
-               FOR UPDATE SKIP LOCKED) AS free
+               FOR UPDATE SKIP LOCKED) free
      WHERE t.tenant_id = free.tenant_id
 ),
 first_turns AS (

@@ -158,9 +158,9 @@ class Producer:
         """Jobs started per second, smoothed over claim rounds (`core.prefetch.observed_rate`)."""
         self.started = 0
         """Jobs started since the last claim round."""
-        self.room = first_room(self.prefetch, slots())
-        """Jobs the buffer may hold now (`core.prefetch.buffer_room`): at most `prefetch`, as
-        many as the slots at the first claim (`core.prefetch.first_room`)."""
+        self.room = first_room(self.prefetch)
+        """Jobs the buffer may hold now (`core.prefetch.buffer_room`): at most `prefetch`, and
+        at the first claim at most `core.prefetch.FIRST_ROOM`."""
         self._rate_since: float | None = None
         self.wake = wake
         self.stopping = asyncio.Event()
