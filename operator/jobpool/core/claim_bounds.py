@@ -84,7 +84,7 @@ class ClaimBounds:
     def claimed(self, rows: Sequence[Mapping[str, Any]], *, full: bool, pairs_read: int,
                 now: float) -> Change:
         """Record a claim's rows (dicts with job_kind, tenant_id, priority, available_at, id,
-        and took: the claim statement's time to them), whether it was `full`, how many
+        and took: the claim statement's seconds to them), whether it was `full`, how many
         (kind, tenant) pairs it read (`pairs_read`), and when it ended (`now`).
 
         A full claim that took jobs fast (under `SLOW_CLAIM`, or under `SLOW_PAIR` per pair
@@ -109,7 +109,7 @@ class ClaimBounds:
                 self._bounded_until = now + SLOW_CLAIM / FULL_CLAIM_SHARE
             return None
         # any row's time will do: every row is written after the walk that found them all
-        took = rows[0]["took"].total_seconds()
+        took = rows[0]["took"]
         if took < SLOW_CLAIM or took < SLOW_PAIR * pairs_read:
             ended = self._slow >= SLOW_STREAK
             if self._slow:

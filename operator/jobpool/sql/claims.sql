@@ -77,7 +77,7 @@ open_heads AS (
     -- in the tenant and cap: the smaller of the pair's and its kind's (NULL: unlimited)
     SELECT h.*, tt.turn_at, c.cap,
            row_number() OVER (PARTITION BY h.tenant_id
-                              ORDER BY priority, available_at, id) AS pair_rank
+                              ORDER BY priority, available_at, id) AS rank
       FROM heads h
       LEFT JOIN mdm.aa_tenant_turn tt USING (tenant_id)
       CROSS JOIN LATERAL (
@@ -93,7 +93,7 @@ open_heads AS (
 chosen AS (
     SELECT *
       FROM open_heads
-     ORDER BY priority, pair_rank, turn_at NULLS FIRST, available_at, id
+     ORDER BY priority, rank, turn_at NULLS FIRST, available_at, id
      LIMIT %(limit)s
 ),
 locked AS (
@@ -133,8 +133,8 @@ claimed AS (
               -- the claim statement's time to the rows' writing (its walk of the index,
               -- without the batched `done` before it, the COMMIT or the network) and the
               -- heads found (`jobpool.core.claim_bounds`)
-              clock_timestamp() - statement_timestamp() AS took,
-              (SELECT count(*) FROM heads) AS heads
+              date_part('epoch', clock_timestamp() - statement_timestamp()) took,
+              (SELECT count(*) FROM heads) heads
 ),
 served AS (
     SELECT DISTINCT tenant_id FROM claimed
