@@ -29,7 +29,7 @@ def row(job_id: int, tenant: uuid.UUID = A, *, took: timedelta = SLOW, priority:
         kind: str = "k") -> dict[str, Any]:
     return {"job_kind": kind, "tenant_id": tenant, "priority": priority,
             "available_at": T0 + timedelta(seconds=job_id), "id": job_id,
-            "claimed_at": T0, "took": took.total_seconds()}
+            "took": took.total_seconds()}
 
 
 def bound(job_id: int, priority: int = 100) -> tuple[int, datetime, int]:
