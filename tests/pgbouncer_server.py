@@ -17,17 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ports import free_port
 from psycopg.conninfo import make_conninfo
 
 
 def find_pgbouncer() -> str | None:
     return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/sbin")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgBouncer:
@@ -39,7 +34,7 @@ class PgBouncer:
         (needed as root), None: this process's."""
         self.binary = binary
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pgb-"))
-        self.port = _free_port()
+        self.port = free_port()
         self.user = run_as
         (self.folder / "users.txt").write_text('"postgres" ""\n')
         (self.folder / "pgb.ini").write_text(f"""\

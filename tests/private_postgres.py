@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from ports import free_port
 from psycopg.conninfo import make_conninfo
 
 TOOLS = ("initdb", "pg_ctl")
@@ -60,11 +60,6 @@ def find_bin() -> Path | None:
     return shipped if _has_tools(shipped) else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _others_can_reach(path: Path) -> bool:
     """Whether every folder from / down to `path` lets other users through."""
@@ -83,7 +78,7 @@ class PrivateServer:
         self.settings = dict(settings or {})
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pg-"))
         self.data = self.folder / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.user: str | None = None
         self.bin_dir = bin_dir
         try:
@@ -163,7 +158,15 @@ class PrivateServer:
                                 text=True, user=self.user, cwd=self.folder, timeout=120)
         if result.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{result.stdout}\n"
-                               f"{result.stderr}")
+                               f"{result.stderr}\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 20) -> str:
+        """The server log's last lines (why a start failed), or '' before the first start."""
+        try:
+            text = (self.folder / "log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "server log, last lines:\n" + "\n".join(text.splitlines()[-lines:])
 
 
 def _user_exists(name: str) -> bool:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 import uuid
@@ -14,6 +13,7 @@ from typing import Any
 
 import psycopg
 from integration.helpers import job, prepare, scalar
+from ports import free_port
 
 import jobpool
 from acceptance.cli import start, worker_args
@@ -29,12 +29,6 @@ async def _wait_for(conn: Conn, query: str, params: Any, seconds: float = 60) ->
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"never true: {query} {params}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -96,7 +90,7 @@ async def test_a_handler_blocking_the_event_loop_runs_once(
     await prepare(conn)
     blocking = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_block",
                                       payload={"seconds": 4})).id
-    port = _free_port()
+    port = free_port()
     w = start(dsn, *worker_args("test_block", metrics_port=port))
     await _wait_for(conn, "SELECT status = 'running' FROM mdm.aa_job WHERE id = %s",
                     (blocking,))
@@ -134,7 +128,7 @@ async def test_a_worker_blocked_longer_than_dead_after_stays_live(
     await prepare(conn)
     blocking = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_block",
                                       payload={"seconds": DEAD_AFTER + 5})).id
-    port = _free_port()
+    port = free_port()
     w = start(dsn, *worker_args("test_block", metrics_port=port))
     await _wait_for(conn, "SELECT status = 'running' FROM mdm.aa_job WHERE id = %s",
                     (blocking,))

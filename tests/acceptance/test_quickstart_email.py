@@ -13,19 +13,13 @@ from typing import Any
 
 import psycopg
 from integration.helpers import prepare
+from ports import free_port
 
 from acceptance.cli import REPO, env
 from acceptance.cli import jobpool as cli
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 PAYLOAD = '{"to": "you@example.com", "subject": "hi", "text": "hello"}'
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_the_readme_gives_these_commands() -> None:
@@ -46,7 +40,7 @@ async def test_an_email_of_your_own_reaches_the_mail_server(
 ) -> None:
     await prepare(conn)
     await conn.commit()
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "aiosmtpd", "-n", "-l", f"127.0.0.1:{port}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=env(None))

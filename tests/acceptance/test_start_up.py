@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import time
 
@@ -14,6 +13,7 @@ import aiohttp
 import jwt
 import psycopg
 from integration.helpers import prepare, scalar
+from ports import free_port
 from private_postgres import PrivateServer
 from psycopg.rows import dict_row
 
@@ -22,12 +22,6 @@ from acceptance.cli import jobpool as run_cli
 from acceptance.cli import start, worker_args
 
 DEADLINE = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def probe(port: int, path: str) -> tuple[int, str]:

@@ -10,7 +10,6 @@ With JOBPOOL_SCREENSHOTS=1 the tests write the screenshots of docs/console.md to
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import jwt
 import psycopg
 import pytest
+from ports import free_port
 from psycopg.rows import dict_row
 
 from jobpool.db.queries import Exec
@@ -118,17 +118,10 @@ def seeded(dsn: str) -> Seeded:
         return Seeded(ids, tenants)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def console(dsn: str, seeded: Seeded) -> Iterator[str]:
     """`jobpool api --pool examples/pool.yaml` on a free port; yields the console's URL."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBPOOL_")}
     env.update(JOBPOOL_DSN=dsn, JOBPOOL_API_JWT_SECRET=SECRET,
                JOBPOOL_API_JWT_AUDIENCE=AUDIENCE)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ import urllib3
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 BUILD = HERE / "build.sh"
@@ -80,12 +80,6 @@ def keda_crd_files() -> list[Path] | None:
     if not (folder / ".complete").is_file():
         return None
     return sorted(folder.glob("*.yaml"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 AUDIT_POLICY = {

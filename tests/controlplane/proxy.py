@@ -8,6 +8,8 @@ import contextlib
 import socket
 import threading
 
+from ports import free_port
+
 
 class CuttableProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target` (TLS passes through untouched)."""
@@ -17,9 +19,7 @@ class CuttableProxy:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
+        self.port = free_port()
 
     @property
     def url(self) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ import psycopg
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
+from ports import free_port
 from psycopg.types.json import Jsonb
 
 import jobpool
@@ -50,17 +50,11 @@ class Inbox:
         return "250 Message accepted"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def smtp_server(url_user: str = "", **options: Any) -> Iterator[Inbox]:
     """A real SMTP server on a free port, configured as JOBPOOL_SMTP_URL while it runs."""
     handler = Inbox()
-    port = _free_port()
+    port = free_port()
     controller = Controller(handler, hostname="127.0.0.1", port=port, **options)
     controller.start()
     previous = settings.current()
@@ -178,7 +172,7 @@ async def test_smtp_replies_map_to_retry_or_dlq(conn: Conn, dsn: str, tenant: uu
 
 @pytest.mark.parametrize(
     ("smtp_url", "error"),
-    [(f"smtp://127.0.0.1:{_free_port()}", "Connection refused"),  # nothing listens there
+    [(f"smtp://127.0.0.1:{free_port()}", "Connection refused"),  # nothing listens there
      (None, "JOBPOOL_SMTP_URL is not set")],
 )
 async def test_an_unreachable_or_unconfigured_smtp_server_keeps_the_job_waiting(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 import standardwebhooks
 from aiohttp import web
+from ports import free_port
 
 import jobpool.kinds.webhooks.outbox_dispatch as outbox_dispatch
 import jobpool.worker.maintenance  # noqa: F401  (registers cleanup_jobs)
@@ -585,7 +585,7 @@ async def test_timeouts_refusals_and_huge_bodies_are_retried_briefly(
     monkeypatch.setattr(outbox_dispatch, "TOTAL_TIMEOUT", 0.5)
     slow = await add(conn, tenant, receiver.answer("/slow", Reply(200, delay=3.0)))
     huge = await add(conn, tenant, receiver.answer("/huge", Reply(503, body=b"x" * 5_000_000)))
-    closed = await add(conn, tenant, f"http://127.0.0.1:{unused_port()}/")
+    closed = await add(conn, tenant, f"http://127.0.0.1:{free_port()}/")
     event = await paid(conn, tenant)
 
     await run_worker(dsn)
@@ -596,13 +596,6 @@ async def test_timeouts_refusals_and_huge_bodies_are_retried_briefly(
     assert state[huge.id]["last_status_code"] == 503
     assert len(state[huge.id]["last_error"]) < 400
     assert "Connect" in state[closed.id]["job_error"]
-
-
-def unused_port() -> int:
-    """A loopback port that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the SSRF guard ------------------------------------------------------------------------

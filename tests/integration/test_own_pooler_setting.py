@@ -6,7 +6,6 @@ also when the process itself says `JOBPOOL_POOLER=none`."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from ports import free_port
 
 import jobpool
 from jobpool import settings, testing
@@ -45,12 +45,6 @@ def process_says_direct() -> Iterator[settings.Settings]:
     settings.configure(previous)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_a_worker_run_by_jobpool_testing_follows_the_settings_it_is_given(
     dsn: str, tenant: uuid.UUID, process_says_direct: settings.Settings
 ) -> None:
@@ -66,7 +60,7 @@ async def test_a_workers_gauges_follow_its_own_pooler_setting(dsn: str, conn: Co
     worker = Worker(dsn, load_kind_modules(), WorkerConfig(kinds=("pooler_probe",),
                                                            pooler="transaction"),
                     actor="test")
-    health = await start_worker_health(worker, dsn, _free_port(),
+    health = await start_worker_health(worker, dsn, free_port(),
                                        transaction_pooler=worker.transaction_pooler)
     assert health is not None
     try:
