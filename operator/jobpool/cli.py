@@ -166,6 +166,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                                        transaction_pooler=worker.transaction_pooler)
     if args.status_file:
         worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
+    event_loop.collect_garbage_less_often()
     try:
         await worker.run()
     finally:

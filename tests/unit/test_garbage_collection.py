@@ -1,0 +1,41 @@
+"""A running worker collects cyclic garbage in rarer, larger batches, and still collects it."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from jobpool.event_loop import YOUNG_COLLECTION_THRESHOLD, collect_garbage_less_often
+
+
+@pytest.fixture
+def restored_collector() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.mark.usefixtures("restored_collector")
+def test_the_collector_runs_less_often_and_leaves_start_up_objects_alone() -> None:
+    older = gc.get_threshold()[1:]
+    collect_garbage_less_often()
+    assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *older)
+    assert gc.get_freeze_count() > 0  # the objects alive at start-up
+
+
+@pytest.mark.usefixtures("restored_collector")
+def test_cycles_made_after_start_up_are_still_collected() -> None:
+    collect_garbage_less_often()
+    before = len(gc.get_objects())
+    for _ in range(1000):
+        Cycle()
+    assert gc.collect() >= 1000
+    assert len(gc.get_objects()) <= before + 10
