@@ -32,13 +32,14 @@ INTERLEAVED = ("drain", "best", "bounded", "drain-write", "latency", "enqueue", 
                "steady")
 """The scenarios run by every system in turn within each repeat, on a template per system."""
 HEADLINE = {"scenarios": ("drain", "best", "bounded", "drain-write"), "jobs": 5_000,
-            "repeat": 3, "synchronous_commit": "on,off",
+            "noop_jobs": 20_000, "repeat": 3, "synchronous_commit": "on,off",
             "systems": "jobpool,pgqueuer,graphile,river"}
 """`headline`: the one table of docs/performance.md. Every system at its default, best and
-like-for-like setting, no-op and writing drains, both durability variants, 3 repeats of 5,000
-jobs each: about 25 minutes on a quiet 2-core machine (estimated from the drain rates measured
-there before; `--jobs 10000` takes about 40). Procrastinate is left out (a drain of it at 50-400
-jobs/s would take the whole budget alone); its own command is in bench/README.md."""
+like-for-like setting, no-op and writing drains, both durability variants, 3 repeats: 20,000
+no-op jobs per drain (a drain of 5,000 at 20,000 jobs/s lasted a quarter of a second, and its
+rate was mostly noise) and 5,000 writing jobs: about 30 minutes on a quiet 2-core machine.
+Procrastinate is left out (a drain of it at 50-400 jobs/s would take the whole budget alone);
+its own command is in bench/README.md."""
 SLOW_FOR_LONG_DRAINS = {"procrastinate": "it drains 50-400 jobs/s here: 200,000 jobs would "
                         "take 10 to 60 minutes per drain"}
 """The systems `long-drain` leaves out, and why."""
@@ -111,6 +112,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=None, help="default 3")
     parser.add_argument("--jobs", type=int, default=None,
                         help="jobs per drain (default 50,000; headline 5,000)")
+    parser.add_argument("--noop-jobs", type=int, default=None,
+                        help="jobs per drain of no-op jobs (drain, best and bounded's no-op "
+                        "drains; default: --jobs; headline 20,000)")
     parser.add_argument("--synchronous-commit", default=None, metavar="on,off",
                         help="run everything once per variant, every system's databases set "
                         "to it (ALTER DATABASE ... SET synchronous_commit); default: the "
@@ -141,12 +145,13 @@ def main() -> int:
     if "headline" in args.scenarios:
         args.scenarios = [s for s in args.scenarios if s != "headline"] + [
             s for s in HEADLINE["scenarios"] if s not in args.scenarios]
-        for option in ("jobs", "repeat", "synchronous_commit", "systems"):
+        for option in ("jobs", "noop_jobs", "repeat", "synchronous_commit", "systems"):
             if getattr(args, option) is None:
                 setattr(args, option, HEADLINE[option])
     args.systems = args.systems or ",".join(SYSTEMS)
     args.repeat = args.repeat if args.repeat is not None else 3
     args.jobs = args.jobs if args.jobs is not None else 50_000
+    args.noop_jobs = args.noop_jobs if args.noop_jobs is not None else args.jobs
     unknown = set(args.scenarios) - set(SCENARIOS + MORE)
     if unknown:
         parser.error(f"unknown scenario {', '.join(sorted(unknown))}")
@@ -181,11 +186,11 @@ def main() -> int:
         """One run of `scenario` for `system`: (result key, figures) pairs."""
         if scenario == "drain":
             return [("drain/{system}/default", drain(
-                system, tpl, args.jobs, system.default_concurrency, args.processes))]
+                system, tpl, args.noop_jobs, system.default_concurrency, args.processes))]
         if scenario == "best":
             conc = int(best[system.name])
             return [(f"drain/{{system}}/best={conc}", drain(
-                system, tpl, args.jobs, conc, args.processes, profile="best"))]
+                system, tpl, args.noop_jobs, conc, args.processes, profile="best"))]
         if scenario == "drain-write":  # both settings, each handler inserting one row
             conc = int(best[system.name])
             default = drain(system, tpl, args.jobs, system.default_concurrency, args.processes,
@@ -199,7 +204,8 @@ def main() -> int:
             pairs: list[tuple[str, dict[str, Any]]] = []
             for conc in (SYSTEMS["jobpool"].default_concurrency, int(best["jobpool"])):
                 for kind, label in (("bench_noop", "drain"), ("bench_write", "drain-write")):
-                    row = drain(system, tpl, args.jobs, conc, args.processes, kind, "bounded")
+                    jobs = args.noop_jobs if kind == "bench_noop" else args.jobs
+                    row = drain(system, tpl, jobs, conc, args.processes, kind, "bounded")
                     pairs.append((f"{label}/{{system}}/bounded={conc}",
                                   {**row, "setting": "bounded"}))
             return pairs
@@ -217,7 +223,7 @@ def main() -> int:
         if scenario == "steady":
             capacity = capacities.get(system.name) or drained.get(system.name)
             if capacity is None:
-                capacity = drain(system, tpl, args.jobs, system.default_concurrency)[
+                capacity = drain(system, tpl, args.noop_jobs, system.default_concurrency)[
                     "jobs_per_s"]
                 drained[system.name] = capacity
             return [(f"steady/{{system}}/{share}%", {**steady(

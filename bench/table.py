@@ -92,7 +92,7 @@ class SameRunTable:
                 setting = f"like-for-like at {run['concurrency']}"
             procs = f", {self.processes} processes" if self.processes > 1 else ""
             writes = ", handler inserts a row" if run.get("kind") == "bench_write" else ""
-            return f"drain{writes}, {setting}{procs}: {what}"
+            return f"drain of {run['jobs']:,}{writes}, {setting}{procs}: {what}"
         if scenario == "enqueue":
             kind = "batch of 5,000" if "batch" in run else "single"
             return f"enqueue, {kind}: {what}"
