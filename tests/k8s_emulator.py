@@ -33,7 +33,9 @@ itself:
 - delete: with finalizers, only `deletionTimestamp` is set until they are removed; children
   whose ownerReferences name the deleted uid go too (the garbage collector's job);
 - `throttle`: the next writes get 429 TooManyRequests, as from API priority and fairness;
-- list: `labelSelector` (equality terms) and kind/apiVersion on the list.
+- list: `labelSelector` (equality terms), `fieldSelector` on metadata.name and
+  metadata.namespace (the fields every resource, custom ones included, can be selected by;
+  400 BadRequest for any other), and kind/apiVersion on the list.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+SELECTABLE_FIELDS = ("metadata.name", "metadata.namespace")
+
+
+def _fields_match(selector: str, item: dict[str, Any]) -> bool:
+    """Whether `item` matches the field selector's equality terms; Refused 400 for a field
+    other than SELECTABLE_FIELDS, as the API server answers for a custom resource."""
+    metadata = item.get("metadata") or {}
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        negated = "!=" in term
+        key, value = term.replace("!=", "=").replace("==", "=").split("=", 1)
+        if key.strip() not in SELECTABLE_FIELDS:
+            raise Refused(400, "BadRequest",
+                          f'"{key.strip()}" is not a known field selector: only '
+                          '"metadata.name", "metadata.namespace"')
+        found = str(metadata.get(key.strip().removeprefix("metadata."), ""))
+        if (found == value.strip()) == negated:
+            return False
+    return True
 
 
 def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
@@ -636,7 +658,11 @@ class KubernetesApi(k8s.KubernetesEmulator):
         if resource is None or (method == "GET" and not request.name) or (
             method == "DELETE" and not request.name
         ):
-            return await super()._handle(request)
+            try:
+                return await super()._handle(request)
+            except Refused as refused:  # a list's selector
+                return _status(refused.code, refused.reason, refused.message,
+                               kind=str(getattr(resource, "plural", "")))
         try:
             async with self._lock:
                 if method == "GET" and request.subresource != "scale":
@@ -893,6 +919,9 @@ class KubernetesApi(k8s.KubernetesEmulator):
                 item for item in answer["items"]
                 if _selector_matches(selector, item.get("metadata", {}).get("labels") or {})
             ]
+        fields = request.params.get("fieldSelector")
+        if fields:
+            answer["items"] = [item for item in answer["items"] if _fields_match(fields, item)]
         answer["metadata"] = {"resourceVersion": str(next(_versions))}
         resource = request.resource
         if resource is not None:

@@ -286,6 +286,38 @@ async def test_an_apply_that_creates_needs_create(connect: Connect) -> None:
     assert applied["spec"]["template"]["spec"]["containers"][0]["image"] == "jobpool:2"
 
 
+async def test_a_list_selects_by_name_and_refuses_other_fields(connect: Connect) -> None:
+    admin = connect("admin")
+    for name in ("p", "q"):
+        await admin.request("POST", POOLS, body={**a_pool(), "metadata": {"name": name}})
+    found = await admin.request("GET", POOLS, query={"fieldSelector": "metadata.name=q"})
+    assert [item["metadata"]["name"] for item in found["items"]] == ["q"]
+    others = await admin.request("GET", POOLS, query={"fieldSelector": "metadata.name!=q"})
+    assert [item["metadata"]["name"] for item in others["items"]] == ["p"]
+    with pytest.raises(Failure) as caught:
+        await admin.request("GET", POOLS, query={"fieldSelector": "spec.image=jobpool:1"})
+    assert (caught.value.status, caught.value.reason) == (400, "BadRequest")
+
+
+async def test_the_operators_client_reads_one_pool_by_name(tmp_path: Path) -> None:
+    server = KubernetesApi(tokens={"admin": User("admin")})
+    async with server, kmock.Server(server) as http:
+        declare(server)
+        url = f"http://{http.host}:{http.port}"
+        api = KubeApi(load_config(str(write_kubeconfig(tmp_path / "k", url, "admin"))))
+        admin = RawClient(url, "admin")
+        try:
+            created = await admin.request("POST", POOLS, body=a_pool())
+            await admin.request("POST", POOLS, body={**a_pool(), "metadata": {"name": "pq"}})
+            found = await api.read_pool("mdm", "p")
+            assert found is not None
+            assert found["metadata"]["uid"] == created["metadata"]["uid"]
+            assert await api.read_pool("mdm", "gone") is None
+        finally:
+            await api.close()
+            await admin.close()
+
+
 async def test_the_operators_client_retries_throttled_writes(tmp_path: Path) -> None:
     server = KubernetesApi(tokens={"admin": User("admin")})
     async with server, kmock.Server(server) as http:

@@ -199,6 +199,16 @@ class KubeApi:
             found += await _call(functools.partial(listing, namespace))
         return found
 
+    async def read_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The JobWorkerPool `name` as stored now, None if there is none. A list by name: the
+        operator's role lists and watches pools, it has no `get` on them."""
+        async def listing() -> list[dict[str, Any]]:
+            return [_as_dict(obj) async for obj in self._client.list(
+                JobWorkerPool, namespace=namespace, fields={"metadata.name": name})]
+        found = [pool for pool in await _call(listing)
+                 if (pool.get("metadata") or {}).get("name") == name]
+        return found[0] if found else None
+
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
         """The decoded value of `key` in Secret `name`; ApiError 404 or KeyError if missing."""
         secret = await _call(lambda: self._client.get(Secret, name, namespace=namespace))

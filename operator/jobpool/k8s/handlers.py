@@ -44,6 +44,7 @@ from jobpool.core.scaling import (
 from jobpool.core.schedules import schedule_owner
 from jobpool.db.lane_counts import LaneCounter
 from jobpool.db.queries import Many
+from jobpool.errors import JobpoolError
 from jobpool.k8s.client import REQUEST_TIMEOUT, ApiError, ChildKind, KubeApi, load_config
 from jobpool.k8s.leader import Leader, NotLeadingError
 from jobpool.k8s.lease import LeaseTiming
@@ -205,6 +206,11 @@ class PoolIndex:
             self._wake.clear()
 
 
+class PoolGoneError(JobpoolError):
+    """The pool a sync works from is no longer stored (deleted, or replaced by one of the
+    same name): its view was stale, and nothing is written for it."""
+
+
 @dataclass
 class SyncOutcome:
     """What one sync of a pool did and met."""
@@ -314,7 +320,12 @@ class PoolController:
             pool = with_tracing_env(load_pool(body), os.environ)
         except PoolSpecError as exc:
             return await self._report_invalid(body, exc, now, generation)
-        outcome, live = await self._reconcile(pool, body, namespace)
+        try:
+            outcome, live = await self._reconcile(pool, body, namespace)
+        except PoolGoneError:
+            log.info("JobWorkerPool %s/%s is gone (a stale view of it): nothing created",
+                     namespace, pool.name)
+            return None
         await self._announce(body, pool, outcome, previous, now)
         lanes, count_error, counted, runs = await self._scale(
             pool, body, namespace, live, previous, now)
@@ -332,7 +343,10 @@ class PoolController:
     async def _reconcile(
         self, pool: PoolSpec, body: Mapping[str, Any], namespace: str
     ) -> tuple[SyncOutcome, dict[str, dict[str, Any]]]:
-        """Read, plan and apply the pool's children; the Deployments live afterwards."""
+        """Read, plan and apply the pool's children; the Deployments live afterwards.
+
+        Raises PoolGoneError when the plan would create a child and the pool is no longer
+        stored as `body` (`_still_stored`)."""
         outcome = SyncOutcome()
         try:
             owner = build_owner_reference(body)
@@ -349,8 +363,30 @@ class PoolController:
         if problem is not None:
             outcome.problems.append(problem)
         own = {d["metadata"]["name"]: d for d in live if belongs_to(d, pool.name)}
+        if any(action.creates for action in plan.actions):
+            try:
+                if not await self._still_stored(body):
+                    raise PoolGoneError
+            except ApiError as exc:
+                outcome.problems.append(Problem("ReconcileFailed", f"reading the pool before "
+                                                f"creating its children failed: {exc}"))
+                return outcome, own
         await self._carry_out(pool, plan, namespace, own, outcome)
         return outcome, own
+
+    async def _still_stored(self, body: Mapping[str, Any]) -> bool:
+        """Whether the pool is stored now as `body` (same uid) and not being deleted.
+
+        Asked before children are created, the one step that cannot be undone by the next
+        sync: a pool deleted while the operator's watch was down (or replayed late after it)
+        lingers in its index until the next list, and the garbage collector would have
+        deleted its children, so a sync from that view would create them again, owned by a
+        uid that no longer exists."""
+        meta = body.get("metadata") or {}
+        stored = await self.api.read_pool(str(meta["namespace"]), str(meta["name"]))
+        stored_meta = (stored or {}).get("metadata") or {}
+        return (stored is not None and stored_meta.get("uid") == meta.get("uid")
+                and not stored_meta.get("deletionTimestamp"))
 
     async def _carry_out(
         self, pool: PoolSpec, plan: ReconcilePlan, namespace: str,
