@@ -7,6 +7,7 @@ and serves a Deployment's scale subresource."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -299,12 +300,23 @@ async def test_a_list_selects_by_name_and_refuses_other_fields(connect: Connect)
     assert (caught.value.status, caught.value.reason) == (400, "BadRequest")
 
 
-async def test_the_operators_client_reads_one_pool_by_name(tmp_path: Path) -> None:
+@asynccontextmanager
+async def operators_client(tmp_path: Path) -> AsyncIterator[tuple[KubernetesApi, KubeApi, str]]:
+    """A fake API server (no KEDA, token "admin" only), the operator's client of it as admin,
+    and its URL."""
     server = KubernetesApi(tokens={"admin": User("admin")})
     async with server, kmock.Server(server) as http:
         declare(server)
         url = f"http://{http.host}:{http.port}"
         api = KubeApi(load_config(str(write_kubeconfig(tmp_path / "k", url, "admin"))))
+        try:
+            yield server, api, url
+        finally:
+            await api.close()
+
+
+async def test_the_operators_client_reads_one_pool_by_name(tmp_path: Path) -> None:
+    async with operators_client(tmp_path) as (_, api, url):
         admin = RawClient(url, "admin")
         try:
             created = await admin.request("POST", POOLS, body=a_pool())
@@ -314,26 +326,18 @@ async def test_the_operators_client_reads_one_pool_by_name(tmp_path: Path) -> No
             assert found["metadata"]["uid"] == created["metadata"]["uid"]
             assert await api.read_pool("mdm", "gone") is None
         finally:
-            await api.close()
             await admin.close()
 
 
 async def test_the_operators_client_retries_throttled_writes(tmp_path: Path) -> None:
-    server = KubernetesApi(tokens={"admin": User("admin")})
-    async with server, kmock.Server(server) as http:
-        declare(server)
-        url = f"http://{http.host}:{http.port}"
-        api = KubeApi(load_config(str(write_kubeconfig(tmp_path / "k", url, "admin"))))
-        try:
-            server.throttle = 3
-            applied = await api.apply_child("Deployment", "mdm", a_deployment())
-            assert applied["metadata"]["name"] == "d" and server.throttle == 0
-            server.throttle = 10  # more than a few quick retries: the caller hears of it
-            with pytest.raises(ApiError) as caught:
-                await api.scale_deployment("mdm", "d", 2)
-            assert caught.value.status == 429
-        finally:
-            await api.close()
+    async with operators_client(tmp_path) as (server, api, _):
+        server.throttle = 3
+        applied = await api.apply_child("Deployment", "mdm", a_deployment())
+        assert applied["metadata"]["name"] == "d" and server.throttle == 0
+        server.throttle = 10  # more than a few quick retries: the caller hears of it
+        with pytest.raises(ApiError) as caught:
+            await api.scale_deployment("mdm", "d", 2)
+        assert caught.value.status == 429
 
 
 async def test_an_owner_reference_that_blocks_deletion_needs_the_owners_finalizers(
