@@ -167,6 +167,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.status_file:
         worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
     event_loop.collect_garbage_less_often()
+    worker.background.start("garbage", event_loop.collect_young_garbage)
     try:
         await worker.run()
     finally:

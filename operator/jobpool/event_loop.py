@@ -23,24 +23,41 @@ log = logging.getLogger("jobpool")
 YOUNG_COLLECTION_THRESHOLD = 10_000
 """Container objects allocated (net of those freed) before the collector looks at the youngest
 generation; Python's default is 700."""
+YOUNG_COLLECTION_EVERY = 1.0
+"""Seconds between the collections `collect_young_garbage` makes, however few objects were
+allocated."""
 
 
 def collect_garbage_less_often() -> None:
-    """Tune the cyclic garbage collector for a long-running worker; call once it has started.
+    """Tune the cyclic garbage collector for a long-running worker; call once it has started,
+    and run `collect_young_garbage` beside it.
 
     A worker allocates a few container objects per job (the claimed row, the job, its task
     and coroutine) that reference counting frees within milliseconds. At Python's default
     threshold the collector ran about 1,500 times in a drain of 60,000 no-op jobs and took
     about 15 % of the worker's CPU, scanning the claimed jobs that wait in the buffer over
     and over; at `YOUNG_COLLECTION_THRESHOLD` it ran about a dozen times (bench/RESULTS.md,
-    "Garbage collection"). Cyclic garbage a handler leaves is still collected, only in
-    larger, rarer batches. The objects alive at this point (modules, classes, connection
+    "Garbage collection"). The objects alive at this point (modules, classes, connection
     pools) are frozen first, once start-up's garbage is collected: they live as long as the
     process, and the rare full collections need not scan them.
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+
+
+async def collect_young_garbage(every: float = YOUNG_COLLECTION_EVERY) -> None:
+    """Collect the two younger generations every `every` seconds, until cancelled.
+
+    The threshold counts objects, not bytes: a handler that fails leaves a cycle (its
+    exception, traceback and frames) holding its locals, maybe megabytes of a payload, and
+    a few such cycles count for little towards 10,000 objects. This bounds the time cyclic
+    garbage waits instead: about one second's worth of it, whatever its size. A collection
+    of the young generations takes about a millisecond.
+    """
+    while True:
+        await asyncio.sleep(every)
+        gc.collect(1)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:

@@ -1,13 +1,19 @@
-"""A running worker collects cyclic garbage in rarer, larger batches, and still collects it."""
+"""A running worker collects cyclic garbage in rarer, larger batches, and at least every second."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from jobpool.event_loop import YOUNG_COLLECTION_THRESHOLD, collect_garbage_less_often
+from jobpool.event_loop import (
+    YOUNG_COLLECTION_THRESHOLD,
+    collect_garbage_less_often,
+    collect_young_garbage,
+)
 
 
 @pytest.fixture
@@ -39,3 +45,21 @@ def test_cycles_made_after_start_up_are_still_collected() -> None:
         Cycle()
     assert gc.collect() >= 1000
     assert len(gc.get_objects()) <= before + 10
+
+
+async def test_young_cycles_are_collected_within_the_interval_however_few() -> None:
+    gc.disable()  # only the periodic collection may find the cycle
+    try:
+        cycle = Cycle()
+        gone = weakref.ref(cycle)
+        del cycle
+        assert gone() is not None  # a cycle: reference counting alone keeps it
+        collector = asyncio.create_task(collect_young_garbage(every=0.01))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if gone() is None:
+                break
+        collector.cancel()
+        assert gone() is None
+    finally:
+        gc.enable()
