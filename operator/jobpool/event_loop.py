@@ -49,11 +49,11 @@ def collect_garbage_less_often() -> None:
 async def collect_young_garbage(every: float = YOUNG_COLLECTION_EVERY) -> None:
     """Collect the two younger generations every `every` seconds, until cancelled.
 
-    The threshold counts objects, not bytes: a handler that fails leaves a cycle (its
-    exception, traceback and frames) holding its locals, maybe megabytes of a payload, and
-    a few such cycles count for little towards 10,000 objects. This bounds the time cyclic
-    garbage waits instead: about one second's worth of it, whatever its size. A collection
-    of the young generations takes about a millisecond.
+    The threshold counts objects, not bytes: a cycle of a few objects can hold megabytes
+    (an exception a handler keeps references its traceback, whose frames hold their locals,
+    a payload among them), and a few such cycles count for little towards 10,000 objects.
+    This bounds the time cyclic garbage waits instead: about one second's worth of it,
+    whatever its size. A collection of the young generations takes about a millisecond.
     """
     while True:
         await asyncio.sleep(every)
