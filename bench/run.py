@@ -37,7 +37,7 @@ HEADLINE = {"scenarios": ("drain", "best", "bounded", "drain-write"), "jobs": 5_
 """`headline`: the one table of docs/performance.md. Every system at its default, best and
 like-for-like setting, no-op and writing drains, both durability variants, 3 repeats: 20,000
 no-op jobs per drain (a drain of 5,000 at 20,000 jobs/s lasted a quarter of a second, and its
-rate was mostly noise) and 5,000 writing jobs: about 30 minutes on a quiet 2-core machine.
+rate was mostly noise) and 5,000 writing jobs: 24 minutes on a quiet 2-core machine.
 Procrastinate is left out (a drain of it at 50-400 jobs/s would take the whole budget alone);
 its own command is in bench/README.md."""
 SLOW_FOR_LONG_DRAINS = {"procrastinate": "it drains 50-400 jobs/s here: 200,000 jobs would "

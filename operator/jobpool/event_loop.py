@@ -37,8 +37,8 @@ def collect_garbage_less_often() -> None:
     threshold the collector ran about 1,500 times in a drain of 60,000 no-op jobs and took
     about 15 % of the worker's CPU, scanning the claimed jobs that wait in the buffer over
     and over; at `YOUNG_COLLECTION_THRESHOLD` it ran about a dozen times (bench/RESULTS.md,
-    "Garbage collection"). The objects alive at this point (modules, classes, connection
-    pools) are frozen first, once start-up's garbage is collected: they live as long as the
+    "Garbage collection"). The objects alive at this point (modules, classes, what start-up
+    built) are frozen first, once start-up's garbage is collected: most live as long as the
     process, and the rare full collections need not scan them.
     """
     gc.collect()
@@ -53,7 +53,8 @@ async def collect_young_garbage(every: float = YOUNG_COLLECTION_EVERY) -> None:
     (an exception a handler keeps references its traceback, whose frames hold their locals,
     a payload among them), and a few such cycles count for little towards 10,000 objects.
     This bounds the time cyclic garbage waits instead: about one second's worth of it,
-    whatever its size. A collection of the young generations takes about a millisecond.
+    whatever its size. At the raised threshold a young collection took 2-4 ms in a busy
+    worker (bench/RESULTS.md, "Garbage collection").
     """
     while True:
         await asyncio.sleep(every)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helm_binary import CHART, require_helm
+from ports import free_port
 
 from jobpool.core.crd import CRD_NAME
 
@@ -30,7 +31,6 @@ from .control_plane import (
     ApiError,
     ControlPlane,
     binaries_folder,
-    free_port,
     keda_crd_files,
     run,
     started,

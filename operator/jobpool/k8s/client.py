@@ -205,8 +205,7 @@ class KubeApi:
         async def listing() -> list[dict[str, Any]]:
             return [_as_dict(obj) async for obj in self._client.list(
                 JobWorkerPool, namespace=namespace, fields={"metadata.name": name})]
-        found = [pool for pool in await _call(listing)
-                 if (pool.get("metadata") or {}).get("name") == name]
+        found = await _call(listing)
         return found[0] if found else None
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str:

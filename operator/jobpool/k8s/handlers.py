@@ -365,12 +365,13 @@ class PoolController:
         own = {d["metadata"]["name"]: d for d in live if belongs_to(d, pool.name)}
         if any(action.creates for action in plan.actions):
             try:
-                if not await self._still_stored(body):
-                    raise PoolGoneError
+                stored = await self._still_stored(body)
             except ApiError as exc:
                 outcome.problems.append(Problem("ReconcileFailed", f"reading the pool before "
                                                 f"creating its children failed: {exc}"))
                 return outcome, own
+            if not stored:
+                raise PoolGoneError
         await self._carry_out(pool, plan, namespace, own, outcome)
         return outcome, own
 
