@@ -4,8 +4,9 @@
     python3 bench/paired_drain.py now=. --slots 32 --extra "--prefetch 0"
     python3 bench/paired_drain.py before=/path/to/old after=. --kind bench_write --jobs 10000
 
-Each `name=checkout` is a jobpool checkout (its `operator/` goes first on the worker's
-PYTHONPATH). Every round drains a fresh database of `--jobs` jobs of `--kind` (`bench_noop`,
+Each `name=checkout` is a jobpool checkout: its `operator/` goes first on the worker's
+PYTHONPATH, and its own migrations build the template its drains copy (a version is its code
+and its schema). Every round drains a fresh database of `--jobs` jobs of `--kind` (`bench_noop`,
 or `bench_write`, whose handler inserts one row in the job's transaction; the round fails
 unless every job's row is there) with one `jobpool run --until-empty --slots N` per version,
 each round starting one version further down the list (two versions: A B, B A, A B, ...)
@@ -32,15 +33,18 @@ def main() -> int:
     import statistics
 
     from common import (
+        PREFIX,
         admin,
         child_env,
         children_cpu,
         drop_database,
+        python,
+        recreate_database,
         run_child,
         server_cpu,
         transactions,
     )
-    from scenarios import count_rows, enqueue_drain_jobs, fresh, template
+    from scenarios import count_rows, enqueue_drain_jobs, fresh
     from systems import SYSTEMS
     from table import spread
 
@@ -59,14 +63,30 @@ def main() -> int:
             parser.error(f"{text!r}: expected NAME=CHECKOUT, a folder with operator/jobpool")
         versions.append((name, os.path.abspath(checkout)))
     system = SYSTEMS["jobpool"]
-    tpl = template(system)
     figures: dict[str, list[tuple[float, float, float, float]]] = {}
     bench = os.path.dirname(os.path.abspath(__file__))
+
+    def path_of(checkout: str) -> str:
+        return os.pathsep.join((os.path.join(checkout, "operator"), bench))
+
+    def versioned_template(name: str, checkout: str) -> str:
+        """A template migrated by `checkout`'s own code (`Jobpool.install` run from it)."""
+        database = f"{PREFIX}paired_tpl_{name}"
+        env = child_env()
+        env["PYTHONPATH"] = path_of(checkout)
+        run_child([python(), "-c", "import asyncio, sys; from systems import SYSTEMS; "
+                   "asyncio.run(SYSTEMS['jobpool'].install(sys.argv[1]))",
+                   recreate_database(database)], env, timeout=600)
+        return database
+
+    templates: dict[str, str] = {}
     try:
+        for name, checkout in versions:
+            templates[name] = versioned_template(name, checkout)
         for round_ in range(args.rounds):
             turn = round_ % len(versions)
             for name, checkout in versions[turn:] + versions[:turn]:
-                database, dsn = fresh(system, tpl, "paired")
+                database, dsn = fresh(system, templates[name], "paired")
                 try:
                     enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
                     with admin() as conn:
@@ -74,8 +94,7 @@ def main() -> int:
                     argv = system.worker(dsn, "drain", args.slots,
                                          args.kind) + args.extra.split()
                     env = child_env()
-                    env["PYTHONPATH"] = os.pathsep.join((os.path.join(checkout, "operator"),
-                                                         bench))
+                    env["PYTHONPATH"] = path_of(checkout)
                     xacts, cpu, server = transactions(database), children_cpu(), server_cpu()
                     wall = run_child(argv, env, timeout=3600)
                     worker_us = (children_cpu() - cpu) / args.jobs * 1e6
@@ -96,7 +115,8 @@ def main() -> int:
                       f"worker {worker_us:.0f} µs/job, PostgreSQL {server_us:.0f} µs/job, "
                       f"{per_job:.3f} transactions/job", flush=True)
     finally:
-        drop_database(tpl)
+        for database in templates.values():
+            drop_database(database)
 
     for name, rows in figures.items():
         print(f"{name}: {spread([r[0] for r in rows])} jobs/s; worker "

@@ -85,8 +85,8 @@ def _kind_model(kind: Any) -> type[msgspec.Struct] | None:
 
 EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
 LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
-"""The job times the schema takes (`mdm.jobpool_time_in_range`, from EARLIEST_TIME up to, not
-including, LATEST_TIME): every Python datetime of them reads back in any time zone."""
+"""The job times the schema takes (the checks `aa_job_<column>_in_range`, from EARLIEST_TIME up
+to, not including, LATEST_TIME): every Python datetime of them reads back in any time zone."""
 
 
 def _check_aware(name: str, moment: datetime | None) -> None:
