@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ sys.path.insert(0, str(BENCH))
 
 from _benchdb import bench_database  # noqa: E402
 from blocking_kinds import BLOCKING_DDL  # noqa: E402
-from common import child_env, migrate_with_kinds, percentile  # noqa: E402
+from common import child_env, free_port, migrate_with_kinds, percentile  # noqa: E402
 
 import jobpool  # noqa: E402
 from jobpool.db.connect import connect  # noqa: E402
@@ -48,12 +47,6 @@ from jobpool.db.live_workers import DEAD_AFTER  # noqa: E402
 from jobpool.worker.maintenance import recover_stale_claims  # noqa: E402
 
 Conn = psycopg.Connection[dict[str, Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_worker(dsn: str, slots: int, port: int, log: IO[str]) -> subprocess.Popen[str]:

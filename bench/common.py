@@ -64,6 +64,16 @@ def server_dsn() -> str:
     return os.environ["JOBPOOL_BENCH_DSN"]
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a server the bench starts (a worker's probes, the admin
+    API): below the kernel's ephemeral range, as the test suite's servers take theirs
+    (tests/ports.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from ports import free_port as pick
+
+    return pick()
+
+
 def _start_private_cluster() -> str:
     global _private
     import atexit

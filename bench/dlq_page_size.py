@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import jwt
 import psycopg
+from common import free_port
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -47,12 +47,6 @@ async def seed(dsn: str, jobs: int, payload_mb: int) -> None:
                 "max_attempts, completed_at, last_error) SELECT id, 'big', "
                 "jsonb_build_object('blob', %s::text), 'dlq', 1, 1, now(), repeat('E', 4000) "
                 "FROM mdm.aa_tenant WHERE key = 'acme'", (blob,))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:
