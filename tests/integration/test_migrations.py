@@ -255,11 +255,27 @@ async def test_no_check_on_jobs_calls_a_function_of_the_schema(dsn: str) -> None
 
 async def test_the_time_checks_migration_interrupted_half_way_is_redone(dsn: str) -> None:
     """Stopped before one check was validated and its row was written (that check still the
-    old one, NOT VALID): run again from the start, it completes with every check a range test
-    and validated."""
+    old one, NOT VALID): run again from the start over jobs of every status, their times at
+    both bounds, it completes with every check a range test and validated."""
     from jobpool.sql import migrations
     version = next(v for v, name, _ in migrations() if name == "time_bounds_as_ranges")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO mdm.aa_tenant (key) VALUES ('acme') RETURNING id")
+        tenant = (await cur.fetchone() or [None])[0]
+        await conn.execute(
+            "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, available_at,"
+            " created_at, claimed_by, claimed_at, heartbeat_at, completed_at)"
+            " SELECT %(t)s, 'cleanup_jobs', 1, s::mdm.job_status, b, b,"
+            "        CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s <> 'pending' THEN b END,"
+            "        CASE WHEN s <> 'pending' THEN b END,"
+            "        CASE WHEN s IN ('done', 'dlq', 'failed') THEN b END"
+            "   FROM unnest(enum_range(NULL::mdm.job_status)::text[]) s,"
+            "        unnest(ARRAY['0001-01-02 00:00:00+00',"
+            "                     '9999-12-30 23:59:59.999999+00']::timestamptz[]) b",
+            {"t": tenant})
+        cur = await conn.execute("SELECT count(DISTINCT status) FROM mdm.aa_job")
+        assert await cur.fetchone() == (5,)
         await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
         await conn.execute("ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_completed_at_in_range,"
                            " ADD CONSTRAINT aa_job_completed_at_in_range"
