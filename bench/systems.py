@@ -22,6 +22,7 @@ import jobpool
 from jobpool.db.migrate import migrate
 from jobpool.db.store import register_kinds
 from jobpool.registry import REGISTRY
+from jobpool.settings import default_of
 
 BENCH_TENANT = uuid.UUID("00000000-0000-0000-0000-0000000000be")
 Enqueue1 = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -289,10 +290,13 @@ class River(System):
                                         kind)
 
 
+JOBPOOL_PREFETCH = default_of("prefetch")
+"""jobpool's default prefetch bound (jobs), which the bench runs it with."""
+
 SYSTEMS: dict[str, System] = {
     "jobpool": Jobpool(
-        "jobpool", 4, "--slots", "jobpool", "4 slots, prefetch up to 512",
-        "{n} slots, prefetch up to 512",
+        "jobpool", 4, "--slots", "jobpool", f"4 slots, prefetch up to {JOBPOOL_PREFETCH}",
+        f"{{n}} slots, prefetch up to {JOBPOOL_PREFETCH}",
         "{n} slots, prefetch 0 (no job claimed beyond its free slots)",
         unfinished_sql="SELECT count(*) FROM mdm.aa_job WHERE status <> 'done'",
         done_sql="SELECT count(*) FROM mdm.aa_job WHERE status = 'done'",
