@@ -64,11 +64,19 @@ def server_dsn() -> str:
     return os.environ["JOBPOOL_BENCH_DSN"]
 
 
+def _tests_on_path() -> None:
+    """Make the test suite's helper modules (tests/ports.py, tests/private_postgres.py)
+    importable, once."""
+    tests = str(REPO / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 for a server the bench starts (a worker's probes, the admin
     API): below the kernel's ephemeral range, as the test suite's servers take theirs
     (tests/ports.py)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    _tests_on_path()
     from ports import free_port as pick
 
     return pick()
@@ -78,7 +86,7 @@ def _start_private_cluster() -> str:
     global _private
     import atexit
 
-    sys.path.insert(0, str(REPO / "tests"))
+    _tests_on_path()
     from private_postgres import PrivateServer, find_bin
 
     bin_dir = find_bin()

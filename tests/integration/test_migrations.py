@@ -11,9 +11,12 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from integration.helpers import add_tenant, scalar
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.errors import SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 KINDS = """
 SELECT name, priority, max_attempts, extract(epoch FROM stale_ttl)::float8 AS stale_ttl
@@ -213,76 +216,67 @@ async def test_the_bounds_migration_parks_unreadable_jobs_and_keeps_oversized_me
 TIME_COLUMNS = ("available_at", "created_at", "claimed_at", "heartbeat_at", "completed_at")
 
 
+async def _range_checks_validated(conn: Conn) -> int:
+    """How many of the job-time checks are validated range tests."""
+    return int(await scalar(
+        conn, "SELECT count(*) FROM pg_constraint WHERE conrelid = 'mdm.aa_job'::regclass"
+              " AND conname LIKE 'aa_job\\_%%\\_in\\_range' AND convalidated"
+              " AND pg_get_constraintdef(oid) LIKE '%%<@%%'"))
+
+
 @pytest.mark.parametrize("column", TIME_COLUMNS)
-async def test_each_job_time_is_checked_at_both_bounds(dsn: str, column: str) -> None:
+async def test_each_job_time_is_checked_at_both_bounds(conn: Conn, column: str) -> None:
     """From 0001-01-02 UTC up to, not including, 9999-12-31 UTC (what every Python datetime
     reads back in any time zone): the last times inside pass, the first outside and the
     infinities are refused under the column's own check."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "INSERT INTO mdm.aa_tenant (key) VALUES ('acme') RETURNING id")
-        tenant = (await cur.fetchone() or [None])[0]
-        cur = await conn.execute(
-            "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, completed_at)"
-            " VALUES (%s, 'cleanup_jobs', 1, 'done', now()) RETURNING id", (tenant,))
-        job = (await cur.fetchone() or [None])[0]
-        update = f"UPDATE mdm.aa_job SET {column} = %s::timestamptz WHERE id = %s"
-        for inside in ("0001-01-02 00:00:00+00", "9999-12-30 23:59:59.999999+00"):
-            await conn.execute(update, (inside, job))
-        for outside in ("0001-01-01 23:59:59.999999+00", "9999-12-31 00:00:00+00",
-                        "infinity", "-infinity"):
-            with pytest.raises(psycopg.errors.CheckViolation, match=f"aa_job_{column}_in_range"):
-                await conn.execute(update, (outside, job))
+    job = await scalar(
+        conn, "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, completed_at)"
+              " VALUES (%s, 'cleanup_jobs', 1, 'done', now()) RETURNING id",
+        (await add_tenant(conn, "acme"),))
+    update = f"UPDATE mdm.aa_job SET {column} = %s::timestamptz WHERE id = %s"
+    for inside in ("0001-01-02 00:00:00+00", "9999-12-30 23:59:59.999999+00"):
+        await conn.execute(update, (inside, job))
+    for outside in ("0001-01-01 23:59:59.999999+00", "9999-12-31 00:00:00+00",
+                    "infinity", "-infinity"):
+        with pytest.raises(psycopg.errors.CheckViolation, match=f"aa_job_{column}_in_range"):
+            await conn.execute(update, (outside, job))
 
 
-async def test_no_check_on_jobs_calls_a_function_of_the_schema(dsn: str) -> None:
+async def test_no_check_on_jobs_calls_a_function_of_the_schema(conn: Conn) -> None:
     """PostgreSQL prepares a table's checks anew for every statement that writes to it and
     inlines a SQL function by parsing its body each time: a call in a check on the queue
     table would cost every enqueue and every writing job's `done` (the job-time checks did,
-    about 50 µs of server CPU per row, before they became range tests)."""
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute(
-            "SELECT c.conname, p.oid::regprocedure::text FROM pg_constraint c"
-            "  JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = c.oid"
-            "  JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid"
-            " WHERE c.conrelid = 'mdm.aa_job'::regclass AND c.contype = 'c'")
-        assert await cur.fetchall() == []
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'mdm.aa_job'::regclass"
-            " AND conname LIKE 'aa_job\\_%%\\_in\\_range' AND convalidated")
-        assert await cur.fetchone() == (len(TIME_COLUMNS),)
+    about 30 µs of server CPU per row, before they became range tests: bench/check_cost.py)."""
+    cur = await conn.execute(
+        "SELECT c.conname, p.oid::regprocedure::text FROM pg_constraint c"
+        "  JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = c.oid"
+        "  JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid"
+        " WHERE c.conrelid = 'mdm.aa_job'::regclass AND c.contype = 'c'")
+    assert await cur.fetchall() == []
+    assert await _range_checks_validated(conn) == len(TIME_COLUMNS)
 
 
-async def test_the_time_checks_migration_interrupted_half_way_is_redone(dsn: str) -> None:
+async def test_the_time_checks_migration_interrupted_half_way_is_redone(conn: Conn) -> None:
     """Stopped before one check was validated and its row was written (that check still the
     old one, NOT VALID): run again from the start over jobs of every status, their times at
     both bounds, it completes with every check a range test and validated."""
     from jobpool.sql import migrations
     version = next(v for v, name, _ in migrations() if name == "time_bounds_as_ranges")
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "INSERT INTO mdm.aa_tenant (key) VALUES ('acme') RETURNING id")
-        tenant = (await cur.fetchone() or [None])[0]
-        await conn.execute(
-            "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, available_at,"
-            " created_at, claimed_by, claimed_at, heartbeat_at, completed_at)"
-            " SELECT %(t)s, 'cleanup_jobs', 1, s::mdm.job_status, b, b,"
-            "        CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s <> 'pending' THEN b END,"
-            "        CASE WHEN s <> 'pending' THEN b END,"
-            "        CASE WHEN s IN ('done', 'dlq', 'failed') THEN b END"
-            "   FROM unnest(enum_range(NULL::mdm.job_status)::text[]) s,"
-            "        unnest(ARRAY['0001-01-02 00:00:00+00',"
-            "                     '9999-12-30 23:59:59.999999+00']::timestamptz[]) b",
-            {"t": tenant})
-        cur = await conn.execute("SELECT count(DISTINCT status) FROM mdm.aa_job")
-        assert await cur.fetchone() == (5,)
-        await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
-        await conn.execute("ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_completed_at_in_range,"
-                           " ADD CONSTRAINT aa_job_completed_at_in_range"
-                           " CHECK (mdm.jobpool_time_in_range(completed_at)) NOT VALID")
-        assert await migrate(conn) == [f"{version:04d}_time_bounds_as_ranges"]
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'mdm.aa_job'::regclass"
-            " AND conname LIKE 'aa_job\\_%%\\_in\\_range' AND convalidated"
-            " AND pg_get_constraintdef(oid) LIKE '%%<@%%'")
-        assert await cur.fetchone() == (len(TIME_COLUMNS),)
+    await conn.execute(
+        "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, available_at,"
+        " created_at, claimed_by, claimed_at, heartbeat_at, completed_at)"
+        " SELECT %(t)s, 'cleanup_jobs', 1, s::mdm.job_status, b, b,"
+        "        CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s <> 'pending' THEN b END,"
+        "        CASE WHEN s <> 'pending' THEN b END,"
+        "        CASE WHEN s IN ('done', 'dlq', 'failed') THEN b END"
+        "   FROM unnest(enum_range(NULL::mdm.job_status)::text[]) s,"
+        "        unnest(ARRAY['0001-01-02 00:00:00+00',"
+        "                     '9999-12-30 23:59:59.999999+00']::timestamptz[]) b",
+        {"t": await add_tenant(conn, "acme")})
+    assert await scalar(conn, "SELECT count(DISTINCT status) FROM mdm.aa_job") == 5
+    await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
+    await conn.execute("ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_completed_at_in_range,"
+                       " ADD CONSTRAINT aa_job_completed_at_in_range"
+                       " CHECK (mdm.jobpool_time_in_range(completed_at)) NOT VALID")
+    assert await migrate(conn) == [f"{version:04d}_time_bounds_as_ranges"]
+    assert await _range_checks_validated(conn) == len(TIME_COLUMNS)
