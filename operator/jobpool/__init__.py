@@ -12,7 +12,7 @@ Public API, all on the base install (`pip install jobpool`, README "Install"):
   `PermanentError` and `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
   `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
   `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`
-  (and its `SchemaPrivilegeError`), `ConnectionBudgetError`.
+  (and its `SchemaPrivilegeError`), `ConnectionBudgetError`, `MigrationLockError`.
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
@@ -25,6 +25,7 @@ from jobpool.errors import (
     JobNotFoundError,
     JobpoolError,
     JobStateError,
+    MigrationLockError,
     PermanentError,
     RetryAfter,
     SchemaNotMigratedError,
@@ -52,7 +53,8 @@ from jobpool.registry import kind, register_fetcher
 __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",
     "DatabaseUnavailableError", "Enqueued", "FetchError", "InvalidPayloadError", "Job",
-    "JobNotFoundError", "JobStateError", "JobpoolError", "NewJob", "PermanentError",
+    "JobNotFoundError", "JobStateError", "JobpoolError", "MigrationLockError", "NewJob",
+    "PermanentError",
     "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "SchemaPrivilegeError",
     "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
     "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",

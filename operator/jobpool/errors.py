@@ -105,6 +105,14 @@ class SchemaNotMigratedError(JobpoolError):
     """The database lacks the jobpool schema, or an older version of it."""
 
 
+class MigrationLockError(JobpoolError):
+    """A migration gave up: the locks it needs stayed held by other transactions for longer
+    than `jobpool migrate` waits (the message names those sessions). It is not recorded as
+    applied: a migration in one transaction left nothing, one outside a transaction may have
+    done some of its steps, each safe to do again. Run `jobpool migrate` again once those
+    transactions ended."""
+
+
 class SchemaPrivilegeError(SchemaNotMigratedError):
     """The worker's role may not execute the schema's functions a writing job ends with.
 

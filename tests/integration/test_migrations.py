@@ -9,11 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from integration.helpers import add_tenant, scalar
+from integration.helpers import add_tenant, scalar, wait_until
 from jobpool.db.migrate import check_schema, migrate, migration_script
-from jobpool.errors import SchemaNotMigratedError
+from jobpool.errors import MigrationLockError, SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -280,3 +281,64 @@ async def test_the_time_checks_migration_interrupted_half_way_is_redone(conn: Co
                        " CHECK (mdm.jobpool_time_in_range(completed_at)) NOT VALID")
     assert await migrate(conn) == [f"{version:04d}_time_bounds_as_ranges"]
     assert await _range_checks_validated(conn) == len(TIME_COLUMNS)
+
+
+async def _hold_the_job_table(dsn: str) -> psycopg.AsyncConnection[Any]:
+    """A session of application `nightly-report` with a transaction open that has read the job
+    table: every lock that alters the table waits for it."""
+    holder = await psycopg.AsyncConnection.connect(dsn, application_name="nightly-report")
+    await holder.execute("SELECT count(*) FROM mdm.aa_job")
+    return holder
+
+
+async def _forget_time_checks_migration(conn: Conn) -> str:
+    """Take the row of the migration that alters the job table's checks away; its name."""
+    from jobpool.sql import migrations
+    version = next(v for v, name, _ in migrations() if name == "time_bounds_as_ranges")
+    await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
+    return f"{version:04d}_time_bounds_as_ranges"
+
+
+async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
+        conn: Conn, dsn: str) -> None:
+    """It tries again within its limit, then stops with the session to end, unrecorded; once
+    that session's transaction ended, it applies."""
+    label = await _forget_time_checks_migration(conn)
+    holder = await _hold_the_job_table(dsn)
+    try:
+        with pytest.raises(MigrationLockError, match=label) as raised:
+            await migrate(conn, lock_timeout=0.05, lock_wait=0.5)
+        assert "application 'nightly-report', idle in transaction" in str(raised.value)
+        assert f"pid {holder.info.backend_pid} " in str(raised.value)
+        assert await scalar(conn, "SELECT count(*) FROM mdm.jobpool_migration"
+                                  " WHERE name = 'time_bounds_as_ranges'") == 0
+        assert await scalar(conn, "SHOW lock_timeout") == "0"  # the session's own again
+    finally:
+        await holder.close()
+    assert await migrate(conn, lock_timeout=0.05, lock_wait=0.5) == [label]
+
+
+async def test_writers_go_on_while_a_migration_waits_for_its_lock(conn: Conn, dsn: str) -> None:
+    """An enqueue sent while the ALTER waits behind an open transaction gets through while that
+    transaction is still open (it waited forever behind the ALTER before migrations gave way)."""
+    label = await _forget_time_checks_migration(conn)
+    tenant = await add_tenant(conn, "acme")
+    holder = await _hold_the_job_table(dsn)
+    migration = asyncio.create_task(migrate(conn, lock_timeout=1.0, lock_wait=300))
+    try:
+        async with await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, row_factory=dict_row) as writer:
+            async def alter_waits() -> bool:
+                return bool(await scalar(writer, "SELECT count(*) FROM pg_stat_activity WHERE"
+                                                 " wait_event_type = 'Lock'"
+                                                 " AND query LIKE 'ALTER TABLE%%'"))
+            await wait_until(alter_waits, "the migration's ALTER waits for its lock", 60)
+            await writer.execute("SET statement_timeout = '60s'")
+            await writer.execute(
+                "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts) VALUES"
+                " (%s, 'cleanup_jobs', 1)", (tenant,))
+        assert not migration.done()
+        assert holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    finally:
+        await holder.close()
+    assert await migration == [label]

@@ -6,6 +6,14 @@ by one outside a transaction (what `CREATE INDEX CONCURRENTLY` needs, so that a 
 keeps working while an index is built) and the row is recorded after the last one. Such a
 file must be safe to run again from the start after an interruption.
 
+A statement that alters a table waits for every transaction open on it, and every writer that
+comes after waits behind it: one report left open would stop enqueues and claims for as long.
+So each statement waits at most `LOCK_TIMEOUT` for its locks; a migration that gave up is
+rolled back (or, outside a transaction, stops where it was), the writers queued behind it
+go on, and it is tried again after a pause, for up to `LOCK_WAIT` in all, logging the sessions
+that hold it up (`MigrationLockError` names them at the end). `CONCURRENTLY` statements are
+the exception: they wait for old transactions without blocking writers, as long as it takes.
+
 The built-in kinds are registered with the defaults their declarations carry (their
 `jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
 Their modules need the worker extra; without it, `migrate` leaves them to the first worker.
@@ -15,25 +23,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, sql
 
+from jobpool.core.retry import retry_pause
 from jobpool.db.queries import Exec, Many, One
 from jobpool.db.store import kind_rows, register_kinds
-from jobpool.errors import SchemaNotMigratedError
+from jobpool.errors import MigrationLockError, SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
 from jobpool.sql import migrations
 
 APPLIED_MIGRATIONS = Many("applied_migrations")
 CREATE_MIGRATION_TABLE = Exec("create_migration_table")
+LOCK_HOLDERS = Many("lock_holders")
 MIGRATION_LOCK = One("migration_lock")
 MIGRATION_TABLE_EXISTS = One("migration_table_exists")
 MIGRATION_UNLOCK = Exec("migration_unlock")
 RECORD_MIGRATION = Exec("record_migration")
 REGISTER_KINDS = Exec("register_kinds")
+RESET_LOCK_TIMEOUT = Exec("reset_lock_timeout")
+SET_LOCK_TIMEOUT = Exec("set_lock_timeout")
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +59,19 @@ _LOCK_POLL = 0.2
 
 NO_TRANSACTION = "-- jobpool: no-transaction"
 """First line of a migration whose statements run one by one outside a transaction."""
+
+LOCK_TIMEOUT = 2.0
+"""Seconds a migration's statement waits for a lock before it gives up and gives way to the
+writers queued behind it (those wait at most this long)."""
+
+LOCK_WAIT = 300.0
+"""Seconds `migrate` goes on trying a migration that does not get its locks before it raises
+MigrationLockError: half the deadline of the Helm chart's migration hook (600 s), so that the
+hook's log says why before Kubernetes stops it."""
+
+RETRY_PAUSE = (1.0, 15.0)
+"""Seconds between two tries of such a migration: the first pause, and the cap it grows to
+(`retry_pause`)."""
 
 
 def runs_outside_transaction(text: str) -> bool:
@@ -67,7 +96,8 @@ async def applied_versions(conn: AsyncConnection[Any]) -> set[int]:
     return {int(row["version"]) for row in await APPLIED_MIGRATIONS(conn)}
 
 
-async def migrate(conn: AsyncConnection[Any]) -> list[str]:
+async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIMEOUT,
+                  lock_wait: float = LOCK_WAIT) -> list[str]:
     """Apply the migrations `conn`'s database lacks, register the built-in kinds; return the
     names of the migrations applied.
 
@@ -75,6 +105,11 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
     migration commits with its row in `mdm.jobpool_migration`. The built-in kinds' rows of
     `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
     change them); rows that already hold them are left untouched.
+
+    Each statement waits at most `lock_timeout` seconds for its locks; a migration that gave
+    up is tried again after a pause, for up to `lock_wait` seconds in all (the module's
+    docstring says why). Raises MigrationLockError naming the sessions that held it up when
+    that time is over; the migrations applied before it stay applied.
     """
     applied: list[str] = []
     await conn.set_autocommit(True)
@@ -85,31 +120,111 @@ async def migrate(conn: AsyncConnection[Any]) -> list[str]:
         for version, name, text in migrations():
             if version in done:
                 continue
-            if runs_outside_transaction(text):
-                for statement in statements(text):
-                    await conn.execute(statement.encode())
-                await RECORD_MIGRATION(conn,
-                                   {"version": version, "name": name})
-            else:
-                async with conn.transaction():
-                    await conn.execute(text)
-                    await RECORD_MIGRATION(conn,
-                                       {"version": version, "name": name})
-            applied.append(f"{version:04d}_{name}")
-            log.info("applied migration %04d_%s", version, name)
+            label = f"{version:04d}_{name}"
+            await _until_locks_given(
+                conn, label, partial(_apply, conn, version, name, text, lock_timeout),
+                lock_timeout=lock_timeout, lock_wait=lock_wait)
+            applied.append(label)
+            log.info("applied migration %s", label)
         await register_kinds(conn, builtin_kinds())
     finally:
         await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
     return applied
 
 
+def statement_lock_timeout(statement: str, lock_timeout: float) -> float:
+    """Seconds `statement` of a migration outside a transaction may wait for its locks
+    (0: no limit). A `CONCURRENTLY` statement waits for the transactions older than it
+    without blocking writers, and one that gave up would leave an invalid index behind: it
+    waits as long as it takes. Every other statement waits `lock_timeout`."""
+    return 0.0 if re.search(r"\bCONCURRENTLY\b", statement, flags=re.I) else lock_timeout
+
+
+async def _apply(conn: AsyncConnection[Any], version: int, name: str, text: str,
+                 lock_timeout: float) -> None:
+    """Run one migration and record it, its statements waiting for locks as
+    `statement_lock_timeout` says; the session's own lock_timeout is back after it."""
+    try:
+        if runs_outside_transaction(text):
+            for statement in statements(text):
+                await _set_lock_timeout(conn, statement_lock_timeout(statement, lock_timeout))
+                await conn.execute(statement.encode())
+            await _set_lock_timeout(conn, lock_timeout)
+            await RECORD_MIGRATION(conn, {"version": version, "name": name})
+            return
+        await _set_lock_timeout(conn, lock_timeout)
+        async with conn.transaction():
+            await conn.execute(text)
+            await RECORD_MIGRATION(conn, {"version": version, "name": name})
+    finally:
+        await RESET_LOCK_TIMEOUT(conn)
+
+
+async def _set_lock_timeout(conn: AsyncConnection[Any], seconds: float) -> None:
+    await SET_LOCK_TIMEOUT(conn, {"ms": str(round(seconds * 1000))})
+
+
+async def _until_locks_given(
+    conn: AsyncConnection[Any], label: str, apply: Callable[[], Awaitable[None]], *,
+    lock_timeout: float, lock_wait: float, rng: random.Random | None = None,
+) -> None:
+    """Run `apply` (migration `label`) again after each try that gave up waiting for a lock,
+    pausing `retry_pause` between tries, until it succeeds; raise MigrationLockError when the
+    next try would start more than `lock_wait` seconds after the first."""
+    rng = rng or random.Random()
+    deadline = time.monotonic() + lock_wait
+    failures = 0
+    while True:
+        try:
+            await apply()
+            return
+        except psycopg.errors.LockNotAvailable:
+            failures += 1
+        holders = describe_lock_holders(
+            await LOCK_HOLDERS(conn, {"older_than": lock_timeout}))
+        pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
+        if time.monotonic() + pause > deadline:
+            raise MigrationLockError(
+                f"migration {label} did not get its locks in {failures} tries over "
+                f"{lock_wait:g}s (each waits {lock_timeout:g}s, then gives way to the writers "
+                f"queued behind it); {holders}. End those transactions (`SELECT "
+                "pg_terminate_backend(pid)` ends one that is stuck), then run `jobpool migrate` "
+                "again")
+        log.warning("migration %s waited %gs for a lock and gave way to the writers queued "
+                    "behind it (try %d); it tries again in %.1fs; %s", label, lock_timeout,
+                    failures, pause, holders)
+        await asyncio.sleep(pause)
+
+
+def describe_lock_holders(rows: list[dict[str, Any]]) -> str:
+    """The sessions of `rows` (`lock_holders`: pid, role, application_name, state, open_for
+    in seconds, query, tables) as one sentence for an operator to act on."""
+    if not rows:
+        return ("no transaction holding a lock on schema mdm is open now (those it waited for "
+                "have ended)")
+    sessions = []
+    for row in rows:
+        name = row["application_name"]
+        application = f", application {name!r}" if name else ""
+        state = row["state"] or "state not visible to this role"
+        query = f", last query {row['query']!r}" if row["query"] else ""
+        sessions.append(f"pid {row['pid']} (role {row['role']}{application}, {state}, "
+                        f"transaction open {row['open_for']:.0f}s, holding {row['tables']}"
+                        f"{query})")
+    return "sessions holding locks on schema mdm: " + "; ".join(sessions)
+
+
 async def _lock(conn: AsyncConnection[Any]) -> None:
     """Take the migration lock, polling: a session waiting inside pg_advisory_lock would hold
     a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever."""
+    told = False
     while True:
         row = await MIGRATION_LOCK(conn, {"key": _LOCK_KEY})
         if row is not None and row["locked"]:
             return
+        if not told:
+            log.info("another session is migrating this database; waiting for it to end")
+            told = True
         await asyncio.sleep(_LOCK_POLL)
 
 

@@ -1,0 +1,62 @@
+"""How long a migration's statements wait for their locks, and how the sessions that held one
+up are told to an operator (no database needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobpool.db.migrate import (
+    describe_lock_holders,
+    runs_outside_transaction,
+    statement_lock_timeout,
+    statements,
+)
+from jobpool.sql import migrations
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_a ON mdm.aa_job (id)",
+    "drop index concurrently if exists mdm.ix_a",
+    "CREATE UNIQUE INDEX\n    CONCURRENTLY ux_a ON mdm.aa_job (id)",
+])
+def test_a_concurrent_index_build_waits_as_long_as_it_takes(statement: str) -> None:
+    """It blocks no writer while it waits, and one that gave up would leave an invalid
+    index behind."""
+    assert statement_lock_timeout(statement, 2.0) == 0.0
+
+
+@pytest.mark.parametrize("statement", [
+    "ALTER TABLE mdm.aa_job ADD CONSTRAINT c CHECK (id > 0) NOT VALID",
+    "ALTER TABLE mdm.aa_job VALIDATE CONSTRAINT c",
+    "DROP INDEX IF EXISTS mdm.ix_concurrently_built",
+])
+def test_every_other_statement_waits_the_lock_timeout(statement: str) -> None:
+    assert statement_lock_timeout(statement, 2.0) == 2.0
+
+
+def test_every_index_built_outside_a_transaction_is_built_concurrently() -> None:
+    """So no statement of the shipped migrations outside a transaction both waits without a
+    limit and blocks writers while it waits."""
+    unlimited = [statement for _, _, text in migrations() if runs_outside_transaction(text)
+                 for statement in statements(text) if statement_lock_timeout(statement, 2.0) == 0]
+    assert unlimited
+    assert all(" INDEX " in f" {s.upper()} " for s in unlimited)
+
+
+def test_the_sessions_holding_a_migration_up_are_named_with_what_to_act_on() -> None:
+    text = describe_lock_holders([
+        {"pid": 4242, "role": "reports", "application_name": "nightly-report",
+         "state": "idle in transaction", "open_for": 65.4, "query": "SELECT count(*) FROM x",
+         "tables": "aa_job"},
+        {"pid": 77, "role": "other", "application_name": "", "state": None, "open_for": 3.0,
+         "query": None, "tables": "aa_job, aa_tenant"},
+    ])
+    assert text.startswith("sessions holding locks on schema mdm: pid 4242 (role reports, "
+                           "application 'nightly-report', idle in transaction, transaction "
+                           "open 65s, holding aa_job, last query 'SELECT count(*) FROM x'); ")
+    assert text.endswith("pid 77 (role other, state not visible to this role, transaction open "
+                         "3s, holding aa_job, aa_tenant)")
+
+
+def test_no_session_left_holding_a_lock_is_said_so() -> None:
+    assert "no transaction holding a lock on schema mdm is open now" in describe_lock_holders([])
