@@ -132,8 +132,11 @@ def _print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json:
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    if args.since is not None and not args.print_sql:
+        raise ValueError("--since goes with --print-sql: `jobpool migrate` itself applies "
+                         "what the database lacks")
     if args.print_sql:
-        print(migration_script(), end="")
+        print(migration_script(since=args.since or 0), end="")
         return 0
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
     async with await connect(dsn, transaction_pooler=settings.pooler == "transaction") as conn:
@@ -475,6 +478,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--print-sql", action="store_true",
                    help="print the migrations and the registration of the built-in kinds "
                    "as one SQL script instead of applying them")
+    p.add_argument("--since", type=int, metavar="VERSION", default=None,
+                   help="with --print-sql: only the migrations after VERSION (the last one "
+                   "your database has, as `SELECT max(version) FROM mdm.jobpool_migration` "
+                   "shows), for a migration tool that applied the earlier ones")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="run a worker, or every lane of a JobWorkerPool file")

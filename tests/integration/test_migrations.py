@@ -57,14 +57,16 @@ async def _snapshot(dsn: str) -> Any:
         return await cur.fetchone()
 
 
-def _run_script(dsn: str) -> None:
-    """Run the printed script as a platform's tool does: psql, statement by statement (a
-    migration that builds indexes CONCURRENTLY cannot run inside one multi-statement query)."""
+def _run_script(dsn: str, since: int = 0) -> None:
+    """Run the printed script (of the migrations after `since`) as a platform's tool does:
+    psql, statement by statement (a migration that builds indexes CONCURRENTLY cannot run
+    inside one multi-statement query)."""
     psql = shutil.which("psql")
     if psql is None:
         pytest.skip("psql (the PostgreSQL client) is not installed")
     subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", "-"],
-                   input=migration_script(), text=True, check=True, capture_output=True)
+                   input=migration_script(since=since), text=True, check=True,
+                   capture_output=True)
 
 
 async def test_migrations_apply_once_and_the_second_run_changes_nothing(empty_dsn: str) -> None:
@@ -113,6 +115,24 @@ async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:
 async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
     _run_script(empty_dsn)
     assert await _snapshot(empty_dsn) == await _snapshot(dsn)
+
+
+async def test_printed_sql_since_the_last_version_applied_brings_the_rest(
+        conn: Conn, dsn: str) -> None:
+    """A platform's tool applies the script of a later release from the version its database
+    has; the script of the version it has changes nothing."""
+    label = await _forget_time_checks_migration(conn)
+    await conn.execute("ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_completed_at_in_range,"
+                       " ADD CONSTRAINT aa_job_completed_at_in_range"
+                       " CHECK (mdm.jobpool_time_in_range(completed_at)) NOT VALID")
+    before = int(await scalar(conn, "SELECT max(version) FROM mdm.jobpool_migration"))
+    assert before == int(label[:4]) - 1
+    _run_script(dsn, since=before)
+    assert await _range_checks_validated(conn) == len(TIME_COLUMNS)
+    after = await _snapshot(dsn)
+    _run_script(dsn, since=int(label[:4]))
+    assert await _snapshot(dsn) == after
+    assert await migrate(conn) == []
 
 
 async def test_running_jobs_are_always_claimed(dsn: str) -> None:

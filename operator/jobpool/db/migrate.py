@@ -237,16 +237,26 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
         )
 
 
-def migration_script() -> str:
-    """All migrations, then the registration of the built-in kinds, as one SQL script (what
-    `migrate` does), for platforms that run their own migration tool.
+def migration_script(*, since: int = 0) -> str:
+    """The migrations after version `since` (0: all of them), then the registration of the
+    built-in kinds, as one SQL script (what `migrate` does), for platforms that run their own
+    migration tool: such a tool applies a script once, so the next release's script for it
+    holds only what came after the last version the database has.
 
     Run it statement by statement (`psql -f`, or a tool that does the same): the migrations
     that build indexes CONCURRENTLY come without BEGIN/COMMIT and cannot run inside one
-    multi-statement query.
+    multi-statement query. Raises ValueError for a `since` below 0 or past the latest
+    migration (naming it).
     """
+    known = migrations()
+    latest = max(version for version, _, _ in known)
+    if not 0 <= since <= latest:
+        raise ValueError(f"--since must be a migration version from 0 to {latest} (the "
+                         f"latest this release has), got {since}")
     parts = [CREATE_MIGRATION_TABLE.text]
-    for version, name, text in migrations():
+    for version, name, text in known:
+        if version <= since:
+            continue
         record = (f"INSERT INTO mdm.jobpool_migration (version, name) VALUES ({version}, "
                   f"'{name}') ON CONFLICT DO NOTHING;")
         if runs_outside_transaction(text):

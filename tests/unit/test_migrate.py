@@ -1,12 +1,14 @@
-"""How long a migration's statements wait for their locks, and how the sessions that held one
-up are told to an operator (no database needed)."""
+"""How long a migration's statements wait for their locks, how the sessions that held one up
+are told to an operator, and what the printed script holds (no database needed)."""
 
 from __future__ import annotations
 
 import pytest
 
+from jobpool.cli import main
 from jobpool.db.migrate import (
     describe_lock_holders,
+    migration_script,
     runs_outside_transaction,
     statement_lock_timeout,
     statements,
@@ -60,3 +62,29 @@ def test_the_sessions_holding_a_migration_up_are_named_with_what_to_act_on() -> 
 
 def test_no_session_left_holding_a_lock_is_said_so() -> None:
     assert "no transaction holding a lock on schema mdm is open now" in describe_lock_holders([])
+
+
+def _printed_migrations(script: str) -> list[str]:
+    return [line.split()[1] for line in script.splitlines()
+            if line.startswith("-- 0") and "_" in line.split()[1]]
+
+
+def test_the_printed_script_since_a_version_holds_only_the_later_migrations() -> None:
+    versions = [f"{v:04d}_{name}" for v, name, _ in migrations()]
+    assert _printed_migrations(migration_script()) == versions
+    assert _printed_migrations(migration_script(since=len(versions) - 2)) == versions[-2:]
+    latest = migration_script(since=len(versions))
+    assert _printed_migrations(latest) == []
+    assert "INSERT INTO mdm.aa_job_kind" in latest  # the built-in kinds, as on every run
+
+
+@pytest.mark.parametrize("since", [-1, 10_000])
+def test_a_version_the_release_does_not_have_is_refused_naming_the_latest(since: int) -> None:
+    latest = len(migrations())
+    with pytest.raises(ValueError, match=f"from 0 to {latest} .* got {since}"):
+        migration_script(since=since)
+
+
+def test_since_without_print_sql_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["migrate", "--since", "3"]) == 2
+    assert "--since goes with --print-sql" in capsys.readouterr().err
