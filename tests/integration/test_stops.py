@@ -222,6 +222,7 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
     assert (await job(conn, after))["status"] == "done"
     slots = run.worker.slot_connections  # the abandoned task ended: nothing of it is kept
     assert (slots.abandoned, slots.orphans, slots.lent) == (set(), {}, 0)
+    assert not run.worker.abandoning  # nor of the slot's own getting another connection
 
 
 async def test_without_listen_the_lease_renewal_delivers_the_stop(

@@ -271,6 +271,7 @@ class Worker:
         finally:
             await self.background.stop()
             await asyncio.to_thread(self.leases.stop)  # deletes the registry row
+            await self._end_abandoning()
             await self.slot_connections.close()
             if self.link.store is not None:
                 await self.link.store.close()
@@ -402,6 +403,15 @@ class Worker:
         task = asyncio.create_task(self._free_abandoned_slot(job_id), name=f"abandon-{job_id}")
         self.abandoning.add(task)
         task.add_done_callback(self.abandoning.discard)
+
+    async def _end_abandoning(self) -> None:
+        """Cancel the slots still getting a connection for an abandoned job (`_abandon`: up
+        to `slot_connections.REPLACE_TIMEOUT` each; the pool closes next) and wait for them,
+        so that none is left pending when the worker's loop ends."""
+        tasks = list(self.abandoning)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _free_abandoned_slot(self, job_id: int) -> None:
         try:
