@@ -138,8 +138,14 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     if args.print_sql:
         print(migration_script(since=args.since or 0), end="")
         return 0
+    if settings.pooler == "transaction":
+        raise ValueError(
+            "`jobpool migrate` needs a session of its own (an advisory lock held across the "
+            "migrations, a lock timeout for their statements), which a transaction pooler "
+            "does not keep, and would leave to other clients: run it with JOBPOOL_DSN straight "
+            "to PostgreSQL (the server JOBPOOL_LISTEN_DSN names) and JOBPOOL_POOLER=none")
     dsn = resolve_dsn(settings.dsn, settings.data_dir)
-    async with await connect(dsn, transaction_pooler=settings.pooler == "transaction") as conn:
+    async with await connect(dsn) as conn:
         applied = await migrate(conn)
     print(f"applied {', '.join(applied)}" if applied else "schema is up to date")
     return 0

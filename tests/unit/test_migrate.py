@@ -88,3 +88,15 @@ def test_a_version_the_release_does_not_have_is_refused_naming_the_latest(since:
 def test_since_without_print_sql_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", "--since", "3"]) == 2
     assert "--since goes with --print-sql" in capsys.readouterr().err
+
+
+def test_migrate_through_a_transaction_pooler_is_refused_before_it_connects(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its advisory lock and lock timeout live in a session, which such a pooler hands to other
+    clients; the printed script needs no connection."""
+    monkeypatch.setenv("JOBPOOL_POOLER", "transaction")
+    monkeypatch.setenv("JOBPOOL_DSN", "postgresql://nobody@127.0.0.1:1/none")
+    assert main(["migrate"]) == 2
+    assert "JOBPOOL_DSN straight to PostgreSQL" in capsys.readouterr().err
+    assert main(["migrate", "--print-sql", "--since", str(len(migrations()))]) == 0
+    assert "INSERT INTO mdm.aa_job_kind" in capsys.readouterr().out
