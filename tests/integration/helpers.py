@@ -10,6 +10,7 @@ from typing import Any
 
 import kinds_for_tests
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from jobpool.db.store import register_kinds
 from jobpool.registry import load_kind_modules
@@ -69,3 +70,8 @@ async def wait_until(check: Callable[[], Awaitable[bool] | bool], what: str,
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"not within {deadline:.0f}s: {what}")
+
+
+def role_dsn(dsn: str, role: str) -> str:
+    """`dsn` as role `role`."""
+    return make_conninfo(dsn, user=role)

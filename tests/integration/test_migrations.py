@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from integration.helpers import add_tenant, scalar, wait_until
+from integration.helpers import add_tenant, role_dsn, scalar, wait_until
 from jobpool.db.migrate import check_schema, migrate, migration_script
 from jobpool.errors import MigrationLockError, SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
@@ -133,6 +135,25 @@ async def test_printed_sql_since_the_last_version_applied_brings_the_rest(
     _run_script(dsn, since=int(label[:4]))
     assert await _snapshot(dsn) == after
     assert await migrate(conn) == []
+
+
+@pytest.mark.parametrize("gap", [False, True])
+async def test_a_printed_script_refuses_a_database_not_at_its_version(
+        conn: Conn, dsn: str, gap: bool) -> None:
+    """The script after the latest version but one, on a database that has the latest; the
+    script after the latest, on one where version 10 is missing (it would be skipped for
+    good): both stop at their first step, changing nothing."""
+    from jobpool.sql import migrations
+    latest = len(migrations())
+    if gap:
+        await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = 10")
+    before = await _snapshot(dsn)
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _run_script(dsn, since=latest if gap else latest - 1)
+    have = latest - 1 if gap else latest
+    assert f"this one has {have} of them, the latest {latest}" in failed.value.stderr
+    assert "--since` its latest version, or run `jobpool migrate`" in failed.value.stderr
+    assert await _snapshot(dsn) == before
 
 
 async def test_running_jobs_are_always_claimed(dsn: str) -> None:
@@ -320,22 +341,106 @@ async def _forget_time_checks_migration(conn: Conn) -> str:
 
 
 async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
-        conn: Conn, dsn: str) -> None:
+        conn: Conn, dsn: str, template_db: str) -> None:
     """It tries again within its limit, then stops with the session to end, unrecorded; once
     that session's transaction ended, it applies."""
     label = await _forget_time_checks_migration(conn)
+    # the session's own settings; a statement timeout shorter than the lock timeout included
+    await conn.execute("SET lock_timeout = '777ms'; SET statement_timeout = '100ms';"
+                       " SET application_name = 'deploy'")
     holder = await _hold_the_job_table(dsn)
+    other = await _hold_the_job_table_of_another_database(dsn, template_db)
     try:
         with pytest.raises(MigrationLockError, match=label) as raised:
-            await migrate(conn, lock_timeout=0.05, lock_wait=0.5)
+            await migrate(conn, lock_timeout=0.3, lock_wait=1.0)
         assert "application 'nightly-report', idle in transaction" in str(raised.value)
         assert f"pid {holder.info.backend_pid} " in str(raised.value)
+        assert "other-database" not in str(raised.value)  # its tables are not these
         assert await scalar(conn, "SELECT count(*) FROM mdm.jobpool_migration"
                                   " WHERE name = 'time_bounds_as_ranges'") == 0
-        assert await scalar(conn, "SHOW lock_timeout") == "0"  # the session's own again
+        assert [await scalar(conn, f"SHOW {name}") for name in
+                ("lock_timeout", "statement_timeout", "application_name")] == [
+            "777ms", "100ms", "deploy"]  # the session's own again
     finally:
         await holder.close()
-    assert await migrate(conn, lock_timeout=0.05, lock_wait=0.5) == [label]
+        await other.close()
+    assert await migrate(conn, lock_timeout=0.3, lock_wait=1.0) == [label]
+
+
+async def test_another_roles_transaction_is_named_to_a_role_that_may_not_see_it(
+        conn: Conn, dsn: str) -> None:
+    """A migrating role that is no superuser sees neither the state nor the start of another
+    role's session: that session holding it up is named all the same, by pid and role."""
+    suffix = uuid.uuid4().hex[:8]
+    migrator, reader = f"jobpool_limited_m{suffix}", f"jobpool_limited_r{suffix}"
+    for grant in ("CREATE ROLE {m} LOGIN", "CREATE ROLE {r} LOGIN",
+                  "GRANT CREATE ON DATABASE {db} TO {m}",
+                  "GRANT USAGE, CREATE ON SCHEMA mdm TO {m}",
+                  "ALTER TABLE mdm.aa_job OWNER TO {m}",
+                  "GRANT ALL ON mdm.jobpool_migration, mdm.aa_job_kind TO {m}",
+                  "GRANT USAGE ON SCHEMA mdm TO {r}", "GRANT SELECT ON mdm.aa_job TO {r}"):
+        await conn.execute(sql.SQL(grant).format(
+            m=sql.Identifier(migrator), r=sql.Identifier(reader),
+            db=sql.Identifier(conn.info.dbname)))
+    label = await _forget_time_checks_migration(conn)
+    holder = await psycopg.AsyncConnection.connect(role_dsn(dsn, reader))
+    try:
+        await holder.execute("SELECT count(*) FROM mdm.aa_job")
+        async with await psycopg.AsyncConnection.connect(role_dsn(dsn, migrator)) as own:
+            with pytest.raises(MigrationLockError, match=label) as raised:
+                await migrate(own, lock_timeout=0.3, lock_wait=1.0)
+        assert (f"pid {holder.info.backend_pid} (role {reader}, state not visible to this role, "
+                "transaction age not visible, holding aa_job)") in str(raised.value)
+    finally:
+        await holder.close()
+        for cleanup in ("REASSIGN OWNED BY {m} TO CURRENT_USER", "DROP OWNED BY {m}, {r}",
+                        "DROP ROLE {m}", "DROP ROLE {r}"):
+            await conn.execute(sql.SQL(cleanup).format(
+                m=sql.Identifier(migrator), r=sql.Identifier(reader)))
+
+
+async def _hold_the_job_table_of_another_database(
+        dsn: str, template: str) -> psycopg.AsyncConnection[Any]:
+    """`_hold_the_job_table` in another copy of the test's template (its tables have the same
+    oids as the test's database), by application `other-database`; dropped when the connection
+    closes."""
+    name = f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_other"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    other_dsn = psycopg.conninfo.make_conninfo(dsn, dbname=name)
+    holder = await psycopg.AsyncConnection.connect(other_dsn, application_name="other-database")
+    await holder.execute("SELECT count(*) FROM mdm.aa_job")
+    close = holder.close
+
+    async def close_and_drop() -> None:
+        await close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    holder.close = close_and_drop  # type: ignore[method-assign]
+    return holder
+
+
+async def test_a_concurrent_index_build_names_what_it_waits_for(
+        conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """It waits without a limit (it holds up no writer), but not in silence: every period it
+    logs the transactions older than it that it waits for; it completes once they end."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.sql import migrations
+    monkeypatch.setattr(migrations_module, "WAIT_REPORT_EVERY", 0.1)
+    version = next(v for v, name, _ in migrations() if name == "running_by_id")
+    await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
+    holder = await _hold_the_job_table(dsn)
+    migration = asyncio.create_task(migrate(conn, lock_timeout=0.3, lock_wait=1.0))
+    try:
+        await wait_until(lambda: any(
+            "builds an index CONCURRENTLY" in r.getMessage() and "'nightly-report'" in
+            r.getMessage() for r in caplog.records), "a warning naming the open transaction",
+            60)
+        assert not migration.done()  # still waiting: past lock_wait, which it is not bound by
+    finally:
+        await holder.close()
+    assert await migration == [f"{version:04d}_running_by_id"]
 
 
 async def test_writers_go_on_while_a_migration_waits_for_its_lock(conn: Conn, dsn: str) -> None:

@@ -14,12 +14,12 @@ import pytest
 from pgbouncer_server import PgBouncer
 from private_postgres import PrivateServer
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 import jobpool
 from integration import helpers
-from integration.helpers import prepare, scalar, worker
+from integration.helpers import prepare, role_dsn, scalar, worker
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
@@ -203,12 +203,6 @@ async def test_a_restart_under_running_jobs_hands_them_back_unspent(
 
 async def _running(dsn: str, count: int) -> bool:
     return (await statuses(dsn)).get("running", 0) == count
-
-
-def role_dsn(dsn: str, role: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["user"] = role
-    return make_conninfo(**params)
 
 
 @pytest.fixture

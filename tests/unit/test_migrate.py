@@ -50,14 +50,18 @@ def test_the_sessions_holding_a_migration_up_are_named_with_what_to_act_on() -> 
         {"pid": 4242, "role": "reports", "application_name": "nightly-report",
          "state": "idle in transaction", "open_for": 65.4, "query": "SELECT count(*) FROM x",
          "tables": "aa_job"},
-        {"pid": 77, "role": "other", "application_name": "", "state": None, "open_for": 3.0,
+        {"pid": 77, "role": "other", "application_name": "", "state": None, "open_for": None,
          "query": None, "tables": "aa_job, aa_tenant"},
+        {"pid": None, "role": None, "application_name": None, "state": None, "open_for": None,
+         "query": None, "tables": "aa_job"},
     ])
-    assert text.startswith("sessions holding locks on schema mdm: pid 4242 (role reports, "
+    assert text.startswith("transactions holding locks on schema mdm: pid 4242 (role reports, "
                            "application 'nightly-report', idle in transaction, transaction "
                            "open 65s, holding aa_job, last query 'SELECT count(*) FROM x'); ")
-    assert text.endswith("pid 77 (role other, state not visible to this role, transaction open "
-                         "3s, holding aa_job, aa_tenant)")
+    assert ("; pid 77 (role other, state not visible to this role, transaction age not "
+            "visible, holding aa_job, aa_tenant); ") in text  # another role's, to a non-superuser
+    assert text.endswith("; a prepared transaction (`pg_prepared_xacts`: COMMIT PREPARED or "
+                         "ROLLBACK PREPARED ends it), holding aa_job")
 
 
 def test_no_session_left_holding_a_lock_is_said_so() -> None:

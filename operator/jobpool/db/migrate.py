@@ -12,7 +12,8 @@ So each statement waits at most `LOCK_TIMEOUT` for its locks; a migration that g
 rolled back (or, outside a transaction, stops where it was), the writers queued behind it
 go on, and it is tried again after a pause, for up to `LOCK_WAIT` in all, logging the sessions
 that hold it up (`MigrationLockError` names them at the end). `CONCURRENTLY` statements are
-the exception: they wait for old transactions without blocking writers, as long as it takes.
+the exception: they wait for old transactions without blocking writers, as long as it takes,
+naming them every `WAIT_REPORT_EVERY` seconds.
 
 The built-in kinds are registered with the defaults their declarations carry (their
 `jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
@@ -32,6 +33,8 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 
 from jobpool.core.retry import retry_pause
 from jobpool.db.queries import Exec, Many, One
@@ -46,10 +49,13 @@ LOCK_HOLDERS = Many("lock_holders")
 MIGRATION_LOCK = One("migration_lock")
 MIGRATION_TABLE_EXISTS = One("migration_table_exists")
 MIGRATION_UNLOCK = Exec("migration_unlock")
+PRINTED_SCRIPT_CHECK = Exec("printed_script_check")
 RECORD_MIGRATION = Exec("record_migration")
 REGISTER_KINDS = Exec("register_kinds")
-RESET_LOCK_TIMEOUT = Exec("reset_lock_timeout")
+BLOCKING_SESSIONS = Many("blocking_sessions")
+SESSION_SETTINGS = One("session_settings")
 SET_LOCK_TIMEOUT = Exec("set_lock_timeout")
+SET_SESSION_SETTINGS = Exec("set_session_settings")
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +76,15 @@ MigrationLockError: half the deadline of the Helm chart's migration hook (600 s)
 hook's log says why before Kubernetes stops it."""
 
 RETRY_PAUSE = (1.0, 15.0)
-"""Seconds between two tries of such a migration: the first pause, and the cap it grows to
-(`retry_pause`)."""
+"""Seconds between two tries of such a migration: the first pause (drawn between half of it
+and all of it), and the cap it doubles up to (`retry_pause`)."""
+
+WAIT_REPORT_EVERY = 30.0
+"""Seconds between two warnings naming the sessions a step that waits without a limit (a
+`CONCURRENTLY` index build) waits for."""
+
+APPLICATION_NAME = "jobpool migrate"
+"""The migration session's name in pg_stat_activity, unless its connection named it."""
 
 
 def runs_outside_transaction(text: str) -> bool:
@@ -106,29 +119,41 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
     change them); rows that already hold them are left untouched.
 
-    Each statement waits at most `lock_timeout` seconds for its locks; a migration that gave
-    up is tried again after a pause, for up to `lock_wait` seconds in all (the module's
-    docstring says why). Raises MigrationLockError naming the sessions that held it up when
-    that time is over; the migrations applied before it stay applied.
+    Each statement waits at most `lock_timeout` seconds for its locks; a step that gave up is
+    tried again after a pause, for up to `lock_wait` seconds in all (the module's docstring
+    says why); a `CONCURRENTLY` step waits as long as it takes, naming what it waits for
+    every `WAIT_REPORT_EVERY` seconds. No statement timeout applies: an index build or a
+    check's validation takes as long as its table needs. The session's lock and statement
+    timeouts and its application_name are restored at the end. Raises MigrationLockError
+    naming the sessions that held a step up when that time is over; the migrations applied
+    before it stay applied.
     """
     applied: list[str] = []
     await conn.set_autocommit(True)
+    own = await SESSION_SETTINGS(conn)
+    assert own is not None
+    await SET_SESSION_SETTINGS(conn, {
+        "lock_timeout": _ms(lock_timeout), "statement_timeout": "0",
+        "application_name": own["application_name"] or APPLICATION_NAME})
+    give_way = partial(_until_locks_given, conn, lock_timeout=lock_timeout, lock_wait=lock_wait)
     await _lock(conn)
     try:
-        await CREATE_MIGRATION_TABLE(conn)
+        await give_way("the migrations table", partial(CREATE_MIGRATION_TABLE, conn))
         done = await applied_versions(conn)
         for version, name, text in migrations():
             if version in done:
                 continue
-            label = f"{version:04d}_{name}"
-            await _until_locks_given(
-                conn, label, partial(_apply, conn, version, name, text, lock_timeout),
-                lock_timeout=lock_timeout, lock_wait=lock_wait)
-            applied.append(label)
-            log.info("applied migration %s", label)
-        await register_kinds(conn, builtin_kinds())
+            label = f"migration {version:04d}_{name}"
+            await give_way(label, partial(_apply, conn, version, name, text, label,
+                                          lock_timeout))
+            applied.append(label.removeprefix("migration "))
+            log.info("applied %s", label)
+        await give_way("the registration of the built-in kinds",
+                       partial(register_kinds, conn, builtin_kinds()))
     finally:
-        await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
+        if not conn.closed:  # else the error that closed it is the one to see
+            await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
+            await SET_SESSION_SETTINGS(conn, own)
     return applied
 
 
@@ -140,39 +165,77 @@ def statement_lock_timeout(statement: str, lock_timeout: float) -> float:
     return 0.0 if re.search(r"\bCONCURRENTLY\b", statement, flags=re.I) else lock_timeout
 
 
-async def _apply(conn: AsyncConnection[Any], version: int, name: str, text: str,
+def _ms(seconds: float) -> str:
+    return str(round(seconds * 1000))
+
+
+async def _apply(conn: AsyncConnection[Any], version: int, name: str, text: str, label: str,
                  lock_timeout: float) -> None:
-    """Run one migration and record it, its statements waiting for locks as
-    `statement_lock_timeout` says; the session's own lock_timeout is back after it."""
-    try:
-        if runs_outside_transaction(text):
-            for statement in statements(text):
-                await _set_lock_timeout(conn, statement_lock_timeout(statement, lock_timeout))
-                await conn.execute(statement.encode())
-            await _set_lock_timeout(conn, lock_timeout)
-            await RECORD_MIGRATION(conn, {"version": version, "name": name})
-            return
-        await _set_lock_timeout(conn, lock_timeout)
+    """Run one migration (`label`) and record it, its statements waiting for locks as
+    `statement_lock_timeout` says (the session waits `lock_timeout` otherwise)."""
+    if not runs_outside_transaction(text):
         async with conn.transaction():
             await conn.execute(text)
             await RECORD_MIGRATION(conn, {"version": version, "name": name})
+        return
+    for statement in statements(text):
+        if statement_lock_timeout(statement, lock_timeout):
+            await conn.execute(statement.encode())
+            continue
+        await SET_LOCK_TIMEOUT(conn, {"ms": "0"})
+        try:
+            await _execute_reporting_waits(conn, statement, label)
+        finally:
+            if not conn.closed:
+                await SET_LOCK_TIMEOUT(conn, {"ms": _ms(lock_timeout)})
+    await RECORD_MIGRATION(conn, {"version": version, "name": name})
+
+
+async def _execute_reporting_waits(conn: AsyncConnection[Any], statement: str,
+                                   label: str) -> None:
+    """Run `statement`, which waits for its locks without a limit, logging every
+    `WAIT_REPORT_EVERY` seconds the sessions it waits for (`_report_waits`)."""
+    reporter = asyncio.create_task(_report_waits(conn, label))
+    try:
+        await conn.execute(statement.encode())
     finally:
-        await RESET_LOCK_TIMEOUT(conn)
+        reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)
 
 
-async def _set_lock_timeout(conn: AsyncConnection[Any], seconds: float) -> None:
-    await SET_LOCK_TIMEOUT(conn, {"ms": str(round(seconds * 1000))})
+async def _report_waits(conn: AsyncConnection[Any], label: str) -> None:
+    """Every `WAIT_REPORT_EVERY` seconds, log the sessions `conn`'s statement waits for
+    (`blocking_sessions`), asked on a connection of its own opened after the first period
+    (most such statements are done by then); gives up quietly if that connection fails."""
+    pid = conn.info.backend_pid
+    await asyncio.sleep(WAIT_REPORT_EVERY)
+    params: dict[str, Any] = {"application_name": f"{APPLICATION_NAME} (its waits)"}
+    if conn.info.password:
+        params["password"] = conn.info.password  # conn.info.dsn leaves the password out
+    try:
+        async with await AsyncConnection.connect(
+                make_conninfo(conn.info.dsn, **params), autocommit=True,
+                row_factory=dict_row) as side:
+            while True:
+                rows = await BLOCKING_SESSIONS(side, {"pid": pid})
+                if rows:
+                    log.warning("%s builds an index CONCURRENTLY: it waits, as long as it "
+                                "takes and without holding up writers, for the transactions "
+                                "older than it: %s", label, describe_sessions(rows))
+                await asyncio.sleep(WAIT_REPORT_EVERY)
+    except psycopg.Error as exc:
+        log.debug("%s: cannot tell what it waits for (%s)", label, exc)
 
 
 async def _until_locks_given(
-    conn: AsyncConnection[Any], label: str, apply: Callable[[], Awaitable[None]], *,
+    conn: AsyncConnection[Any], label: str, apply: Callable[[], Awaitable[object]], *,
     lock_timeout: float, lock_wait: float, rng: random.Random | None = None,
 ) -> None:
-    """Run `apply` (migration `label`) again after each try that gave up waiting for a lock,
-    pausing `retry_pause` between tries, until it succeeds; raise MigrationLockError when the
-    next try would start more than `lock_wait` seconds after the first."""
+    """Run `apply` (`label`: what it does) again after each try that gave up waiting for a
+    lock, pausing `retry_pause` between tries, until it succeeds; raise MigrationLockError
+    when the next try would start more than `lock_wait` seconds after the first."""
     rng = rng or random.Random()
-    deadline = time.monotonic() + lock_wait
+    started = time.monotonic()
     failures = 0
     while True:
         try:
@@ -183,35 +246,48 @@ async def _until_locks_given(
         holders = describe_lock_holders(
             await LOCK_HOLDERS(conn, {"older_than": lock_timeout}))
         pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
-        if time.monotonic() + pause > deadline:
+        waited = time.monotonic() - started
+        if waited + pause > lock_wait:
             raise MigrationLockError(
-                f"migration {label} did not get its locks in {failures} tries over "
-                f"{lock_wait:g}s (each waits {lock_timeout:g}s, then gives way to the writers "
-                f"queued behind it); {holders}. End those transactions (`SELECT "
+                f"{label} did not get its locks in {failures} tries over {waited:.0f}s (each "
+                f"waits {lock_timeout:g}s, then gives way to the writers queued behind it; "
+                f"the limit is {lock_wait:g}s); {holders}. End those transactions (`SELECT "
                 "pg_terminate_backend(pid)` ends one that is stuck), then run `jobpool migrate` "
                 "again")
-        log.warning("migration %s waited %gs for a lock and gave way to the writers queued "
-                    "behind it (try %d); it tries again in %.1fs; %s", label, lock_timeout,
-                    failures, pause, holders)
+        log.warning("%s waited %gs for a lock and gave way to the writers queued behind it "
+                    "(try %d); it tries again in %.1fs; %s", label, lock_timeout, failures,
+                    pause, holders)
         await asyncio.sleep(pause)
 
 
 def describe_lock_holders(rows: list[dict[str, Any]]) -> str:
-    """The sessions of `rows` (`lock_holders`: pid, role, application_name, state, open_for
-    in seconds, query, tables) as one sentence for an operator to act on."""
+    """The transactions of `rows` (`lock_holders`) as one sentence for an operator to act on."""
     if not rows:
         return ("no transaction holding a lock on schema mdm is open now (those it waited for "
                 "have ended)")
+    return "transactions holding locks on schema mdm: " + describe_sessions(rows)
+
+
+def describe_sessions(rows: list[dict[str, Any]]) -> str:
+    """Sessions as `lock_holders` and `blocking_sessions` give them (pid, role,
+    application_name, state, open_for in seconds, query, tables; NULL where this role may
+    not see them, pid NULL for a prepared transaction), "; "-separated."""
     sessions = []
     for row in rows:
+        holding = f", holding {row['tables']}" if row["tables"] else ""
+        if row["pid"] is None:
+            sessions.append("a prepared transaction (`pg_prepared_xacts`: COMMIT PREPARED or "
+                            f"ROLLBACK PREPARED ends it){holding}")
+            continue
         name = row["application_name"]
         application = f", application {name!r}" if name else ""
         state = row["state"] or "state not visible to this role"
+        age = ("transaction age not visible" if row["open_for"] is None
+               else f"transaction open {row['open_for']:.0f}s")
         query = f", last query {row['query']!r}" if row["query"] else ""
-        sessions.append(f"pid {row['pid']} (role {row['role']}{application}, {state}, "
-                        f"transaction open {row['open_for']:.0f}s, holding {row['tables']}"
-                        f"{query})")
-    return "sessions holding locks on schema mdm: " + "; ".join(sessions)
+        sessions.append(f"pid {row['pid']} (role {row['role']}{application}, {state}, {age}"
+                        f"{holding}{query})")
+    return "; ".join(sessions)
 
 
 async def _lock(conn: AsyncConnection[Any]) -> None:
@@ -245,15 +321,17 @@ def migration_script(*, since: int = 0) -> str:
 
     Run it statement by statement (`psql -f`, or a tool that does the same): the migrations
     that build indexes CONCURRENTLY come without BEGIN/COMMIT and cannot run inside one
-    multi-statement query. Raises ValueError for a `since` below 0 or past the latest
-    migration (naming it).
+    multi-statement query, and stop at the first error (`psql -v ON_ERROR_STOP=1`). The
+    script's first step stops it unless the database has exactly versions 1 to `since`.
+    Raises ValueError for a `since` below 0 or past the latest migration (naming it).
     """
     known = migrations()
     latest = max(version for version, _, _ in known)
     if not 0 <= since <= latest:
         raise ValueError(f"--since must be a migration version from 0 to {latest} (the "
                          f"latest this release has), got {since}")
-    parts = [CREATE_MIGRATION_TABLE.text]
+    parts = [CREATE_MIGRATION_TABLE.text,
+             _inline(PRINTED_SCRIPT_CHECK.text, {"since": since})]
     for version, name, text in known:
         if version <= since:
             continue

@@ -35,24 +35,73 @@ INSERT INTO mdm.jobpool_migration (version, name) VALUES (%(version)s, %(name)s)
 -- limit), for the session: the migrations run with autocommit, or set it again per transaction.
 SELECT pg_catalog.set_config('lock_timeout', %(ms)s, false);
 
--- name: reset_lock_timeout :exec
--- The session's own lock_timeout again (its role's, its connection string's, the server's).
-RESET lock_timeout;
+-- name: session_settings :one
+-- What the migration session runs with before `jobpool migrate` changes it (restored after).
+SELECT pg_catalog.current_setting('lock_timeout') AS lock_timeout,
+       pg_catalog.current_setting('statement_timeout') AS statement_timeout,
+       pg_catalog.current_setting('application_name') AS application_name;
+
+-- name: set_session_settings :exec
+-- Set the migration session's lock and statement timeouts and its name in pg_stat_activity.
+SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout)s, false),
+       pg_catalog.set_config('statement_timeout', %(statement_timeout)s, false),
+       pg_catalog.set_config('application_name', %(application_name)s, false);
 
 -- name: lock_holders :many
--- The other sessions whose transactions, open for more than %(older_than)s seconds, hold a lock
--- on a table of schema mdm: what a migration's statement that gave up waiting waited for.
--- Their state and query read NULL to a role that may not see other roles' sessions.
-SELECT a.pid, a.usename AS role, a.application_name, a.state,
+-- The other transactions of this database that hold a lock on a table of schema mdm and are
+-- older than %(older_than)s seconds (or of an age this role may not see): what a migration's
+-- statement that gave up waiting waited for. Another role's session shows its state, start
+-- and query only to a superuser or a member of pg_read_all_stats; a prepared transaction has
+-- no session (pid NULL).
+SELECT l.pid, a.usename AS role, a.application_name, a.state,
        extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
-       pg_catalog.left(a.query, 200) AS query,
+       CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
+           AS query,
        pg_catalog.string_agg(DISTINCT c.relname::text, ', ') AS tables
   FROM pg_catalog.pg_locks l
   JOIN pg_catalog.pg_class c ON c.oid = l.relation
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-  JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
- WHERE n.nspname = 'mdm' AND c.relkind IN ('r', 'p') AND l.granted AND l.pid <> pg_catalog.pg_backend_pid()
-   AND a.xact_start < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s)
- GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start, a.query
- ORDER BY a.xact_start
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND n.nspname = 'mdm' AND c.relkind IN ('r', 'p') AND l.granted
+   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+   AND (a.xact_start IS NULL
+        OR a.xact_start < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s))
+ GROUP BY l.pid, a.usename, a.application_name, a.state, a.xact_start, a.query
+ ORDER BY a.xact_start NULLS LAST
  LIMIT 10;
+
+-- name: blocking_sessions :many
+-- The sessions that session %(pid)s waits for (a CREATE INDEX CONCURRENTLY waits for the
+-- transactions older than it, of any table of this database), as `lock_holders` shows them.
+SELECT a.pid, a.usename AS role, a.application_name, a.state,
+       extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
+       CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
+           AS query,
+       NULL::text AS tables
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.pid = ANY(pg_catalog.pg_blocking_pids(%(pid)s))
+ ORDER BY a.xact_start NULLS LAST
+ LIMIT 10;
+
+-- name: printed_script_check :exec
+-- The first step of `jobpool migrate --print-sql --since %(since)s` after the migrations table:
+-- stop unless the database has exactly versions 1 to %(since)s, so that a script is never
+-- applied over a gap (that version would be skipped for good) nor over later migrations.
+DO $check$
+DECLARE
+    have integer;
+    last integer;
+BEGIN
+    SELECT pg_catalog.count(*), coalesce(pg_catalog.max(version), 0) INTO have, last
+      FROM mdm.jobpool_migration;
+    IF have <> %(since)s OR last <> %(since)s THEN
+        RAISE EXCEPTION 'this script applies the jobpool migrations after version %, to a '
+            'database that has versions 1 to % alone; this one has % of them, the latest %: '
+            'print the script for it with `jobpool migrate --print-sql --since` its latest '
+            'version, or run `jobpool migrate`, which applies whatever it lacks',
+            %(since)s, %(since)s, have, last;
+    END IF;
+END
+$check$;
