@@ -483,7 +483,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     add_common_arguments(p, settings)
     p.add_argument("--print-sql", action="store_true",
                    help="print the migrations and the registration of the built-in kinds "
-                   "as one SQL script instead of applying them")
+                   "as one SQL script instead of applying them (run it with `psql -v "
+                   "ON_ERROR_STOP=1 -f`, or a tool that stops at the first error)")
     p.add_argument("--since", type=int, metavar="VERSION", default=None,
                    help="with --print-sql: only the migrations after VERSION (the last one "
                    "your database has, as `SELECT max(version) FROM mdm.jobpool_migration` "

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from integration.helpers import add_tenant, role_dsn, scalar, wait_until
-from jobpool.db.migrate import check_schema, migrate, migration_script
+from jobpool.db.migrate import NO_TRANSACTION, check_schema, migrate, migration_script
 from jobpool.errors import MigrationLockError, SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
 
@@ -347,20 +347,20 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
     label = await _forget_time_checks_migration(conn)
     # the session's own settings; a statement timeout shorter than the lock timeout included
     await conn.execute("SET lock_timeout = '777ms'; SET statement_timeout = '100ms';"
-                       " SET application_name = 'deploy'")
+                       " SET idle_session_timeout = '300ms'; SET application_name = 'deploy'")
     holder = await _hold_the_job_table(dsn)
     other = await _hold_the_job_table_of_another_database(dsn, template_db)
     try:
         with pytest.raises(MigrationLockError, match=label) as raised:
-            await migrate(conn, lock_timeout=0.3, lock_wait=1.0)
+            await migrate(conn, lock_timeout=0.3, lock_wait=2.0)  # a pause longer than idle
         assert "application 'nightly-report', idle in transaction" in str(raised.value)
         assert f"pid {holder.info.backend_pid} " in str(raised.value)
         assert "other-database" not in str(raised.value)  # its tables are not these
         assert await scalar(conn, "SELECT count(*) FROM mdm.jobpool_migration"
                                   " WHERE name = 'time_bounds_as_ranges'") == 0
         assert [await scalar(conn, f"SHOW {name}") for name in
-                ("lock_timeout", "statement_timeout", "application_name")] == [
-            "777ms", "100ms", "deploy"]  # the session's own again
+                ("lock_timeout", "statement_timeout", "idle_session_timeout",
+                 "application_name")] == ["777ms", "100ms", "300ms", "deploy"]  # its own again
     finally:
         await holder.close()
         await other.close()
@@ -420,6 +420,42 @@ async def _hold_the_job_table_of_another_database(
     return holder
 
 
+async def test_a_step_outside_a_transaction_that_gave_way_is_tried_again_alone(
+        conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The steps before it stay done and are not run again (a step that cannot run twice, a
+    CONCURRENTLY index build already made, are safe)."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.sql import migrations
+    shipped = migrations()
+    version = len(shipped) + 1
+    steps = (f"{NO_TRANSACTION}\nCREATE TABLE mdm.test_step_one (n integer);\n"
+             "ALTER TABLE mdm.aa_job ADD COLUMN test_step_two integer;\n")
+    monkeypatch.setattr(migrations_module, "migrations",
+                        lambda: [*shipped, (version, "test_steps", steps)])
+    holder = await _hold_the_job_table(dsn)
+    migration = asyncio.create_task(migrate(conn, lock_timeout=0.2, lock_wait=300))
+    try:
+        await wait_until(lambda: any("gave way to the writers" in r.getMessage()
+                                     for r in caplog.records), "a step that gave way", 60)
+    finally:
+        await holder.close()
+    assert await migration == [f"{version:04d}_test_steps"]
+    assert await scalar(conn, "SELECT count(*) FROM information_schema.columns WHERE"
+                              " table_name = 'aa_job' AND column_name = 'test_step_two'") == 1
+
+
+async def test_a_printed_script_for_a_migrated_database_leaves_another_one_alone(
+        empty_dsn: str) -> None:
+    from jobpool.sql import migrations
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _run_script(empty_dsn, since=len(migrations()))
+    assert "this one has 0 of them, the latest 0" in failed.value.stderr
+    async with await psycopg.AsyncConnection.connect(empty_dsn) as conn:
+        cur = await conn.execute("SELECT to_regnamespace('mdm') IS NULL")
+        assert await cur.fetchone() == (True,)
+
+
 async def test_a_concurrent_index_build_names_what_it_waits_for(
         conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -434,7 +470,7 @@ async def test_a_concurrent_index_build_names_what_it_waits_for(
     migration = asyncio.create_task(migrate(conn, lock_timeout=0.3, lock_wait=1.0))
     try:
         await wait_until(lambda: any(
-            "builds an index CONCURRENTLY" in r.getMessage() and "'nightly-report'" in
+            "a CONCURRENTLY step waits" in r.getMessage() and "'nightly-report'" in
             r.getMessage() for r in caplog.records), "a warning naming the open transaction",
             60)
         assert not migration.done()  # still waiting: past lock_wait, which it is not bound by

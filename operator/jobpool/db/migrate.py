@@ -9,8 +9,9 @@ file must be safe to run again from the start after an interruption.
 A statement that alters a table waits for every transaction open on it, and every writer that
 comes after waits behind it: one report left open would stop enqueues and claims for as long.
 So each statement waits at most `LOCK_TIMEOUT` for its locks; a migration that gave up is
-rolled back (or, outside a transaction, stops where it was), the writers queued behind it
-go on, and it is tried again after a pause, for up to `LOCK_WAIT` in all, logging the sessions
+rolled back (outside a transaction, the step that gave up alone is undone: the steps before
+it stay done), the writers queued behind it go on, and it is tried again after a pause (that
+step alone), for up to `LOCK_WAIT` in all, logging the sessions
 that hold it up (`MigrationLockError` names them at the end). `CONCURRENTLY` statements are
 the exception: they wait for old transactions without blocking writers, as long as it takes,
 naming them every `WAIT_REPORT_EVERY` seconds.
@@ -34,7 +35,6 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import dict_row
 
 from jobpool.core.retry import retry_pause
 from jobpool.db.queries import Exec, Many, One
@@ -52,6 +52,7 @@ MIGRATION_UNLOCK = Exec("migration_unlock")
 PRINTED_SCRIPT_CHECK = Exec("printed_script_check")
 RECORD_MIGRATION = Exec("record_migration")
 REGISTER_KINDS = Exec("register_kinds")
+BACKEND_PID = One("backend_pid")
 BLOCKING_SESSIONS = Many("blocking_sessions")
 SESSION_SETTINGS = One("session_settings")
 SET_LOCK_TIMEOUT = Exec("set_lock_timeout")
@@ -129,11 +130,13 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     before it stay applied.
     """
     applied: list[str] = []
+    autocommit = conn.autocommit
     await conn.set_autocommit(True)
     own = await SESSION_SETTINGS(conn)
     assert own is not None
     await SET_SESSION_SETTINGS(conn, {
         "lock_timeout": _ms(lock_timeout), "statement_timeout": "0",
+        "idle_session_timeout": "0",  # the pauses between tries are idle
         "application_name": own["application_name"] or APPLICATION_NAME})
     give_way = partial(_until_locks_given, conn, lock_timeout=lock_timeout, lock_wait=lock_wait)
     await _lock(conn)
@@ -144,8 +147,12 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
             if version in done:
                 continue
             label = f"migration {version:04d}_{name}"
-            await give_way(label, partial(_apply, conn, version, name, text, label,
-                                          lock_timeout))
+            if runs_outside_transaction(text):
+                await _apply_step_by_step(conn, statements(text), label, give_way, lock_timeout)
+                await give_way(label, partial(RECORD_MIGRATION, conn,
+                                              {"version": version, "name": name}))
+            else:
+                await give_way(label, partial(_apply_in_transaction, conn, version, name, text))
             applied.append(label.removeprefix("migration "))
             log.info("applied %s", label)
         await give_way("the registration of the built-in kinds",
@@ -154,6 +161,7 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
         if not conn.closed:  # else the error that closed it is the one to see
             await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
             await SET_SESSION_SETTINGS(conn, own)
+            await conn.set_autocommit(autocommit)
     return applied
 
 
@@ -169,33 +177,42 @@ def _ms(seconds: float) -> str:
     return str(round(seconds * 1000))
 
 
-async def _apply(conn: AsyncConnection[Any], version: int, name: str, text: str, label: str,
-                 lock_timeout: float) -> None:
-    """Run one migration (`label`) and record it, its statements waiting for locks as
-    `statement_lock_timeout` says (the session waits `lock_timeout` otherwise)."""
-    if not runs_outside_transaction(text):
-        async with conn.transaction():
-            await conn.execute(text)
-            await RECORD_MIGRATION(conn, {"version": version, "name": name})
-        return
-    for statement in statements(text):
-        if statement_lock_timeout(statement, lock_timeout):
-            await conn.execute(statement.encode())
+async def _apply_in_transaction(conn: AsyncConnection[Any], version: int, name: str,
+                                text: str) -> None:
+    """Run one migration in one transaction with its row (the session waits its lock timeout
+    for each lock)."""
+    async with conn.transaction():
+        await conn.execute(text)
+        await RECORD_MIGRATION(conn, {"version": version, "name": name})
+
+
+async def _apply_step_by_step(
+    conn: AsyncConnection[Any], steps: list[str], label: str,
+    give_way: Callable[[str, Callable[[], Awaitable[object]]], Awaitable[None]],
+    lock_timeout: float,
+) -> None:
+    """Run the statements of a migration outside a transaction one by one: each that waits
+    `lock_timeout` (`statement_lock_timeout`) tried again on its own when it gave way (the
+    steps before it stay done), each `CONCURRENTLY` one waiting as long as it takes."""
+    for step in steps:
+        if statement_lock_timeout(step, lock_timeout):
+            await give_way(label, partial(conn.execute, step.encode()))
             continue
         await SET_LOCK_TIMEOUT(conn, {"ms": "0"})
         try:
-            await _execute_reporting_waits(conn, statement, label)
+            await _execute_reporting_waits(conn, step, label)
         finally:
             if not conn.closed:
                 await SET_LOCK_TIMEOUT(conn, {"ms": _ms(lock_timeout)})
-    await RECORD_MIGRATION(conn, {"version": version, "name": name})
 
 
 async def _execute_reporting_waits(conn: AsyncConnection[Any], statement: str,
                                    label: str) -> None:
     """Run `statement`, which waits for its locks without a limit, logging every
     `WAIT_REPORT_EVERY` seconds the sessions it waits for (`_report_waits`)."""
-    reporter = asyncio.create_task(_report_waits(conn, label))
+    row = await BACKEND_PID(conn)  # behind a session pooler libpq's is the pooler's
+    assert row is not None
+    reporter = asyncio.create_task(_report_waits(conn, row["pid"], label))
     try:
         await conn.execute(statement.encode())
     finally:
@@ -203,28 +220,29 @@ async def _execute_reporting_waits(conn: AsyncConnection[Any], statement: str,
         await asyncio.gather(reporter, return_exceptions=True)
 
 
-async def _report_waits(conn: AsyncConnection[Any], label: str) -> None:
-    """Every `WAIT_REPORT_EVERY` seconds, log the sessions `conn`'s statement waits for
-    (`blocking_sessions`), asked on a connection of its own opened after the first period
-    (most such statements are done by then); gives up quietly if that connection fails."""
-    pid = conn.info.backend_pid
+async def _report_waits(conn: AsyncConnection[Any], pid: int, label: str) -> None:
+    """Every `WAIT_REPORT_EVERY` seconds, log the sessions that server process `pid`
+    (`conn`'s) waits for (`blocking_sessions`), asked on a connection of its own opened after
+    the first period (most such statements are done by then); says so once if it cannot."""
     await asyncio.sleep(WAIT_REPORT_EVERY)
     params: dict[str, Any] = {"application_name": f"{APPLICATION_NAME} (its waits)"}
     if conn.info.password:
         params["password"] = conn.info.password  # conn.info.dsn leaves the password out
     try:
         async with await AsyncConnection.connect(
-                make_conninfo(conn.info.dsn, **params), autocommit=True,
-                row_factory=dict_row) as side:
+                make_conninfo(conn.info.dsn, **params), autocommit=True) as side:
             while True:
                 rows = await BLOCKING_SESSIONS(side, {"pid": pid})
                 if rows:
-                    log.warning("%s builds an index CONCURRENTLY: it waits, as long as it "
-                                "takes and without holding up writers, for the transactions "
-                                "older than it: %s", label, describe_sessions(rows))
+                    log.warning("%s: a CONCURRENTLY step waits, as long as it takes and "
+                                "without holding up writers, for the transactions older than "
+                                "it: %s", label, describe_sessions(rows))
                 await asyncio.sleep(WAIT_REPORT_EVERY)
     except psycopg.Error as exc:
-        log.debug("%s: cannot tell what it waits for (%s)", label, exc)
+        log.warning("%s: a CONCURRENTLY step waits as long as it takes; what for cannot be "
+                    "told (a second connection to ask on failed: %s); `SELECT * FROM "
+                    "pg_stat_activity WHERE pid = ANY(pg_blocking_pids(%d))` shows it", label,
+                    exc, pid)
 
 
 async def _until_locks_given(
@@ -243,17 +261,19 @@ async def _until_locks_given(
             return
         except psycopg.errors.LockNotAvailable:
             failures += 1
-        holders = describe_lock_holders(
-            await LOCK_HOLDERS(conn, {"older_than": lock_timeout}))
+        rows = await LOCK_HOLDERS(conn, {"older_than": lock_timeout})
+        holders = describe_lock_holders(rows)
         pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
         waited = time.monotonic() - started
         if waited + pause > lock_wait:
+            then = ("End those transactions (`SELECT pg_terminate_backend(pid)` ends one that "
+                    "is stuck), then run `jobpool migrate` again" if rows
+                    else "Run `jobpool migrate` again")
             raise MigrationLockError(
-                f"{label} did not get its locks in {failures} tries over {waited:.0f}s (each "
-                f"waits {lock_timeout:g}s, then gives way to the writers queued behind it; "
-                f"the limit is {lock_wait:g}s); {holders}. End those transactions (`SELECT "
-                "pg_terminate_backend(pid)` ends one that is stuck), then run `jobpool migrate` "
-                "again")
+                f"{label} gave up after {failures} tries in {waited:.0f}s, each waiting "
+                f"{lock_timeout:g}s for its locks, then giving way to the writers queued behind "
+                f"it (the next would have passed the limit of {lock_wait:g}s); {holders}. "
+                f"{then}")
         log.warning("%s waited %gs for a lock and gave way to the writers queued behind it "
                     "(try %d); it tries again in %.1fs; %s", label, lock_timeout, failures,
                     pause, holders)
@@ -263,8 +283,9 @@ async def _until_locks_given(
 def describe_lock_holders(rows: list[dict[str, Any]]) -> str:
     """The transactions of `rows` (`lock_holders`) as one sentence for an operator to act on."""
     if not rows:
-        return ("no transaction holding a lock on schema mdm is open now (those it waited for "
-                "have ended)")
+        return ("no other transaction of this database older than that holds a lock on schema "
+                "mdm's tables or indexes now (those it waited for have ended, or held another "
+                "object: `pg_locks` shows it)")
     return "transactions holding locks on schema mdm: " + describe_sessions(rows)
 
 
@@ -330,8 +351,13 @@ def migration_script(*, since: int = 0) -> str:
     if not 0 <= since <= latest:
         raise ValueError(f"--since must be a migration version from 0 to {latest} (the "
                          f"latest this release has), got {since}")
-    parts = [CREATE_MIGRATION_TABLE.text,
-             _inline(PRINTED_SCRIPT_CHECK.text, {"since": since})]
+    expected = (f"a database that has versions 1 to {since} alone" if since
+                else "a database with no jobpool migrations")
+    parts = ["-- Run it with `psql -v ON_ERROR_STOP=1 -f`, or a tool that stops at the first "
+             "error:\n-- its first step stops it unless the database is at the version it "
+             "was printed for.",
+             _inline(PRINTED_SCRIPT_CHECK.text, {"since": since, "expected": expected}),
+             CREATE_MIGRATION_TABLE.text]
     for version, name, text in known:
         if version <= since:
             continue

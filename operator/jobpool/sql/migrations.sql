@@ -39,17 +39,25 @@ SELECT pg_catalog.set_config('lock_timeout', %(ms)s, false);
 -- What the migration session runs with before `jobpool migrate` changes it (restored after).
 SELECT pg_catalog.current_setting('lock_timeout') AS lock_timeout,
        pg_catalog.current_setting('statement_timeout') AS statement_timeout,
+       pg_catalog.current_setting('idle_session_timeout') AS idle_session_timeout,
        pg_catalog.current_setting('application_name') AS application_name;
 
 -- name: set_session_settings :exec
--- Set the migration session's lock and statement timeouts and its name in pg_stat_activity.
+-- Set the migration session's lock, statement and idle timeouts and its name in
+-- pg_stat_activity.
 SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout)s, false),
        pg_catalog.set_config('statement_timeout', %(statement_timeout)s, false),
+       pg_catalog.set_config('idle_session_timeout', %(idle_session_timeout)s, false),
        pg_catalog.set_config('application_name', %(application_name)s, false);
 
+-- name: backend_pid :one
+-- The server process of this session (behind a session pooler, not the one libpq reports).
+SELECT pg_catalog.pg_backend_pid() AS pid;
+
 -- name: lock_holders :many
--- The other transactions of this database that hold a lock on a table of schema mdm and are
--- older than %(older_than)s seconds (or of an age this role may not see): what a migration's
+-- The other transactions of this database that hold a lock on a table of schema mdm (or on
+-- one of its indexes, named by its table) and are
+-- older than `older_than` seconds (or of an age this role may not see): what a migration's
 -- statement that gave up waiting waited for. Another role's session shows its state, start
 -- and query only to a superuser or a member of pg_read_all_stats; a prepared transaction has
 -- no session (pid NULL).
@@ -57,14 +65,16 @@ SELECT l.pid, a.usename AS role, a.application_name, a.state,
        extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
-       pg_catalog.string_agg(DISTINCT c.relname::text, ', ') AS tables
+       pg_catalog.string_agg(DISTINCT t.relname::text, ', ') AS tables
   FROM pg_catalog.pg_locks l
   JOIN pg_catalog.pg_class c ON c.oid = l.relation
-  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
+  JOIN pg_catalog.pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
+  JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
  WHERE l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database())
-   AND n.nspname = 'mdm' AND c.relkind IN ('r', 'p') AND l.granted
+   AND n.nspname = 'mdm' AND l.granted
    AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
    AND (a.xact_start IS NULL
         OR a.xact_start < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s))
@@ -73,35 +83,38 @@ SELECT l.pid, a.usename AS role, a.application_name, a.state,
  LIMIT 10;
 
 -- name: blocking_sessions :many
--- The sessions that session %(pid)s waits for (a CREATE INDEX CONCURRENTLY waits for the
--- transactions older than it, of any table of this database), as `lock_holders` shows them.
-SELECT a.pid, a.usename AS role, a.application_name, a.state,
+-- The sessions that session `pid` waits for (a CONCURRENTLY step waits for the transactions
+-- older than it, of any table of this database), as `lock_holders` shows them; a prepared
+-- transaction (pg_blocking_pids gives it as 0) with pid NULL.
+SELECT NULLIF(b.pid, 0) AS pid, a.usename AS role, a.application_name, a.state,
        extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
        NULL::text AS tables
-  FROM pg_catalog.pg_stat_activity a
- WHERE a.pid = ANY(pg_catalog.pg_blocking_pids(%(pid)s))
+  FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids(%(pid)s)) AS b(pid)
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid
  ORDER BY a.xact_start NULLS LAST
  LIMIT 10;
 
 -- name: printed_script_check :exec
--- The first step of `jobpool migrate --print-sql --since %(since)s` after the migrations table:
--- stop unless the database has exactly versions 1 to %(since)s, so that a script is never
--- applied over a gap (that version would be skipped for good) nor over later migrations.
+-- The first step of `jobpool migrate --print-sql --since N`: stop unless the database has
+-- exactly versions 1 to N (`expected` says so in words), so that a script is never applied over
+-- a gap (that version would be skipped for good), over later migrations, or to another database.
 DO $check$
 DECLARE
-    have integer;
-    last integer;
+    have integer := 0;
+    last integer := 0;
 BEGIN
-    SELECT pg_catalog.count(*), coalesce(pg_catalog.max(version), 0) INTO have, last
-      FROM mdm.jobpool_migration;
+    IF pg_catalog.to_regclass('mdm.jobpool_migration') IS NOT NULL THEN
+        SELECT pg_catalog.count(*), coalesce(pg_catalog.max(version), 0) INTO have, last
+          FROM mdm.jobpool_migration;
+    END IF;
     IF have <> %(since)s OR last <> %(since)s THEN
-        RAISE EXCEPTION 'this script applies the jobpool migrations after version %, to a '
-            'database that has versions 1 to % alone; this one has % of them, the latest %: '
-            'print the script for it with `jobpool migrate --print-sql --since` its latest '
-            'version, or run `jobpool migrate`, which applies whatever it lacks',
-            %(since)s, %(since)s, have, last;
+        RAISE EXCEPTION 'this script applies the jobpool migrations after version % to %; '
+            'this one has % of them, the latest %: print the script for it with '
+            '`jobpool migrate --print-sql --since` its latest version, or run '
+            '`jobpool migrate`, which applies whatever it lacks',
+            %(since)s, %(expected)s, have, last;
     END IF;
 END
 $check$;
