@@ -114,6 +114,24 @@ async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:
     assert sum(len(r) for r in results) == len(max(results, key=len))
 
 
+async def test_a_migration_waiting_for_another_names_it(
+        conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    from jobpool.db.migrate import _LOCK_KEY
+    caplog.set_level("INFO", logger="jobpool.db.migrate")
+    async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, application_name="other-deploy") as other:
+        await other.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        waiting = asyncio.create_task(migrate(conn))
+        await wait_until(lambda: any(
+            "another session is migrating" in r.getMessage()
+            and f"pid {other.info.backend_pid} " in r.getMessage()
+            and "application 'other-deploy'" in r.getMessage() for r in caplog.records),
+            "the holder of the migration lock named", 60)
+        assert not waiting.done()
+        await other.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    assert await waiting == []
+
+
 async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
     _run_script(empty_dsn)
     assert await _snapshot(empty_dsn) == await _snapshot(dsn)

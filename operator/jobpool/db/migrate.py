@@ -48,6 +48,7 @@ CREATE_MIGRATION_TABLE = Exec("create_migration_table")
 LOCK_HOLDERS = Many("lock_holders")
 MIGRATION_LOCK = One("migration_lock")
 MIGRATION_TABLE_EXISTS = One("migration_table_exists")
+MIGRATION_LOCK_HOLDER = Many("migration_lock_holder")
 MIGRATION_UNLOCK = Exec("migration_unlock")
 PRINTED_SCRIPT_CHECK = Exec("printed_script_check")
 RECORD_MIGRATION = Exec("record_migration")
@@ -320,7 +321,9 @@ async def _lock(conn: AsyncConnection[Any]) -> None:
         if row is not None and row["locked"]:
             return
         if not told:
-            log.info("another session is migrating this database; waiting for it to end")
+            holder = describe_sessions(await MIGRATION_LOCK_HOLDER(conn, {"key": _LOCK_KEY}))
+            log.info("another session is migrating this database; waiting for it to end: %s",
+                     holder or "it has just ended")
             told = True
         await asyncio.sleep(_LOCK_POLL)
 

@@ -5,6 +5,22 @@
 -- session blocked in pg_advisory_lock holds a snapshot that CREATE INDEX CONCURRENTLY waits for.
 SELECT pg_try_advisory_lock(%(key)s) AS locked;
 
+-- name: migration_lock_holder :many
+-- The session of this database that holds the migration lock %(key)s (a bigint key is held as
+-- its high and low 32 bits), as `lock_holders` shows sessions.
+SELECT l.pid, a.usename AS role, a.application_name, a.state,
+       extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
+       CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
+           AS query,
+       NULL::text AS tables
+  FROM pg_catalog.pg_locks l
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND l.classid::bigint = (%(key)s::bigint >> 32)
+   AND l.objid::bigint = (%(key)s::bigint & 4294967295);
+
 -- name: migration_unlock :exec
 -- Release the migration lock.
 SELECT pg_advisory_unlock(%(key)s);
