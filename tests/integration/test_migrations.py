@@ -6,11 +6,14 @@ import asyncio
 import shutil
 import subprocess
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -367,10 +370,10 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
     await conn.execute("SET lock_timeout = '777ms'; SET statement_timeout = '100ms';"
                        " SET idle_session_timeout = '300ms'; SET application_name = 'deploy'")
     holder = await _hold_the_job_table(dsn)
-    other = await _hold_the_job_table_of_another_database(dsn, template_db)
     try:
-        with pytest.raises(MigrationLockError, match=label) as raised:
-            await migrate(conn, lock_timeout=0.3, lock_wait=2.0)  # a pause longer than idle
+        async with _job_table_held_in_another_database(dsn, template_db):
+            with pytest.raises(MigrationLockError, match=label) as raised:
+                await migrate(conn, lock_timeout=0.3, lock_wait=2.0)  # a pause longer than idle
         assert "application 'nightly-report', idle in transaction" in str(raised.value)
         assert f"pid {holder.info.backend_pid} " in str(raised.value)
         assert "other-database" not in str(raised.value)  # its tables are not these
@@ -381,7 +384,6 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
                  "application_name")] == ["777ms", "100ms", "300ms", "deploy"]  # its own again
     finally:
         await holder.close()
-        await other.close()
     assert await migrate(conn, lock_timeout=0.3, lock_wait=1.0) == [label]
 
 
@@ -417,25 +419,23 @@ async def test_another_roles_transaction_is_named_to_a_role_that_may_not_see_it(
                 m=sql.Identifier(migrator), r=sql.Identifier(reader)))
 
 
-async def _hold_the_job_table_of_another_database(
-        dsn: str, template: str) -> psycopg.AsyncConnection[Any]:
+@asynccontextmanager
+async def _job_table_held_in_another_database(dsn: str, template: str) -> AsyncIterator[None]:
     """`_hold_the_job_table` in another copy of the test's template (its tables have the same
-    oids as the test's database), by application `other-database`; dropped when the connection
-    closes."""
-    name = f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_other"
+    oids as the test's database), by application `other-database`; that copy is dropped
+    after."""
+    name = f"{conninfo_to_dict(dsn)['dbname']}_other"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    other_dsn = psycopg.conninfo.make_conninfo(dsn, dbname=name)
-    holder = await psycopg.AsyncConnection.connect(other_dsn, application_name="other-database")
-    await holder.execute("SELECT count(*) FROM mdm.aa_job")
-    close = holder.close
-
-    async def close_and_drop() -> None:
-        await close()
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    holder.close = close_and_drop  # type: ignore[method-assign]
-    return holder
+        await admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template)))
+        try:
+            async with await psycopg.AsyncConnection.connect(
+                    make_conninfo(dsn, dbname=name), application_name="other-database") as other:
+                await other.execute("SELECT count(*) FROM mdm.aa_job")
+                yield
+        finally:
+            await admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(
+                sql.Identifier(name)))
 
 
 async def test_a_step_outside_a_transaction_that_gave_way_is_tried_again_alone(
@@ -510,8 +510,10 @@ async def test_writers_go_on_while_a_migration_waits_for_its_lock(conn: Conn, ds
             async def alter_waits() -> bool:
                 return bool(await scalar(writer, "SELECT count(*) FROM pg_stat_activity WHERE"
                                                  " wait_event_type = 'Lock'"
-                                                 " AND query LIKE 'ALTER TABLE%%'"))
-            await wait_until(alter_waits, "the migration's ALTER waits for its lock", 60)
+                                                 " AND query LIKE 'ALTER TABLE%%'"
+                                                 " AND application_name = 'jobpool migrate'"))
+            await wait_until(alter_waits, "the migration's ALTER waits for its lock (its "
+                             "session named, as its connection did not name it)", 60)
             await writer.execute("SET statement_timeout = '60s'")
             await writer.execute(
                 "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts) VALUES"

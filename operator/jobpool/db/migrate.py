@@ -34,7 +34,6 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from psycopg.conninfo import make_conninfo
 
 from jobpool.core.retry import retry_pause
 from jobpool.db.queries import Exec, Many, One
@@ -166,12 +165,12 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     return applied
 
 
-def statement_lock_timeout(statement: str, lock_timeout: float) -> float:
-    """Seconds `statement` of a migration outside a transaction may wait for its locks
-    (0: no limit). A `CONCURRENTLY` statement waits for the transactions older than it
-    without blocking writers, and one that gave up would leave an invalid index behind: it
-    waits as long as it takes. Every other statement waits `lock_timeout`."""
-    return 0.0 if re.search(r"\bCONCURRENTLY\b", statement, flags=re.I) else lock_timeout
+def waits_without_limit(statement: str) -> bool:
+    """Whether `statement` of a migration outside a transaction waits for its locks as long
+    as it takes: a `CONCURRENTLY` one waits for the transactions older than it without
+    blocking writers, and one that gave up would leave an invalid index behind. Every other
+    statement waits the lock timeout."""
+    return re.search(r"\bCONCURRENTLY\b", statement, flags=re.I) is not None
 
 
 def _ms(seconds: float) -> str:
@@ -193,10 +192,10 @@ async def _apply_step_by_step(
     lock_timeout: float,
 ) -> None:
     """Run the statements of a migration outside a transaction one by one: each that waits
-    `lock_timeout` (`statement_lock_timeout`) tried again on its own when it gave way (the
-    steps before it stay done), each `CONCURRENTLY` one waiting as long as it takes."""
+    `lock_timeout` tried again on its own when it gave way (the steps before it stay done),
+    each that `waits_without_limit` as long as it takes."""
     for step in steps:
-        if statement_lock_timeout(step, lock_timeout):
+        if not waits_without_limit(step):
             await give_way(label, partial(conn.execute, step.encode()))
             continue
         await SET_LOCK_TIMEOUT(conn, {"ms": "0"})
@@ -225,13 +224,12 @@ async def _report_waits(conn: AsyncConnection[Any], pid: int, label: str) -> Non
     """Every `WAIT_REPORT_EVERY` seconds, log the sessions that server process `pid`
     (`conn`'s) waits for (`blocking_sessions`), asked on a connection of its own opened after
     the first period (most such statements are done by then); says so once if it cannot."""
+    from jobpool.db.connect import open_side_connection  # connect imports this module
+
     await asyncio.sleep(WAIT_REPORT_EVERY)
-    params: dict[str, Any] = {"application_name": f"{APPLICATION_NAME} (its waits)"}
-    if conn.info.password:
-        params["password"] = conn.info.password  # conn.info.dsn leaves the password out
     try:
-        async with await AsyncConnection.connect(
-                make_conninfo(conn.info.dsn, **params), autocommit=True) as side:
+        async with await open_side_connection(
+                conn, application_name=f"{APPLICATION_NAME} (its waits)") as side:
             while True:
                 rows = await BLOCKING_SESSIONS(side, {"pid": pid})
                 if rows:
