@@ -21,7 +21,6 @@ median (range) over the rounds.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from jobpool.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
-from common import process_cpu
+from common import per_round_arguments, process_cpu
 from table import spread
 
 TIME_COLUMNS = ("available_at", "created_at", "claimed_at", "heartbeat_at", "completed_at")
@@ -97,12 +96,8 @@ def done(conn: Conn, ids: list[int]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=3000, help="rows per measure and round")
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
-    if args.rows < 100 or args.rounds < 3:
-        ap.error("need --rows >= 100 and --rounds >= 3 (medians of at least 3)")
+    args = per_round_arguments(__doc__.splitlines()[0], count="rows", default=3000,
+                               what="rows per measure and round", rounds=4)
     variants = {"range tests (0019)": False, "function calls (before)": True}
     figures: dict[str, dict[str, list[float]]] = {
         name: {"enqueue": [], "done": []} for name in variants}

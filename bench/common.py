@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -167,6 +168,20 @@ def transactions(database: str, settle: float = 1.0) -> int:
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
             (database,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def per_round_arguments(description: str, *, count: str, default: int, what: str,
+                        rounds: int) -> argparse.Namespace:
+    """Parse `--<count> N` (`what` measured per round, 100 at least) and `--rounds R` (3 at
+    least: every figure is a median of at least 3) for a script measuring in rounds; exits
+    with argparse's usage error otherwise."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(f"--{count}", type=int, default=default, help=what)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    args = parser.parse_args()
+    if getattr(args, count) < 100 or args.rounds < 3:
+        parser.error(f"need --{count} >= 100 and --rounds >= 3 (medians of at least 3)")
+    return args
 
 
 def median(values: Sequence[float]) -> float:

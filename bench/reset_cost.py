@@ -36,7 +36,6 @@ time and SQL transactions (`pg_stat_database`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -51,7 +50,7 @@ from jobpool.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
-from common import process_cpu
+from common import per_round_arguments, process_cpu
 from table import spread
 
 BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -194,12 +193,8 @@ def measure(conn: psycopg.Connection[Any], job: Callable[[psycopg.Connection[Any
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=3000, help="jobs per variant and round")
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
-    if args.jobs < 100 or args.rounds < 3:
-        ap.error("need --jobs >= 100 and --rounds >= 3 (medians of at least 3)")
+    args = per_round_arguments(__doc__.splitlines()[0], count="jobs", default=3000,
+                               what="jobs per variant and round", rounds=5)
     undo, check = split_reset()
     jobs = variants(undo, check)
     figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in jobs}
