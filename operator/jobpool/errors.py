@@ -110,7 +110,8 @@ class MigrationLockError(JobpoolError):
     than `jobpool migrate` waits (the message names those sessions). It is not recorded as
     applied: a migration in one transaction left nothing, one outside a transaction may have
     done some of its steps, each safe to do again. Run `jobpool migrate` again once those
-    transactions ended."""
+    transactions ended. Also raised, before any migration, when another session held the
+    migration lock (it applies the same migrations) for that long."""
 
 
 class SchemaPrivilegeError(SchemaNotMigratedError):

@@ -135,6 +135,25 @@ async def test_a_migration_waiting_for_another_names_it(
     assert await waiting == []
 
 
+async def test_a_migration_waiting_for_another_gives_up_naming_it(conn: Conn, dsn: str) -> None:
+    """It waits at most `lock_wait` seconds for the other (which applies the same
+    migrations), then names it, its own session as it was before."""
+    from jobpool.db.migrate import _LOCK_KEY
+    await conn.execute("SET lock_timeout = '777ms'; SET application_name = 'deploy'")
+    before, autocommit = await _session_settings(conn), conn.autocommit
+    async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, application_name="stuck-deploy") as other:
+        await other.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        with pytest.raises(MigrationLockError) as raised:
+            await migrate(conn, lock_wait=1.0)
+        message = str(raised.value)
+        assert "another session has been migrating this database" in message
+        assert f"pid {other.info.backend_pid} " in message
+        assert "application 'stuck-deploy'" in message
+    assert await _session_settings(conn) == before and conn.autocommit == autocommit
+    assert await migrate(conn) == []
+
+
 async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
     _run_script(empty_dsn)
     assert await _snapshot(empty_dsn) == await _snapshot(dsn)
@@ -379,9 +398,8 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
         assert "other-database" not in str(raised.value)  # its tables are not these
         assert await scalar(conn, "SELECT count(*) FROM mdm.jobpool_migration"
                                   " WHERE name = 'time_bounds_as_ranges'") == 0
-        assert [await scalar(conn, f"SHOW {name}") for name in
-                ("lock_timeout", "statement_timeout", "idle_session_timeout",
-                 "application_name")] == ["777ms", "100ms", "300ms", "deploy"]  # its own again
+        assert await _session_settings(conn) == [
+            "777ms", "100ms", "300ms", "deploy"]  # its own again
     finally:
         await holder.close()
     assert await migrate(conn, lock_timeout=0.3, lock_wait=1.0) == [label]
@@ -523,3 +541,10 @@ async def test_writers_go_on_while_a_migration_waits_for_its_lock(conn: Conn, ds
     finally:
         await holder.close()
     assert await migration == [label]
+
+
+async def _session_settings(conn: Conn) -> list[Any]:
+    """What `migrate` sets for itself and must give back: lock, statement and idle-session
+    timeouts and application_name."""
+    return [await scalar(conn, f"SHOW {name}") for name in
+            ("lock_timeout", "statement_timeout", "idle_session_timeout", "application_name")]

@@ -14,7 +14,8 @@ it stay done), the writers queued behind it go on, and it is tried again after a
 step alone), for up to `LOCK_WAIT` in all, logging the sessions
 that hold it up (`MigrationLockError` names them at the end). `CONCURRENTLY` statements are
 the exception: they wait for old transactions without blocking writers, as long as it takes,
-naming them every `WAIT_REPORT_EVERY` seconds.
+naming them every `WAIT_REPORT_EVERY` seconds. A second `migrate` waits for the one holding
+the advisory lock (which applies the same migrations) for up to `LOCK_WAIT`, naming it.
 
 The built-in kinds are registered with the defaults their declarations carry (their
 `jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
@@ -115,7 +116,8 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     """Apply the migrations `conn`'s database lacks, register the built-in kinds; return the
     names of the migrations applied.
 
-    Safe when several processes run it at once: they queue on an advisory lock, and each
+    Safe when several processes run it at once: they queue on an advisory lock (for up to
+    `lock_wait` seconds, then MigrationLockError names the session holding it), and each
     migration commits with its row in `mdm.jobpool_migration`. The built-in kinds' rows of
     `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
     change them); rows that already hold them are left untouched.
@@ -139,8 +141,10 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
         "idle_session_timeout": "0",  # the pauses between tries are idle
         "application_name": own["application_name"] or APPLICATION_NAME})
     give_way = partial(_until_locks_given, conn, lock_timeout=lock_timeout, lock_wait=lock_wait)
-    await _lock(conn)
+    locked = False
     try:
+        await _lock(conn, lock_wait)
+        locked = True
         await give_way("the migrations table", partial(CREATE_MIGRATION_TABLE, conn))
         done = await applied_versions(conn)
         for version, name, text in migrations():
@@ -159,7 +163,8 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
                        partial(register_kinds, conn, builtin_kinds()))
     finally:
         if not conn.closed:  # else the error that closed it is the one to see
-            await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
+            if locked:
+                await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
             await SET_SESSION_SETTINGS(conn, own)
             await conn.set_autocommit(autocommit)
     return applied
@@ -310,19 +315,37 @@ def describe_sessions(rows: list[dict[str, Any]]) -> str:
     return "; ".join(sessions)
 
 
-async def _lock(conn: AsyncConnection[Any]) -> None:
+async def _lock(conn: AsyncConnection[Any], lock_wait: float) -> None:
     """Take the migration lock, polling: a session waiting inside pg_advisory_lock would hold
-    a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever."""
-    told = False
+    a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever.
+
+    Names the session holding it when the wait starts and every `WAIT_REPORT_EVERY` seconds
+    after; raises MigrationLockError naming it once `lock_wait` seconds have passed (that
+    session applies the same migrations: nothing is lost by leaving them to it)."""
+    started = time.monotonic()
+    reported: float | None = None
     while True:
         row = await MIGRATION_LOCK(conn, {"key": _LOCK_KEY})
         if row is not None and row["locked"]:
             return
-        if not told:
+        waited = time.monotonic() - started
+        if reported is None or waited - reported >= WAIT_REPORT_EVERY or waited >= lock_wait:
             holder = describe_sessions(await MIGRATION_LOCK_HOLDER(conn, {"key": _LOCK_KEY}))
-            log.info("another session is migrating this database; waiting for it to end: %s",
-                     holder or "it has just ended")
-            told = True
+            if not holder:
+                continue  # it has just ended: try again at once
+            if waited >= lock_wait:
+                raise MigrationLockError(
+                    f"another session has been migrating this database for longer than the "
+                    f"{lock_wait:g}s `jobpool migrate` waits for it: {holder}. It applies the "
+                    "same migrations; run `jobpool migrate` again once it has ended, to check")
+            if reported is None:
+                log.info("another session is migrating this database; waiting for it to end "
+                         "(at most %gs): %s", lock_wait, holder)
+            else:
+                log.warning("another session is still migrating this database after %.0fs; "
+                            "waiting for it to end (at most %gs): %s", waited, lock_wait,
+                            holder)
+            reported = waited
         await asyncio.sleep(_LOCK_POLL)
 
 
