@@ -220,7 +220,22 @@ def pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
     binary = find_pgbouncer()
     if binary is None:
         pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
-    bouncer = PgBouncer(binary, server_port=private_server.port, run_as=private_server.user)
+    yield from _running_pgbouncer(binary, private_server, "transaction")
+
+
+@pytest.fixture
+def session_pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
+    """A PgBouncer in session pooling mode in front of `private_server`: a client's session is
+    one server session, but the backend pid the client is told is PgBouncer's own."""
+    binary = find_pgbouncer()
+    if binary is None:
+        pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
+    yield from _running_pgbouncer(binary, private_server, "session")
+
+
+def _running_pgbouncer(binary: str, server: PrivateServer, pool_mode: str
+                       ) -> Iterator[PgBouncer]:
+    bouncer = PgBouncer(binary, server_port=server.port, run_as=server.user, pool_mode=pool_mode)
     try:
         bouncer.start()
         yield bouncer

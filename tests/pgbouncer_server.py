@@ -1,4 +1,5 @@
-"""A PgBouncer of a test's own in transaction pooling mode, in front of a private server.
+"""A PgBouncer of a test's own (transaction pooling mode unless asked for another), in front
+of a private server.
 
 Binary: `pgbouncer` on PATH or in /usr/sbin (Debian's package). PgBouncer refuses to run as
 root, so as root it runs as the private server's user.
@@ -26,12 +27,12 @@ def find_pgbouncer() -> str | None:
 
 
 class PgBouncer:
-    """pgbouncer -d with a config of its own: transaction pooling, trust, TCP only."""
+    """pgbouncer -d with a config of its own: `pool_mode` pooling, trust, TCP only."""
 
     def __init__(self, binary: str, *, server_port: int, run_as: str | None,
-                 pool_size: int = 20) -> None:
+                 pool_size: int = 20, pool_mode: str = "transaction") -> None:
         """In front of PostgreSQL on 127.0.0.1:`server_port`; `run_as`: the user it runs as
-        (needed as root), None: this process's."""
+        (needed as root), None: this process's; `pool_mode`: transaction or session."""
         self.binary = binary
         self.folder = Path(tempfile.mkdtemp(prefix="jobpool-pgb-"))
         self.port = free_port()
@@ -47,7 +48,7 @@ listen_port = {self.port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {self.folder / "users.txt"}
-pool_mode = transaction
+pool_mode = {pool_mode}
 default_pool_size = {pool_size}
 max_client_conn = 500
 logfile = {self.folder / "pgb.log"}

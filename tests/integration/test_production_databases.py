@@ -1,6 +1,7 @@
-"""Databases as DBAs configure them: behind a transaction-pooling PgBouncer, with a
-serializable default isolation, restarted under running jobs, with a role's connection
-limit below what the worker would open (docs/operations.md, "Production databases")."""
+"""Databases as DBAs configure them: behind a transaction-pooling PgBouncer (and a
+session-pooling one for migrations), with a serializable default isolation, restarted under
+running jobs, with a role's connection limit below what the worker would open
+(docs/operations.md, "Production databases")."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from psycopg.rows import dict_row
 import jobpool
 from integration import helpers
 from integration.helpers import prepare, role_dsn, scalar, worker
+from jobpool.db.migrate import migrate
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
@@ -152,6 +154,34 @@ async def test_behind_a_transaction_pooler_listen_goes_to_the_direct_dsn(
     finally:
         w.stop()
         await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_behind_a_session_pooler_a_concurrent_index_build_names_what_it_waits_for(
+        private_server: PrivateServer, session_pgbouncer: PgBouncer,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The backend pid a pooler tells its client is not the server's: the migration asks the
+    server for its own to find what its CONCURRENTLY step waits for, and names it."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.sql import migrations
+    monkeypatch.setattr(migrations_module, "WAIT_REPORT_EVERY", 0.1)
+    version = next(v for v, name, _ in migrations() if name == "running_by_id")
+    async with await psycopg.AsyncConnection.connect(
+            session_pgbouncer.dsn(), autocommit=True, row_factory=dict_row) as conn:
+        assert conn.info.backend_pid != await scalar(conn, "SELECT pg_backend_pid()")
+        await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
+        holder = await psycopg.AsyncConnection.connect(private_server.dsn(),
+                                                       application_name="nightly-report")
+        await holder.execute("SELECT count(*) FROM mdm.aa_job")  # a snapshot held open
+        migration = asyncio.create_task(migrate(conn, lock_timeout=0.3, lock_wait=1.0))
+        try:
+            await wait_until(lambda: any(
+                "a CONCURRENTLY step waits" in r.getMessage()
+                and f"pid {holder.info.backend_pid} " in r.getMessage()
+                and "'nightly-report'" in r.getMessage() for r in caplog.records),
+                "the open transaction named")
+        finally:
+            await holder.close()
+        assert await migration == [f"{version:04d}_running_by_id"]
 
 
 async def test_a_serializable_default_sends_nothing_to_the_dlq_and_strands_nothing(
