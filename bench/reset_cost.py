@@ -51,7 +51,7 @@ from jobpool.db.migrate import migrate
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
 from common import per_round_arguments, process_cpu
-from table import spread
+from table import print_variants
 
 BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 """A worker's job transaction starts so (`jobpool.db.store.OWN_ISOLATION`)."""
@@ -215,12 +215,7 @@ def main() -> None:
                 figures[name].append(measure(conn, job, args.jobs))
     print(f"{args.jobs} writing jobs per variant and round, {args.rounds} rounds, one "
           "connection: per job, median (range)")
-    print(f"  {'variant':<17} {'client CPU µs':<20} {'server CPU µs':<20} {'wall µs':<22} "
-          "transactions")
-    for name, rows in figures.items():
-        print(f"  {name:<17} {spread([r[0] for r in rows]):<20} "
-              f"{spread([r[1] for r in rows]):<20} {spread([r[2] for r in rows]):<22} "
-              f"{spread([r[3] for r in rows])}")
+    print_variants(["client CPU µs", "server CPU µs", "wall µs", "transactions"], figures)
 
 
 if __name__ == "__main__":

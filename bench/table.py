@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import median
@@ -41,6 +41,19 @@ def spread(values: Sequence[float]) -> str:
     if len(values) == 1:
         return fmt(values[0])
     return f"{fmt(median(values))} ({fmt(min(values))}\u2013{fmt(max(values))})"
+
+
+def print_variants(columns: Sequence[str],
+                   figures: Mapping[str, Sequence[Sequence[float]]]) -> None:
+    """One line per variant of `figures` (its rounds, each one figure per column), the
+    spread of each column's figures over the rounds under its name in `columns`."""
+    rows = [[name, *(spread([r[i] for r in rounds]) for i in range(len(columns)))]
+            for name, rounds in figures.items()]
+    header = ["variant", *columns]
+    widths = [max(len(row[i]) for row in [header, *rows]) + 2 for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  " + "".join(cell.ljust(width)
+                             for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 class SameRunTable:

@@ -49,7 +49,7 @@ from jobpool.db.store import COMPLETE_JOB_OR_RAISE, escaped_literal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
 from common import per_round_arguments, server_cpu
-from table import spread
+from table import print_variants
 
 CONNECTIONS = 16
 WORKER = "bench-writing-worker"
@@ -209,12 +209,7 @@ def main() -> None:
         figures = asyncio.run(run_all(dsn, CONNECTIONS, args.jobs, args.rounds))
     print(f"{CONNECTIONS} connections x {args.jobs} writing jobs per variant and round, "
           f"{args.rounds} rounds: per job, median (range)")
-    print(f"  {'variant':<13} {'server CPU µs':<18} {'client CPU µs':<18} {'jobs/s':<24} "
-          "transactions")
-    for name, rows in figures.items():
-        print(f"  {name:<13} {spread([r[0] for r in rows]):<18} "
-              f"{spread([r[1] for r in rows]):<18} {spread([r[2] for r in rows]):<24} "
-              f"{spread([r[3] for r in rows])}")
+    print_variants(["server CPU µs", "client CPU µs", "jobs/s", "transactions"], figures)
 
 
 if __name__ == "__main__":
