@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import subprocess
 import uuid
@@ -152,6 +153,71 @@ async def test_a_migration_waiting_for_another_gives_up_naming_it(conn: Conn, ds
         assert "application 'stuck-deploy'" in message
     assert await _session_settings(conn) == before and conn.autocommit == autocommit
     assert await migrate(conn) == []
+
+
+async def test_a_migration_cancelled_as_its_lock_was_taken_leaves_no_lock(
+        conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel that meets the lock query after the server took the lock (the answer lost):
+    the session does not keep the migration lock, and its settings come back."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.db.migrate import _LOCK_KEY
+
+    async def locked_then_cancelled(conn: Conn, budget: Any) -> None:
+        await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(migrations_module, "_lock", locked_then_cancelled)
+    await conn.execute("SET lock_timeout = '777ms'")
+    before, autocommit = await _session_settings(conn), conn.autocommit
+    with pytest.raises(asyncio.CancelledError):
+        await migrate(conn)
+    assert await _session_settings(conn) == before and conn.autocommit == autocommit
+    assert not await _session_holds_migration_lock(conn)
+
+
+async def test_a_migration_cancelled_after_setting_its_session_gives_it_back(
+        conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled before it asked for the migration lock: its settings and autocommit come
+    back, and it releases no lock of its caller's."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.db.migrate import _LOCK_KEY
+
+    async def cancelled(conn: Conn) -> bool:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(migrations_module, "_holds_migration_lock", cancelled)
+    await conn.execute("SET lock_timeout = '777ms'; SET application_name = 'deploy'")
+    await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))  # the caller's own
+    before, autocommit = await _session_settings(conn), conn.autocommit
+    with pytest.raises(asyncio.CancelledError):
+        await migrate(conn)
+    monkeypatch.undo()
+    assert await _session_settings(conn) == before and conn.autocommit == autocommit
+    assert await _session_holds_migration_lock(conn)
+    await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+
+
+async def test_the_wait_for_another_migration_counts_against_the_runs_limit(
+        conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A run that waited for another migrator, then for a table held by a transaction,
+    gives up once its waits add up to `lock_wait`, not a limit later."""
+    from jobpool.db.migrate import _LOCK_KEY
+    label = await _forget_time_checks_migration(conn)
+    holder = await _hold_the_job_table(dsn)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            await other.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+            migration = asyncio.create_task(migrate(conn, lock_timeout=0.3, lock_wait=2.0))
+            await wait_until(lambda: any("another session is migrating" in r.getMessage()
+                                         for r in caplog.records), "the wait named", 60)
+            await asyncio.sleep(1.2)  # at least this long spent waiting for the lock
+            await other.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+        with pytest.raises(MigrationLockError, match=label) as raised:
+            await migration
+        waited = re.search(r"this run has waited (\d+)s for locks in all", str(raised.value))
+        assert waited is not None and 1 <= int(waited.group(1)) <= 2
+    finally:
+        await holder.close()
 
 
 async def test_printed_sql_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
@@ -548,3 +614,11 @@ async def _session_settings(conn: Conn) -> list[Any]:
     timeouts and application_name."""
     return [await scalar(conn, f"SHOW {name}") for name in
             ("lock_timeout", "statement_timeout", "idle_session_timeout", "application_name")]
+
+
+async def _session_holds_migration_lock(conn: Conn) -> bool:
+    from jobpool.db.migrate import _LOCK_KEY
+    return bool(await scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                   " AND pid = pg_backend_pid()"
+                                   " AND ((classid::bigint << 32) | objid::bigint) = %s",
+                             (_LOCK_KEY,)))

@@ -4,6 +4,7 @@ are told to an operator, and what the printed script holds (no database needed).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -12,6 +13,8 @@ from jobpool.cli import main
 from jobpool.db.migrate import (
     LOCK_WAIT,
     describe_lock_holders,
+    describe_sessions,
+    migrate,
     migration_script,
     runs_outside_transaction,
     statements,
@@ -68,6 +71,24 @@ def test_the_sessions_holding_a_migration_up_are_named_with_what_to_act_on() -> 
             "visible, holding aa_job, aa_tenant); ") in text  # another role's, to a non-superuser
     assert text.endswith("; a prepared transaction (`pg_prepared_xacts`: COMMIT PREPARED or "
                          "ROLLBACK PREPARED ends it), holding aa_job")
+
+
+def test_an_idle_session_is_said_to_have_no_transaction_open() -> None:
+    """Another migrator between its tries, as a role that may see it: idle, no transaction
+    (not an age this role may not see)."""
+    text = describe_sessions([
+        {"pid": 5, "role": "deploy", "application_name": "jobpool migrate", "state": "idle",
+         "open_for": None, "query": "SELECT pg_try_advisory_lock(1)", "tables": None}])
+    assert text == ("pid 5 (role deploy, application 'jobpool migrate', idle, no transaction "
+                    "open, last query 'SELECT pg_try_advisory_lock(1)')")
+
+
+@pytest.mark.parametrize("limits", [{"lock_wait": float("nan")}, {"lock_wait": -1.0},
+                                    {"lock_timeout": 0.0}, {"lock_timeout": float("inf")}])
+async def test_wait_limits_out_of_range_are_refused_before_anything_is_sent(
+        limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="lock_timeout > 0 and lock_wait >= 0"):
+        await migrate(cast(Any, None), **limits)  # no connection touched
 
 
 def test_no_session_left_holding_a_lock_is_said_so() -> None:

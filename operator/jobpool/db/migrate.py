@@ -11,11 +11,12 @@ comes after waits behind it: one report left open would stop enqueues and claims
 So each statement waits at most `LOCK_TIMEOUT` for its locks; a migration that gave up is
 rolled back (outside a transaction, the step that gave up alone is undone: the steps before
 it stay done), the writers queued behind it go on, and it is tried again after a pause (that
-step alone), for up to `LOCK_WAIT` in all, logging the sessions
-that hold it up (`MigrationLockError` names them at the end). `CONCURRENTLY` statements are
-the exception: they wait for old transactions without blocking writers, as long as it takes,
+step alone), logging the sessions that hold it up. `CONCURRENTLY` statements are the
+exception: they wait for old transactions without blocking writers, as long as it takes,
 naming them every `WAIT_REPORT_EVERY` seconds. A second `migrate` waits for the one holding
-the advisory lock (which applies the same migrations) for up to `LOCK_WAIT`, naming it.
+the advisory lock (which applies the same migrations), naming it. One run waits for locks
+(for that lock, and in the tries that gave way and the pauses after them) for up to
+`LOCK_WAIT` in all; then `MigrationLockError` names the sessions that held it up.
 
 The built-in kinds are registered with the defaults their declarations carry (their
 `jobpool.kinds` entry points), so a service can enqueue them before any worker has started.
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -48,6 +51,7 @@ CREATE_MIGRATION_TABLE = Exec("create_migration_table")
 LOCK_HOLDERS = Many("lock_holders")
 MIGRATION_LOCK = One("migration_lock")
 MIGRATION_TABLE_EXISTS = One("migration_table_exists")
+MIGRATION_LOCK_HELD = One("migration_lock_held")
 MIGRATION_LOCK_HOLDER = Many("migration_lock_holder")
 MIGRATION_UNLOCK = Exec("migration_unlock")
 PRINTED_SCRIPT_CHECK = Exec("printed_script_check")
@@ -73,9 +77,10 @@ LOCK_TIMEOUT = 2.0
 writers queued behind it (those wait at most this long)."""
 
 LOCK_WAIT = 300.0
-"""Seconds `migrate` goes on trying a migration that does not get its locks before it raises
-MigrationLockError: half the deadline of the Helm chart's migration hook (600 s), so that the
-hook's log says why before Kubernetes stops it."""
+"""Seconds one `migrate` run may wait for locks in all (another migrator's advisory lock, the
+tries that gave way and the pauses after them) before it raises MigrationLockError: half the
+deadline of the Helm chart's migration hook (600 s), so that the hook's log says why before
+Kubernetes stops it."""
 
 RETRY_PAUSE = (1.0, 15.0)
 """Seconds between two tries of such a migration: the first pause (drawn between half of it
@@ -116,34 +121,42 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     """Apply the migrations `conn`'s database lacks, register the built-in kinds; return the
     names of the migrations applied.
 
-    Safe when several processes run it at once: they queue on an advisory lock (for up to
-    `lock_wait` seconds, then MigrationLockError names the session holding it), and each
+    Safe when several processes run it at once: they queue on an advisory lock, and each
     migration commits with its row in `mdm.jobpool_migration`. The built-in kinds' rows of
     `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
     change them); rows that already hold them are left untouched.
 
-    Each statement waits at most `lock_timeout` seconds for its locks; a step that gave up is
-    tried again after a pause, for up to `lock_wait` seconds in all (the module's docstring
+    Each statement waits at most `lock_timeout` seconds (> 0) for its locks; a step that gave
+    up is tried again after a pause. The run waits for locks (the advisory lock, the tries that
+    gave way, the pauses) for up to `lock_wait` seconds (>= 0) in all (the module's docstring
     says why); a `CONCURRENTLY` step waits as long as it takes, naming what it waits for
     every `WAIT_REPORT_EVERY` seconds. No statement timeout applies: an index build or a
     check's validation takes as long as its table needs. The session's lock and statement
-    timeouts and its application_name are restored at the end. Raises MigrationLockError
-    naming the sessions that held a step up when that time is over; the migrations applied
-    before it stay applied.
+    timeouts, its application_name and its autocommit mode are restored at the end, also
+    when it fails or is cancelled. Raises MigrationLockError naming the sessions that held it
+    up when that time is spent (the migrations applied before stay applied), ValueError for
+    a `lock_timeout` or `lock_wait` out of range.
     """
+    if not lock_timeout > 0 or not lock_wait >= 0 or math.isinf(lock_timeout):
+        raise ValueError(f"migrate needs lock_timeout > 0 and lock_wait >= 0 seconds (got "
+                         f"{lock_timeout!r} and {lock_wait!r})")
     applied: list[str] = []
     autocommit = conn.autocommit
-    await conn.set_autocommit(True)
-    own = await SESSION_SETTINGS(conn)
-    assert own is not None
-    await SET_SESSION_SETTINGS(conn, {
-        "lock_timeout": _ms(lock_timeout), "statement_timeout": "0",
-        "idle_session_timeout": "0",  # the pauses between tries are idle
-        "application_name": own["application_name"] or APPLICATION_NAME})
-    give_way = partial(_until_locks_given, conn, lock_timeout=lock_timeout, lock_wait=lock_wait)
+    budget = WaitBudget(lock_wait)
+    give_way = partial(_until_locks_given, conn, lock_timeout=lock_timeout, budget=budget)
+    own: dict[str, Any] | None = None
+    held_before = True  # until known: a lock of the caller's is never released here
     locked = False
     try:
-        await _lock(conn, lock_wait)
+        await conn.set_autocommit(True)
+        own = await SESSION_SETTINGS(conn)
+        assert own is not None
+        await SET_SESSION_SETTINGS(conn, {
+            "lock_timeout": _ms(lock_timeout), "statement_timeout": "0",
+            "idle_session_timeout": "0",  # the pauses between tries are idle
+            "application_name": own["application_name"] or APPLICATION_NAME})
+        held_before = await _holds_migration_lock(conn)
+        await _lock(conn, budget)
         locked = True
         await give_way("the migrations table", partial(CREATE_MIGRATION_TABLE, conn))
         done = await applied_versions(conn)
@@ -163,11 +176,40 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
                        partial(register_kinds, conn, builtin_kinds()))
     finally:
         if not conn.closed:  # else the error that closed it is the one to see
-            if locked:
-                await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
-            await SET_SESSION_SETTINGS(conn, own)
-            await conn.set_autocommit(autocommit)
+            await _give_back(conn, own, autocommit,
+                             unlock=locked or (not held_before
+                                               and await _holds_migration_lock(conn)))
     return applied
+
+
+@dataclass
+class WaitBudget:
+    """The seconds one `migrate` run may spend waiting for locks (`limit`: its `lock_wait`),
+    and those it has spent (`spent`): waiting for another migrator's advisory lock, tries
+    that gave way and the pauses after them. One budget for the whole run, so that a run that
+    waited for another migrator, or for several steps, still gives up within the limit."""
+
+    limit: float
+    spent: float = 0.0
+
+
+async def _holds_migration_lock(conn: AsyncConnection[Any]) -> bool:
+    """Whether this session holds the migration lock (a lock query cancelled in flight
+    leaves this the only way to tell)."""
+    row = await MIGRATION_LOCK_HELD(conn, {"key": _LOCK_KEY})
+    return bool(row and row["held"])
+
+
+async def _give_back(conn: AsyncConnection[Any], own: dict[str, Any] | None,
+                     autocommit: bool, *, unlock: bool) -> None:
+    """Leave the session as `migrate` found it: the migration lock released if `unlock`,
+    its settings `own` (None: never changed) and its autocommit mode."""
+    if unlock:
+        await MIGRATION_UNLOCK(conn, {"key": _LOCK_KEY})
+    if own is not None:
+        await SET_SESSION_SETTINGS(conn, own)
+    if conn.autocommit != autocommit:
+        await conn.set_autocommit(autocommit)
 
 
 def waits_without_limit(statement: str) -> bool:
@@ -251,37 +293,39 @@ async def _report_waits(conn: AsyncConnection[Any], pid: int, label: str) -> Non
 
 async def _until_locks_given(
     conn: AsyncConnection[Any], label: str, apply: Callable[[], Awaitable[object]], *,
-    lock_timeout: float, lock_wait: float, rng: random.Random | None = None,
+    lock_timeout: float, budget: WaitBudget, rng: random.Random | None = None,
 ) -> None:
     """Run `apply` (`label`: what it does) again after each try that gave up waiting for a
-    lock, pausing `retry_pause` between tries, until it succeeds; raise MigrationLockError
-    when the next try would start more than `lock_wait` seconds after the first."""
+    lock, pausing `retry_pause` between tries, until it succeeds; the tries that gave way and
+    the pauses are spent from `budget`, and MigrationLockError is raised when the next pause
+    would pass its limit."""
     rng = rng or random.Random()
-    started = time.monotonic()
     failures = 0
     while True:
+        began = time.monotonic()
         try:
             await apply()
             return
         except psycopg.errors.LockNotAvailable:
             failures += 1
+        budget.spent += time.monotonic() - began
         rows = await LOCK_HOLDERS(conn, {"older_than": lock_timeout})
         holders = describe_lock_holders(rows)
         pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
-        waited = time.monotonic() - started
-        if waited + pause > lock_wait:
+        if budget.spent + pause > budget.limit:
             then = ("End those transactions (`SELECT pg_terminate_backend(pid)` ends one that "
                     "is stuck), then run `jobpool migrate` again" if rows
                     else "Run `jobpool migrate` again")
             raise MigrationLockError(
-                f"{label} gave up after {failures} tries in {waited:.0f}s, each waiting "
-                f"{lock_timeout:g}s for its locks, then giving way to the writers queued behind "
-                f"it (the next would have passed the limit of {lock_wait:g}s); {holders}. "
-                f"{then}")
+                f"{label} gave up after {failures} tries, each waiting {lock_timeout:g}s for "
+                f"its locks, then giving way to the writers queued behind it; this run has "
+                f"waited {budget.spent:.0f}s for locks in all (the next try would have passed "
+                f"the limit of {budget.limit:g}s); {holders}. {then}")
         log.warning("%s waited %gs for a lock and gave way to the writers queued behind it "
                     "(try %d); it tries again in %.1fs; %s", label, lock_timeout, failures,
                     pause, holders)
         await asyncio.sleep(pause)
+        budget.spent += pause
 
 
 def describe_lock_holders(rows: list[dict[str, Any]]) -> str:
@@ -307,44 +351,44 @@ def describe_sessions(rows: list[dict[str, Any]]) -> str:
         name = row["application_name"]
         application = f", application {name!r}" if name else ""
         state = row["state"] or "state not visible to this role"
-        age = ("transaction age not visible" if row["open_for"] is None
-               else f"transaction open {row['open_for']:.0f}s")
+        age = (f"transaction open {row['open_for']:.0f}s" if row["open_for"] is not None
+               else "no transaction open" if row["state"] == "idle"
+               else "transaction age not visible")
         query = f", last query {row['query']!r}" if row["query"] else ""
         sessions.append(f"pid {row['pid']} (role {row['role']}{application}, {state}, {age}"
                         f"{holding}{query})")
     return "; ".join(sessions)
 
 
-async def _lock(conn: AsyncConnection[Any], lock_wait: float) -> None:
+async def _lock(conn: AsyncConnection[Any], budget: WaitBudget) -> None:
     """Take the migration lock, polling: a session waiting inside pg_advisory_lock would hold
     a snapshot, and another process's CREATE INDEX CONCURRENTLY would wait for it forever.
 
     Names the session holding it when the wait starts and every `WAIT_REPORT_EVERY` seconds
-    after; raises MigrationLockError naming it once `lock_wait` seconds have passed (that
-    session applies the same migrations: nothing is lost by leaving them to it)."""
+    after (warnings: the operator may have to act); the wait is spent from `budget`, and
+    MigrationLockError names that session once the budget is spent (it applies the same
+    migrations: nothing is lost by leaving them to it)."""
     started = time.monotonic()
     reported: float | None = None
     while True:
         row = await MIGRATION_LOCK(conn, {"key": _LOCK_KEY})
         if row is not None and row["locked"]:
+            budget.spent += time.monotonic() - started
             return
         waited = time.monotonic() - started
-        if reported is None or waited - reported >= WAIT_REPORT_EVERY or waited >= lock_wait:
+        if reported is None or waited - reported >= WAIT_REPORT_EVERY or waited >= budget.limit:
             holder = describe_sessions(await MIGRATION_LOCK_HOLDER(conn, {"key": _LOCK_KEY}))
             if not holder:
                 continue  # it has just ended: try again at once
-            if waited >= lock_wait:
+            if waited >= budget.limit:
+                budget.spent += waited
                 raise MigrationLockError(
                     f"another session has been migrating this database for longer than the "
-                    f"{lock_wait:g}s `jobpool migrate` waits for it: {holder}. It applies the "
-                    "same migrations; run `jobpool migrate` again once it has ended, to check")
-            if reported is None:
-                log.info("another session is migrating this database; waiting for it to end "
-                         "(at most %gs): %s", lock_wait, holder)
-            else:
-                log.warning("another session is still migrating this database after %.0fs; "
-                            "waiting for it to end (at most %gs): %s", waited, lock_wait,
-                            holder)
+                    f"{budget.limit:g}s `jobpool migrate` waits for it: {holder}. It applies "
+                    "the same migrations; run `jobpool migrate` again once it has ended, to "
+                    "check")
+            log.warning("another session is migrating this database; waiting %.0fs so far "
+                        "for it to end (at most %gs): %s", waited, budget.limit, holder)
             reported = waited
         await asyncio.sleep(_LOCK_POLL)
 
