@@ -376,20 +376,20 @@ async def _lock(conn: AsyncConnection[Any], budget: WaitBudget) -> None:
             budget.spent += time.monotonic() - started
             return
         waited = time.monotonic() - started
-        if reported is None or waited - reported >= WAIT_REPORT_EVERY or waited >= budget.limit:
+        spent = budget.spent + waited
+        if reported is None or waited - reported >= WAIT_REPORT_EVERY or spent >= budget.limit:
             holder = describe_sessions(await MIGRATION_LOCK_HOLDER(conn, {"key": _LOCK_KEY}))
-            if not holder:
-                continue  # it has just ended: try again at once
-            if waited >= budget.limit:
-                budget.spent += waited
+            if holder and spent >= budget.limit:  # none: it has just ended, try again
+                budget.spent = spent
                 raise MigrationLockError(
                     f"another session has been migrating this database for longer than the "
                     f"{budget.limit:g}s `jobpool migrate` waits for it: {holder}. It applies "
                     "the same migrations; run `jobpool migrate` again once it has ended, to "
                     "check")
-            log.warning("another session is migrating this database; waiting %.0fs so far "
-                        "for it to end (at most %gs): %s", waited, budget.limit, holder)
-            reported = waited
+            if holder:
+                log.warning("another session is migrating this database; waiting %.0fs so "
+                            "far for it to end (at most %gs): %s", waited, budget.limit, holder)
+                reported = waited
         await asyncio.sleep(_LOCK_POLL)
 
 
