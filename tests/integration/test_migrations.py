@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from private_postgres import PrivateServer, find_bin
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -469,6 +470,52 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
     finally:
         await holder.close()
     assert await migrate(conn, lock_timeout=0.3, lock_wait=1.0) == [label]
+
+
+async def test_prepared_transactions_holding_a_migration_up_are_named_by_their_gids(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Each prepared transaction that holds the job table is named apart, by its gid, with
+    the statements that end it: to a step that gave way, and to a CONCURRENTLY step (which
+    the server tells only that it waits for one)."""
+    from jobpool.db import migrate as migrations_module
+    from jobpool.sql import migrations
+    bin_dir = find_bin()
+    if bin_dir is None:
+        pytest.skip("no initdb/pg_ctl found: set JOBPOOL_TEST_PG_BIN to their folder")
+    server = PrivateServer(bin_dir, {"fsync": "off", "max_prepared_transactions": "4"})
+    monkeypatch.setattr(migrations_module, "WAIT_REPORT_EVERY", 0.1)
+    try:
+        server.start()
+        dsn = str(server.dsn())
+        async with await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, row_factory=dict_row) as conn:
+            await migrate(conn)
+            for gid in ("nightly-batch", "audit export"):
+                async with await psycopg.AsyncConnection.connect(dsn) as batch:
+                    await batch.execute("LOCK TABLE mdm.aa_job IN ROW EXCLUSIVE MODE")
+                    await batch.execute(sql.SQL("PREPARE TRANSACTION {}").format(gid))
+            label = await _forget_time_checks_migration(conn)
+            with pytest.raises(MigrationLockError, match=label) as raised:
+                await migrate(conn, lock_timeout=0.3, lock_wait=1.0)
+            for gid in ("nightly-batch", "audit export"):
+                assert (f"prepared transaction '{gid}' (owner postgres, prepared "
+                        in str(raised.value))
+                assert f"`ROLLBACK PREPARED '{gid}'` ends it), holding aa_job" in str(
+                    raised.value)
+            await conn.execute("ROLLBACK PREPARED 'audit export'")
+            version = next(v for v, name, _ in migrations() if name == "running_by_id")
+            await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s",
+                               (version,))
+            building = asyncio.create_task(migrate(conn, lock_timeout=0.3, lock_wait=1.0))
+            await wait_until(lambda: any(
+                "a CONCURRENTLY step waits" in r.getMessage()
+                and "prepared transaction 'nightly-batch'" in r.getMessage()
+                for r in caplog.records), "the CONCURRENTLY step naming the gid", 60)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+                await other.execute("ROLLBACK PREPARED 'nightly-batch'")
+            assert await building == [f"{version:04d}_running_by_id", label]
+    finally:
+        server.remove()
 
 
 async def test_another_roles_transaction_is_named_to_a_role_that_may_not_see_it(

@@ -62,7 +62,7 @@ def test_the_sessions_holding_a_migration_up_are_named_with_what_to_act_on() -> 
         {"pid": 77, "role": "other", "application_name": "", "state": None, "open_for": None,
          "query": None, "tables": "aa_job, aa_tenant"},
         {"pid": None, "role": None, "application_name": None, "state": None, "open_for": None,
-         "query": None, "tables": "aa_job"},
+         "query": None, "gid": None, "tables": "aa_job"},
     ])
     assert text.startswith("transactions holding locks on schema mdm: pid 4242 (role reports, "
                            "application 'nightly-report', idle in transaction, transaction "
@@ -89,6 +89,15 @@ async def test_wait_limits_out_of_range_are_refused_before_anything_is_sent(
         limits: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="lock_timeout > 0 and lock_wait >= 0"):
         await migrate(cast(Any, None), **limits)  # no connection touched
+
+
+def test_a_prepared_transaction_is_named_by_its_gid_with_the_statements_that_end_it() -> None:
+    text = describe_lock_holders([
+        {"pid": None, "role": "batch", "application_name": None, "state": None,
+         "open_for": 3600.2, "query": None, "gid": "night's batch", "tables": "aa_job"}])
+    assert text.endswith("prepared transaction 'night''s batch' (owner batch, prepared 3600s "
+                         "ago: `COMMIT PREPARED 'night''s batch'` or `ROLLBACK PREPARED "
+                         "'night''s batch'` ends it), holding aa_job")
 
 
 def test_no_session_left_holding_a_lock_is_said_so() -> None:

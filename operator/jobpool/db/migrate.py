@@ -339,14 +339,15 @@ def describe_lock_holders(rows: list[dict[str, Any]]) -> str:
 
 def describe_sessions(rows: list[dict[str, Any]]) -> str:
     """Sessions as `lock_holders` and `blocking_sessions` give them (pid, role,
-    application_name, state, open_for in seconds, query, tables; NULL where this role may
-    not see them, pid NULL for a prepared transaction), "; "-separated."""
+    application_name, state, open_for in seconds, query, gid, tables; NULL where this role
+    may not see them, pid NULL for a prepared transaction, named by its gid where known),
+    "; "-separated."""
     sessions = []
     for row in rows:
         holding = f", holding {row['tables']}" if row["tables"] else ""
         if row["pid"] is None:
-            sessions.append("a prepared transaction (`pg_prepared_xacts`: COMMIT PREPARED or "
-                            f"ROLLBACK PREPARED ends it){holding}")
+            sessions.append(_describe_prepared(row["gid"], row["role"], row["open_for"])
+                            + holding)
             continue
         name = row["application_name"]
         application = f", application {name!r}" if name else ""
@@ -358,6 +359,18 @@ def describe_sessions(rows: list[dict[str, Any]]) -> str:
         sessions.append(f"pid {row['pid']} (role {row['role']}{application}, {state}, {age}"
                         f"{holding}{query})")
     return "; ".join(sessions)
+
+
+def _describe_prepared(gid: str | None, owner: str | None, age: float | None) -> str:
+    """A prepared transaction, with the statements that end it (its gid unknown: where to
+    find it)."""
+    if gid is None:
+        return ("a prepared transaction (`pg_prepared_xacts`: COMMIT PREPARED or ROLLBACK "
+                "PREPARED ends it)")
+    literal = "'" + gid.replace("'", "''") + "'"
+    prepared = "" if age is None else f", prepared {age:.0f}s ago"
+    return (f"prepared transaction {literal} (owner {owner}{prepared}: `COMMIT PREPARED "
+            f"{literal}` or `ROLLBACK PREPARED {literal}` ends it)")
 
 
 async def _lock(conn: AsyncConnection[Any], budget: WaitBudget) -> None:

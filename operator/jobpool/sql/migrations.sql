@@ -18,12 +18,12 @@ SELECT EXISTS (
 
 -- name: migration_lock_holder :many
 -- The session of this database that holds the migration lock %(key)s (a bigint key is held as
--- its high and low 32 bits), as `lock_holders` shows sessions.
+-- its high and low 32 bits), as `lock_holders` shows sessions (a session's lock: no gid).
 SELECT l.pid, a.usename AS role, a.application_name, a.state,
        extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
-       NULL::text AS tables
+       NULL::text AS gid, NULL::text AS tables
   FROM pg_catalog.pg_locks l
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -86,12 +86,15 @@ SELECT pg_catalog.pg_backend_pid() AS pid;
 -- one of its indexes, named by its table) and are
 -- older than `older_than` seconds (or of an age this role may not see): what a migration's
 -- statement that gave up waiting waited for. Another role's session shows its state, start
--- and query only to a superuser or a member of pg_read_all_stats; a prepared transaction has
--- no session (pid NULL).
-SELECT l.pid, a.usename AS role, a.application_name, a.state,
-       extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
+-- and query only to a superuser or a member of pg_read_all_stats. A prepared transaction has
+-- no session (pid NULL): it is named by its gid, its owner and when it was prepared, found
+-- through the lock on its transaction id that it holds under the same virtual transaction.
+SELECT l.pid, coalesce(a.usename, p.owner) AS role, a.application_name, a.state,
+       extract(epoch FROM pg_catalog.now() - coalesce(a.xact_start, p.prepared))::float8
+           AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
+       p.gid,
        pg_catalog.string_agg(DISTINCT t.relname::text, ', ') AS tables
   FROM pg_catalog.pg_locks l
   JOIN pg_catalog.pg_class c ON c.oid = l.relation
@@ -99,28 +102,40 @@ SELECT l.pid, a.usename AS role, a.application_name, a.state,
   JOIN pg_catalog.pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
   JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+  LEFT JOIN pg_catalog.pg_locks x
+    ON l.pid IS NULL AND x.pid IS NULL AND x.locktype = 'transactionid'
+   AND x.virtualtransaction = l.virtualtransaction
+  LEFT JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = x.transactionid
  WHERE l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database())
    AND n.nspname = 'mdm' AND l.granted
    AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
-   AND (a.xact_start IS NULL
-        OR a.xact_start < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s))
- GROUP BY l.pid, a.usename, a.application_name, a.state, a.xact_start, a.query
- ORDER BY a.xact_start NULLS LAST
+   AND (coalesce(a.xact_start, p.prepared) IS NULL
+        OR coalesce(a.xact_start, p.prepared)
+           < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s))
+ GROUP BY l.pid, a.usename, a.application_name, a.state, a.xact_start, a.query, p.gid,
+          p.owner, p.prepared
+ ORDER BY coalesce(a.xact_start, p.prepared) NULLS LAST
  LIMIT 10;
 
 -- name: blocking_sessions :many
 -- The sessions that session `pid` waits for (a CONCURRENTLY step waits for the transactions
--- older than it, of any table of this database), as `lock_holders` shows them; a prepared
--- transaction (pg_blocking_pids gives it as 0) with pid NULL.
-SELECT NULLIF(b.pid, 0) AS pid, a.usename AS role, a.application_name, a.state,
-       extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
+-- older than it, of any table of this database), as `lock_holders` shows them. A prepared
+-- transaction, which pg_blocking_pids gives as 0 without saying which, stands for every
+-- prepared transaction of this database: one row each, pid NULL.
+SELECT NULLIF(b.pid, 0) AS pid, coalesce(a.usename, p.owner) AS role, a.application_name,
+       a.state,
+       extract(epoch FROM pg_catalog.now() - coalesce(a.xact_start, p.prepared))::float8
+           AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
-       NULL::text AS tables
-  FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids(%(pid)s)) AS b(pid)
+       p.gid, NULL::text AS tables
+  FROM (SELECT DISTINCT pid
+          FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids(%(pid)s)) AS u(pid)) AS b
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid
- ORDER BY a.xact_start NULLS LAST
+  LEFT JOIN pg_catalog.pg_prepared_xacts p
+    ON b.pid = 0 AND p.database = pg_catalog.current_database()
+ ORDER BY coalesce(a.xact_start, p.prepared) NULLS LAST
  LIMIT 10;
 
 -- name: printed_script_check :exec
