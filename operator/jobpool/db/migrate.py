@@ -313,8 +313,10 @@ async def _until_locks_given(
         holders = describe_lock_holders(rows)
         pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
         if budget.spent + pause > budget.limit:
-            then = ("End those transactions (`SELECT pg_terminate_backend(pid)` ends one that "
-                    "is stuck), then run `jobpool migrate` again" if rows
+            then = ("End those transactions (`SELECT pg_terminate_backend(pid)` ends a "
+                    "session's that is stuck), then run `jobpool migrate` again"
+                    if any(row["pid"] is not None for row in rows)
+                    else "End those transactions, then run `jobpool migrate` again" if rows
                     else "Run `jobpool migrate` again")
             raise MigrationLockError(
                 f"{label} gave up after {failures} tries, each waiting {lock_timeout:g}s for "
