@@ -483,8 +483,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         "migrate", help="create or update the mdm schema",
         description="Apply the forward-only migrations schema mdm lacks, then register the "
         "built-in kinds. Each statement waits 2 s at most for a table lock, then gives way to "
-        "the writers queued behind it and tries again, for up to 5 minutes; then it exits "
-        "with status 2, naming the sessions that held it up (docs/operations.md, Upgrades).")
+        "the writers queued behind it and tries again; a run started while another migrates "
+        "waits for that one. One run waits for locks for up to 5 minutes in all; then it "
+        "exits with status 2, naming the sessions that held it up (docs/operations.md, "
+        "Upgrades).")
     add_common_arguments(p, settings)
     p.add_argument("--print-sql", action="store_true",
                    help="print the migrations and the registration of the built-in kinds "

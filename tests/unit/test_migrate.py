@@ -83,11 +83,14 @@ def test_an_idle_session_is_said_to_have_no_transaction_open() -> None:
                     "open, last query 'SELECT pg_try_advisory_lock(1)')")
 
 
-@pytest.mark.parametrize("limits", [{"lock_wait": float("nan")}, {"lock_wait": -1.0},
-                                    {"lock_timeout": 0.0}, {"lock_timeout": float("inf")}])
+@pytest.mark.parametrize("limits", [
+    {"lock_wait": float("nan")}, {"lock_wait": -1.0}, {"lock_timeout": 0.0},
+    {"lock_timeout": 0.0004},  # the server would take it as 0 ms: no limit at all
+    {"lock_timeout": 3e6}, {"lock_timeout": float("inf")}, {"lock_timeout": float("nan")}])
 async def test_wait_limits_out_of_range_are_refused_before_anything_is_sent(
         limits: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="lock_timeout > 0 and lock_wait >= 0"):
+    with pytest.raises(ValueError,
+                       match=r"0\.001 <= lock_timeout <= 2147483\.647 and lock_wait >= 0"):
         await migrate(cast(Any, None), **limits)  # no connection touched
 
 

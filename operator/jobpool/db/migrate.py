@@ -76,6 +76,11 @@ LOCK_TIMEOUT = 2.0
 """Seconds a migration's statement waits for a lock before it gives up and gives way to the
 writers queued behind it (those wait at most this long)."""
 
+MIN_LOCK_TIMEOUT = 0.001
+MAX_LOCK_TIMEOUT = 2_147_483.647
+"""The `lock_timeout` range `migrate` takes (seconds): the server's setting in whole
+milliseconds, 0 meaning no limit."""
+
 LOCK_WAIT = 300.0
 """Seconds one `migrate` run may wait for locks in all (another migrator's advisory lock, the
 tries that gave way and the pauses after them) before it raises MigrationLockError: half the
@@ -88,7 +93,8 @@ and all of it), and the cap it doubles up to (`retry_pause`)."""
 
 WAIT_REPORT_EVERY = 30.0
 """Seconds between two warnings naming the sessions a step that waits without a limit (a
-`CONCURRENTLY` index build) waits for."""
+`CONCURRENTLY` index build) waits for, or the session holding the migration lock another run
+waits for."""
 
 APPLICATION_NAME = "jobpool migrate"
 """The migration session's name in pg_stat_activity, unless its connection named it."""
@@ -126,8 +132,9 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     `mdm.aa_job_kind` are set to their declared defaults on every run (a new release may
     change them); rows that already hold them are left untouched.
 
-    Each statement waits at most `lock_timeout` seconds (> 0) for its locks; a step that gave
-    up is tried again after a pause. The run waits for locks (the advisory lock, the tries that
+    Each statement waits at most `lock_timeout` seconds (a whole millisecond at least, as the
+    server counts it: 0 would mean no limit) for its locks; a step that gave up is tried
+    again after a pause. The run waits for locks (the advisory lock, the tries that
     gave way, the pauses) for up to `lock_wait` seconds (>= 0) in all (the module's docstring
     says why); a `CONCURRENTLY` step waits as long as it takes, naming what it waits for
     every `WAIT_REPORT_EVERY` seconds. No statement timeout applies: an index build or a
@@ -137,8 +144,9 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
     up when that time is spent (the migrations applied before stay applied), ValueError for
     a `lock_timeout` or `lock_wait` out of range.
     """
-    if not lock_timeout > 0 or not lock_wait >= 0 or math.isinf(lock_timeout):
-        raise ValueError(f"migrate needs lock_timeout > 0 and lock_wait >= 0 seconds (got "
+    if not MIN_LOCK_TIMEOUT <= lock_timeout <= MAX_LOCK_TIMEOUT or not lock_wait >= 0:
+        raise ValueError(f"migrate needs {MIN_LOCK_TIMEOUT:.3f} <= lock_timeout <= "
+                         f"{MAX_LOCK_TIMEOUT:.3f} and lock_wait >= 0 seconds (got "
                          f"{lock_timeout!r} and {lock_wait!r})")
     applied: list[str] = []
     autocommit = conn.autocommit
@@ -156,8 +164,9 @@ async def migrate(conn: AsyncConnection[Any], *, lock_timeout: float = LOCK_TIME
             "idle_session_timeout": "0",  # the pauses between tries are idle
             "application_name": own["application_name"] or APPLICATION_NAME})
         held_before = await _holds_migration_lock(conn)
-        await _lock(conn, budget)
-        locked = True
+        if not held_before:  # else the caller's own hold serves, its count unchanged
+            await _lock(conn, budget)
+            locked = True
         await give_way("the migrations table", partial(CREATE_MIGRATION_TABLE, conn))
         done = await applied_versions(conn)
         for version, name, text in migrations():
@@ -221,7 +230,8 @@ def waits_without_limit(statement: str) -> bool:
 
 
 def _ms(seconds: float) -> str:
-    return str(round(seconds * 1000))
+    """`seconds` as a server setting in milliseconds, rounded up (a positive limit stays one)."""
+    return str(math.ceil(round(seconds * 1000, 6)))
 
 
 async def _apply_in_transaction(conn: AsyncConnection[Any], version: int, name: str,
@@ -308,7 +318,8 @@ async def _until_locks_given(
             return
         except psycopg.errors.LockNotAvailable:
             failures += 1
-        budget.spent += time.monotonic() - began
+        # the try's wait for the lock that gave way, not the work it did before it
+        budget.spent += min(time.monotonic() - began, lock_timeout)
         rows = await LOCK_HOLDERS(conn, {"older_than": lock_timeout})
         holders = describe_lock_holders(rows)
         pause = retry_pause(failures, first=RETRY_PAUSE[0], cap=RETRY_PAUSE[1], rng=rng)
