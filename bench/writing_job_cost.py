@@ -40,6 +40,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
 from jobpool.db.connect import COMMIT_AND_RESET_QUERY
@@ -48,7 +49,7 @@ from jobpool.db.store import COMPLETE_JOB_OR_RAISE, escaped_literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchdb import bench_database
-from common import per_round_arguments, server_cpu
+from common import per_round_arguments, server_cpu, transactions
 from table import print_variants
 
 CONNECTIONS = 16
@@ -142,49 +143,35 @@ def variants() -> dict[str, Job]:
             "worker": worker, "lock-done": lock_done}
 
 
-async def transactions(conn: AsyncConnection[Any]) -> int:
-    """The database's committed and rolled-back transactions so far (this session's pending
-    counts flushed first)."""
-    await conn.execute("SELECT pg_stat_force_next_flush()")
-    await conn.execute("SELECT pg_stat_clear_snapshot()")
-    cur = await conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                             "WHERE datname = current_database()")
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 async def measure(dsn: str, job: Job, connections: int, jobs: int
                   ) -> tuple[float, float, float, float]:
     """Per job of `connections` x `jobs` runs of `job`: server and client CPU (µs), jobs/s
-    and SQL transactions (every connection's counts reach `pg_stat_database` when it closes,
-    and the warm-up's when it asks for them after it)."""
+    and SQL transactions (`common.transactions`: every connection's counts reach
+    `pg_stat_database` when it closes, and the warm-up's when it asks for them after it)."""
+    database = conninfo_to_dict(dsn)["dbname"]
     async with await AsyncConnection.connect(dsn, autocommit=True) as admin:
         cur = await admin.execute(RUNNING_JOBS, (WORKER, connections * (jobs + 1)))
         ids = [row[0] for row in await cur.fetchall()]
-        conns = [await AsyncConnection.connect(dsn, autocommit=True) for _ in range(connections)]
-        try:
-            for k, conn in enumerate(conns):  # warm-up: each connection's plans and caches
-                await job(conn, ids[connections * jobs + k], 0)
-                await conn.execute("SELECT pg_stat_force_next_flush()")
+    conns = [await AsyncConnection.connect(dsn, autocommit=True) for _ in range(connections)]
+    try:
+        for k, conn in enumerate(conns):  # warm-up: each connection's plans and caches
+            await job(conn, ids[connections * jobs + k], 0)
+            await conn.execute("SELECT pg_stat_force_next_flush()")
 
-            async def run(k: int) -> None:
-                for n in range(jobs):
-                    await job(conns[k], ids[k * jobs + n], n)
+        async def run(k: int) -> None:
+            for n in range(jobs):
+                await job(conns[k], ids[k * jobs + n], n)
 
-            await asyncio.sleep(0.2)  # the warm-up's counts flushed
-            before = await transactions(admin)
-            server, client, wall = server_cpu(), time.process_time(), time.perf_counter()
-            await asyncio.gather(*(run(k) for k in range(connections)))
-            wall = time.perf_counter() - wall
-            client = time.process_time() - client
-            server = (server_cpu() or float("nan")) - (server or float("nan"))
-        finally:
-            for conn in conns:
-                await conn.close()
-        await asyncio.sleep(0.2)  # the closed connections' counts flushed
-        # the three statements of `transactions` ran in transactions of their own
-        xacts = await transactions(admin) - before - 3
+        before = transactions(database, settle=0.2)
+        server, client, wall = server_cpu(), time.process_time(), time.perf_counter()
+        await asyncio.gather(*(run(k) for k in range(connections)))
+        wall = time.perf_counter() - wall
+        client = time.process_time() - client
+        server = (server_cpu() or float("nan")) - (server or float("nan"))
+    finally:
+        for conn in conns:
+            await conn.close()
+    xacts = transactions(database, settle=0.2) - before
     total = connections * jobs
     return server / total * 1e6, client / total * 1e6, total / wall, xacts / total
 
