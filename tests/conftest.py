@@ -217,24 +217,22 @@ def private_server() -> Iterator[PrivateServer]:
 @pytest.fixture
 def pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
     """A PgBouncer in transaction pooling mode in front of `private_server`."""
-    binary = find_pgbouncer()
-    if binary is None:
-        pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
-    yield from _running_pgbouncer(binary, private_server, "transaction")
+    yield from _running_pgbouncer(private_server, "transaction")
 
 
 @pytest.fixture
 def session_pgbouncer(private_server: PrivateServer) -> Iterator[PgBouncer]:
     """A PgBouncer in session pooling mode in front of `private_server`: a client's session is
     one server session, but the backend pid the client is told is PgBouncer's own."""
+    yield from _running_pgbouncer(private_server, "session")
+
+
+def _running_pgbouncer(server: PrivateServer, pool_mode: str) -> Iterator[PgBouncer]:
+    """A started PgBouncer in `pool_mode` in front of `server`, removed after; the test is
+    skipped where no pgbouncer is installed."""
     binary = find_pgbouncer()
     if binary is None:
         pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
-    yield from _running_pgbouncer(binary, private_server, "session")
-
-
-def _running_pgbouncer(binary: str, server: PrivateServer, pool_mode: str
-                       ) -> Iterator[PgBouncer]:
     bouncer = PgBouncer(binary, server_port=server.port, run_as=server.user, pool_mode=pool_mode)
     try:
         bouncer.start()

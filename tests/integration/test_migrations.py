@@ -20,9 +20,17 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from integration.helpers import add_tenant, role_dsn, scalar, wait_until
-from jobpool.db.migrate import NO_TRANSACTION, check_schema, migrate, migration_script
+from jobpool.db import migrate as migrations_module
+from jobpool.db.migrate import (
+    _LOCK_KEY,
+    NO_TRANSACTION,
+    check_schema,
+    migrate,
+    migration_script,
+)
 from jobpool.errors import MigrationLockError, SchemaNotMigratedError
 from jobpool.registry import builtin_kinds
+from jobpool.sql import migrations
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -120,18 +128,22 @@ async def test_concurrent_migrations_queue_on_the_lock(empty_dsn: str) -> None:
 
 
 async def test_a_migration_waiting_for_another_names_it(
-        conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    from jobpool.db.migrate import _LOCK_KEY
-    caplog.set_level("INFO", logger="jobpool.db.migrate")
+        conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When it starts waiting, and again every report period while it waits."""
+    monkeypatch.setattr(migrations_module, "WAIT_REPORT_EVERY", 0.3)
     async with await psycopg.AsyncConnection.connect(
             dsn, autocommit=True, application_name="other-deploy") as other:
         await other.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
         waiting = asyncio.create_task(migrate(conn))
-        await wait_until(lambda: any(
-            "another session is migrating" in r.getMessage()
-            and f"pid {other.info.backend_pid} " in r.getMessage()
-            and "application 'other-deploy'" in r.getMessage() for r in caplog.records),
-            "the holder of the migration lock named", 60)
+
+        def namings() -> int:
+            return sum("another session is migrating" in r.getMessage()
+                       and f"pid {other.info.backend_pid} " in r.getMessage()
+                       and "application 'other-deploy'" in r.getMessage()
+                       for r in caplog.records if r.levelname == "WARNING")
+
+        await wait_until(lambda: namings() >= 2, "the holder named twice, a period apart", 60)
         assert not waiting.done()
         await other.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     assert await waiting == []
@@ -140,7 +152,6 @@ async def test_a_migration_waiting_for_another_names_it(
 async def test_a_migration_waiting_for_another_gives_up_naming_it(conn: Conn, dsn: str) -> None:
     """It waits at most `lock_wait` seconds for the other (which applies the same
     migrations), then names it, its own session as it was before."""
-    from jobpool.db.migrate import _LOCK_KEY
     await conn.execute("SET lock_timeout = '777ms'; SET application_name = 'deploy'")
     before, autocommit = await _session_settings(conn), conn.autocommit
     async with await psycopg.AsyncConnection.connect(
@@ -160,14 +171,8 @@ async def test_a_migration_cancelled_as_its_lock_was_taken_leaves_no_lock(
         conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel that meets the lock query after the server took the lock (the answer lost):
     the session does not keep the migration lock, and its settings come back."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.db.migrate import _LOCK_KEY
 
-    async def locked_then_cancelled(conn: Conn, budget: Any) -> None:
-        await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
-        raise asyncio.CancelledError
-
-    monkeypatch.setattr(migrations_module, "_lock", locked_then_cancelled)
+    monkeypatch.setattr(migrations_module, "_lock", _lock_taken_then_cancelled)
     await conn.execute("SET lock_timeout = '777ms'")
     before, autocommit = await _session_settings(conn), conn.autocommit
     with pytest.raises(asyncio.CancelledError):
@@ -180,8 +185,6 @@ async def test_a_migration_cancelled_after_setting_its_session_gives_it_back(
         conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cancelled before it asked for the migration lock: its settings and autocommit come
     back, and it releases no lock of its caller's."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.db.migrate import _LOCK_KEY
 
     async def cancelled(conn: Conn) -> bool:
         raise asyncio.CancelledError
@@ -202,7 +205,6 @@ async def test_the_wait_for_another_migration_counts_against_the_runs_limit(
         conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """A run that waited for another migrator, then for a table held by a transaction,
     gives up once its waits add up to `lock_wait`, not a limit later."""
-    from jobpool.db.migrate import _LOCK_KEY
     label = await _forget_time_checks_migration(conn)
     holder = await _hold_the_job_table(dsn)
     try:
@@ -227,14 +229,8 @@ async def test_a_caller_holding_the_migration_lock_keeps_it_as_it_held_it(
     """A session that already holds the lock migrates under that hold, without asking for
     the lock again (a cancel that lost the answer could not tell a second hold from the
     first), and is left holding it once: its one unlock frees it for others."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.db.migrate import _LOCK_KEY
 
-    async def locked_then_cancelled(conn: Conn, budget: Any) -> None:
-        await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
-        raise asyncio.CancelledError
-
-    monkeypatch.setattr(migrations_module, "_lock", locked_then_cancelled)
+    monkeypatch.setattr(migrations_module, "_lock", _lock_taken_then_cancelled)
     await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
     assert await migrate(conn, lock_wait=0.0) == []
     await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
@@ -248,8 +244,6 @@ async def test_only_the_wait_for_a_lock_counts_against_the_limit(
         conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A try that worked for a while before it waited for a lock is charged its lock wait
     alone: a migration that works longer than the limit still gets its tries."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.sql import migrations
     shipped = migrations()
     version = len(shipped) + 1
     work_then_lock = "SELECT pg_sleep(1.5);\nLOCK TABLE mdm.aa_tenant IN ACCESS EXCLUSIVE MODE;\n"
@@ -296,7 +290,6 @@ async def test_a_printed_script_refuses_a_database_not_at_its_version(
     """The script after the latest version but one, on a database that has the latest; the
     script after the latest, on one where version 10 is missing (it would be skipped for
     good): both stop at their first step, changing nothing."""
-    from jobpool.sql import migrations
     latest = len(migrations())
     if gap:
         await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = 10")
@@ -351,7 +344,6 @@ async def test_an_index_migration_interrupted_half_way_is_redone(empty_dsn: str)
 
 async def _undo_bounds(conn: psycopg.AsyncConnection[Any]) -> None:
     """Take the database back to before the migrations that bound job times and metadata."""
-    from jobpool.sql import migrations
     versions = [v for v, name, _ in migrations() if name.startswith("robust_bounds")]
     await conn.execute("DROP TABLE mdm.jobpool_oversized_metadata")
     await conn.execute("ALTER TABLE mdm.aa_tenant DROP CONSTRAINT aa_tenant_metadata_size")
@@ -455,7 +447,6 @@ async def test_the_time_checks_migration_interrupted_half_way_is_redone(conn: Co
     """Stopped before one check was validated and its row was written (that check still the
     old one, NOT VALID): run again from the start over jobs of every status, their times at
     both bounds, it completes with every check a range test and validated."""
-    from jobpool.sql import migrations
     version = next(v for v, name, _ in migrations() if name == "time_bounds_as_ranges")
     await conn.execute(
         "INSERT INTO mdm.aa_job (tenant_id, job_kind, max_attempts, status, available_at,"
@@ -487,7 +478,6 @@ async def _hold_the_job_table(dsn: str) -> psycopg.AsyncConnection[Any]:
 
 async def _forget_time_checks_migration(conn: Conn) -> str:
     """Take the row of the migration that alters the job table's checks away; its name."""
-    from jobpool.sql import migrations
     version = next(v for v, name, _ in migrations() if name == "time_bounds_as_ranges")
     await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
     return f"{version:04d}_time_bounds_as_ranges"
@@ -524,8 +514,6 @@ async def test_prepared_transactions_holding_a_migration_up_are_named_by_their_g
     """Each prepared transaction that holds the job table is named apart, by its gid, with
     the statements that end it: to a step that gave way, and to a CONCURRENTLY step (which
     the server tells only that it waits for one)."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.sql import migrations
     bin_dir = find_bin()
     if bin_dir is None:
         pytest.skip("no initdb/pg_ctl found: set JOBPOOL_TEST_PG_BIN to their folder")
@@ -622,8 +610,6 @@ async def test_a_step_outside_a_transaction_that_gave_way_is_tried_again_alone(
         caplog: pytest.LogCaptureFixture) -> None:
     """The steps before it stay done and are not run again (a step that cannot run twice, a
     CONCURRENTLY index build already made, are safe)."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.sql import migrations
     shipped = migrations()
     version = len(shipped) + 1
     steps = (f"{NO_TRANSACTION}\nCREATE TABLE mdm.test_step_one (n integer);\n"
@@ -644,7 +630,6 @@ async def test_a_step_outside_a_transaction_that_gave_way_is_tried_again_alone(
 
 async def test_a_printed_script_for_a_migrated_database_leaves_another_one_alone(
         empty_dsn: str) -> None:
-    from jobpool.sql import migrations
     with pytest.raises(subprocess.CalledProcessError) as failed:
         _run_script(empty_dsn, since=len(migrations()))
     assert "this one has 0 of them, the latest 0" in failed.value.stderr
@@ -658,8 +643,6 @@ async def test_a_concurrent_index_build_names_what_it_waits_for(
         caplog: pytest.LogCaptureFixture) -> None:
     """It waits without a limit (it holds up no writer), but not in silence: every period it
     logs the transactions older than it that it waits for; it completes once they end."""
-    from jobpool.db import migrate as migrations_module
-    from jobpool.sql import migrations
     monkeypatch.setattr(migrations_module, "WAIT_REPORT_EVERY", 0.1)
     version = next(v for v, name, _ in migrations() if name == "running_by_id")
     await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version = %s", (version,))
@@ -716,8 +699,14 @@ async def _session_settings(conn: Conn) -> list[Any]:
 
 
 async def _session_holds_migration_lock(conn: Conn) -> bool:
-    from jobpool.db.migrate import _LOCK_KEY
     return bool(await scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                                    " AND pid = pg_backend_pid()"
                                    " AND ((classid::bigint << 32) | objid::bigint) = %s",
                              (_LOCK_KEY,)))
+
+
+async def _lock_taken_then_cancelled(conn: Conn, budget: Any) -> None:
+    """`migrate`'s `_lock` when a cancel meets its query after the server took the lock: the
+    answer is lost."""
+    await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
+    raise asyncio.CancelledError

@@ -51,7 +51,6 @@ CREATE_MIGRATION_TABLE = Exec("create_migration_table")
 LOCK_HOLDERS = Many("lock_holders")
 MIGRATION_LOCK = One("migration_lock")
 MIGRATION_TABLE_EXISTS = One("migration_table_exists")
-MIGRATION_LOCK_HELD = One("migration_lock_held")
 MIGRATION_LOCK_HOLDER = Many("migration_lock_holder")
 MIGRATION_UNLOCK = Exec("migration_unlock")
 PRINTED_SCRIPT_CHECK = Exec("printed_script_check")
@@ -205,8 +204,7 @@ class WaitBudget:
 async def _holds_migration_lock(conn: AsyncConnection[Any]) -> bool:
     """Whether this session holds the migration lock (a lock query cancelled in flight
     leaves this the only way to tell)."""
-    row = await MIGRATION_LOCK_HELD(conn, {"key": _LOCK_KEY})
-    return bool(row and row["held"])
+    return any(row["mine"] for row in await MIGRATION_LOCK_HOLDER(conn, {"key": _LOCK_KEY}))
 
 
 async def _give_back(conn: AsyncConnection[Any], own: dict[str, Any] | None,

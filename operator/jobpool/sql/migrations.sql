@@ -5,21 +5,12 @@
 -- session blocked in pg_advisory_lock holds a snapshot that CREATE INDEX CONCURRENTLY waits for.
 SELECT pg_try_advisory_lock(%(key)s) AS locked;
 
--- name: migration_lock_held :one
--- Whether this session holds the migration lock %(key)s (granted, in this database).
-SELECT EXISTS (
-    SELECT 1 FROM pg_catalog.pg_locks l
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-       AND l.pid = pg_catalog.pg_backend_pid()
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid::bigint = (%(key)s::bigint >> 32)
-       AND l.objid::bigint = (%(key)s::bigint & 4294967295)) AS held;
-
 -- name: migration_lock_holder :many
 -- The session of this database that holds the migration lock %(key)s (a bigint key is held as
--- its high and low 32 bits), as `lock_holders` shows sessions (a session's lock: no gid).
-SELECT l.pid, a.usename AS role, a.application_name, a.state,
+-- its high and low 32 bits), as `lock_holders` shows sessions (a session's lock: no gid), and
+-- whether it is this one (`mine`).
+SELECT l.pid, (l.pid = pg_catalog.pg_backend_pid()) AS mine, a.usename AS role,
+       a.application_name, a.state,
        extract(epoch FROM pg_catalog.now() - a.xact_start)::float8 AS open_for,
        CASE WHEN a.query <> '<insufficient privilege>' THEN pg_catalog.left(a.query, 200) END
            AS query,
