@@ -4,6 +4,7 @@
     python3 bench/profile_drain.py --slots 32 --sort cumulative
     python3 bench/profile_drain.py --slots 32 --kind bench_write   # handlers that insert a row
     python3 bench/profile_drain.py --slots 32 --kind bench_write --timer cpu
+    python3 bench/profile_drain.py --slots 4 --kind bench_write --setting bounded  # prefetch 0
 
 Runs inside bench/.venv (run.py's bootstrap). Fills a fresh database with `--jobs` jobs of
 `--kind` (`bench_noop`, or `bench_write`, whose handler inserts one row in the job's transaction),
@@ -56,6 +57,8 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--kind", default="bench_noop", choices=["bench_noop", "bench_write"])
+    parser.add_argument("--setting", default="default", choices=["default", "bounded"],
+                        help="the worker's setting as bench/run.py names it (bounded: prefetch 0)")
     parser.add_argument("--sort", default="tottime", help="pstats sort key")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--timer", default="wall", choices=list(TIMERS),
@@ -67,7 +70,7 @@ def main() -> int:
     try:
         enqueue_drain_jobs(system, dsn, args.kind, args.jobs)
         with tempfile.NamedTemporaryFile(suffix=".prof") as out:
-            argv = system.worker(dsn, "drain", args.slots, args.kind)
+            argv = system.worker(dsn, "drain", args.slots, args.kind, args.setting)
             clock, charged = TIMERS[args.timer]
             profiled = [argv[0], "-c", PROFILED.format(timer=clock, out=out.name),
                         *argv[3:]]

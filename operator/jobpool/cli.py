@@ -453,9 +453,18 @@ async def cmd_kinds_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+DEMO_LOG_LEVEL = "warning"
+"""The demo's log level unless `--log-level` or JOBPOOL_LOG_LEVEL says otherwise: its summary
+is on stdout, and its workers' info lines (a line per job) would bury it; warnings (a job moved
+to the DLQ) still show."""
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.demo import run_demo
 
+    if "--log-level" not in args.given and "JOBPOOL_LOG_LEVEL" not in os.environ:
+        settings = replace(settings, log_level=DEMO_LOG_LEVEL)
+        logging.getLogger().setLevel(DEMO_LOG_LEVEL.upper())
     return run_demo(args, settings, open_database)
 
 
@@ -596,7 +605,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kinds_list)
 
-    p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server")
+    p = sub.add_parser("demo", help="run a pool on demo email jobs into a local SMTP server",
+                       description="Run a pool on demo email jobs into a local SMTP server and "
+                                   "print what happened. Logs warnings only unless --log-level "
+                                   "or JOBPOOL_LOG_LEVEL is given.")
     add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", default=None,
                    help="a JobWorkerPool YAML file (default: the example pool shipped with "

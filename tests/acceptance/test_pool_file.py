@@ -223,6 +223,17 @@ def test_an_invalid_pool_file_is_refused_naming_the_field(
     assert message in result.stderr
 
 
+def test_the_demo_logs_warnings_only_unless_asked(dsn: str) -> None:
+    """The summary on stdout is what a newcomer reads: the workers' line per job stays out of
+    stderr beside it, the DLQ warning stays in; `--log-level info` brings the lines back."""
+    quiet = cli(dsn, "demo", "--emails", "2", timeout=300)
+    assert "smtp: 2 message(s) delivered" in quiet.stdout
+    assert " INFO " not in quiet.stderr, quiet.stderr
+    assert "moved to the DLQ" in quiet.stderr
+    chatty = cli(dsn, "demo", "--emails", "1", "--log-level", "info", timeout=300)
+    assert " INFO jobpool.worker: job " in chatty.stderr, chatty.stderr
+
+
 def test_quickstart_demo_on_the_embedded_postgres(tmp_path: Path) -> None:
     """The README's second command, with no database server configured."""
     result = cli(None, "demo", "--data-dir", str(tmp_path / ".jobpool"), "--emails", "6",
