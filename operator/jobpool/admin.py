@@ -88,11 +88,30 @@ DISCARD_HINTS: Mapping[str, str] = {
 """What to do instead of discarding a job of each status (a done job cannot be stopped)."""
 
 
-async def _refuse(conn: AsyncConnection[Any], job_id: int, action: str, allowed: str,
-                  tenants: Tenants, hints: Mapping[str, str] | None = None) -> None:
-    status = (await get_job(conn, job_id, tenants=tenants))["status"]
-    hint = f"; {hints[status]}" if hints and status in hints else ""
-    raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}{hint}")
+STATUS_RACE_TRIES = 5
+"""Times an action is sent again when it matched nothing while the job's status, read right
+after, allows it: the action's statement read the job before a change (a worker moving it to
+the DLQ) committed, so it saw a status the action does not apply to; the read after sees the
+change. Each try needs another change of the job in between; five are never all lost to that
+in practice."""
+
+
+async def _act(conn: AsyncConnection[Any], query: One, params: Mapping[str, Any], *,
+               action: str, statuses: frozenset[str], allowed: str, tenants: Tenants,
+               hints: Mapping[str, str] | None = None) -> None:
+    """Run the one-row `query` of `action` on job `params["id"]`, which applies to jobs of
+    `statuses` only. Raises JobNotFoundError, or JobStateError naming the job's status,
+    `allowed` (what the action applies to) and its hint from `hints`, changing nothing."""
+    job_id = params["id"]
+    for _ in range(STATUS_RACE_TRIES):
+        if await query(conn, params) is not None:
+            return
+        status = (await get_job(conn, job_id, tenants=tenants))["status"]
+        if status not in statuses:
+            hint = f"; {hints[status]}" if hints and status in hints else ""
+            raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}{hint}")
+    raise JobStateError(f"cannot {action} job {job_id}: its status changed under each of "
+                        f"{STATUS_RACE_TRIES} tries; try again")
 
 
 async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,
@@ -102,8 +121,8 @@ async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     Raises JobNotFoundError, or JobStateError (changing nothing) unless the job is in the DLQ.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await REPLAY_JOB(conn, params) is None:
-        await _refuse(conn, job_id, "replay", "only dlq jobs can be replayed", tenants)
+    await _act(conn, REPLAY_JOB, params, action="replay", statuses=frozenset({"dlq"}),
+               allowed="only dlq jobs can be replayed", tenants=tenants)
 
 
 async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str,
@@ -114,10 +133,9 @@ async def discard(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     what to do instead: stop a pending or running job first; retention deletes done jobs.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await DISCARD_JOB(conn, params) is None:
-        await _refuse(conn, job_id, "discard",
-                      "only dlq or stopped (failed) jobs can be discarded", tenants,
-                      DISCARD_HINTS)
+    await _act(conn, DISCARD_JOB, params, action="discard", statuses=frozenset({"dlq", "failed"}),
+               allowed="only dlq or stopped (failed) jobs can be discarded", tenants=tenants,
+               hints=DISCARD_HINTS)
 
 
 async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
@@ -129,9 +147,9 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
     Raises JobNotFoundError, or JobStateError for a done or already stopped job.
     """
     params = {"id": job_id, "actor": actor, "tenants": _keys(tenants), "scope": _scope(tenants)}
-    if await STOP_JOB(conn, params) is None:
-        await _refuse(conn, job_id, "stop", "only pending, running or dlq jobs can be stopped",
-                      tenants)
+    await _act(conn, STOP_JOB, params, action="stop",
+               statuses=frozenset({"pending", "running", "dlq"}),
+               allowed="only pending, running or dlq jobs can be stopped", tenants=tenants)
 
 
 async def list_dlq(

@@ -1,4 +1,5 @@
-"""Configuration read from a file a variable names (`JOBPOOL_RATE_LIMITS=@/path`).
+"""Configuration read from a file a variable names (`JOBPOOL_RATE_LIMITS=@/path`, the admin
+API's `JOBPOOL_API_JWT_PUBLIC_KEY`).
 
 The path comes from the environment, so it may name anything the process can read: a
 device that never ends (`/dev/zero`), a directory, a file of secrets. So a read stops one
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobpool.core.yamlfile import MAX_CHARS
+MAX_BYTES = 1024 * 1024
+"""Rate limits, a public key or a JWKS are kilobytes; a mebibyte is far beyond any real one."""
 
 
-def read_config_file(path: Path, *, limit: int = MAX_CHARS) -> str:
+def read_config_file(path: Path, *, limit: int = MAX_BYTES) -> str:
     """The UTF-8 text of `path`, read at most `limit` + 1 bytes.
 
     Raises ValueError naming the problem (cannot be read, is a directory, longer than `limit`

@@ -37,6 +37,13 @@ RESUME_SCOPE = One("resume_scope")
 Row = dict[str, Any]
 
 
+SCOPE_RACE_TRIES = 5
+"""Times a pause or resume is sent again when a concurrent resume or pause made its answer
+stale: the pause found the scope paused, but it was resumed before the pause could be read;
+the resume found nothing to delete, but the scope is paused now (its statement read the pauses
+before that pause committed)."""
+
+
 class PauseScopeError(JobpoolError):
     """A caller scoped to some tenants named a kind for every tenant (the API's 403)."""
 
@@ -57,11 +64,15 @@ async def pause(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | N
     UnknownTenantError or UnknownKindError (each with a "did you mean"), PauseScopeError.
     """
     params = await _scope_params(conn, tenant, kind, tenants)
-    row = await PAUSE_SCOPE(conn, {
-        **params, "actor": actor, "reason": check_reason(reason), "scope": _scope(tenants)})
-    current = await GET_PAUSE(conn, params)
-    assert current is not None
-    return current, row is not None
+    values = {**params, "actor": actor, "reason": check_reason(reason), "scope": _scope(tenants)}
+    for _ in range(SCOPE_RACE_TRIES):
+        row = await PAUSE_SCOPE(conn, values)
+        current = await GET_PAUSE(conn, params)
+        if current is not None:
+            return current, row is not None
+        # it was paused by another session, which resumed it before the read above
+    raise JobStateError(f"{scope_text(params['tenant_key'], kind)} was paused and resumed by "
+                        f"others under each of {SCOPE_RACE_TRIES} tries; try again")
 
 
 async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | None,
@@ -75,15 +86,19 @@ async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | 
     errors of `pause`.
     """
     params = await _scope_params(conn, tenant, kind, tenants)
-    row = await RESUME_SCOPE(conn, {
-        **params, "actor": actor, "scope": _scope(tenants)})
-    if row is None:
-        paused = await LIST_PAUSES(conn, {"tenants": _keys(tenants)})
-        named = "; ".join(scope_text(p["tenant"], p["kind"]) for p in paused) or "nothing"
-        raise NotPausedError(f"{scope_text(params['tenant_key'], kind)} is not paused "
-                             f"(paused: {named})")
-    del row["woken_kinds"]
-    return {**row, "tenant": params["tenant_key"]}
+    for _ in range(SCOPE_RACE_TRIES):
+        row = await RESUME_SCOPE(conn, {**params, "actor": actor, "scope": _scope(tenants)})
+        if row is not None:
+            del row["woken_kinds"]
+            return {**row, "tenant": params["tenant_key"]}
+        if await GET_PAUSE(conn, params) is None:
+            paused = await LIST_PAUSES(conn, {"tenants": _keys(tenants)})
+            named = "; ".join(scope_text(p["tenant"], p["kind"]) for p in paused) or "nothing"
+            raise NotPausedError(f"{scope_text(params['tenant_key'], kind)} is not paused "
+                                 f"(paused: {named})")
+        # paused by another session after the resume's statement read the pauses
+    raise JobStateError(f"{scope_text(params['tenant_key'], kind)} was resumed and paused by "
+                        f"others under each of {SCOPE_RACE_TRIES} tries; try again")
 
 
 async def list_pauses(conn: AsyncConnection[Any], *, tenants: admin.Tenants = None,

@@ -562,6 +562,10 @@ async def test_only_the_document_and_the_probe_are_public(api: Client) -> None:
     ({"secret": "short", "public_key": None, "audience": AUDIENCE}, "at least 32 bytes"),
     ({"secret": SECRET, "public_key": None, "audience": None}, "JOBPOOL_API_JWT_AUDIENCE"),
     ({"secret": None, "public_key": "/nonexistent.pem", "audience": AUDIENCE}, "cannot read"),
+    # a device that never ends: read up to the limit, not until memory runs out
+    ({"secret": None, "public_key": "/dev/zero", "audience": AUDIENCE},
+     "file /dev/zero: longer than 1048576 bytes"),
+    ({"secret": None, "public_key": "/", "audience": AUDIENCE}, "file /: it is a directory"),
     ({"secret": None, "public_key": "-----BEGIN PUBLIC KEY-----\nxx\n-----END PUBLIC KEY-----",
       "audience": AUDIENCE}, "not a PEM public key"),
 ])

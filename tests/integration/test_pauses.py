@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from integration.helpers import add_tenant, prepare, scalar
 from integration.test_api import Client, api, token  # noqa: F401 (the api fixture)
@@ -273,11 +274,64 @@ async def test_paused_work_is_no_demand_for_the_scaler_and_shows_in_the_gauges(
 @pytest.mark.parametrize(("reason", "detail"), [
     ("a%00b", "a pause's reason contains a NUL character"),
     ("x" * 501, "a pause's reason is at most 500 characters, got 501"),
+    ("%1b[31mred", "a pause's reason contains U+001B at index 0"),
 ])
-async def test_a_reason_postgresql_cannot_store_is_a_named_400(
+async def test_a_reason_it_cannot_keep_or_print_is_a_named_400(
         api: Client, conn: Conn, reason: str, detail: str) -> None:  # noqa: F811
     await prepare(conn)
     status, body, _ = await api.call("POST", f"/v1/pauses?kind={KIND}&reason={reason}",
                                      bearer=token())
     assert (status, detail in body["detail"]) == (400, True), body
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_pause") == 0
+
+
+# -- a pause and a resume at once ----------------------------------------------------------
+
+
+def _then(query: Any, change: Any) -> Any:
+    """`query` (a `One`), with `change` (a coroutine function) run once right after its first
+    call: as if another session committed `change` between the statement's read and the next
+    statement."""
+    calls = 0
+
+    async def run(conn: Conn, params: Any) -> Any:
+        nonlocal calls
+        row = await query(conn, params)
+        calls += 1
+        if calls == 1:
+            await change()
+        return row
+
+    return run
+
+
+async def test_a_pause_that_meets_a_resume_of_the_scope_pauses_it(
+        conn: Conn, dsn: str, store: QueueStore, tenant: uuid.UUID,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause finds the scope paused, and another session resumes it before the pause
+    reads it back: the scope ends paused by this call (it used to fail an assertion: a 500)."""
+    await _pause(conn, "acme", KIND, actor="user:alice")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                    row_factory=dict_row) as other:
+        monkeypatch.setattr(pauses, "PAUSE_SCOPE", _then(pauses.PAUSE_SCOPE, lambda: _resume(
+            other, "acme", KIND, actor="user:carol")))  # type: ignore[arg-type]
+        row, created = await pauses.pause(conn, tenant="acme", kind=KIND, actor="user:bob")
+    assert (created, row["paused_by"], row["tenant"]) == (True, "user:bob", "acme")
+    assert [(r["action"], r["actor"]) for r in await _audit(conn)] == [
+        ("work_paused", "user:alice"), ("work_resumed", "user:carol"), ("work_paused", "user:bob")]
+
+
+async def test_a_resume_that_meets_a_pause_of_the_scope_resumes_it(
+        conn: Conn, dsn: str, store: QueueStore, tenant: uuid.UUID,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume finds nothing to resume, and another session's pause commits before the
+    resume says so: the scope ends resumed by this call, not "not paused (paused: it)"."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                    row_factory=dict_row) as other:
+        monkeypatch.setattr(pauses, "RESUME_SCOPE", _then(pauses.RESUME_SCOPE, lambda: _pause(
+            other, "acme", KIND, actor="user:alice")))  # type: ignore[arg-type]
+        row = await pauses.resume(conn, tenant="acme", kind=KIND, actor="user:bob")
+    assert (row["paused_by"], row["tenant"]) == ("user:alice", "acme")
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_pause") == 0
+    assert [(r["action"], r["actor"]) for r in await _audit(conn)] == [
+        ("work_paused", "user:alice"), ("work_resumed", "user:bob")]

@@ -120,7 +120,6 @@ def test_an_unknown_kind_suggests_the_registered_one_it_looks_like() -> None:
     ("alice@host", "user:alice@host", "person", "alice@host"),
     ("user:bob", "user:bob", "person", "bob"),
     ("service:nightly-cron", "nightly-cron", "service account", "nightly-cron"),
-    ("token:ci", "token:ci", "token", "ci"),
 ])
 def test_a_cli_actor_is_a_person_unless_it_says_its_kind(
     given: str, stored: str, kind: str, name: str
@@ -136,6 +135,19 @@ def test_token_subjects_and_service_accounts_are_told_apart() -> None:
     for empty in ("", " ", "service:", "service: "):
         with pytest.raises(ValueError, match="an actor must name someone"):
             cli_actor(empty)
+
+
+def test_a_cli_actor_cannot_pass_for_an_admin_api_token() -> None:
+    with pytest.raises(ValueError, match=r"cannot be an admin API token \('token:ci'\): name a "
+                                         "person"):
+        cli_actor("token:ci")
+
+
+@pytest.mark.parametrize("given", ["a\x1b[31mb", "a\nb", "service:cron\r", "\u202eecila"])
+def test_a_cli_actor_that_is_not_one_printable_line_is_refused(given: str) -> None:
+    """The audit history prints the actor, as the API refuses a token `sub` of such text."""
+    with pytest.raises(ValueError, match=r"an actor contains U\+.*only printable text"):
+        cli_actor(given)
 
 
 def test_version_names_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,6 +53,21 @@ def test_a_reason_is_stripped_and_bounded() -> None:
         check_reason("x" * 501)
     with pytest.raises(ValueError, match=r"reason contains a lone surrogate \(U\+DCFF\)"):
         check_reason("smtp \udcff down")  # an undecodable byte of a command line
+    assert check_reason(" " * 600 + "x") == "x"  # bounded once stripped, as it is stored
+    spaced = "smtp down until 10\u00a0h \U0001f527"  # a no-break space and an emoji print
+    assert check_reason(spaced) == spaced
+
+
+@pytest.mark.parametrize(("reason", "shown"), [
+    ("red\x1b[31m alert", "U+001B at index 3"),  # an escape sequence for the terminal
+    ("two\nlines", "U+000A at index 3"),  # breaks `jobpool paused`'s table
+    ("\u202edown", "U+202E at index 0"),  # reverses what the terminal shows after it
+])
+def test_a_reason_that_is_not_one_printable_line_is_refused_naming_the_character(
+        reason: str, shown: str) -> None:
+    with pytest.raises(ValueError, match=rf"a pause's reason contains {re.escape(shown)}: only "
+                                         "printable text"):
+        check_reason(reason)
 
 
 def test_which_pairs_a_scope_holds_and_which_scopes_overlap() -> None:

@@ -29,6 +29,9 @@ def test_a_list_of_tenant_keys_is_the_scope_and_star_is_every_tenant() -> None:
     ({"tenants": ["*"]}, 401, "'*' is not a tenant key"),
     ({"tenants": ["acme", "Bad Key"]}, 401, "'Bad Key' is not a tenant key"),
     ({"tenants": ["a"] * 1001}, 401, "1 to 1000 tenant keys"),
+    # an issuer that puts tenant ids in the claim: named, not a token that silently sees nothing
+    ({"tenants": ["acme", "e9497430-8a3b-4c2d-9e1f-0123456789ab"]}, 401,
+     "'e9497430-8a3b-4c2d-9e1f-0123456789ab' is a tenant id, not a tenant key"),
 ])
 def test_a_missing_or_malformed_claim_is_refused(claims: dict[str, Any], status: int,
                                                  message: str) -> None:

@@ -24,7 +24,8 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from jobpool.core.tenants import TENANT_KEY
+from jobpool.configfile import read_config_file
+from jobpool.core.tenants import TENANT_ID, TENANT_KEY
 from jobpool.errors import JobpoolError
 
 PERMISSION = "manage_metadata"
@@ -85,6 +86,9 @@ def token_tenants(claims: Mapping[str, Any], subject: str) -> tuple[str, ...] | 
     for key in value:
         if not isinstance(key, str) or not TENANT_KEY.fullmatch(key):
             raise AuthError(401, f"{shape}; {str(key)[:80]!r} is not a tenant key")
+        if TENANT_ID.fullmatch(key):  # a key never looks like one, so it would match nothing
+            raise AuthError(401, f"{shape}; {key!r} is a tenant id, not a tenant key (the "
+                                 "`key` column of `jobpool tenants list`)")
     return tuple(sorted(set(value)))
 
 
@@ -213,9 +217,9 @@ def _public_keys(value: str) -> list[VerifyKey]:
         path = Path(value).expanduser()
         where = f"JOBPOOL_API_JWT_PUBLIC_KEY file {path}"
         try:
-            text = path.read_text("utf-8")
-        except OSError as exc:
-            raise ValueError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+            text = read_config_file(path)  # bounded: the path may name a device
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     if text.lstrip().startswith("{"):
         return _jwks_keys(text, where)
     return [_pem_key(text, where)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from jobpool.core.jsondata import text_problem
+from jobpool.core.jsondata import line_problem
 
 ActorKind = Literal["person", "token", "service account"]
 
@@ -26,21 +26,28 @@ _PREFIXES: tuple[tuple[str, ActorKind], ...] = (
 
 def cli_actor(name: str) -> str:
     """The actor of a CLI command given `--actor name`: a person (`alice@host` ->
-    `user:alice@host`), unless `name` already says its kind (`user:`, `token:`, or
-    `service:NAME` for a machine, written as the bare NAME).
+    `user:alice@host`), unless `name` already says it is one (`user:`) or says it is a
+    machine (`service:NAME`, written as the bare NAME). `token:` is refused: it names an admin
+    API token, which a command at the database is not, and the audit history would show the
+    row as that token's.
 
-    Raises ValueError for an empty name (an audit row must name someone) and for one the
-    audit log cannot store (a NUL, an undecodable byte of the command line).
+    Raises ValueError for an empty name (an audit row must name someone), for one the audit
+    log cannot store (a NUL, an undecodable byte of the command line) and for one that is not
+    one printable line (the audit history prints it; the admin API refuses such a token
+    `sub` for the same reason).
     """
+    if name.startswith(TOKEN_PREFIX):
+        raise ValueError(f"an actor of a command cannot be an admin API token ({name!r}): name "
+                         f"a person (NAME or user:NAME) or a machine (service:NAME)")
     bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
     if not (bare if bare is not None else name).strip():
         raise ValueError(f"an actor must name someone, got {name!r}")
-    problem = text_problem(name)
+    problem = line_problem(name)
     if problem is not None:
         raise ValueError(f"an actor {problem}")
     if bare is not None:
         return bare
-    return name if _prefixed(name) else PERSON_PREFIX + name
+    return name if name.startswith(PERSON_PREFIX) else PERSON_PREFIX + name
 
 
 def token_subject(subject: str) -> str:
@@ -62,7 +69,3 @@ def actor_name(actor: str) -> str:
         if actor.startswith(prefix):
             return actor[len(prefix):]
     return actor
-
-
-def _prefixed(name: str) -> bool:
-    return any(name.startswith(prefix) for prefix, _ in _PREFIXES)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
@@ -86,6 +87,27 @@ def text_problem(text: str) -> str | None:
         return (f"contains a lone surrogate (U+{ord(text[exc.start]):04X}) at index "
                 f"{exc.start}, which is not valid Unicode")
     return None
+
+
+NOT_IN_A_LINE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories `line_problem` refuses: control, format (U+202E, U+200B), line and
+paragraph separators."""
+
+
+def line_problem(text: str) -> str | None:
+    """What keeps `text` from being one line of text as a terminal shows it (a control
+    character, a line break, an invisible format character such as U+202E, which reverses
+    what follows), or what keeps it out of PostgreSQL (`text_problem`); None if nothing.
+    For text people type that commands print in tables (a pause's reason, an audit actor):
+    an escape sequence in it would act on the terminal of whoever lists it."""
+    problem = text_problem(text)
+    if problem is not None or text.isprintable():
+        return problem
+    at = next((i for i, c in enumerate(text) if unicodedata.category(c) in NOT_IN_A_LINE), None)
+    if at is None:  # spaces other than U+0020 (a no-break space), which print as spaces
+        return None
+    return (f"contains U+{ord(text[at]):04X} at index {at}: only printable text, no control "
+            "characters, line breaks or invisible format characters")
 
 
 _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobpool.core.jsondata import text_problem
+from jobpool.core.jsondata import line_problem
 
 MAX_REASON = 500
 """Characters of a pause's reason (the database refuses more)."""
@@ -25,18 +25,20 @@ def check_scope(tenant: str | None, kind: str | None) -> None:
 
 
 def check_reason(reason: str | None) -> str | None:
-    """`reason` stripped (None when empty); raises ValueError beyond MAX_REASON characters or
-    for text PostgreSQL cannot store (a NUL from a URL's %00, a lone surrogate from an
-    undecodable command-line byte)."""
+    """`reason` stripped (None when empty); raises ValueError beyond MAX_REASON characters
+    once stripped, for text PostgreSQL cannot store (a NUL from a URL's %00, a lone surrogate
+    from an undecodable command-line byte) or that is not one printable line (`jobpool
+    paused` prints it in a table, where an escape sequence would act on the terminal)."""
     if reason is None or not reason.strip():
         return None
+    reason = reason.strip()
     if len(reason) > MAX_REASON:
         raise ValueError(f"a pause's reason is at most {MAX_REASON} characters, "
                          f"got {len(reason)}")
-    problem = text_problem(reason)
+    problem = line_problem(reason)
     if problem is not None:
         raise ValueError(f"a pause's reason {problem}")
-    return reason.strip()
+    return reason
 
 
 def scope_text(tenant: str | None, kind: str | None) -> str:

@@ -18,7 +18,7 @@ TENANT_REF_PATTERN = rf"^({TENANT_KEY_PATTERN}|{TENANT_ID_PATTERN})$"
 """A tenant key or id, as the CLI, the admin API and pool files take it."""
 
 TENANT_KEY = re.compile(rf"^{TENANT_KEY_PATTERN}$")
-_TENANT_ID = re.compile(rf"^{TENANT_ID_PATTERN}$")
+TENANT_ID = re.compile(rf"^{TENANT_ID_PATTERN}$")
 _KEY_RULE = "1 to 63 lower-case letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 MAX_METADATA_DEPTH = 32
@@ -39,7 +39,7 @@ def check_tenant_key(key: str) -> str:
     """
     if not TENANT_KEY.fullmatch(key):
         raise ValueError(f"invalid tenant key {key!r}: use {_KEY_RULE}")
-    if _TENANT_ID.fullmatch(key):
+    if TENANT_ID.fullmatch(key):
         raise ValueError(f"invalid tenant key {key!r}: a key must not look like a tenant id")
     return key
 
@@ -50,7 +50,7 @@ def tenant_ref(text: str) -> str:
     Ids are uuids and compare case-insensitively; keys are lower-case by rule, so no key
     can be mistaken for an id. Raises ValueError for text that is neither.
     """
-    if _TENANT_ID.fullmatch(text):
+    if TENANT_ID.fullmatch(text):
         return text.lower()
     if TENANT_KEY.fullmatch(text):
         return text
@@ -80,7 +80,7 @@ def tenant_uuid(value: object) -> uuid.UUID:
 
 def tenant_id_of(ref: str) -> uuid.UUID | None:
     """The uuid a canonical reference (see tenant_ref) names, or None when it is a key."""
-    return uuid.UUID(ref) if _TENANT_ID.fullmatch(ref) else None
+    return uuid.UUID(ref) if TENANT_ID.fullmatch(ref) else None
 
 
 def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
