@@ -22,7 +22,7 @@ from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.core.tenants import tenant_uuid
 from jobpool.db.queries import Many, One
-from jobpool.errors import UnknownKindError, UnknownTenantError
+from jobpool.errors import InvalidPayloadError, UnknownKindError, UnknownTenantError
 from jobpool.payloads import decode_payload, payload_json
 from jobpool.registry import REGISTRY
 from jobpool.trace_context import current_trace_context
@@ -112,7 +112,30 @@ def _check_aware(name: str, moment: datetime | None) -> None:
 
 
 def _where(index: int, count: int) -> str:
-    return f" (number {index} of the batch)" if count > 1 else ""
+    """Where job `index` (from 0) is in a batch of `count`, as errors name it (nothing for a
+    batch of one)."""
+    return f" (job {index + 1} of {count} in the batch)" if count > 1 else ""
+
+
+def _checked_fields(job: NewJob, payload: Any) -> str | None:
+    """Check the fields of `job` other than its kind and tenant, with its `payload` as JSON
+    data; return its idempotency key. Raises ValueError naming the field."""
+    kind = job.kind
+    if not isinstance(payload, dict):
+        raise ValueError(f"payload of a job of kind {kind} must be a JSON object, "
+                         f"got {type(payload).__name__}")
+    key = job.idempotency_key
+    if key is not None:
+        if not (isinstance(key, str) and 1 <= len(key) <= 512):
+            raise ValueError("idempotency_key must be a string of 1 to 512 characters, "
+                             f"got {key!r:.80}")
+        problem = text_problem(key)
+        if problem is not None:
+            raise ValueError(f"idempotency_key of a job of kind {kind} {problem}")
+    check_whole("max_attempts", job.max_attempts, *MAX_ATTEMPTS_RANGE)
+    check_whole("priority", job.priority, *PRIORITY_RANGE)
+    _check_aware("available_at", job.available_at)
+    return key
 
 
 class _Batch:
@@ -141,37 +164,26 @@ class _Batch:
         for index, job in enumerate(jobs):
             kind = job.kind
             try:
-                model = models[kind]
-            except (KeyError, TypeError):
-                model = models[kind] = _kind_model(kind)
-            payload = job.payload
-            if model is not None:
-                decode_payload(kind, model, payload)
-            payload = payload_json(payload)
-            if not isinstance(payload, dict):
-                raise ValueError(f"payload of a job of kind {kind} must be a JSON object, "
-                                 f"got {type(payload).__name__}")
-            key = job.idempotency_key
-            if key is not None:
-                if not (isinstance(key, str) and 1 <= len(key) <= 512):
-                    raise ValueError("idempotency_key must be a string of 1 to 512 characters, "
-                                     f"got {key!r:.80}")
-                problem = text_problem(key)
-                if problem is not None:
-                    raise ValueError(f"idempotency_key of a job of kind {kind}"
-                                     f"{_where(index, count)} {problem}")
-            if job.max_attempts is not None:
-                check_whole("max_attempts", job.max_attempts, *MAX_ATTEMPTS_RANGE)
-            if job.priority is not None:
-                check_whole("priority", job.priority, *PRIORITY_RANGE)
-            if job.available_at is not None:
-                _check_aware("available_at", job.available_at)
-            try:
-                tenant = tenants[job.tenant_id]
-            except KeyError:
-                tenant = tenants[job.tenant_id] = _tenant_text(job)
-            except TypeError:  # unhashable: not a UUID either
-                tenant = _tenant_text(job)
+                try:
+                    model = models[kind]
+                except (KeyError, TypeError):
+                    model = models[kind] = _kind_model(kind)
+                payload = job.payload
+                if model is not None:
+                    decode_payload(kind, model, payload)
+                payload = payload_json(payload)
+                key = _checked_fields(job, payload)
+                try:
+                    tenant = tenants[job.tenant_id]
+                except KeyError:
+                    tenant = tenants[job.tenant_id] = _tenant_text(job)
+                except TypeError:  # unhashable: not a UUID either
+                    tenant = _tenant_text(job)
+            except ValueError as exc:  # InvalidPayloadError too: the same class, placed
+                if count == 1:
+                    raise
+                placed = InvalidPayloadError if isinstance(exc, InvalidPayloadError) else ValueError
+                raise placed(f"{exc}{_where(index, count)}") from None
             self.tenant_ids.append(tenant)
             self.kinds.append(kind)
             payloads.append(payload)

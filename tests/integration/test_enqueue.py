@@ -193,7 +193,7 @@ async def test_a_batch_error_names_the_job_at_fault(conn: Conn, tenant: uuid.UUI
     jobs = [jobpool.NewJob(tenant, "test_record", {"n": n}) for n in range(3)]
     jobs.append(jobpool.NewJob(tenant, "test_record", {"n": "x\udfff"}))
     with pytest.raises(ValueError,
-                       match=r"test_record \(number 3 of the batch\) is refused: payload\.n"):
+                       match=r"test_record \(job 4 of 4 in the batch\) is refused: payload\.n"):
         await jobpool.enqueue_many(conn, jobs)
 
 
@@ -298,6 +298,10 @@ async def test_fields_of_the_wrong_type_or_size_are_refused_naming_the_field(
     with pytest.raises(ValueError) as refused:
         await jobpool.enqueue_many(conn, [jobpool.NewJob(**fields)])
     assert str(refused.value) == problem
+    good = jobpool.NewJob(tenant, "test_record", {})
+    with pytest.raises(ValueError) as refused:  # in a batch, the job's place too
+        await jobpool.enqueue_many(conn, [good, good, jobpool.NewJob(**fields)])
+    assert str(refused.value) == f"{problem} (job 3 of 3 in the batch)"
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
 
 
