@@ -18,7 +18,7 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.rows import tuple_row
 
-from jobpool.core.jsondata import MAX_DEPTH, text_problem, to_json_text
+from jobpool.core.jsondata import MAX_DEPTH, json_type, text_problem, to_json_text
 from jobpool.core.kinds import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_kind_name, check_whole
 from jobpool.core.tenants import tenant_uuid
 from jobpool.db.queries import Many, One
@@ -111,10 +111,10 @@ def _check_aware(name: str, moment: datetime | None) -> None:
                          f"({EARLIEST_TIME.isoformat()} up to {LATEST_TIME.isoformat()})")
 
 
-def _where(index: int, count: int) -> str:
-    """Where job `index` (from 0) is in a batch of `count`, as errors name it (nothing for a
-    batch of one)."""
-    return f" (job {index + 1} of {count} in the batch)" if count > 1 else ""
+def _place(index: int, count: int) -> str:
+    """Where job `index` (from 0) is in a batch of `count`, as errors begin with it (nothing
+    for a batch of one)."""
+    return f"job {index + 1} of {count} in the batch: " if count > 1 else ""
 
 
 def _checked_fields(job: NewJob, payload: Any) -> str | None:
@@ -123,7 +123,7 @@ def _checked_fields(job: NewJob, payload: Any) -> str | None:
     kind = job.kind
     if not isinstance(payload, dict):
         raise ValueError(f"payload of a job of kind {kind} must be a JSON object, "
-                         f"got {type(payload).__name__}")
+                         f"got {json_type(payload)}")
     key = job.idempotency_key
     if key is not None:
         if not (isinstance(key, str) and 1 <= len(key) <= 512):
@@ -183,7 +183,7 @@ class _Batch:
                 if count == 1:
                     raise
                 placed = InvalidPayloadError if isinstance(exc, InvalidPayloadError) else ValueError
-                raise placed(f"{exc}{_where(index, count)}") from None
+                raise placed(f"{_place(index, count)}{exc}") from None
             self.tenant_ids.append(tenant)
             self.kinds.append(kind)
             payloads.append(payload)
@@ -198,8 +198,8 @@ class _Batch:
                 try:
                     to_json_text(payload, name="payload")
                 except ValueError as problem:
-                    raise ValueError(f"payload of a job of kind {job.kind}"
-                                     f"{_where(index, count)} is refused: {problem}") from None
+                    raise ValueError(f"{_place(index, count)}payload of a job of kind "
+                                     f"{job.kind} is refused: {problem}") from None
             raise ValueError(f"cannot enqueue: {exc}") from None
         self.priorities = _numbers(priorities)
         self.times = None if times.count(None) == count else times

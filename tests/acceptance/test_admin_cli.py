@@ -158,9 +158,10 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_dsn: str) -> None:
         (["run", "--slots", "abc"], "argument --slots: must be a whole number from 1 to 256"),
         (["run", "--stop-grace", "1_0"], "argument --stop-grace: must be from 0.1 to 3600 seconds"),
         (["pause", "--kind", "test_record", "--reason", "smtp \udcff"],
-         "a pause's reason contains a lone surrogate (U+DCFF)"),
+         "a pause's reason contains a lone surrogate (U+DCFF: the byte 0xFF of text that is not "
+         "UTF-8)"),
         (["pause", "--kind", "test_record", "--actor", "\udcff"],
-         "argument --actor: an actor contains a lone surrogate (U+DCFF)"),
+         "argument --actor: an actor contains a lone surrogate (U+DCFF: the byte 0xFF"),
         (["run", "--grace", "\u0663\u0660"], "argument --grace: must be from 0.1 to 3600 seconds"),
         (["tenants", "add", "Robert'); DROP TABLE mdm.aa_job;--"], "invalid tenant key"),
         (["tenants", "add", "00000000-0000-0000-0000-000000000000"], "look like a tenant id"),
@@ -392,4 +393,4 @@ def test_a_stored_setting_with_an_undecodable_byte_is_refused_naming_it(
     result = cli(dsn, "run", "--until-empty", check=False, **{variable_name: "lane-\udcff"})
     assert result.returncode == 2, result.stderr
     assert (f"{variable_name} is text the database cannot keep: it contains a lone surrogate"
-            " (U+DCFF) at index 5") in result.stderr
+            " (U+DCFF: the byte 0xFF of text that is not UTF-8) at index 5") in result.stderr

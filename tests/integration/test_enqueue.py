@@ -163,8 +163,8 @@ BAD_PAYLOADS = [
     ({"big": float("inf")}, r"payload\.big is inf, which JSON cannot hold"),
     (nested(101), r"payload is nested more than 100 levels deep"),
     (nested(3000), r"payload is nested more than 100 levels deep"),
-    ([1, 2], "must be a JSON object"),
-    ("text", "must be a JSON object"),
+    ([1, 2], "must be a JSON object, got array"),
+    ("text", "must be a JSON object, got string"),
 ]
 
 
@@ -193,7 +193,8 @@ async def test_a_batch_error_names_the_job_at_fault(conn: Conn, tenant: uuid.UUI
     jobs = [jobpool.NewJob(tenant, "test_record", {"n": n}) for n in range(3)]
     jobs.append(jobpool.NewJob(tenant, "test_record", {"n": "x\udfff"}))
     with pytest.raises(ValueError,
-                       match=r"test_record \(job 4 of 4 in the batch\) is refused: payload\.n"):
+                       match=r"job 4 of 4 in the batch: payload of a job of kind "
+                             r"test_record is refused: payload\.n"):
         await jobpool.enqueue_many(conn, jobs)
 
 
@@ -301,7 +302,7 @@ async def test_fields_of_the_wrong_type_or_size_are_refused_naming_the_field(
     good = jobpool.NewJob(tenant, "test_record", {})
     with pytest.raises(ValueError) as refused:  # in a batch, the job's place too
         await jobpool.enqueue_many(conn, [good, good, jobpool.NewJob(**fields)])
-    assert str(refused.value) == f"{problem} (job 3 of 3 in the batch)"
+    assert str(refused.value) == f"job 3 of 3 in the batch: {problem}"
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
 
 

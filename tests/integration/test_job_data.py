@@ -116,7 +116,7 @@ async def test_a_payload_too_deep_to_decode_goes_to_the_dlq_at_claim(
     assert error.startswith("PermanentError: payload cannot be decoded: ValueError: Exceeds "
                             "the limit (4300 digits)")
     assert await outcome(conn, array) == (
-        "dlq", "PermanentError: payload must be a JSON object, got list")
+        "dlq", "PermanentError: payload must be a JSON object, got array")
 
 
 async def outcome(conn: Conn, job_id: int) -> tuple[str, str]:

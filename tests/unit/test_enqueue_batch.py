@@ -51,10 +51,11 @@ def test_a_later_round_sends_only_the_pending_jobs_columns() -> None:
 
 def test_the_first_job_at_fault_is_named() -> None:
     good = NewJob(TENANT, "k_one")
-    with pytest.raises(ValueError, match=r"idempotency_key of a job of kind k_one \(number 1"):
+    with pytest.raises(ValueError, match=r"job 2 of 3 in the batch: idempotency_key of a job "
+                                         r"of kind k_one contains a NUL"):
         _Batch([good, NewJob(TENANT, "k_one", idempotency_key="a\x00"),
                 NewJob("nope", "k_one")])
-    with pytest.raises(ValueError, match="tenant_id must be a UUID, got 'nope'"):
+    with pytest.raises(ValueError, match=r"job 2 of 3 in the batch: tenant_id must be a UUID"):
         _Batch([good, NewJob("nope", "k_one"), NewJob(TENANT, "Bad")])
     with pytest.raises(ValueError, match="tenant_id must be a UUID, got"):
         _Batch([good, NewJob(["unhashable"], "k_one")])  # type: ignore[arg-type]

@@ -149,7 +149,7 @@ async def test_a_payload_that_is_no_object_goes_to_the_dlq_without_running_the_h
     store = FakeStore()
     assert await executor(handler, store).execute(job(payload=[1, 2])) == "dlq"
     assert store.writes == [("dlq", 7, {"error": "PermanentError: payload must be a JSON "
-                                                 "object, got list"})]
+                                                 "object, got array"})]
 
 
 async def test_a_lost_connection_under_the_handler_hands_the_job_back_uncounted() -> None:

@@ -45,7 +45,7 @@ def test_within_depth_is_exact_at_the_limit() -> None:
 @pytest.mark.parametrize(("value", "problem"), [
     ({"t": "a\x00b"}, "result.t contains a NUL character"),
     ({"t": "x\ud800"}, r"result.t contains a lone surrogate (U+D800) at index 1"),
-    ({"t": ["ok", "\udc80"]}, "result.t[1] contains a lone surrogate (U+DC80)"),
+    ({"t": ["ok", "\udc80"]}, "result.t[1] contains a lone surrogate (U+DC80: the byte 0x80"),
     ({"a\x00": 1}, "result has a key that contains a NUL character"),
     ({"x": float("nan")}, "result.x is nan, which JSON cannot hold"),
     ({"x": float("-inf")}, "result.x is -inf, which JSON cannot hold"),

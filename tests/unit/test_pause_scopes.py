@@ -51,7 +51,8 @@ def test_a_reason_is_stripped_and_bounded() -> None:
     assert check_reason("   ") is None and check_reason(None) is None
     with pytest.raises(ValueError, match="at most 500 characters, got 501"):
         check_reason("x" * 501)
-    with pytest.raises(ValueError, match=r"reason contains a lone surrogate \(U\+DCFF\)"):
+    with pytest.raises(ValueError, match=r"reason contains a lone surrogate \(U\+DCFF: the "
+                                          r"byte 0xFF of text that is not UTF-8\)"):
         check_reason("smtp \udcff down")  # an undecodable byte of a command line
     assert check_reason(" " * 600 + "x") == "x"  # bounded once stripped, as it is stored
     spaced = "smtp down until 10\u00a0h \U0001f527"  # a no-break space and an emoji print

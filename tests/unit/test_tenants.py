@@ -52,7 +52,8 @@ def test_a_reference_that_is_neither_key_nor_id_names_both_rules(ref: str) -> No
 
 
 @pytest.mark.parametrize(("metadata", "message"), [
-    ([], "metadata must be a JSON object, got list"),
+    ([], "metadata must be a JSON object, got array"),
+    (None, "metadata must be a JSON object, got null"),
     ({"rate_limit": {"k": {"rps": 10**400}}}, "tenant acme: rate_limit.k.rps: must be a number"),
     ({"rate_limit": {"k": {"rps": 1e308}}}, "tenant acme: rate_limit.k.rps: must be a number"),
     ({"rate_limit": {"k": {"rps": True}}}, "tenant acme: rate_limit.k.rps: must be a number"),

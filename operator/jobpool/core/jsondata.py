@@ -84,9 +84,26 @@ def text_problem(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return (f"contains a lone surrogate (U+{ord(text[exc.start]):04X}) at index "
+        code = ord(text[exc.start])
+        # U+DC80..U+DCFF is how Python carries a byte of an argument or variable that is not
+        # UTF-8: a person typed that byte, not a surrogate
+        byte = (f": the byte 0x{code - 0xDC00:02X} of text that is not UTF-8"
+                if 0xDC80 <= code <= 0xDCFF else "")
+        return (f"contains a lone surrogate (U+{code:04X}{byte}) at index "
                 f"{exc.start}, which is not valid Unicode")
     return None
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of the type of decoded JSON `value` (`null`, `array`, ...), as errors
+    about JSON name it; the Python name for anything else."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"),
+                       (int, "number"), (float, "number")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 NOT_IN_A_LINE = frozenset({"Cc", "Cf", "Zl", "Zp"})

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobpool.core.jsondata import to_json_text
+from jobpool.core.jsondata import json_type, to_json_text
 from jobpool.core.ratelimit import parse_tenant_limits
 from jobpool.core.suggestions import close_names
 
@@ -92,7 +92,7 @@ def check_tenant_metadata(metadata: Any, tenant: str) -> dict[str, Any]:
     workers never have to ignore it where it is read.
     """
     if not isinstance(metadata, dict):
-        raise ValueError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+        raise ValueError(f"metadata must be a JSON object, got {json_type(metadata)}")
     size = len(to_json_text(metadata, name="metadata", limit=MAX_METADATA_DEPTH).encode())
     if size > MAX_METADATA_BYTES:
         raise ValueError(f"metadata is {size} bytes of JSON, more than the limit of "

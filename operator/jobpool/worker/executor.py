@@ -26,7 +26,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from jobpool.core.jsondata import UndecodableJson, to_json_text
+from jobpool.core.jsondata import UndecodableJson, json_type, to_json_text
 from jobpool.core.ratelimit import Denied
 from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, safe_str
 from jobpool.db.connect import (
@@ -122,7 +122,7 @@ def payload_problem(payload: Any) -> str | None:
     if isinstance(payload, UndecodableJson):
         return f"payload cannot be decoded: {payload.reason}"
     if not isinstance(payload, dict):
-        return f"payload must be a JSON object, got {type(payload).__name__}"
+        return f"payload must be a JSON object, got {json_type(payload)}"
     return None
 
 
