@@ -56,6 +56,7 @@ from jobpool.settings import (
     Settings,
     configure,
 )
+from jobpool.terminal import print_table
 
 if TYPE_CHECKING:
     from jobpool.core.poolspec import PoolSpec
@@ -121,11 +122,7 @@ def _print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json:
     if as_json:
         print(json.dumps(rows, default=str, indent=2))
         return
-    table = [[_cell(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in table)]) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for cells in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)))
+    print_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows])
 
 
 # -- commands -----------------------------------------------------------------------------

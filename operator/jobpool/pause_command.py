@@ -11,6 +11,7 @@ from typing import Any
 from jobpool.cli_arguments import actor_of, add_actor, add_common_arguments
 from jobpool.core.pause_scopes import MAX_REASON, check_scope, overlaps, scope_text
 from jobpool.settings import Settings
+from jobpool.terminal import one_line, print_table
 
 _SCOPE_HELP = ("a tenant key or id, a kind, or both: --tenant alone is every kind of the "
                "tenant, --kind alone the kind for every tenant")
@@ -68,7 +69,7 @@ async def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     if created:
         print(f"paused {scope}")
     else:
-        print(f"{scope} was paused already, by {row['paused_by']} at "
+        print(f"{scope} was paused already, by {one_line(row['paused_by'])} at "
               f"{row['paused_at'].isoformat()}{_reason(row)}")
     return 0
 
@@ -84,7 +85,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         await conn.commit()
         paused = await _list(conn)
     print(f"resumed {scope_text(row['tenant'], row['kind'])} "
-          f"(paused by {row['paused_by']} at {row['paused_at'].isoformat()})")
+          f"(paused by {one_line(row['paused_by'])} at {row['paused_at'].isoformat()})")
     for other in paused:
         if overlaps(other, row):
             print(f"  still paused: {scope_text(other['tenant'], other['kind'])}")
@@ -111,7 +112,7 @@ async def _list(conn: Any) -> list[dict[str, Any]]:
 
 
 def _reason(row: Mapping[str, Any]) -> str:
-    return f" ({row['reason']})" if row.get("reason") else ""
+    return f" ({one_line(row['reason'])})" if row.get("reason") else ""
 
 
 def print_pauses(pauses: Sequence[Mapping[str, Any]]) -> None:
@@ -123,7 +124,4 @@ def print_pauses(pauses: Sequence[Mapping[str, Any]]) -> None:
     rows = [[p["tenant"] or "*", p["kind"] or "*", str(p["pending"]), str(p["ready"]),
              str(p["paused_by"]), p["paused_at"].isoformat(timespec="seconds"),
              p["reason"] or ""] for p in pauses]
-    header = ["tenant", "kind", "pending", "ready", "paused by", "since", "reason"]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for cells in (header, *rows):
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    print_table(["tenant", "kind", "pending", "ready", "paused by", "since", "reason"], rows)
