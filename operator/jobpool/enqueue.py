@@ -108,7 +108,8 @@ def _check_aware(name: str, moment: datetime | None) -> None:
             "connection")
     if not EARLIEST_TIME <= moment < LATEST_TIME:
         raise ValueError(f"{name} {moment.isoformat()} is outside the times a job can hold "
-                         f"({EARLIEST_TIME.isoformat()} up to {LATEST_TIME.isoformat()})")
+                         f"(from {EARLIEST_TIME.isoformat()} up to, not including, "
+                         f"{LATEST_TIME.isoformat()})")
 
 
 def _place(index: int, count: int) -> str:
