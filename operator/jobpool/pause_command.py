@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobpool.cli_arguments import actor_of, add_actor, add_common_arguments
+from jobpool.core.jsondata import escape_line
 from jobpool.core.pause_scopes import MAX_REASON, check_scope, overlaps, scope_text
 from jobpool.settings import Settings
-from jobpool.terminal import one_line, print_table
+from jobpool.terminal import print_table
 
 _SCOPE_HELP = ("a tenant key or id, a kind, or both: --tenant alone is every kind of the "
                "tenant, --kind alone the kind for every tenant")
@@ -69,7 +70,7 @@ async def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     if created:
         print(f"paused {scope}")
     else:
-        print(f"{scope} was paused already, by {one_line(row['paused_by'])} at "
+        print(f"{scope} was paused already, by {escape_line(row['paused_by'])} at "
               f"{row['paused_at'].isoformat()}{_reason(row)}")
     return 0
 
@@ -85,7 +86,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         await conn.commit()
         paused = await _list(conn)
     print(f"resumed {scope_text(row['tenant'], row['kind'])} "
-          f"(paused by {one_line(row['paused_by'])} at {row['paused_at'].isoformat()})")
+          f"(paused by {escape_line(row['paused_by'])} at {row['paused_at'].isoformat()})")
     for other in paused:
         if overlaps(other, row):
             print(f"  still paused: {scope_text(other['tenant'], other['kind'])}")
@@ -112,7 +113,7 @@ async def _list(conn: Any) -> list[dict[str, Any]]:
 
 
 def _reason(row: Mapping[str, Any]) -> str:
-    return f" ({one_line(row['reason'])})" if row.get("reason") else ""
+    return f" ({escape_line(row['reason'])})" if row.get("reason") else ""
 
 
 def print_pauses(pauses: Sequence[Mapping[str, Any]]) -> None:

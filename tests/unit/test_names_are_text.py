@@ -62,9 +62,10 @@ def test_the_pool_file_of_these_tests_loads(tmp_path: Path) -> None:
 def test_a_pool_file_refuses_a_number_or_boolean_where_a_name_goes(
     tmp_path: Path, field: str, value: str, message: str
 ) -> None:
+    path = pool_file(tmp_path, **{field: value})
     with pytest.raises(PoolSpecError) as refused:
-        load_pool_file(pool_file(tmp_path, **{field: value}))
-    assert str(refused.value).startswith(message), str(refused.value)
+        load_pool_file(path)
+    assert str(refused.value).startswith(f"{path}: {message}"), str(refused.value)
 
 
 @pytest.mark.parametrize(("key", "value"), [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +399,8 @@ def test_pool_file_problems_are_pool_spec_errors(tmp_path: Path) -> None:
         load_pool_file(scalar)
     invalid = tmp_path / "invalid.yaml"
     invalid.write_text(yaml.safe_dump(pool({"name": "a", "maxReplicas": "x"})))
-    with pytest.raises(PoolSpecError, match=r"^spec\.lanes\[0\]\.maxReplicas: "):
+    with pytest.raises(PoolSpecError,  # the file first, as `jobpool run pool.yaml` shows it
+                       match=rf"^{re.escape(str(invalid))}: spec\.lanes\[0\]\.maxReplicas: "):
         load_pool_file(invalid)
 
 
@@ -428,7 +430,7 @@ def test_pool_file_rate_limits_out_of_range_name_the_field(tmp_path: Path, provi
         "- name: a", f"- name: a\n    rateLimits: {{providers: {providers}}}"))
     with pytest.raises(PoolSpecError) as caught:
         load_pool_file(path)
-    assert str(caught.value).startswith(expected)
+    assert str(caught.value).startswith(f"{path}: {expected}")
 
 
 def test_a_provider_cap_bound_is_checked_without_the_schema_too() -> None:

@@ -6,12 +6,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from jobpool.core.jsondata import escape_line
 from jobpool.pause_command import print_pauses
-from jobpool.terminal import one_line, print_table
+from jobpool.terminal import print_table
 
 
 @pytest.mark.parametrize(("text", "shown"), [
-    ("plain text, 10\u00a0h \U0001f527", "plain text, 10\u00a0h \U0001f527"),
+    ("plain text, 10\u00a0h \U0001f527\u200d", "plain text, 10\u00a0h \U0001f527\u200d"),
     ("red\x1b[31m alert", "red\\x1b[31m alert"),  # would colour the terminal
     ("two\nlines\r\tand a tab", "two\\nlines\\r\\tand a tab"),
     ("\u202eenod", "\\u202eenod"),  # would reverse what follows
@@ -19,7 +20,7 @@ from jobpool.terminal import one_line, print_table
 ])
 def test_a_cell_is_one_line_with_what_would_act_on_the_terminal_escaped(
         text: str, shown: str) -> None:
-    assert one_line(text) == shown
+    assert escape_line(text) == shown
 
 
 def test_a_table_keeps_its_columns_whatever_its_cells_hold(

@@ -14,6 +14,7 @@ from jobpool.admin import (
     STATUSES,
 )
 from jobpool.core.actors import ActorKind
+from jobpool.core.jsondata import NOT_IN_A_LINE
 from jobpool.core.kinds import KIND_NAME as KIND_NAME_RE
 from jobpool.core.pause_scopes import MAX_REASON
 from jobpool.core.tenants import TENANT_REF_PATTERN
@@ -368,10 +369,10 @@ _SCOPE = [
     {"name": "kind", "in": "query", "description": "job kind; absent: every kind",
      "schema": {"type": "string", "pattern": KIND_NAME}},
 ]
-_STORABLE_TEXT = r"^[^\u0000]*$"
-"""Text PostgreSQL can store: no NUL (a URL's %00), which the server answers with a 400."""
-_REASON = {"name": "reason", "in": "query", "description": "why, shown with the pause",
-           "schema": {"type": "string", "maxLength": MAX_REASON, "pattern": _STORABLE_TEXT}}
+_REASON = {"name": "reason", "in": "query",
+           "description": "why, shown with the pause: one line of printable text",
+           "schema": {"type": "string", "maxLength": MAX_REASON,
+                      "pattern": f"^[^{NOT_IN_A_LINE}]*$"}}
 _SCOPE_ERRORS = {
     **_COMMON_ERRORS,
     "400": _problem(f"a bad tenant, kind or reason, or {_BODY}"),

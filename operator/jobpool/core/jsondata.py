@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import unicodedata
 from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
@@ -106,25 +105,40 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-NOT_IN_A_LINE = frozenset({"Cc", "Cf", "Zl", "Zp"})
-"""Unicode categories `line_problem` refuses: control, format (U+202E, U+200B), line and
-paragraph separators."""
+NOT_IN_A_LINE = r"\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+"""The characters `line_problem` refuses, as the body of a regular-expression class (Python's
+and JSON Schema's): the C0 and C1 controls and DEL (escape sequences, CSI, line breaks),
+the line and paragraph separators, and the bidirectional controls (U+202E reverses what
+follows it)."""
+_NOT_IN_A_LINE = re.compile(f"[{NOT_IN_A_LINE}]")
 
 
 def line_problem(text: str) -> str | None:
-    """What keeps `text` from being one line of text as a terminal shows it (a control
-    character, a line break, an invisible format character such as U+202E, which reverses
-    what follows), or what keeps it out of PostgreSQL (`text_problem`); None if nothing.
+    """What keeps `text` from being one line of text as a terminal shows it (a character of
+    NOT_IN_A_LINE), or what keeps it out of PostgreSQL (`text_problem`); None if nothing.
     For text people type that commands print in tables (a pause's reason, an audit actor):
     an escape sequence in it would act on the terminal of whoever lists it."""
     problem = text_problem(text)
-    if problem is not None or text.isprintable():
+    found = _NOT_IN_A_LINE.search(text) if problem is None else None
+    if found is None:
         return problem
-    at = next((i for i, c in enumerate(text) if unicodedata.category(c) in NOT_IN_A_LINE), None)
-    if at is None:  # spaces other than U+0020 (a no-break space), which print as spaces
-        return None
-    return (f"contains U+{ord(text[at]):04X} at index {at}: only printable text, no control "
-            "characters, line breaks or invisible format characters")
+    return (f"contains U+{ord(found[0]):04X} at index {found.start()}: only printable text, "
+            "no control characters, line breaks or direction overrides")
+
+
+def escape_line(text: str) -> str:
+    """`text` with each character of NOT_IN_A_LINE escaped as Python writes it (`\\x1b`,
+    `\\n`, `\\u202e`): one line that cannot act on a terminal."""
+    return _NOT_IN_A_LINE.sub(_line_escape, text)
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _line_escape(match: re.Match[str]) -> str:
+    char = match[0]
+    code = ord(char)
+    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")

@@ -31,13 +31,13 @@ def check_reason(reason: str | None) -> str | None:
     paused` prints it in a table, where an escape sequence would act on the terminal)."""
     if reason is None or not reason.strip():
         return None
+    problem = line_problem(reason)
+    if problem is not None:
+        raise ValueError(f"a pause's reason {problem}")
     reason = reason.strip()
     if len(reason) > MAX_REASON:
         raise ValueError(f"a pause's reason is at most {MAX_REASON} characters, "
                          f"got {len(reason)}")
-    problem = line_problem(reason)
-    if problem is not None:
-        raise ValueError(f"a pause's reason {problem}")
     return reason
 
 

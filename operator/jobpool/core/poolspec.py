@@ -222,7 +222,8 @@ def load_pool_file(path: str | Path) -> PoolSpec:
     """Read a YAML file holding one JobWorkerPool and return its plan.
 
     Raises PoolSpecError for an unreadable file, invalid YAML, YAML beyond the bounds of
-    `jobpool.core.yamlfile` (size, nesting, alias expansion), or an invalid pool.
+    `jobpool.core.yamlfile` (size, nesting, alias expansion), or an invalid pool, each
+    message beginning with the file's path (`pool.yaml: spec.lanes[0]...`).
     """
     path = Path(path)
     try:
@@ -249,7 +250,10 @@ def load_pool_file(path: str | Path) -> PoolSpec:
         raise PoolSpecError(
             f"{path}: the document must be a mapping, not {type(document).__name__}"
         )
-    return load_pool(document)
+    try:
+        return load_pool(document)
+    except PoolSpecError as exc:  # the field's path, after the file's
+        raise PoolSpecError(f"{path}: {exc}") from None
 
 
 def load_pool(document: Mapping[str, Any]) -> PoolSpec:
