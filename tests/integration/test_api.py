@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 import jobpool
 from jobpool.admin import ERROR_PREVIEW_CHARS, PREVIEW_CHARS, PREVIEW_READ_LIMIT
-from jobpool.api.app import build_app
+from jobpool.api.app import CONSOLE_ASSETS, CONSOLE_FILES, build_app
 from jobpool.api.auth import TokenVerifier, load_verifier
 from jobpool.cli import main
 from jobpool.db.connect import open_pool
@@ -401,7 +401,14 @@ async def test_wrong_method_and_oversized_body(api: Client, conn: Conn, tenant: 
     status, body, _ = await api.call("POST", f"/v1/jobs/{job}/replay", bearer=token(),
                                      data=b"x" * (1024 * 1024))
     assert status == 413 and body["status"] == 413
+    assert body["detail"] == "the request body is larger than 65536 bytes; no endpoint takes one"
     assert (await job_row(conn, job) or {}).get("status") == "dlq"
+
+
+async def test_a_console_file_that_does_not_exist_is_a_problem_404(api: Client) -> None:
+    status, body, response = await api.call("GET", "/console/no-such-file.js")
+    assert (status, response.content_type) == (404, "application/problem+json")
+    assert body["status"] == 404
 
 
 async def test_a_tenant_id_is_found_in_any_case(api: Client, conn: Conn, tenant: uuid.UUID
@@ -657,3 +664,13 @@ def test_schemathesis_finds_no_error_against_the_live_server(dsn: str, tmp_path:
             capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "13 selected / 13 total" in run.stdout
+
+
+async def test_every_file_of_the_console_is_served(api: Client) -> None:
+    """Each file is a route of its own: one added to the folder must be listed too."""
+    files = {path.name for path in CONSOLE_FILES.iterdir()} - {"index.html"}
+    assert files == set(CONSOLE_ASSETS)
+    for name in sorted(files):
+        async with api.session.get(f"{api.base}/console/{name}") as response:
+            assert (response.status, await response.read()) == (
+                200, (CONSOLE_FILES / name).read_bytes()), name

@@ -133,6 +133,9 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         if exc.status < 400:
             raise
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+        if exc.status == 413:
+            return problem(413, f"the request body is larger than {MAX_BODY} bytes; no "
+                                "endpoint takes one")
         return problem(exc.status, exc.reason, allow)
     except DatabaseAwayError as exc:
         return problem(503, f"{exc}; try again later")
@@ -380,6 +383,20 @@ async def console_page(_: web.Request) -> web.FileResponse:
                             headers={"Cache-Control": "no-cache"})
 
 
+CONSOLE_ASSETS = ("console.css", "console.js", "favicon.svg")
+"""The files the console's page loads, each served by a route of its own: any other path
+under /console/ is the router's 404, a problem response like every error (a static route
+answers a missing file with an empty body of its own)."""
+
+
+def _console_asset(name: str) -> Handler:
+    async def serve(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(CONSOLE_FILES / name, headers={"Cache-Control": "no-cache"})
+
+    serve.__doc__ = f"GET /console/{name}: a file of the console."
+    return serve
+
+
 async def to_console(_: web.Request) -> web.Response:
     """GET / and /console: to the console."""
     raise web.HTTPFound(CONSOLE_PATH)
@@ -417,5 +434,6 @@ def build_app(database: DatabaseLink | AsyncConnectionPool[Any], verifier: Token
     routes.add_get("/", to_console, allow_head=False)
     routes.add_get("/console", to_console, allow_head=False)
     routes.add_get(CONSOLE_PATH, console_page, allow_head=False)
-    routes.add_static(CONSOLE_PATH, CONSOLE_FILES, append_version=False)
+    for name in CONSOLE_ASSETS:
+        routes.add_get(CONSOLE_PATH + name, _console_asset(name), allow_head=False)
     return app
