@@ -289,8 +289,13 @@ async def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             raise UnknownKindError(exc.kind, [row["name"] for row in await LIST_KINDS(conn)]) \
                 from None
         await conn.commit()
+        if not results[0].created:  # a key names one job: the one enqueued before
+            job = await admin.get_job(conn, results[0].id)
+            print(f"job {job['id']} exists (idempotency key), {job['status']}: this enqueue's "
+                  "payload and options were not used")
+            return 0
     for result in results[:20]:
-        print(f"job {result.id} {'enqueued' if result.created else 'exists (idempotency key)'}")
+        print(f"job {result.id} enqueued")
     if len(results) > 20:
         print(f"... {len(results)} jobs in all")
     return 0

@@ -23,13 +23,12 @@ from jobpool import admin
 from jobpool.core.kinds import check_kind_name
 from jobpool.core.pause_scopes import check_reason, check_scope, scope_text, with_held_jobs
 from jobpool.db.queries import Many, One
-from jobpool.errors import JobpoolError, JobStateError, UnknownKindError, UnknownTenantError
+from jobpool.errors import JobpoolError, JobStateError, UnknownKindError
 
 GET_PAUSE = One("get_pause")
 KIND_EXISTS = One("kind_exists")
 LIST_KINDS = Many("list_kinds")
 LIST_PAUSES = Many("list_pauses")
-LIST_TENANTS = Many("list_tenants")
 OVERVIEW_COUNTS = Many("overview_counts")
 PAUSE_SCOPE = One("pause_scope")
 RESUME_SCOPE = One("resume_scope")
@@ -129,12 +128,7 @@ async def _scope_params(conn: AsyncConnection[Any], tenant: str | None, kind: st
             raise UnknownKindError(kind, [k["name"] for k in kinds])
     tenant_id = tenant_key = None
     if tenant is not None:
-        try:
-            found_tenant = await admin.resolve_tenant(conn, tenant, tenants=tenants)
-        except UnknownTenantError:
-            rows = await LIST_TENANTS(conn)
-            keys = [r["key"] for r in rows if tenants is None or r["key"] in tenants]
-            raise UnknownTenantError(tenant, keys) from None
+        found_tenant = await admin.resolve_tenant(conn, tenant, tenants=tenants)
         tenant_id, tenant_key = found_tenant["id"], found_tenant["key"]
     return {"tenant_id": tenant_id, "tenant_key": tenant_key, "kind": kind}
 

@@ -121,7 +121,8 @@ async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:
         "--import", "kinds_for_tests")
     again = cli(dsn, "enqueue", "test_record", "--tenant", tenant_id, "--idempotency-key", "k",
                 "--import", "kinds_for_tests")
-    assert "exists (idempotency key)" in again.stdout
+    assert again.stdout.split(" ", 2)[0] == "job" and again.stdout.rstrip().endswith(
+        "exists (idempotency key), pending: this enqueue's payload and options were not used")
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job j JOIN mdm.aa_tenant t"
                         " ON t.id = j.tenant_id WHERE t.key = 'initech'") == 4
     unknown = cli(dsn, "enqueue", "nope", "--tenant", "initech", check=False)
@@ -129,6 +130,9 @@ async def test_tenants_and_enqueue_from_the_cli(conn: Conn, dsn: str) -> None:
     ghost = cli(dsn, "enqueue", "test_record", "--tenant", "ghost", "--import",
                 "kinds_for_tests", check=False)
     assert ghost.returncode == 2 and "unknown tenant 'ghost'" in ghost.stderr
+    typo = cli(dsn, "enqueue", "test_record", "--tenant", "initek", "--import",
+               "kinds_for_tests", check=False)
+    assert typo.returncode == 2 and "did you mean 'initech'?" in typo.stderr, typo.stderr
     assert ghost.stderr.rstrip().endswith("(`jobpool tenants add KEY` adds one)")
     bad = cli(dsn, "enqueue", "test_record", "--tenant", "initech", "--payload", "{oops",
               check=False)

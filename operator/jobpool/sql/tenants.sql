@@ -13,3 +13,7 @@ RETURNING id, key;
 -- name: list_tenants :many
 -- Every tenant.
 SELECT id, key, metadata FROM mdm.aa_tenant ORDER BY key;
+
+-- name: tenant_keys :many
+-- Every tenant's key (what an unknown tenant's "did you mean" is chosen from).
+SELECT key FROM mdm.aa_tenant ORDER BY key;
