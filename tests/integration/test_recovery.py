@@ -267,3 +267,45 @@ async def test_a_lease_not_renewed_is_lost_only_when_the_job_is_not_finishing(
     lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert lost == [f"job {taken_back} (test_record): lease lost (recovered elsewhere); its "
                     "result will be discarded"]
+
+
+async def test_a_row_locked_by_another_session_holds_up_no_other_lease(
+    conn: Conn, dsn: str, tenant: uuid.UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One job's row locked elsewhere (a handler locking its own row, an admin's open
+    transaction): the renewal used to wait for it until its statement timeout, renewing no
+    lease at all, so every other job of the worker lapsed and ran a second time. Now the
+    others are renewed, the locked one stays held (not reported lost) and is renewed once
+    the lock is gone."""
+    await prepare(conn)
+    locked, free = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
+                    for _ in range(2)]
+    pool = open_pool(dsn, size=1)
+    await pool.open()
+    lost: list[int] = []
+    keeper = LeaseKeeper(dsn, worker_id="h/3/keeper", actor="w", lease=30.0, recover=False,
+                         lost=lambda job_id, _: lost.append(job_id))
+    try:
+        async with QueueStore(pool, worker_id="h/3/keeper", actor="w") as store, \
+                await psycopg.AsyncConnection.connect(dsn) as other:
+            for row in await store.claim(kinds=["test_record"], tenants=None, limit=2):
+                keeper.hold(row["id"], "test_record", timeout=60)
+            before = {i: (await job(conn, i))["lease_expires_at"] for i in (locked, free)}
+            await other.execute("SELECT id FROM mdm.aa_job WHERE id = %s FOR UPDATE", (locked,))
+            with caplog.at_level(logging.WARNING, logger="jobpool.worker"):
+                await asyncio.to_thread(keeper.renew)
+                await asyncio.to_thread(keeper.renew)  # one warning while it stays locked
+            assert (await job(conn, free))["lease_expires_at"] > before[free]
+            assert (await job(conn, locked))["lease_expires_at"] == before[locked]
+            await other.rollback()
+            await asyncio.to_thread(keeper.renew)
+            assert (await job(conn, locked))["lease_expires_at"] > before[locked]
+    finally:
+        keeper.stop()
+        await pool.close()
+    assert lost == []
+    warned = [r.getMessage() for r in caplog.records if "holds a lock on its row" in r.getMessage()]
+    assert warned == [f"job {locked} (test_record): another session holds a lock on its row, so "
+                      "its lease is not renewed until that lock goes (a handler locking its own "
+                      "job's row, or a long transaction); if it lapses meanwhile, stale-claim "
+                      "recovery takes the claim back once the lock is gone"]

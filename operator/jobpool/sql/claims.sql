@@ -197,28 +197,40 @@ SELECT set_config('enable_seqscan', 'off', true) AS seqscan,
 
 -- name: renew_leases :many
 -- Renew the lease of this worker's running jobs for %(lease)s seconds from now; returns the ids
--- it still holds.
+-- it still holds, each with `renewed`: false for a row another session holds locked (a handler
+-- locking its own job's row, a long transaction of an admin), still this worker's claim as last
+-- committed, renewed at a later call. Waiting for that lock would hold up the renewal of every
+-- other job of the worker until their leases lapsed, and they would run a second time.
 WITH locked AS (
-    -- rows are locked in id order, as complete_jobs does, so the two never deadlock; each by
-    -- one descent of ix_aa_job_running (claimed_by, id) (the lateral subquery, kept apart by
-    -- OFFSET 0): the ids as a filter of this worker's entries would walk every one of them,
-    -- which a snapshot held open keeps for each job it claimed since
+    -- each row by one descent of ix_aa_job_running (claimed_by, id) (the lateral subquery,
+    -- kept apart by OFFSET 0): the ids as a filter of this worker's entries would walk every
+    -- one of them, which a snapshot held open keeps for each job it claimed since
     SELECT j.id
       FROM (SELECT DISTINCT unnest(%(ids)s::bigint[]) AS id ORDER BY id) i
       CROSS JOIN LATERAL (
             SELECT j.id FROM mdm.aa_job j
              WHERE j.id = i.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
              OFFSET 0
-               FOR NO KEY UPDATE) j
+               FOR NO KEY UPDATE SKIP LOCKED) j
+), renewed AS (
+    UPDATE mdm.aa_job j
+       SET heartbeat_at = clock_timestamp(),
+           lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+     -- by primary key alone (`locked` holds the rows, checked there); the locked ids as one
+     -- array, read once: a join with the locked rows may be planned as a rescan of them per
+     -- row (quadratic in the jobs held)
+     WHERE j.id = ANY ((SELECT array_agg(id) FROM locked)::bigint[])
+    RETURNING j.id
 )
-UPDATE mdm.aa_job j
-   SET heartbeat_at = clock_timestamp(),
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
- -- by primary key alone (`locked` holds the rows, checked there); the locked ids as one
- -- array, read once: a join with the locked rows may be planned as a rescan of them per row
- -- (quadratic in the jobs held)
- WHERE j.id = ANY ((SELECT array_agg(id) FROM locked)::bigint[])
-RETURNING j.id;
+SELECT id, true AS renewed FROM renewed
+UNION ALL
+SELECT j.id, false
+  FROM (SELECT DISTINCT unnest(%(ids)s::bigint[]) AS id) i
+  CROSS JOIN LATERAL (
+        SELECT j.id FROM mdm.aa_job j
+         WHERE j.id = i.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
+         OFFSET 0) j
+ WHERE j.id <> ALL (coalesce((SELECT array_agg(id) FROM locked), '{}')::bigint[]);
 
 -- name: stopped_jobs :many
 -- Which of the given jobs carry the manual stop flag `failed`: of the claims a lease renewal

@@ -112,6 +112,8 @@ class LeaseKeeper:
         self.problem: str | None = None
         """Why renewal (or recovery) fails, for /readyz; None while it works."""
         self._held: dict[int, Held] = {}
+        self._locked: set[int] = set()
+        """Held jobs whose row was locked by another session at the last renewal."""
         self._lock = threading.Lock()
         self._conn_lock = threading.Lock()
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
@@ -254,6 +256,7 @@ class LeaseKeeper:
         rows = self._execute(RENEW_LEASES, {"ids": sorted(renewing), "lease": self.lease,
                                               "worker_id": self.worker_id})
         lost = renewing - {row["id"] for row in rows}
+        self._note_locked({row["id"] for row in rows if not row["renewed"]})
         stopped = self._stopped(lost)
         gone: list[int] = []
         with self._lock:
@@ -272,6 +275,19 @@ class LeaseKeeper:
         if self.lost is not None and self._loop is not None:
             for job_id in gone:
                 self._loop.call_soon_threadsafe(self.lost, job_id, job_id in stopped)
+
+    def _note_locked(self, locked: set[int]) -> None:
+        """Warn once per stretch about each held job whose row another session held locked
+        through a renewal (its lease was not renewed then; the others were)."""
+        with self._lock:
+            for job_id in sorted(locked - self._locked):
+                held = self._held.get(job_id)
+                log.warning("job %d (%s): another session holds a lock on its row, so its "
+                            "lease is not renewed until that lock goes (a handler locking its "
+                            "own job's row, or a long transaction); if it lapses meanwhile, "
+                            "stale-claim recovery takes the claim back once the lock is gone",
+                            job_id, held.kind if held else "?")
+            self._locked = locked
 
     def _stopped(self, lost: set[int]) -> set[int]:
         """Those of the `lost` claims that a stop took away; empty if that cannot be read
