@@ -182,8 +182,11 @@ async def misbehave(job: Job, tx: AsyncConnection[Any]) -> Any:
 
 
 async def _commit_after(tx: AsyncConnection[Any], statement: str) -> None:
+    """`statement`, committed by the handler itself (a COMMIT sent as SQL: `tx.commit()` is
+    refused), so that what it changed in the session outlives the job's transaction (the job
+    itself goes to the DLQ for that COMMIT)."""
     await tx.execute(statement)
-    await tx.commit()
+    await tx.execute("COMMIT")
 
 
 def _set_row_factory(tx: AsyncConnection[Any]) -> None:
@@ -248,6 +251,23 @@ RAISES: dict[str, Any] = {
     "keyboard_interrupt": KeyboardInterrupt,
     "cancelled": asyncio.CancelledError,
 }
+
+
+ENDINGS: dict[str, Any] = {
+    "commit": lambda tx: tx.commit(),
+    "autocommit": lambda tx: tx.set_autocommit(True),
+    "sql_commit": lambda tx: tx.execute("COMMIT"),
+    "sql_end": lambda tx: tx.execute("END"),
+}
+"""Ways a handler could end its job's transaction with its writes kept."""
+
+
+@jobpool.kind("test_commits_itself", max_attempts=3)
+async def commits_itself(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Write a test_runs row, then end the job's transaction as `payload.how` names (ENDINGS)."""
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
+                     (job.id, job.attempts))
+    await ENDINGS[job.payload["how"]](tx)
 
 
 @jobpool.kind("test_abuse_tx", max_attempts=1)

@@ -30,6 +30,7 @@ from jobpool.errors import (
     RetryAfter,
     SchemaNotMigratedError,
     SchemaPrivilegeError,
+    TransactionEndedError,
     UnknownKindError,
     UnknownTenantError,
 )
@@ -56,7 +57,7 @@ __all__ = [
     "JobNotFoundError", "JobStateError", "JobpoolError", "MigrationLockError", "NewJob",
     "PermanentError",
     "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "SchemaPrivilegeError",
-    "Subscription", "UnknownKindError", "UnknownTenantError", "Upload",
+    "Subscription", "TransactionEndedError", "UnknownKindError", "UnknownTenantError", "Upload",
     "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",
     "enqueue_many_sync", "enqueue_sync", "kind", "publish_event", "publish_event_sync",
     "register_fetcher", "subscribe_webhook", "verify_webhook",

@@ -31,6 +31,13 @@ class InvalidPayloadError(PermanentError, ValueError):
     """
 
 
+class TransactionEndedError(PermanentError):
+    """A handler ended its job's transaction itself (`tx.commit()`, `tx.set_autocommit(True)`,
+    or a COMMIT or PREPARE TRANSACTION sent as SQL): the worker commits it, with the job's
+    `done`, so that a job is done if and only if its writes committed. A bug of the handler,
+    which no retry mends: the job goes to the DLQ at once."""
+
+
 MAX_RETRY_DELAY = 10 * 365 * 86_400.0
 """Seconds (10 years): the longest delay a retry is stored with; PostgreSQL's timestamps end."""
 

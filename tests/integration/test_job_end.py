@@ -13,7 +13,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 import jobpool
-from integration.helpers import job, prepare, scalar
+from integration.helpers import job, prepare, run_until_empty, scalar
 from integration.test_slot_connections import client_messages
 from jobpool.db.connect import NotCommittedError, open_pool
 from jobpool.db.store import CLAIM_NOT_HELD, QueueStore
@@ -243,3 +243,23 @@ async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(
         cur = await following.execute("SELECT %s::int * 2 AS m", (n,), prepare=True)
         assert await cur.fetchone() == {"m": n * 2}
     await following.end(b"SELECT 1;")
+
+
+@pytest.mark.parametrize(("how", "kept"), [
+    ("commit", 0), ("autocommit", 0),  # refused before anything commits
+    ("sql_commit", 1), ("sql_end", 1),  # found after the COMMIT ran: named as committed
+])
+async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq(
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int) -> None:
+    """The worker commits the job's transaction with its done; a handler that commits it
+    itself would leave its writes committed and the job retried, writing them again."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_commits_itself",
+                                    payload={"how": how})).id
+    await run_until_empty(dsn, "test_commits_itself")
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("dlq", 1), row
+    assert row["last_error"].startswith("TransactionEndedError: "), row["last_error"]
+    assert ("committed what it wrote before" in row["last_error"]) == bool(kept)
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (job_id,)) == kept

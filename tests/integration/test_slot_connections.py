@@ -427,7 +427,7 @@ async def test_a_session_changed_through_a_cursor_the_handler_built_is_reset(
     tx = JobTransaction(slots, 22)
     own = psycopg.AsyncClientCursor(tx.connection())
     await own.execute("SET work_mem = '1MB'")
-    await tx.commit()
+    await own.execute("COMMIT")  # through its own cursor: past the job cursor's check
     await tx.release()
     following = JobTransaction(slots, 23)
     cur = await following.execute("SELECT current_setting('work_mem') AS work_mem, %s::int AS n",

@@ -34,7 +34,12 @@ from jobpool.db.one_write import one_write
 from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
-from jobpool.errors import DatabaseUnavailableError, JobpoolError, SchemaPrivilegeError
+from jobpool.errors import (
+    DatabaseUnavailableError,
+    JobpoolError,
+    SchemaPrivilegeError,
+    TransactionEndedError,
+)
 from jobpool.extras import require_extra
 from jobpool.settings import Settings
 
@@ -123,6 +128,11 @@ async def connect(dsn: str, *, autocommit: bool = False,
         prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler))
 
 
+HANDLER_COMMITS = frozenset({b"COMMIT", b"PREPARE TRANSACTION"})
+"""The command tags of statements that end a job's transaction with its writes kept (END is
+COMMIT's alias and answers COMMIT)."""
+
+
 class JobCursor(AsyncCursor[Any]):
     """A pooled connection's cursor: a job's first statement with parameters goes out with the
     BEGIN of the job's transaction, one round trip instead of two (`JobConnection`)."""
@@ -141,17 +151,33 @@ class JobCursor(AsyncCursor[Any]):
         if params is None or not isinstance(conn, JobConnection) or not conn.opens_job_tx():
             # without parameters psycopg sends the text as it is, which may hold several
             # statements: a pipeline takes one, so those keep their BEGIN apart
-            return await super().execute(text, params, prepare=prepare, binary=binary)
-        if conn._pipeline is not None:  # the handler's own pipeline: the BEGIN is queued in it
+            await super().execute(text, params, prepare=prepare, binary=binary)
+        elif conn._pipeline is not None:  # the handler's own pipeline: the BEGIN is queued in it
             async with conn.pipeline():
                 conn.begin_with_statement = True
                 try:
                     await super().execute(text, params, prepare=prepare, binary=binary)
                 finally:
                     conn.begin_with_statement = False
-            return self
-        await one_write(conn, self._with_begin_gen(text, params, prepare=prepare, binary=binary))
+        else:
+            await one_write(conn, self._with_begin_gen(text, params, prepare=prepare,
+                                                       binary=binary))
+        self._check_job_transaction_kept()
         return self
+
+    def _check_job_transaction_kept(self) -> None:
+        """Raise TransactionEndedError when the statement just sent by a handler ended its
+        job's transaction with a commit (COMMIT, END, PREPARE TRANSACTION): what it wrote
+        before committed without the job's `done`. A ROLLBACK may stay: it only undoes."""
+        conn, result = self.connection, self.pgresult
+        if (result is not None and isinstance(conn, JobConnection) and conn.job_scope
+                and result.command_status in HANDLER_COMMITS):
+            raise TransactionEndedError(
+                f"the handler sent {result.command_status.decode()} on tx, which committed "
+                "what it wrote before without the job's done: the worker commits the job's "
+                "transaction itself, with its done, so that the job is done if and only if its "
+                "writes committed (writes that must commit on their own need a connection of "
+                "their own)")
 
     def _with_begin_gen(self, query: Query, params: Params, *, prepare: bool | None,
                         binary: bool | None) -> PQGen[None]:

@@ -38,7 +38,7 @@ from jobpool.db.connect import (
     transaction_conflict,
 )
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
-from jobpool.errors import JobpoolError, PermanentError, RetryAfter
+from jobpool.errors import JobpoolError, PermanentError, RetryAfter, TransactionEndedError
 from jobpool.job import Job
 from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
@@ -583,6 +583,24 @@ class JobTransaction:
                 await finish(conn)
             finally:
                 await self._slots.give_back(conn, pool, self._job_id)
+
+    async def commit(self) -> None:
+        """Refused (TransactionEndedError): the worker commits the job's transaction, with its
+        `done`. A handler's `tx.rollback()` stays its own: it only undoes."""
+        raise TransactionEndedError(
+            "tx.commit() in a handler: the worker commits the job's transaction itself, with "
+            "its done, so that the job is done if and only if its writes committed (writes "
+            "that must commit on their own need a connection of their own)")
+
+    async def set_autocommit(self, value: bool) -> None:
+        """`AsyncConnection.set_autocommit`, but autocommit is refused (TransactionEndedError):
+        each statement would commit on its own, apart from the job's `done`."""
+        if value:
+            raise TransactionEndedError(
+                "tx.set_autocommit(True) in a handler: each statement would commit on its own, "
+                "apart from the job's done; the worker commits the job's transaction itself "
+                "(writes that must commit on their own need a connection of their own)")
+        await self.connection().set_autocommit(value)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.connection(), name)
