@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -251,6 +252,18 @@ RAISES: dict[str, Any] = {
     "keyboard_interrupt": KeyboardInterrupt,
     "cancelled": asyncio.CancelledError,
 }
+
+
+@jobpool.kind("test_ignores_cancel", max_attempts=3, timeout=3600.0, stale_ttl=3600.0)
+async def ignores_cancel(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Write a test_runs row, then sleep `payload.seconds` catching every cancellation (a
+    handler a worker cannot stop)."""
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+                     (job.id, job.attempts, os.getpid()))
+    end = time.monotonic() + job.payload["seconds"]
+    while time.monotonic() < end:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.1)
 
 
 ENDINGS: dict[str, Any] = {

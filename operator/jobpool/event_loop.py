@@ -85,7 +85,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         task = asyncio.current_task()
         return await main
 
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    runner = asyncio.Runner(loop_factory=loop_factory())
+    try:
         try:
             return runner.run(tracked())
         except RuntimeError:
@@ -99,3 +100,33 @@ def run(main: Coroutine[Any, Any, T]) -> T:
             except RuntimeError:
                 if task.done():
                     raise
+    finally:
+        _close(runner)
+
+
+LEFT_TASKS_WAIT = 1.0
+"""Seconds the tasks still running when `main` ends get after their cancellation."""
+
+
+def _close(runner: asyncio.Runner) -> None:
+    """Close `runner` as `asyncio.Runner.close` does, but with a bound: the tasks left are
+    cancelled and waited for `LEFT_TASKS_WAIT` seconds, and those that ignore their
+    cancellation (a handler the worker gave up on) are left behind with the closed loop.
+    asyncio would wait for them as long as they run, and the command would not exit."""
+    loop = runner.get_loop()
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in left:
+        t.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left, timeout=LEFT_TASKS_WAIT))
+    for t in left:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            loop.call_exception_handler({"message": "unhandled exception during shutdown",
+                                         "exception": t.exception(), "task": t})
+    stuck = [t for t in left if not t.done()]
+    if not stuck:
+        runner.close()
+        return
+    log.error("%d task(s) did not end after their cancellation (%s): exiting without them",
+              len(stuck), ", ".join(sorted(t.get_name() for t in stuck)))
+    loop.close()

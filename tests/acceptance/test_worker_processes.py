@@ -108,3 +108,23 @@ async def test_sigterm_lets_a_short_job_finish(conn: Conn, dsn: str, tenant: uui
     await asyncio.to_thread(w.communicate, timeout=30)
     assert w.returncode == 0
     assert (await job(conn, job_id))["status"] == "done"
+
+
+async def test_sigterm_stops_a_worker_whose_handler_ignores_its_cancellation(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """The handler catches every CancelledError: the worker used to wait for it as long as it
+    ran (a minute here), a second SIGTERM notwithstanding. Now it waits the stop grace, hands
+    the claim back and exits; the handler's write rolls back with its connection."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_ignores_cancel",
+                                    payload={"seconds": 60})).id
+    w = start(dsn, *worker_args("test_ignores_cancel", grace=1, stop_grace=1))
+    await _wait_status(conn, job_id, "running")
+    w.send_signal(signal.SIGTERM)
+    _, err = await asyncio.to_thread(w.communicate, timeout=30)
+    assert w.returncode == 0, err
+    assert f"job {job_id} did not end within 1s of its cancellation" in err, err
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job_id,)) == 0

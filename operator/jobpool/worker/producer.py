@@ -376,13 +376,30 @@ class Producer:
             executor.releasing = True
             for task in unfinished:
                 task.cancel()
-            await asyncio.gather(*unfinished, return_exceptions=True)
+            if unfinished:
+                await asyncio.wait(unfinished, timeout=self.config.stop_grace)
+            self._abandon_stuck({task for task in unfinished if not task.done()})
             if unfinished and not self.online.is_set():
                 log.error("%d job(s) stopped while the database was unreachable: their claims "
                           "wait for stale-claim recovery", len(unfinished))
         finally:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
+
+    def _abandon_stuck(self, stuck: set[asyncio.Task[None]]) -> None:
+        """Leave the jobs whose handlers did not end within `config.stop_grace` of their
+        cancellation (a handler that catches asyncio.CancelledError and goes on): no longer
+        running here, so the hand-back at exit (`release_unrun_claims`) takes their claims
+        back, their attempt not counted; their transactions roll back as the worker's
+        connections close. Waiting for them would keep the worker from exiting for as long as
+        they run, a second SIGTERM or Ctrl-C notwithstanding."""
+        for job_id, task in list(self.in_flight.items()):
+            if task in stuck:
+                del self.in_flight[job_id]
+                log.error("job %d did not end within %gs of its cancellation (a handler that "
+                          "ignores asyncio.CancelledError?): the worker stops without it; its "
+                          "claim is handed back and its transaction rolls back", job_id,
+                          self.config.stop_grace)
 
     async def _hand_back_buffer(self, returns: Returns, why: str = "stopping") -> None:
         """Hand back every claimed job that has not started (at shutdown, or when the buffer
