@@ -205,7 +205,8 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
     The built-in kinds are left out where the worker extra is missing: their handlers need
     it, no process of this install can run them, and a worker registers them. Raises
     ImportError naming the module that failed (also for a name that is not a module name,
-    such as a path, and for any error the module raised while imported).
+    such as a path, and for any error the module raised while imported, a `sys.exit()`
+    included).
     """
     builtins = not missing_modules("worker")
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -218,7 +219,8 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
                               "a file path is not one)")
         try:
             importlib.import_module(module)
-        except Exception as exc:  # ImportError, or whatever the module raised at import
+        except (Exception, SystemExit) as exc:  # ImportError, or what the module raised:
+            # a sys.exit() in it would end the command quietly, with its status
             raise ImportError(f"cannot import kind module {module!r}: "
                               f"{type(exc).__name__}: {exc}") from exc
     return REGISTRY

@@ -25,7 +25,7 @@ from jobpool.job import Job
 from jobpool.metrics import WorkerMetrics
 from jobpool.registry import KindSpec
 from jobpool.worker.completer import ResultRefused
-from jobpool.worker.executor import JobExecutor, refused_done
+from jobpool.worker.executor import LOGGED_RESULT_LIMIT, JobExecutor, logged_result, refused_done
 from jobpool.worker.slot_connections import SlotConnections
 from jobpool.worker.token_store import TokenStore
 
@@ -210,3 +210,11 @@ def test_a_refused_done_is_read_by_what_refused_it() -> None:
     assert isinstance(refused_done(psycopg.errors.CheckViolation("no")), ResultRefused)
     lost = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
     assert refused_done(lost) is lost
+
+
+def test_a_large_result_is_logged_cut() -> None:
+    """A result of megabytes is stored whole; its log line is not."""
+    shown = logged_result({"x": "y" * 5_000_000})
+    assert len(shown) == LOGGED_RESULT_LIMIT and shown.startswith("{'x': 'yyy")
+    assert shown.endswith("…[truncated]")
+    assert logged_result({"ok": 1}) == "{'ok': 1}"

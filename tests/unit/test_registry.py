@@ -161,3 +161,13 @@ def test_kind_defaults_the_database_cannot_hold_are_refused_naming_kind_and_opti
     with pytest.raises(ValueError) as refused:
         jobpool.kind("test_bounds", **{option: value})  # type: ignore[arg-type]
     assert str(refused.value) == f"job kind 'test_bounds': {problem}"
+
+
+def test_a_kind_module_that_exits_while_imported_is_an_import_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sys.exit(0)` at a module's top level ended `jobpool run` quietly with status 0."""
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="cannot import kind module 'exits_at_import': "
+                                          "SystemExit: 0"):
+        load_kind_modules(["exits_at_import"])

@@ -28,7 +28,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.jsondata import UndecodableJson, json_type, to_json_text
 from jobpool.core.ratelimit import Denied
-from jobpool.core.retry import DeadLetter, Retry, decide_retry, error_text, safe_str
+from jobpool.core.retry import (
+    DeadLetter,
+    Retry,
+    decide_retry,
+    error_text,
+    safe_str,
+    truncate_error,
+)
 from jobpool.db.connect import (
     JobConnection,
     NotCommittedError,
@@ -115,6 +122,17 @@ class ClaimLostError(JobpoolError):
 
 class HandlerExit(JobpoolError):
     """The handler raised SystemExit or another BaseException that would stop the worker."""
+
+
+LOGGED_RESULT_LIMIT = 500
+"""Characters of a job's result its `done` log line shows: the result is stored whole, and a
+large one (a report, a list of ids) would make one log line of megabytes."""
+
+
+def logged_result(result: Any) -> str:
+    """A handler's result as the `done` log line shows it: at most LOGGED_RESULT_LIMIT
+    characters, the cut marked, control characters escaped."""
+    return truncate_error(safe_str(result, what="its result"), LOGGED_RESULT_LIMIT)
 
 
 def payload_problem(payload: Any) -> str | None:
@@ -252,7 +270,7 @@ class JobExecutor:
         if log.isEnabledFor(logging.INFO):
             log.info("job %d (%s) done in %.3fs%s", job.id, job.job_kind,
                      time.monotonic() - started,
-                     "" if result is None else f": {safe_str(result, what='its result')}")
+                     "" if result is None else f": {logged_result(result)}")
         return "done"
 
     async def _run_in_transaction(self, job: Job, spec: KindSpec) -> Mapping[str, Any] | None:
