@@ -155,8 +155,12 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.worker.health import start_worker_health
     from jobpool.worker.processes import cpu_count, report_status
     from jobpool.worker.runtime import Worker
+    from jobpool.worker.scheduler import declarations_for
 
     registry = load_kind_modules(args.imports)
+    # a pool's schedules are declared by the maintenance task, which would fail on a bad
+    # JOBPOOL_SCHEDULES at each try while the worker ran half configured: refused here
+    declarations_for(settings.pool, settings.pool_namespace, settings.schedules, ())
     processes = process_count(settings.processes, cpu_count())
     if processes > 1:
         return await _run_processes(args, settings, processes)

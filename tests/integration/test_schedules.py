@@ -14,6 +14,7 @@ import pytest
 
 from integration.helpers import prepare, scalar, wait_until, worker
 from jobpool import settings
+from jobpool.cli import main
 from jobpool.core.schedules import ScheduleError, cleanup_schedule, parse_schedule
 from jobpool.db.connect import open_pool
 from jobpool.worker.scheduler import (
@@ -270,6 +271,25 @@ def test_jobpool_schedules_names_the_variable_and_the_field() -> None:
     for pool in (None, "", "  "):  # their owner would be the built-in one's
         with pytest.raises(ValueError, match=r"^JOBPOOL_SCHEDULES needs JOBPOOL_POOL: "):
             declarations_for(pool, None, "[]", ())
+
+
+@pytest.mark.parametrize(("variables", "message"), [
+    ({"JOBPOOL_SCHEDULES": "notjson", "JOBPOOL_POOL": "p"},
+     "JOBPOOL_SCHEDULES: not JSON (Expecting value"),
+    ({"JOBPOOL_SCHEDULES": '[{"name": "x"}]', "JOBPOOL_POOL": "p"},
+     "JOBPOOL_SCHEDULES[0].kind: required"),
+    ({"JOBPOOL_SCHEDULES": "[]"}, "JOBPOOL_SCHEDULES needs JOBPOOL_POOL"),
+])
+def test_a_worker_with_bad_schedules_does_not_start(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        variables: dict[str, str], message: str) -> None:
+    """It used to start and run jobs while its maintenance task failed at every try, so the
+    pool's schedules and the queue's clean-up never ran on it (a one-off drain never knew)."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", "--kinds", "test_record", "--until-empty", "--import",
+                 "kinds_for_tests", "--dsn", "postgresql://unused@127.0.0.1:1/x"]) == 2
+    assert f"jobpool: error: {message}" in capsys.readouterr().err
 
 
 async def test_no_declaration_retires_the_built_in_schedule(conn: Conn) -> None:
