@@ -153,7 +153,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.registry import load_kind_modules
     from jobpool.worker.config import WorkerConfig
     from jobpool.worker.health import start_worker_health
-    from jobpool.worker.processes import cpu_count, report_status
+    from jobpool.worker.processes import cpu_count, report_status, stop_when_orphaned
     from jobpool.worker.runtime import Worker
     from jobpool.worker.scheduler import declarations_for
 
@@ -174,8 +174,9 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     worker.install_signal_handlers()
     health = await start_worker_health(worker, dsn, args.metrics_port,
                                        transaction_pooler=worker.transaction_pooler)
-    if args.status_file:
+    if args.status_file:  # a child of `jobpool run --processes` or of a local pool's lane
         worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
+        worker.background.start("parent", lambda: stop_when_orphaned(worker.stop))
     event_loop.collect_garbage_less_often()
     worker.background.start("garbage", event_loop.collect_young_garbage)
     try:
@@ -189,7 +190,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 async def _run_processes(args: argparse.Namespace, settings: Settings, count: int) -> int:
     """`count` worker processes of this `jobpool run`, one health and metrics endpoint."""
     from jobpool.worker.health import start_worker_health
-    from jobpool.worker.processes import ProcessGroup
+    from jobpool.worker.processes import ProcessGroup, stop_when_orphaned
 
     dsn = settings.dsn or await prepare_database(settings)
     serves = WorkerRun(kinds=args.kinds, exclude_kinds=args.exclude_kinds or (),
@@ -203,13 +204,14 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
         loop.add_signal_handler(sig, group.stop)
     health = await start_worker_health(group, dsn, args.metrics_port,
                                        transaction_pooler=settings.pooler == "transaction")
-    reporting = (asyncio.create_task(group.report_status(Path(args.status_file)))
-                 if args.status_file else None)  # a lane process of a local pool
+    watching = ([asyncio.create_task(group.report_status(Path(args.status_file))),
+                 asyncio.create_task(stop_when_orphaned(group.stop))]
+                if args.status_file else [])  # a lane process of a local pool
     try:
         return await group.run()
     finally:
-        if reporting is not None:
-            reporting.cancel()
+        for task in watching:
+            task.cancel()
         if health is not None:
             await health.stop()
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -50,3 +53,37 @@ async def test_two_processes_share_the_jobs_one_port_sums_their_metrics_sigterm_
         err = await stop(group)
     assert group.returncode == 0, err
     assert await scalar(conn, "SELECT count(*) FROM test_runs") == 20
+
+
+async def test_the_worker_processes_stop_when_their_parent_is_killed(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """kill -9 of the parent (the OOM killer) left its children running, claiming jobs beside
+    the set a restarted parent would start. Now each sees it is gone and stops as on SIGTERM."""
+    await prepare(conn)
+    port = free_port()
+    group = start(dsn, *worker_args("test_sleep", slots=1, processes=2, metrics_port=port))
+    try:
+        await wait_for_probe(port, "/readyz", 200, "ready")  # both children online
+        children = [int(pid) for pid in
+                    Path(f"/proc/{group.pid}/task/{group.pid}/children").read_text().split()]
+        assert len(children) == 2
+        os.kill(group.pid, signal.SIGKILL)
+        group.wait()
+        for _ in range(300):
+            if not any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in children):
+                break
+            await asyncio.sleep(0.1)
+        assert not any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in children)
+        assert await scalar(conn, "SELECT count(*) FROM mdm.aa_worker") == 0  # deregistered
+    finally:
+        if group.poll() is None:
+            await stop(group)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, reaped by init soon, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from jobpool.core.process_group import (
@@ -79,6 +79,24 @@ def read_status(path: Path) -> ProcessStatus | None:
         return ProcessStatus(float(data["beat"]), tuple(str(p) for p in data["problems"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+PARENT_CHECK_EVERY = 1.0
+"""Seconds between a child process's looks at whether its parent still runs."""
+
+
+async def stop_when_orphaned(stop: Callable[[], None]) -> None:
+    """Call `stop` (what SIGTERM calls) once the process that started this one is gone: a
+    worker process of `jobpool run --processes N` or of a local pool's lane, whose parent was
+    killed (kill -9, the OOM killer), would otherwise run on, claiming jobs beside the set a
+    restarted parent starts. The parent's pid is read when this starts; a new one (the
+    process was handed to init) means the parent is gone."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_CHECK_EVERY)
+    log.error("the jobpool process that started this one (pid %d) is gone: stopping, as on "
+              "SIGTERM", parent)
+    stop()
 
 
 class ProcessGroup:
