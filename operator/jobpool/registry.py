@@ -9,6 +9,7 @@ its methods of the same names.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -121,7 +122,16 @@ class Registry:
         return register
 
     def add(self, spec: KindSpec) -> None:
-        """Register `spec`, replacing an earlier registration of the same name."""
+        """Register `spec`, replacing an earlier registration of the same handler (its module
+        imported again). Raises ValueError when another handler has the name (a module of
+        yours declaring a built-in kind's name, or two modules one name): one would silently
+        replace the other, and its defaults those the database holds for the kind."""
+        known = self._kinds.get(spec.name)
+        if known is not None and _origin(known.handler) != _origin(spec.handler):
+            raise ValueError(
+                f"job kind {spec.name!r} is registered already, by {_origin(known.handler)}; "
+                f"{_origin(spec.handler)} registers it again: a kind's name names one handler "
+                "(choose another name)")
         self._kinds[spec.name] = spec
 
     def get(self, name: str) -> KindSpec:
@@ -193,6 +203,7 @@ def _decoding(name: str, model: type[msgspec.Struct], handler: Handler) -> Handl
     """`handler`, given `job.payload` decoded as `model`; InvalidPayloadError (permanent)
     before it runs when the payload does not match."""
 
+    @functools.wraps(handler)  # named as the handler (`_origin`, tracebacks)
     async def decoded(job: Job, tx: AsyncConnection[Any]) -> Mapping[str, Any] | None:
         return await handler(replace(job, payload=decode_payload(name, model, job.payload)), tx)
 
@@ -224,6 +235,12 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
             raise ImportError(f"cannot import kind module {module!r}: "
                               f"{type(exc).__name__}: {exc}") from exc
     return REGISTRY
+
+
+def _origin(handler: Handler) -> str:
+    """`module.qualname` of a registered handler (through a payload model's decoding wrapper:
+    `functools.wraps` keeps both)."""
+    return f"{handler.__module__}.{handler.__qualname__}"
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)

@@ -1,12 +1,20 @@
 import re
 from importlib.metadata import distribution
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import jobpool
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS, KindDefaults, check_kind_name
-from jobpool.registry import ENTRY_POINT_GROUP, REGISTRY, builtin_kinds, load_kind_modules
+from jobpool.job import Job
+from jobpool.registry import (
+    ENTRY_POINT_GROUP,
+    REGISTRY,
+    Registry,
+    builtin_kinds,
+    load_kind_modules,
+)
 from jobpool.worker.config import WorkerConfig, resolve_kinds
 
 
@@ -171,3 +179,22 @@ def test_a_kind_module_that_exits_while_imported_is_an_import_error(
     with pytest.raises(ImportError, match="cannot import kind module 'exits_at_import': "
                                           "SystemExit: 0"):
         load_kind_modules(["exits_at_import"])
+
+
+def test_a_second_handler_for_a_kinds_name_is_refused_naming_both() -> None:
+    """A module of yours declaring `email_send` (or two modules one name) silently replaced
+    the built-in handler and its defaults in the database."""
+    registry = Registry()
+
+    async def first(job: Job, tx: Any) -> None:
+        """One handler."""
+
+    async def second(job: Job, tx: Any) -> None:
+        """Another one, of the same name."""
+
+    registry.kind("k_shared")(first)
+    registry.kind("k_shared", max_attempts=5)(first)  # its module imported again: replaced
+    with pytest.raises(ValueError, match=r"job kind 'k_shared' is registered already, by "
+                                         r".*\.first; .*\.second registers it again"):
+        registry.kind("k_shared")(second)
+    assert registry.get("k_shared").defaults.max_attempts == 5
