@@ -576,3 +576,11 @@ def test_a_bad_schedule_names_its_field(schedule: dict[str, Any], expected: str)
 def test_jobpool_schedules_is_the_operators_to_set() -> None:
     env = {"env": [{"name": "JOBPOOL_SCHEDULES", "value": "[]"}]}
     assert error_of(pool({"name": "a"}, worker=env)).startswith("spec.worker.env[0].name: ")
+
+
+@pytest.mark.parametrize("field", ["kinds", "tenants"])
+def test_a_value_given_twice_in_a_set_is_refused_as_the_api_server_would(field: str) -> None:
+    """The CRD declares `kinds` and `tenants` sets: `kubectl apply` refuses a duplicate, so a
+    local run of the same file must too."""
+    message = error_of(pool({"name": "a", field: ["acme", "acme"]}))
+    assert message.startswith(f"spec.lanes[0].{field}: ") and "non-unique" in message, message

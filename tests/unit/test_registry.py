@@ -121,6 +121,9 @@ def test_worker_kinds_resolution() -> None:
     assert resolve_kinds(registered, ("c",), ()) == ("c",)
     with pytest.raises(ValueError, match=r"unknown job kind.*zzz"):
         resolve_kinds(registered, ("zzz",), ())
+    # a misspelt exclusion would serve the kind meant to be left out
+    with pytest.raises(ValueError, match=r"unknown job kind\(s\) to exclude bb: registered kinds"):
+        resolve_kinds(registered, None, ("bb",))
 
 
 def test_worker_config_rejects_zero_slots() -> None:
@@ -160,6 +163,9 @@ def test_a_handler_must_be_async() -> None:
     ("backoff_base", -1, "backoff base must be a finite number >= 0, got -1.0"),
     ("backoff_max", 1, "backoff max_delay must be finite and >= base (30.0), got 1.0"),
     ("backoff_jitter", 2, "backoff jitter must be between 0 and 1, got 2.0"),
+    ("timeout", "10", "timeout must be a number, got '10' (str)"),  # float() would take it
+    ("stale_ttl", True, "stale_ttl must be a number, got True (bool)"),
+    ("backoff_base", "x", "backoff base must be a number, got 'x' (str)"),
 ])
 def test_kind_defaults_the_database_cannot_hold_are_refused_naming_kind_and_option(
     option: str, value: object, problem: str

@@ -89,19 +89,33 @@ def kind_defaults(
     ValueError naming the kind and the option that is out of range (a whole number given as
     1.5 is refused, not cut)."""
     generic = KindDefaults()
-    given: dict[str, Any] = {
-        "priority": priority, "max_attempts": max_attempts,
-        "stale_ttl": None if stale_ttl is None else float(stale_ttl),
-        "timeout": None if timeout is None else float(timeout),
-    }
     backoff = {"base": backoff_base, "max_delay": backoff_max, "jitter": backoff_jitter}
     try:
+        given: dict[str, Any] = {
+            "priority": priority, "max_attempts": max_attempts,
+            "stale_ttl": _number("stale_ttl", stale_ttl), "timeout": _number("timeout", timeout),
+        }
         return replace(
             generic, backoff=replace(generic.backoff, **{
-                key: float(value) for key, value in backoff.items() if value is not None}),
+                key: _seconds(f"backoff {key}", value) for key, value in backoff.items()
+                if value is not None}),
             **{key: value for key, value in given.items() if value is not None})
     except ValueError as exc:
         raise ValueError(f"job kind {name!r}: {exc}") from None
+
+
+def _number(name: str, value: Any) -> float | None:
+    """`value` (a number of seconds, or a fraction) as a float; None stays None. Raises
+    ValueError for anything else: `float()` would take the text "10", and a bool."""
+    return None if value is None else _seconds(name, value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """`_number` of a value given."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r:.40} "
+                         f"({type(value).__name__})")
+    return float(value)
 
 
 def check_kind_name(name: str) -> str:

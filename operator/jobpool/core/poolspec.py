@@ -190,7 +190,9 @@ def _validator() -> jsonschema.Draft4Validator:
 
 def _closed(schema: Any) -> Any:
     """The schema with unknown fields rejected (the API server would prune them silently;
-    `kubectl apply` rejects them, and so does `jobpool run`)."""
+    `kubectl apply` rejects them, and so does `jobpool run`), and a value given twice in a
+    list the CRD declares a set (`x-kubernetes-list-type: set`: `kinds`, `tenants`), which
+    the API server refuses and JSON Schema does not know."""
     if isinstance(schema, list):
         return [_closed(item) for item in schema]
     if not isinstance(schema, dict):
@@ -200,6 +202,8 @@ def _closed(schema: Any) -> Any:
         "x-kubernetes-preserve-unknown-fields"
     ):
         closed["additionalProperties"] = False
+    if schema.get("x-kubernetes-list-type") == "set":
+        closed["uniqueItems"] = True
     return closed
 
 

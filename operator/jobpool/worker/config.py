@@ -103,13 +103,15 @@ def make_worker_id() -> str:
 def resolve_kinds(
     registered: tuple[str, ...], kinds: tuple[str, ...] | None, exclude: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """The kinds a worker serves; raises ValueError naming a kind that is not registered."""
-    unknown = sorted(set(kinds or ()) - set(registered))
-    if unknown:
-        hint = did_you_mean(unknown[0], registered) if len(unknown) == 1 else ""
-        raise ValueError(
-            f"unknown job kind(s) {', '.join(unknown)}{hint}: registered kinds are "
-            f"{', '.join(registered)} (load more with --import MODULE)"
-        )
+    """The kinds a worker serves; raises ValueError naming a kind, to serve or to leave out,
+    that is not registered (a misspelt `--exclude-kinds` would serve the kind meant)."""
+    for flag, names in (("", kinds or ()), (" to exclude", exclude)):
+        unknown = sorted(set(names) - set(registered))
+        if unknown:
+            hint = did_you_mean(unknown[0], registered) if len(unknown) == 1 else ""
+            raise ValueError(
+                f"unknown job kind(s){flag} {', '.join(unknown)}{hint}: registered kinds are "
+                f"{', '.join(registered)} (load more with --import MODULE)"
+            )
     chosen = registered if kinds is None else kinds
     return tuple(k for k in chosen if k not in set(exclude))
