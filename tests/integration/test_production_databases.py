@@ -25,6 +25,7 @@ from jobpool.db.migrate import migrate
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
+from jobpool.worker.database_link import StartRefusedError
 from jobpool.worker.runtime import Worker
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -320,3 +321,23 @@ async def test_a_role_that_may_not_execute_the_job_end_functions_is_told_so_at_s
                            .format(sql.Identifier(role)))
         await worker(limited, ("test_record",)).run()
         assert (await helpers.job(conn, job_id))["status"] == "done"
+
+
+@pytest.mark.parametrize(("setting", "problem"), [
+    ("default_transaction_read_only = on", "ReadOnlySqlTransaction"),
+    ("statement_timeout = '1ms'", "QueryCanceled"),
+])
+async def test_a_one_off_drain_the_database_refuses_ends_naming_why(
+    dsn: str, limited_role: Any, setting: str, problem: str,
+) -> None:
+    """A read-only role, or a statement timeout its statements cannot meet: a long-running
+    worker waits (not ready) for that to be mended; a one-off drain, which nobody restarts,
+    waited without end, logging tracebacks (the timeout as "database unreachable")."""
+    limited = await limited_role(-1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        role = conninfo_to_dict(limited)["user"]
+        await conn.execute(sql.SQL(f"ALTER ROLE {{}} SET {setting}").format(sql.Identifier(role)))
+    w = worker(limited, ("test_record",), until_empty=True)
+    with pytest.raises(StartRefusedError, match=rf"refused the start of this one-off drain "
+                                                rf"\({problem}: "):
+        await asyncio.wait_for(w.run(), DEADLINE)

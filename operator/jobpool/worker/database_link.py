@@ -29,7 +29,7 @@ from jobpool.db.connect import (
 )
 from jobpool.db.reconnect import PROBE_TIMEOUT, RECONNECT_FIRST, RECONNECT_MAX, until_answered
 from jobpool.db.store import QueueStore
-from jobpool.errors import ConnectionBudgetError
+from jobpool.errors import ConnectionBudgetError, JobpoolError
 from jobpool.worker.background import BackgroundTasks
 from jobpool.worker.slot_connections import SlotConnections
 
@@ -70,13 +70,17 @@ class DatabaseLink(Generic[S]):
     here alone; others wait on `online` and report failures through `lost` or
     `replace_connections`. `arrive(store, first)` runs each time the database answers again
     (`first`: the first time, the worker's start-up), under the link's reconnect task;
-    `refused` is called when the connection budget leaves no slot at the first start.
+    `refused` is called when the connection budget leaves no slot at the first start, and,
+    for a `one_off` worker (a drain, which nobody restarts), when the database answers its
+    first start with an error other than a lost connection (a read-only database, a
+    `statement_timeout` too short for its statements, a missing privilege): a long-running
+    worker waits for that to be mended, a one-off drain would wait without end.
     """
 
     def __init__(
         self, connector: Connector[S], *, arrive: Callable[[S, bool], Awaitable[None]],
         background: BackgroundTasks, wake: asyncio.Event, refused: Callable[[], None],
-        rng: random.Random,
+        rng: random.Random, one_off: bool = False,
     ) -> None:
         self.connector = connector
         self.arrive = arrive
@@ -90,8 +94,10 @@ class DatabaseLink(Generic[S]):
         """The store, from the first time the database answered on."""
         self.started = False
         """Whether the first arrival (the worker's start-up) completed."""
-        self.refusal: ConnectionBudgetError | None = None
-        """Why the worker refused to start (its connection budget leaves no slot)."""
+        self.one_off = one_off
+        self.refusal: JobpoolError | None = None
+        """Why the worker refused to start (its connection budget leaves no slot, or, one
+        off, the database refused its start: StartRefusedError)."""
 
     def start(self) -> None:
         """Begin reaching the database (in the background)."""
@@ -158,6 +164,12 @@ class DatabaseLink(Generic[S]):
                 await until_answered(lambda failed: self._arrive(replace, failed), rng=self.rng,
                                      log=log, report=self._away, failures=failures)
                 break
+            except StartRefusedError as exc:
+                self.problem = str(exc)
+                log.error("refusing to start: %s", exc)
+                self.refusal = exc
+                self.refused()
+                return
             except ConnectionBudgetError as exc:
                 self.problem = f"connection budget: {exc}"
                 if not self.started:
@@ -178,12 +190,26 @@ class DatabaseLink(Generic[S]):
     async def _arrive(self, replace: bool, failures: int) -> None:
         """One try: probe, fit the budget (first time, or after failures), attach the store
         (a new pool after failures), let the worker arrive."""
-        await self.connector.probe()
-        if self.store is None or failures > 0:
-            await self.connector.fit()
-        self.store = await self.connector.attach(self.store, replace=replace or failures > 0)
-        await self.arrive(self.store, not self.started)
+        try:
+            await self.connector.probe()
+            if self.store is None or failures > 0:
+                await self.connector.fit()
+            self.store = await self.connector.attach(self.store,
+                                                     replace=replace or failures > 0)
+            await self.arrive(self.store, not self.started)
+        except psycopg.Error as exc:
+            if self.one_off and not self.started and not lost_connection(exc):
+                raise StartRefusedError(
+                    f"the database refused the start of this one-off drain "
+                    f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})"
+                ) from exc
+            raise
         self.started = True
+
+
+class StartRefusedError(JobpoolError):
+    """The database answered a one-off worker's start with an error no retry mends by
+    itself (see `DatabaseLink`)."""
 
 
 class PoolConnector:

@@ -163,7 +163,7 @@ class Worker:
                           slot_connections=self.slot_connections, fit=self._fit_budget,
                           make_store=self._make_store),
             arrive=self._arrive, background=self.background, wake=wake, refused=self.stop,
-            rng=self.rng)
+            rng=self.rng, one_off=config.until_empty)
         self.producer = Producer(
             config=config, kinds=self.kinds, specs=self.specs, wake=wake,
             online=self.link.online, leases=self.leases, slots=lambda: self.slots,
