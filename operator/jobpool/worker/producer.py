@@ -394,8 +394,14 @@ class Producer:
         connections close. Waiting for them would keep the worker from exiting for as long as
         they run, a second SIGTERM or Ctrl-C notwithstanding."""
         for job_id, task in list(self.in_flight.items()):
-            if task in stuck:
-                del self.in_flight[job_id]
+            if task not in stuck:
+                continue
+            del self.in_flight[job_id]
+            if not self.online.is_set():  # its hand-back waits for the database
+                log.error("job %d: its hand-back did not get through within %gs, the database "
+                          "being unreachable; the worker stops without it", job_id,
+                          self.config.stop_grace)
+            else:
                 log.error("job %d did not end within %gs of its cancellation (a handler that "
                           "ignores asyncio.CancelledError?): the worker stops without it; its "
                           "claim is handed back and its transaction rolls back", job_id,
