@@ -220,10 +220,12 @@ class LeaseKeeper:
                 next_recovery = now + (self.recover_every if self._attempt(self.recover_lapsed)
                                        else min(RETRY_AFTER_FAILURE, self.recover_every))
 
-    def _attempt(self, work: Callable[[], None]) -> bool:
-        """Run `work`, keeping the thread alive whatever it raises; True if it succeeded."""
+    def _attempt(self, work: Callable[[], bool | None]) -> bool:
+        """Run `work`, keeping the thread alive whatever it raises; True if it succeeded. A
+        work that returns False had nothing to send: it says nothing of the database (a
+        renewal with no job held, while the heartbeat fails), so no "works again"."""
         try:
-            work()
+            sent = work()
         except Exception as exc:
             problem = f"lease thread failing: {error_text(exc)}"
             if problem != self.problem:
@@ -231,14 +233,15 @@ class LeaseKeeper:
                             exc_info=None if isinstance(exc, psycopg.Error) else exc)
             self.problem = problem
             return False
-        if self.problem is not None:
+        if self.problem is not None and sent is not False:
             log.info("lease thread works again")
             self.problem = None
         return True
 
-    def renew(self) -> None:
-        """Renew the leases of the held jobs now; log the claims lost meanwhile. Raises
-        psycopg.Error (the connection is replaced on the next call)."""
+    def renew(self) -> bool:
+        """Renew the leases of the held jobs now; log the claims lost meanwhile. False when
+        no job was held (nothing sent). Raises psycopg.Error (the connection is replaced on
+        the next call)."""
         now = self.clock()
         with self._lock:
             renewing = {job_id for job_id, held in self._held.items()
@@ -252,7 +255,7 @@ class LeaseKeeper:
                       "handler blocking the event loop?): its lease is left to lapse, and the "
                       "job runs again elsewhere", job_id, held.kind)
         if not renewing:
-            return
+            return False
         rows = self._execute(RENEW_LEASES, {"ids": sorted(renewing), "lease": self.lease,
                                               "worker_id": self.worker_id})
         lost = renewing - {row["id"] for row in rows}
@@ -275,6 +278,7 @@ class LeaseKeeper:
         if self.lost is not None and self._loop is not None:
             for job_id in gone:
                 self._loop.call_soon_threadsafe(self.lost, job_id, job_id in stopped)
+        return True
 
     def _note_locked(self, locked: set[int]) -> None:
         """Warn once per stretch about each held job whose row another session held locked
