@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from recording_proxy import SYNC, recording_proxy
 
 from jobpool.db.connect import JobConnection, open_pool
-from jobpool.worker.executor import JobTransaction
+from jobpool.worker.executor import JobEndedError, JobTransaction
 from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 
 NO_DONE = b"SELECT 1;"
@@ -434,4 +434,20 @@ async def test_a_session_changed_through_a_cursor_the_handler_built_is_reset(
                                   (1,))
     assert await cur.fetchone() == {"work_mem": "4MB", "n": 1}
     await following.release()
+    await slots.close()
+
+
+async def test_tx_used_after_its_job_ended_is_refused_and_takes_no_connection(
+    pool: AsyncConnectionPool[JobConnection],
+) -> None:
+    """A task the handler left running used `tx` after the job: it took an idle slot
+    connection that nobody gave back, and left a transaction open on it."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    tx = JobTransaction(slots, 31)
+    await tx.execute("SELECT 1")
+    await tx.release()
+    with pytest.raises(JobEndedError, match="tx of job 31 used after the job ended"):
+        await tx.execute("SELECT 1")
+    assert len(slots.idle) == 1  # the connection stays the slot's
     await slots.close()

@@ -549,13 +549,18 @@ def leave_job_scope(conn: AsyncConnection[Any]) -> None:
         conn.job_scope = False
 
 
+class JobEndedError(JobpoolError):
+    """A job's `tx` used after its job ended."""
+
+
 class JobTransaction:
     """A job's `tx`: the slot's connection, taken on the handler's first use of any of its
     attributes and put in job scope (`enter_job_scope`); until then nothing is borrowed.
     Everything else is the connection's own."""
 
-    __slots__ = ("_conn", "_job_id", "_pool", "_slots")
+    __slots__ = ("_conn", "_ended", "_job_id", "_pool", "_slots")
     _conn: AsyncConnection[Any] | None
+    _ended: bool
     _job_id: int
     _pool: AsyncConnectionPool[Any] | None
     _slots: SlotConnections
@@ -566,6 +571,7 @@ class JobTransaction:
         init(self, "_job_id", job_id)
         init(self, "_conn", None)
         init(self, "_pool", None)
+        init(self, "_ended", False)
 
     @property
     def taken(self) -> AsyncConnection[Any] | None:
@@ -573,7 +579,13 @@ class JobTransaction:
         return self._conn
 
     def connection(self) -> AsyncConnection[Any]:
-        """The connection, taken now if it was not yet (raises NoSlotConnectionError)."""
+        """The connection, taken now if it was not yet. Raises NoSlotConnectionError, and
+        JobEndedError once the job ended: a task the handler left running would otherwise
+        take a slot's connection that no one gives back, and leave a transaction open on it."""
+        if self._ended:
+            raise JobEndedError(
+                f"tx of job {self._job_id} used after the job ended (a task its handler "
+                "started and left running?): a job's tx lives as long as its handler")
         conn = self._conn
         if conn is None:
             conn, self._pool = self._slots.take(self._job_id)
@@ -594,6 +606,7 @@ class JobTransaction:
         await self._give_back(lambda conn: end_job(conn, done))
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
+        object.__setattr__(self, "_ended", True)
         if self._conn is not None and self._pool is not None:
             conn, pool, self._conn, self._pool = self._conn, self._pool, None, None
             leave_job_scope(conn)
