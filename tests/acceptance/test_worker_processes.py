@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 import uuid
@@ -66,7 +67,7 @@ async def test_kill_9_mid_job_then_recovery_runs_it_to_done(conn: Conn, dsn: str
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("pending", 1)  # recovery is not an attempt
     assert row["available_at"] == placed  # nor a reason to queue it behind newer jobs
-    assert row["last_error"].endswith("[stale-claim recovered]")
+    assert re.search(r"\[stale-claim recovered from [^ ]+/\d+/[-0-9a-f]+\]$", row["last_error"])
 
     run_cli(dsn, *worker_args("test_sleep", until_empty=True))
     row = await job(conn, job_id)

@@ -43,7 +43,7 @@ async def test_recovery_follows_the_spec(conn: Conn, tenant: uuid.UUID) -> None:
     recovered = await job(conn, stale)
     assert recovered["attempts"] == 1  # recovery is not an attempt
     assert recovered["claimed_by"] is None and recovered["claimed_at"] is None
-    assert recovered["last_error"] == "[stale-claim recovered]"
+    assert recovered["last_error"] == "[stale-claim recovered from h/1/dead]"
     assert (await job(conn, fresh))["status"] == "running"
     assert (await job(conn, exhausted))["status"] == "dlq"
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log WHERE action = 'job_dlq'"

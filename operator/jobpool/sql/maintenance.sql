@@ -25,7 +25,10 @@ WITH stale AS (
        SET status = CASE WHEN j.attempts >= j.max_attempts
                          THEN 'dlq'::mdm.job_status ELSE 'pending'::mdm.job_status END,
            completed_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
-           last_error = concat_ws(' ', nullif(left(j.last_error, 4000), ''), '[stale-claim recovered]'),
+           -- the worker named: a job recovered from live workers again and again (a handler
+           -- blocking its loop past the lease) reads apart from one whose workers died
+           last_error = concat_ws(' ', nullif(left(j.last_error, 4000), ''),
+                                  '[stale-claim recovered from ' || j.claimed_by || ']'),
            claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
       FROM stale
      WHERE j.id = stale.id
