@@ -14,6 +14,7 @@ import pytest
 
 from integration.helpers import prepare, scalar, wait_until, worker
 from jobpool import settings
+from jobpool import settings as settings_module
 from jobpool.cli import main
 from jobpool.core.schedules import ScheduleError, cleanup_schedule, parse_schedule
 from jobpool.db.connect import open_pool
@@ -287,6 +288,7 @@ def test_a_worker_with_bad_schedules_does_not_start(
     pool's schedules and the queue's clean-up never ran on it (a one-off drain never knew)."""
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(settings_module, "_current", None)  # main() configures the process's
     assert main(["run", "--kinds", "test_record", "--until-empty", "--import",
                  "kinds_for_tests", "--dsn", "postgresql://unused@127.0.0.1:1/x"]) == 2
     assert f"jobpool: error: {message}" in capsys.readouterr().err
