@@ -114,6 +114,8 @@ class LeaseKeeper:
         self._held: dict[int, Held] = {}
         self._locked: set[int] = set()
         """Held jobs whose row was locked by another session at the last renewal."""
+        self._locked_told: set[int] = set()
+        """Those of them the log was told about (`_note_locked`)."""
         self._lock = threading.Lock()
         self._conn_lock = threading.Lock()
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
@@ -282,16 +284,22 @@ class LeaseKeeper:
 
     def _note_locked(self, locked: set[int]) -> None:
         """Warn once per stretch about each held job whose row another session held locked
-        through a renewal (its lease was not renewed then; the others were)."""
+        through two renewals in a row (its lease was not renewed then; the others were). A
+        job being finished holds its own row until its COMMIT, and a stop or another short
+        transaction may meet one renewal: those say nothing."""
         with self._lock:
-            for job_id in sorted(locked - self._locked):
+            for job_id in sorted(locked & self._locked - self._locked_told):
                 held = self._held.get(job_id)
+                if held is None or held.finishing:
+                    continue
                 log.warning("job %d (%s): another session holds a lock on its row, so its "
                             "lease is not renewed until that lock goes (a handler locking its "
                             "own job's row, or a long transaction); if it lapses meanwhile, "
                             "stale-claim recovery takes the claim back once the lock is gone",
-                            job_id, held.kind if held else "?")
+                            job_id, held.kind)
+                self._locked_told.add(job_id)
             self._locked = locked
+            self._locked_told &= locked
 
     def _stopped(self, lost: set[int]) -> set[int]:
         """Those of the `lost` claims that a stop took away; empty if that cannot be read
