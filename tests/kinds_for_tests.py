@@ -266,11 +266,24 @@ async def ignores_cancel(job: Job, tx: AsyncConnection[Any]) -> None:
             await asyncio.sleep(0.1)
 
 
+async def _commit_in_pipeline(tx: AsyncConnection[Any]) -> None:
+    async with tx.pipeline():
+        await tx.execute("COMMIT")
+
+
+async def _commit_through_cursor(tx: AsyncConnection[Any]) -> None:
+    cur = await tx.execute("SELECT 1")
+    await cur.connection.commit()
+
+
 ENDINGS: dict[str, Any] = {
     "commit": lambda tx: tx.commit(),
     "autocommit": lambda tx: tx.set_autocommit(True),
+    "cursor_connection": _commit_through_cursor,
     "sql_commit": lambda tx: tx.execute("COMMIT"),
     "sql_end": lambda tx: tx.execute("END"),
+    "sql_in_text": lambda tx: tx.execute("SELECT 1; COMMIT"),
+    "pipeline": _commit_in_pipeline,
 }
 """Ways a handler could end its job's transaction with its writes kept."""
 

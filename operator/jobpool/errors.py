@@ -32,10 +32,12 @@ class InvalidPayloadError(PermanentError, ValueError):
 
 
 class TransactionEndedError(PermanentError):
-    """A handler ended its job's transaction itself (`tx.commit()`, `tx.set_autocommit(True)`,
-    or a COMMIT or PREPARE TRANSACTION sent as SQL): the worker commits it, with the job's
-    `done`, so that a job is done if and only if its writes committed. A bug of the handler,
-    which no retry mends: the job goes to the DLQ at once."""
+    """A handler tried to end its job's transaction itself: `tx.commit()` or
+    `tx.set_autocommit(True)`, refused before anything commits, or a COMMIT or PREPARE
+    TRANSACTION sent as SQL, found after it ran (what the handler wrote before is committed,
+    or prepared). The worker commits the job's transaction, with its `done`, so that a job is
+    done if and only if its writes committed. A bug of the handler, which no retry mends: the
+    job goes to the DLQ at once."""
 
 
 MAX_RETRY_DELAY = 10 * 365 * 86_400.0

@@ -245,21 +245,24 @@ async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(
     await following.end(b"SELECT 1;")
 
 
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize(("how", "kept"), [
-    ("commit", 0), ("autocommit", 0),  # refused before anything commits
-    ("sql_commit", 1), ("sql_end", 1),  # found after the COMMIT ran: named as committed
+    ("commit", 0), ("autocommit", 0), ("cursor_connection", 0),  # refused before it commits
+    # found after the COMMIT ran: named as committed
+    ("sql_commit", 1), ("sql_end", 1), ("sql_in_text", 1), ("pipeline", 1),
 ])
 async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq(
-        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int) -> None:
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int, batched: bool) -> None:
     """The worker commits the job's transaction with its done; a handler that commits it
-    itself would leave its writes committed and the job retried, writing them again."""
+    itself would leave its writes committed and the job retried, writing them again. Also
+    where the executor opens the job's transaction itself (`batch_completions` off)."""
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_commits_itself",
                                     payload={"how": how})).id
-    await run_until_empty(dsn, "test_commits_itself")
+    await run_until_empty(dsn, "test_commits_itself", batch_completions=batched)
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("dlq", 1), row
     assert row["last_error"].startswith("TransactionEndedError: "), row["last_error"]
-    assert ("committed what it wrote before" in row["last_error"]) == bool(kept)
+    assert ("what it wrote before committed" in row["last_error"]) == bool(kept)
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (job_id,)) == kept

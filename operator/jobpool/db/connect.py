@@ -23,6 +23,7 @@ from psycopg.adapt import AdaptersMap, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.generators import execute as execute_gen
 from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
@@ -162,22 +163,22 @@ class JobCursor(AsyncCursor[Any]):
         else:
             await one_write(conn, self._with_begin_gen(text, params, prepare=prepare,
                                                        binary=binary))
-        self._check_job_transaction_kept()
         return self
 
-    def _check_job_transaction_kept(self) -> None:
-        """Raise TransactionEndedError when the statement just sent by a handler ended its
-        job's transaction with a commit (COMMIT, END, PREPARE TRANSACTION): what it wrote
-        before committed without the job's `done`. A ROLLBACK may stay: it only undoes."""
-        conn, result = self.connection, self.pgresult
-        if (result is not None and isinstance(conn, JobConnection) and conn.job_scope
-                and result.command_status in HANDLER_COMMITS):
-            raise TransactionEndedError(
-                f"the handler sent {result.command_status.decode()} on tx, which committed "
-                "what it wrote before without the job's done: the worker commits the job's "
-                "transaction itself, with its done, so that the job is done if and only if its "
-                "writes committed (writes that must commit on their own need a connection of "
-                "their own)")
+    def _set_results(self, results: list[PGresult]) -> None:
+        """psycopg's, for every statement's results (each of a text of several statements,
+        and those a pipeline hands over at its sync), then TransactionEndedError when a
+        handler's statement ended its job's transaction with its writes kept: a COMMIT (END
+        answers COMMIT) or a PREPARE TRANSACTION. A ROLLBACK may stay: it only undoes."""
+        super()._set_results(results)
+        conn = self._conn
+        if not (isinstance(conn, JobConnection) and conn.handler_holds):
+            return
+        for result in results:
+            if result.command_status in HANDLER_COMMITS:
+                conn.handler_ended = result.command_status.decode()
+                if conn._pipeline is None:  # in a pipeline: raised at the handler's end
+                    raise transaction_ended(conn.handler_ended)
 
     def _with_begin_gen(self, query: Query, params: Params, *, prepare: bool | None,
                         binary: bool | None) -> PQGen[None]:
@@ -193,6 +194,23 @@ class JobCursor(AsyncCursor[Any]):
             conn.begin_with_statement = False
 
 
+def transaction_ended(tag: str) -> TransactionEndedError:
+    """The error of a handler that sent `tag` (COMMIT, PREPARE TRANSACTION) on its `tx`."""
+    return TransactionEndedError(
+        f"the handler sent {tag} on tx, which ended the job's transaction apart from its "
+        "done, what it wrote before committed (or prepared): the worker commits the job's "
+        "transaction itself, with its done, so that the job is done if and only if its "
+        "writes committed (writes that must commit on their own need a connection of their "
+        "own)")
+
+
+def check_transaction_kept(conn: AsyncConnection[Any]) -> None:
+    """Raise TransactionEndedError when the handler that held `conn` ended its job's
+    transaction by SQL (`JobConnection.handler_ended`; one in a pipeline is found here)."""
+    if isinstance(conn, JobConnection) and conn.handler_ended is not None:
+        raise transaction_ended(conn.handler_ended)
+
+
 class JobConnection(AsyncConnection[Any]):
     """A worker's pooled connection.
 
@@ -206,6 +224,14 @@ class JobConnection(AsyncConnection[Any]):
     """
 
     job_scope: bool = False
+    handler_holds: bool = False
+    """Set while a handler holds this connection as its `tx` (`jobpool.worker.executor`
+    alone sets and clears it): `commit()` and `set_autocommit(True)` raise
+    TransactionEndedError, and so does a COMMIT it sends as SQL (`JobCursor`), since the
+    worker commits the job's transaction with its `done`."""
+    handler_ended: str | None = None
+    """The command tag (COMMIT, PREPARE TRANSACTION) by which the handler holding it ended
+    its job's transaction, if it did (`check_transaction_kept`)."""
     pristine_prepare_threshold: int | None = 5
     """The `prepare_threshold` its pool gave it (None behind a transaction pooler)."""
     begin_with_statement: bool = False
@@ -232,6 +258,26 @@ class JobConnection(AsyncConnection[Any]):
             yield from self._exec_command(self._get_tx_start_command())
             return
         yield from super()._start_query()
+
+    async def commit(self) -> None:
+        """`AsyncConnection.commit`, refused while a handler holds the connection."""
+        if self.handler_holds:
+            raise TransactionEndedError(
+                "commit() on tx in a handler: the worker commits the job's transaction "
+                "itself, with its done, so that the job is done if and only if its writes "
+                "committed (writes that must commit on their own need a connection of their "
+                "own)")
+        await super().commit()
+
+    async def set_autocommit(self, value: bool) -> None:
+        """`AsyncConnection.set_autocommit`; autocommit is refused while a handler holds the
+        connection (each statement would commit on its own, apart from the job's `done`)."""
+        if value and self.handler_holds:
+            raise TransactionEndedError(
+                "set_autocommit(True) on tx in a handler: each statement would commit on its "
+                "own, apart from the job's done; the worker commits the job's transaction "
+                "itself (writes that must commit on their own need a connection of their own)")
+        await super().set_autocommit(value)
 
     @asynccontextmanager
     async def transaction(

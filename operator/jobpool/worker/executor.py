@@ -15,10 +15,11 @@ transaction opened before its handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import psycopg
@@ -39,13 +40,14 @@ from jobpool.core.retry import (
 from jobpool.db.connect import (
     JobConnection,
     NotCommittedError,
+    check_transaction_kept,
     end_job,
     interrupted_by_connection,
     reset_session,
     transaction_conflict,
 )
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
-from jobpool.errors import JobpoolError, PermanentError, RetryAfter, TransactionEndedError
+from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job
 from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
@@ -290,7 +292,8 @@ class JobExecutor:
                 try:
                     async with conn.transaction():
                         try:
-                            result = await self._call_handler(job, spec, conn)
+                            with held_by_handler(conn):
+                                result = await self._call_handler(job, spec, conn)
                             await self._complete(conn, job, stored_result(result))
                         except Exception as exc:
                             if own_conflict(conn, exc):
@@ -306,6 +309,8 @@ class JobExecutor:
                 result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
                 stored = stored_result(result)
                 used = tx.taken
+                if used is not None:
+                    check_transaction_kept(used)
                 if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
                     await self._end(tx, job, stored)
                     return result
@@ -537,16 +542,31 @@ def refused_done(exc: psycopg.Error) -> Exception:
 
 def enter_job_scope(conn: AsyncConnection[Any]) -> None:
     """The job's transaction starts with the handler's first statement on `conn`; nothing
-    was sent on it yet."""
+    was sent on it yet; the handler holds it (`JobConnection.handler_holds`)."""
     if isinstance(conn, JobConnection):
-        conn.job_scope, conn.sent_statements = True, False
+        conn.job_scope, conn.sent_statements, conn.handler_holds = True, False, True
+        conn.handler_ended = None
 
 
 def leave_job_scope(conn: AsyncConnection[Any]) -> None:
     """`conn`'s transactions are plain ones again (the worker's own, or a job's opened by
-    the executor itself)."""
+    the executor itself), and no handler holds it."""
     if isinstance(conn, JobConnection):
-        conn.job_scope = False
+        conn.job_scope = conn.handler_holds = False
+
+
+@contextlib.contextmanager
+def held_by_handler(conn: AsyncConnection[Any]) -> Iterator[None]:
+    """`conn` held by a handler for the block (`JobConnection.handler_holds`), outside job
+    scope: the job's transaction the executor opened itself."""
+    if isinstance(conn, JobConnection):
+        conn.handler_holds, conn.handler_ended = True, None
+    try:
+        yield
+        check_transaction_kept(conn)
+    finally:
+        if isinstance(conn, JobConnection):
+            conn.handler_holds = False
 
 
 class JobEndedError(JobpoolError):
@@ -614,24 +634,6 @@ class JobTransaction:
                 await finish(conn)
             finally:
                 await self._slots.give_back(conn, pool, self._job_id)
-
-    async def commit(self) -> None:
-        """Refused (TransactionEndedError): the worker commits the job's transaction, with its
-        `done`. A handler's `tx.rollback()` stays its own: it only undoes."""
-        raise TransactionEndedError(
-            "tx.commit() in a handler: the worker commits the job's transaction itself, with "
-            "its done, so that the job is done if and only if its writes committed (writes "
-            "that must commit on their own need a connection of their own)")
-
-    async def set_autocommit(self, value: bool) -> None:
-        """`AsyncConnection.set_autocommit`, but autocommit is refused (TransactionEndedError):
-        each statement would commit on its own, apart from the job's `done`."""
-        if value:
-            raise TransactionEndedError(
-                "tx.set_autocommit(True) in a handler: each statement would commit on its own, "
-                "apart from the job's done; the worker commits the job's transaction itself "
-                "(writes that must commit on their own need a connection of their own)")
-        await self.connection().set_autocommit(value)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.connection(), name)
