@@ -176,7 +176,8 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                                        transaction_pooler=worker.transaction_pooler)
     if args.status_file:  # a child of `jobpool run --processes` or of a local pool's lane
         worker.background.start("status", lambda: report_status(worker, Path(args.status_file)))
-        worker.background.start("parent", lambda: stop_when_orphaned(worker.stop))
+        worker.background.start("parent", lambda: stop_when_orphaned(worker.stop,
+                                                                     args.parent_pid))
     event_loop.collect_garbage_less_often()
     worker.background.start("garbage", event_loop.collect_young_garbage)
     try:
@@ -205,7 +206,7 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
     health = await start_worker_health(group, dsn, args.metrics_port,
                                        transaction_pooler=settings.pooler == "transaction")
     watching = ([asyncio.create_task(group.report_status(Path(args.status_file))),
-                 asyncio.create_task(stop_when_orphaned(group.stop))]
+                 asyncio.create_task(stop_when_orphaned(group.stop, args.parent_pid))]
                 if args.status_file else [])  # a lane process of a local pool
     try:
         return await group.run()
@@ -519,8 +520,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     add_common_arguments(p, settings)
     p.add_argument("pool", nargs="?", help="a JobWorkerPool YAML file (e.g. examples/pool.yaml)")
     add_worker_arguments(p, settings)
-    # written by a child of --processes N, and by a lane process of a pool file
+    # given to a child of --processes N, and to a lane process of a pool file: the status
+    # file it writes, and its parent's pid, whose end stops it (`stop_when_orphaned`)
     p.add_argument("--status-file", help=argparse.SUPPRESS)
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run, extra="worker")
 
     p = sub.add_parser("enqueue", help="enqueue jobs of a kind for a tenant")

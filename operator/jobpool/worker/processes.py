@@ -85,13 +85,15 @@ PARENT_CHECK_EVERY = 1.0
 """Seconds between a child process's looks at whether its parent still runs."""
 
 
-async def stop_when_orphaned(stop: Callable[[], None]) -> None:
-    """Call `stop` (what SIGTERM calls) once the process that started this one is gone: a
-    worker process of `jobpool run --processes N` or of a local pool's lane, whose parent was
-    killed (kill -9, the OOM killer), would otherwise run on, claiming jobs beside the set a
-    restarted parent starts. The parent's pid is read when this starts; a new one (the
-    process was handed to init) means the parent is gone."""
-    parent = os.getppid()
+async def stop_when_orphaned(stop: Callable[[], None], parent: int | None) -> None:
+    """Call `stop` (what SIGTERM calls) once `parent`, the process that started this one
+    (`--parent-pid`, as it gave its own), is no longer its parent: a worker process of
+    `jobpool run --processes N` or of a local pool's lane whose parent was killed (kill -9,
+    the OOM killer) would otherwise run on, claiming jobs beside the set a restarted parent
+    starts. The pid comes from the parent, not from `os.getppid()` at this task's start: a
+    parent killed while this process was still starting would be missed. None (an older
+    parent): the parent at this task's start."""
+    parent = os.getppid() if parent is None else parent
     while os.getppid() == parent:
         await asyncio.sleep(PARENT_CHECK_EVERY)
     log.error("the jobpool process that started this one (pid %d) is gone: stopping, as on "
@@ -168,7 +170,8 @@ class ProcessGroup:
         try:
             for n in range(self.count):
                 argv = [sys.executable, "-m", "jobpool", *self.run_args,
-                        "--status-file", str(self._status_file(n))]
+                        "--status-file", str(self._status_file(n)),
+                        "--parent-pid", str(os.getpid())]
                 # a process group of its own: a terminal's Ctrl-C reaches the parent alone,
                 # which passes one SIGTERM on (a second one would end the grace period)
                 self.children[n] = subprocess.Popen(argv, env=self.env, process_group=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shutil
 import signal
@@ -121,7 +122,7 @@ class _Running:
         if not self.restarts:
             log.info("%s: starting: jobpool %s", self.name, " ".join(self.proc.argv))
         argv = [sys.executable, "-m", "jobpool", *self.proc.argv,
-                "--status-file", str(self.status_file)]
+                "--status-file", str(self.status_file), "--parent-pid", str(os.getpid())]
         # a process group of its own: a terminal's Ctrl-C reaches the pool alone, which
         # passes one SIGTERM on (the second ends the grace period, see `supervise`)
         self.child = subprocess.Popen(argv, env=dict(self.proc.env), process_group=0)
