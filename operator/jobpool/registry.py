@@ -238,9 +238,14 @@ def load_kind_modules(modules: Iterable[str] = ()) -> Registry:
 
 
 def _origin(handler: Handler) -> str:
-    """`module.qualname` of a registered handler (through a payload model's decoding wrapper:
-    `functools.wraps` keeps both)."""
-    return f"{handler.__module__}.{handler.__qualname__}"
+    """`module.qualname` of a registered handler, through wrappers that name what they wrap
+    (a payload model's decoding wrapper, `functools.wraps` decorators); for a callable
+    without those names (a `functools.partial`), the object itself."""
+    inner = inspect.unwrap(handler)
+    module, name = getattr(inner, "__module__", None), getattr(inner, "__qualname__", None)
+    if module is None or name is None:
+        return f"{type(inner).__name__} object at {id(inner):#x}"
+    return f"{module}.{name}"
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)

@@ -141,6 +141,8 @@ def test_a_cli_actor_cannot_pass_for_an_admin_api_token() -> None:
     with pytest.raises(ValueError, match=r"cannot be an admin API token \('token:ci'\): name a "
                                          "person"):
         cli_actor("token:ci")
+    with pytest.raises(ValueError, match="cannot be an admin API token"):
+        cli_actor("service:token:ci")  # stored bare, it would read as the token's
 
 
 @pytest.mark.parametrize("given", ["a\x1b[31mb", "a\nb", "service:cron\r", "\u202eecila"])

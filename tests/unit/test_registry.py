@@ -1,8 +1,10 @@
+import logging
 import re
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import jobpool
@@ -121,9 +123,17 @@ def test_worker_kinds_resolution() -> None:
     assert resolve_kinds(registered, ("c",), ()) == ("c",)
     with pytest.raises(ValueError, match=r"unknown job kind.*zzz"):
         resolve_kinds(registered, ("zzz",), ())
-    # a misspelt exclusion would serve the kind meant to be left out
-    with pytest.raises(ValueError, match=r"unknown job kind\(s\) to exclude bb: registered kinds"):
-        resolve_kinds(registered, None, ("bb",))
+
+def test_an_unknown_kind_to_exclude_is_warned_about_not_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A misspelt exclusion would serve the kind meant to be left out; but a pool's catch-all
+    lane excludes every other lane's kinds, and one missing from its image must not stop it."""
+    with caplog.at_level(logging.WARNING, logger="jobpool.worker"):
+        assert resolve_kinds(("email_send", "reindex"), None, ("reindx",)) == (
+            "email_send", "reindex")
+    assert [r.getMessage() for r in caplog.records] == [
+        "unknown job kind(s) to exclude reindx (did you mean 'reindex'?): registered kinds are "
+        "email_send, reindex (load more with --import MODULE)"]
 
 
 def test_worker_config_rejects_zero_slots() -> None:
@@ -204,3 +214,22 @@ def test_a_second_handler_for_a_kinds_name_is_refused_naming_both() -> None:
                                          r".*\.first; .*\.second registers it again"):
         registry.kind("k_shared")(second)
     assert registry.get("k_shared").defaults.max_attempts == 5
+
+
+def test_two_typed_payload_handlers_of_one_name_are_told_apart() -> None:
+    """A payload model wraps the handler in a decoding function: without the handler's names
+    on it, every typed handler looked like the same one, and replaced the other silently."""
+    registry = Registry()
+
+    class Invoice(msgspec.Struct):
+        number: str
+
+    async def render(job: Job, tx: Any) -> None:
+        """One typed handler."""
+
+    async def render_again(job: Job, tx: Any) -> None:
+        """Another, of the same name."""
+
+    registry.kind("k_typed", payload=Invoice)(render)
+    with pytest.raises(ValueError, match=r"\.render; .*\.render_again registers it again"):
+        registry.kind("k_typed", payload=Invoice)(render_again)

@@ -36,10 +36,10 @@ def cli_actor(name: str) -> str:
     one printable line (the audit history prints it; the admin API refuses such a token
     `sub` for the same reason).
     """
-    if name.startswith(TOKEN_PREFIX):
+    bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
+    if (bare if bare is not None else name).startswith(TOKEN_PREFIX):
         raise ValueError(f"an actor of a command cannot be an admin API token ({name!r}): name "
                          f"a person (NAME or user:NAME) or a machine (service:NAME)")
-    bare = name.removeprefix(SERVICE_PREFIX) if name.startswith(SERVICE_PREFIX) else None
     if not (bare if bare is not None else name).strip():
         raise ValueError(f"an actor must name someone, got {name!r}")
     problem = line_problem(name)

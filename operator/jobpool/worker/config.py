@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -11,6 +12,8 @@ from typing import Any
 from jobpool.core.suggestions import did_you_mean
 from jobpool.core.tenants import tenant_ref
 from jobpool.settings import POOLERS, Settings, default_of
+
+log = logging.getLogger("jobpool.worker")
 
 POLL_ONLY_INTERVAL = 0.5
 """Seconds between claims, at most, of a worker without a LISTEN connection (behind a
@@ -103,15 +106,23 @@ def make_worker_id() -> str:
 def resolve_kinds(
     registered: tuple[str, ...], kinds: tuple[str, ...] | None, exclude: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """The kinds a worker serves; raises ValueError naming a kind, to serve or to leave out,
-    that is not registered (a misspelt `--exclude-kinds` would serve the kind meant)."""
-    for flag, names in (("", kinds or ()), (" to exclude", exclude)):
-        unknown = sorted(set(names) - set(registered))
-        if unknown:
-            hint = did_you_mean(unknown[0], registered) if len(unknown) == 1 else ""
-            raise ValueError(
-                f"unknown job kind(s){flag} {', '.join(unknown)}{hint}: registered kinds are "
-                f"{', '.join(registered)} (load more with --import MODULE)"
-            )
+    """The kinds a worker serves; raises ValueError naming a kind to serve that is not
+    registered. A kind to exclude that is not registered is logged as a warning, not
+    refused: a pool's catch-all lane excludes every other lane's kinds, and one of them
+    missing from the image must not stop that lane too; a misspelt `--exclude-kinds` would
+    serve the kind meant, so the warning names the likeliest one."""
+    unknown = sorted(set(kinds or ()) - set(registered))
+    if unknown:
+        raise ValueError(f"unknown job kind(s) {_unknown_text(unknown, registered)}")
+    excluded_unknown = sorted(set(exclude) - set(registered))
+    if excluded_unknown:
+        log.warning("unknown job kind(s) to exclude %s",
+                    _unknown_text(excluded_unknown, registered))
     chosen = registered if kinds is None else kinds
     return tuple(k for k in chosen if k not in set(exclude))
+
+
+def _unknown_text(unknown: list[str], registered: tuple[str, ...]) -> str:
+    hint = did_you_mean(unknown[0], registered) if len(unknown) == 1 else ""
+    return (f"{', '.join(unknown)}{hint}: registered kinds are {', '.join(registered)} "
+            "(load more with --import MODULE)")
