@@ -29,7 +29,8 @@ MAX_PREFETCH = 4096
 """Claimed jobs a worker may hold beyond its free slots, each a row it leases: the buffer holds
 about 50 ms of its slots' work, a few hundred jobs at the fastest pace; more is a typo."""
 MAX_PROCESSES = 64
-"""Worker processes of one `jobpool run`; each opens slots + 3 connections."""
+"""Worker processes of one `jobpool run`; each opens up to slots + 6 connections (docs:
+operations.md, "Connection budget")."""
 MIN_GRACE, MAX_GRACE = 0.1, 3600.0
 """Seconds; the pool file's graceSeconds allows up to an hour as well."""
 MIN_POLL_INTERVAL, MAX_POLL_INTERVAL = 0.01, 3600.0
@@ -310,7 +311,8 @@ class Settings:
     stop_grace: float = _setting(
         10.0, Seconds(MIN_GRACE, MAX_GRACE),
         "seconds a stopped job's handler gets to clean up after its cancellation before its "
-        "slot is freed", "--stop-grace", applies=("worker",))
+        "slot is freed; at shutdown, what a handler cancelled at the end of the grace period "
+        "gets before the worker exits without it", "--stop-grace", applies=("worker",))
     poll_interval: float = _setting(
         2.0, Seconds(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL),
         "seconds between claims when no notification arrives", "--poll-interval",

@@ -125,7 +125,7 @@ async def test_sigterm_stops_a_worker_whose_handler_ignores_its_cancellation(
     w.send_signal(signal.SIGTERM)
     _, err = await asyncio.to_thread(w.communicate, timeout=30)
     assert w.returncode == 0, err
-    assert f"job {job_id} did not end within 1s of its cancellation" in err, err
+    assert f"job {job_id} did not end within 6s of its cancellation" in err, err
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (job_id,)) == 0

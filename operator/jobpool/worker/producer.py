@@ -50,6 +50,7 @@ from jobpool.registry import KindSpec
 from jobpool.worker import tracing
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
+from jobpool.worker.executor import SHUTDOWN_WRITE_TIMEOUT
 from jobpool.worker.stops import Stops
 
 log = logging.getLogger("jobpool.worker")
@@ -376,8 +377,9 @@ class Producer:
             executor.releasing = True
             for task in unfinished:
                 task.cancel()
-            if unfinished:
-                await asyncio.wait(unfinished, timeout=self.config.stop_grace)
+            if unfinished:  # each one's hand-back write is bounded too: wait for that
+                await asyncio.wait(unfinished,
+                                   timeout=self.config.stop_grace + SHUTDOWN_WRITE_TIMEOUT)
             self._abandon_stuck({task for task in unfinished if not task.done()})
             if unfinished and not self.online.is_set():
                 log.error("%d job(s) stopped while the database was unreachable: their claims "
@@ -387,25 +389,27 @@ class Producer:
             await asyncio.gather(flusher, return_exceptions=True)
 
     def _abandon_stuck(self, stuck: set[asyncio.Task[None]]) -> None:
-        """Leave the jobs whose handlers did not end within `config.stop_grace` of their
-        cancellation (a handler that catches asyncio.CancelledError and goes on): no longer
-        running here, so the hand-back at exit (`release_unrun_claims`) takes their claims
-        back, their attempt not counted; their transactions roll back as the worker's
-        connections close. Waiting for them would keep the worker from exiting for as long as
-        they run, a second SIGTERM or Ctrl-C notwithstanding."""
+        """Leave the jobs whose handlers did not end within `config.stop_grace` (and the
+        hand-back write's own bound) of their cancellation (a handler that catches
+        asyncio.CancelledError and goes on): no longer running here, so the hand-back at
+        exit (`release_unrun_claims`) takes their claims back, their attempt not counted;
+        their transactions roll back as the worker's connections close. Waiting for them
+        would keep the worker from exiting for as long as they run, a second SIGTERM or
+        Ctrl-C notwithstanding."""
         for job_id, task in list(self.in_flight.items()):
             if task not in stuck:
                 continue
             del self.in_flight[job_id]
+            self.leases.release(job_id)  # handed back at exit: no lease to renew
             if not self.online.is_set():  # its hand-back waits for the database
                 log.error("job %d: its hand-back did not get through within %gs, the database "
                           "being unreachable; the worker stops without it", job_id,
-                          self.config.stop_grace)
+                          self.config.stop_grace + SHUTDOWN_WRITE_TIMEOUT)
             else:
                 log.error("job %d did not end within %gs of its cancellation (a handler that "
                           "ignores asyncio.CancelledError?): the worker stops without it; its "
                           "claim is handed back and its transaction rolls back", job_id,
-                          self.config.stop_grace)
+                          self.config.stop_grace + SHUTDOWN_WRITE_TIMEOUT)
 
     async def _hand_back_buffer(self, returns: Returns, why: str = "stopping") -> None:
         """Hand back every claimed job that has not started (at shutdown, or when the buffer

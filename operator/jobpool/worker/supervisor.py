@@ -59,7 +59,7 @@ def lane_command(pool: PoolSpec, lane: Lane, settings: Settings, *, imports: Seq
 
 PROCESSES_PER_CPU = 4
 """Cap on a local pool's processes per CPU of the machine: more only contend for the CPUs
-and the database's connections (each process holds its slots + 2, and LISTEN), so a
+and the database's connections (each process holds up to its slots + 6), so a
 `minReplicas` meant for a cluster is refused instead of starting hundreds of processes on one
 host."""
 
