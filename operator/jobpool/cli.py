@@ -39,7 +39,13 @@ from jobpool.cli_arguments import (
     worker_command,
 )
 from jobpool.cli_schedules import add_schedule_commands, print_schedules
-from jobpool.core.jsondata import MAX_DEPTH, nesting_depth, to_json_text, within_depth
+from jobpool.core.jsondata import (
+    MAX_DEPTH,
+    escape_line,
+    nesting_depth,
+    to_json_text,
+    within_depth,
+)
 from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
 from jobpool.core.worker_run import WorkerRun
 from jobpool.db.connect import connect, open_database, resolve_dsn
@@ -347,9 +353,9 @@ async def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(row, default=str, indent=2))
     else:
-        for key, value in row.items():
+        for key, value in row.items():  # one line each, as the tables: `escape_line`
             shown = json.dumps(value, default=str) if key in ("payload", "result") else value
-            print(f"{key:>16}: {shown}")
+            print(f"{key:>16}: {escape_line(str(shown))}")
     return 0
 
 

@@ -138,7 +138,8 @@ _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def _line_escape(match: re.Match[str]) -> str:
     char = match[0]
     code = ord(char)
-    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    # as `storable_text` writes them: \x below 0x80, \u from there on
+    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
 
 
 _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")

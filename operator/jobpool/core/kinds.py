@@ -6,6 +6,7 @@ of any option a declaration leaves out.
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -112,7 +113,7 @@ def _number(name: str, value: Any) -> float | None:
 
 def _seconds(name: str, value: Any) -> float:
     """`_number` of a value given."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r:.40} "
                          f"({type(value).__name__})")
     return float(value)

@@ -25,10 +25,11 @@ def check_scope(tenant: str | None, kind: str | None) -> None:
 
 
 def check_reason(reason: str | None) -> str | None:
-    """`reason` stripped (None when empty); raises ValueError beyond MAX_REASON characters
-    once stripped, for text PostgreSQL cannot store (a NUL from a URL's %00, a lone surrogate
-    from an undecodable command-line byte) or that is not one printable line (`jobpool
-    paused` prints it in a table, where an escape sequence would act on the terminal)."""
+    """`reason` stripped of spaces (None when empty); raises ValueError beyond MAX_REASON
+    characters once stripped, for text PostgreSQL cannot store (a NUL from a URL's %00, a
+    lone surrogate from an undecodable command-line byte) or that is not one printable line
+    anywhere, a trailing line break too (`jobpool paused` prints it in a table, where an
+    escape sequence would act on the terminal; the API's schema says the same)."""
     if reason is None or not reason.strip():
         return None
     problem = line_problem(reason)

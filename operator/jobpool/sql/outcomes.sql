@@ -21,7 +21,8 @@ WITH input AS (
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
            AS i(id, attempts, result)
 ), locked AS (
-    -- rows are locked in id order, as renew_leases does, so the two never deadlock; each by
+    -- rows are locked in id order, so that two batches never deadlock (the lease renewal
+    -- passes over locked rows and waits for none); each by
     -- one descent of ix_aa_job_running (the lateral subquery, kept apart by OFFSET 0): a join
     -- may be planned as a rescan of the batch per running job (quadratic in the batch)
     SELECT j.id, i.result

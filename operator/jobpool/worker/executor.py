@@ -134,7 +134,9 @@ large one (a report, a list of ids) would make one log line of megabytes."""
 def logged_result(result: Any) -> str:
     """A handler's result as the `done` log line shows it: at most LOGGED_RESULT_LIMIT
     characters, the cut marked, control characters escaped."""
-    return truncate_error(safe_str(result, what="its result"), LOGGED_RESULT_LIMIT)
+    text = safe_str(result, what="its result")
+    # cut before escaping: a result of megabytes is not walked whole for its log line
+    return truncate_error(text[:LOGGED_RESULT_LIMIT + 1], LOGGED_RESULT_LIMIT)
 
 
 def payload_problem(payload: Any) -> str | None:
