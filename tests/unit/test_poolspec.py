@@ -543,6 +543,16 @@ def test_every_lanes_unknown_kinds_are_refused_naming_lane_kind_and_likely_name(
     assert ", ".join(sorted(BUILTIN_KINDS)) in message
 
 
+def test_a_rate_limited_kind_that_is_not_registered_is_refused() -> None:
+    """`kinds: {email_sned: smtp}` capped nothing: email_send ran past the provider's cap."""
+    spec = load_pool(pool({"name": "mail", "rateLimits": {
+        "providers": {"smtp": {"rps": 5, "burst": 5}}, "kinds": {"email_sned": "smtp"}}}))
+    with pytest.raises(PoolSpecError, match=re.escape(
+            "spec.lanes[0].rateLimits.kinds (lane 'mail'): unknown job kind(s) 'email_sned' "
+            "(did you mean 'email_send'?)")):
+        poolspec.check_lane_kinds(spec, BUILTIN_KINDS)
+
+
 def test_lanes_of_registered_kinds_and_catch_alls_pass() -> None:
     spec = load_pool_file(EXAMPLE)
     poolspec.check_lane_kinds(spec, BUILTIN_KINDS)  # raises nothing

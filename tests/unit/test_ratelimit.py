@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from jobpool.worker.token_store import (
     TokenStore,
     load_provider_caps,
     requeue_delay,
+    warn_uncapped_kinds,
 )
 
 HALF = RateLimit(rps=0.5, burst=1)
@@ -493,3 +495,13 @@ def test_the_refill_of_a_spent_lease_is_a_next_token() -> None:
     clock.now += 0.25
     assert limiter.next_token_in() == pytest.approx(0.75)
     assert limiter.claim_caps(["k"]) == {f"{TENANT}/k": 0}
+
+
+def test_a_capped_kind_no_module_registered_is_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A misspelt kind in JOBPOOL_RATE_LIMITS caps nothing: the worker says so at start."""
+    with caplog.at_level(logging.WARNING, logger="jobpool.ratelimit"):
+        warn_uncapped_kinds(["email_sned", "reindex"], ["email_send", "reindex"])
+    assert [r.getMessage() for r in caplog.records] == [
+        "JOBPOOL_RATE_LIMITS caps job kind 'email_sned' (did you mean 'email_send'?), which no "
+        "module registered: it caps nothing here"]

@@ -400,10 +400,13 @@ def plan_lanes(declared: Sequence[Lane], heavy: Lane) -> tuple[Lane, ...]:
 
 def check_lane_kinds(pool: PoolSpec, registered: Iterable[str], *,
                      loaded_by: Sequence[str] = ("spec.worker.imports",)) -> None:
-    """Refuse a pool whose lanes name a kind that is not registered, before any lane starts.
+    """Refuse a pool whose lanes name a kind that is not registered, in their kinds or their
+    rate limits' kinds, before any lane starts.
 
-    A misspelt kind would not only fail its own lane: the catch-all lane excludes the kinds
-    other lanes list, so it would exclude the misspelt name and serve the real kind itself.
+    A misspelt kind in `rateLimits.kinds` caps nothing, so the kind meant runs past its
+    provider's cap. A misspelt kind in `kinds` would not only fail its own lane: the
+    catch-all lane excludes the kinds other lanes list, so it would exclude the misspelt
+    name and serve the real kind itself.
     Raises PoolSpecError naming every lane, unknown kind and its nearest registered name,
     and what loads more kinds (`loaded_by`: the pool's field, and the runner's own ways).
     """
@@ -415,6 +418,12 @@ def check_lane_kinds(pool: PoolSpec, registered: Iterable[str], *,
             where = f"spec.lanes[{index}].kinds" if not lane.implicit else f"lane {lane.name!r}"
             named = ", ".join(_with_nearest(kind, known) for kind in unknown)
             problems.append(f"{where} (lane {lane.name!r}): unknown job kind(s) {named}")
+        # a misspelt kind here caps nothing: the kind meant runs past its provider's cap
+        capped = sorted(set(lane.rate_limits.kinds if lane.rate_limits else ()) - set(known))
+        if capped and not lane.implicit:
+            named = ", ".join(_with_nearest(kind, known) for kind in capped)
+            problems.append(f"spec.lanes[{index}].rateLimits.kinds (lane {lane.name!r}): "
+                            f"unknown job kind(s) {named}")
     if problems:
         raise PoolSpecError(
             f"{'; '.join(problems)}; registered kinds are {', '.join(known)} (load more with "

@@ -58,7 +58,7 @@ from jobpool.worker.maintenance import keep_maintained
 from jobpool.worker.producer import Producer
 from jobpool.worker.slot_connections import SlotConnections
 from jobpool.worker.stops import STOP_CHANNEL, Stops
-from jobpool.worker.token_store import WAKE_SLACK, TokenStore
+from jobpool.worker.token_store import WAKE_SLACK, TokenStore, warn_uncapped_kinds
 
 log = logging.getLogger("jobpool.worker")
 
@@ -124,6 +124,7 @@ class Worker:
         self.tenant_ids: list[uuid.UUID] | None = None
         self.listening = False
         self.limiter = limiter or TokenStore.from_settings(self.settings)
+        warn_uncapped_kinds(self.limiter.caps.kinds, registry.names())
         self.token_wake: asyncio.TimerHandle | None = None
         self.metrics = WorkerMetrics()
         self.leftovers = Leftovers()

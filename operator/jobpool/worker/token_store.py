@@ -42,6 +42,7 @@ from jobpool.core.ratelimit import (
     take_token,
     wait_time,
 )
+from jobpool.core.suggestions import did_you_mean
 from jobpool.core.yamlfile import provider_caps_from_text
 from jobpool.db.queries import Many
 from jobpool.settings import Settings
@@ -68,6 +69,16 @@ PROMISE_LIFETIME = 2.0
 A claimed job starts at once or waits in the prefetch buffer, which is handed back once its
 oldest job has waited a second for a slot; a job that never asks (handed back, stopped,
 its payload refused) so holds a token from the next claims for this long at most."""
+
+
+def warn_uncapped_kinds(capped: Iterable[str], registered: Iterable[str]) -> None:
+    """Warn about each kind of JOBPOOL_RATE_LIMITS's `kinds` no module registered: a misspelt
+    one caps nothing, and the kind meant runs past its provider's cap (a local pool refuses
+    it at start; a pod's worker has only its own registry to tell)."""
+    known = tuple(registered)
+    for kind in sorted(set(capped) - set(known)):
+        log.warning("JOBPOOL_RATE_LIMITS caps job kind %r%s, which no module registered: it "
+                    "caps nothing here", kind, did_you_mean(kind, known))
 
 
 def load_provider_caps(value: str | None) -> ProviderCaps:
