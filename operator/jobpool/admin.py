@@ -88,12 +88,12 @@ DISCARD_HINTS: Mapping[str, str] = {
 """What to do instead of discarding a job of each status (a done job cannot be stopped)."""
 
 
-STATUS_RACE_TRIES = 5
-"""Times an action is sent again when it matched nothing while the job's status, read right
-after, allows it: the action's statement read the job before a change (a worker moving it to
-the DLQ) committed, so it saw a status the action does not apply to; the read after sees the
-change. Each try needs another change of the job in between; five are never all lost to that
-in practice."""
+STATE_RACE_TRIES = 5
+"""Times an admin change is sent again when its statement matched nothing while a read right
+after says it applies: the statement read the row (a job, a pause) before another session's
+change committed (a worker moving the job to the DLQ, a resume of the scope), and the read
+after sees it. Each try needs another change in between; five are never all lost to that in
+practice."""
 
 
 async def _act(conn: AsyncConnection[Any], query: One, params: Mapping[str, Any], *,
@@ -103,7 +103,7 @@ async def _act(conn: AsyncConnection[Any], query: One, params: Mapping[str, Any]
     `statuses` only. Raises JobNotFoundError, or JobStateError naming the job's status,
     `allowed` (what the action applies to) and its hint from `hints`, changing nothing."""
     job_id = params["id"]
-    for _ in range(STATUS_RACE_TRIES):
+    for _ in range(STATE_RACE_TRIES):
         if await query(conn, params) is not None:
             return
         status = (await get_job(conn, job_id, tenants=tenants))["status"]
@@ -111,7 +111,7 @@ async def _act(conn: AsyncConnection[Any], query: One, params: Mapping[str, Any]
             hint = f"; {hints[status]}" if hints and status in hints else ""
             raise JobStateError(f"cannot {action} job {job_id}: it is {status}, {allowed}{hint}")
     raise JobStateError(f"cannot {action} job {job_id}: its status changed under each of "
-                        f"{STATUS_RACE_TRIES} tries; try again")
+                        f"{STATE_RACE_TRIES} tries; try again")
 
 
 async def replay(conn: AsyncConnection[Any], job_id: int, *, actor: str,

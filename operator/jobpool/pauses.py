@@ -36,13 +36,6 @@ RESUME_SCOPE = One("resume_scope")
 Row = dict[str, Any]
 
 
-SCOPE_RACE_TRIES = 5
-"""Times a pause or resume is sent again when a concurrent resume or pause made its answer
-stale: the pause found the scope paused, but it was resumed before the pause could be read;
-the resume found nothing to delete, but the scope is paused now (its statement read the pauses
-before that pause committed)."""
-
-
 class PauseScopeError(JobpoolError):
     """A caller scoped to some tenants named a kind for every tenant (the API's 403)."""
 
@@ -64,14 +57,14 @@ async def pause(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | N
     """
     params = await _scope_params(conn, tenant, kind, tenants)
     values = {**params, "actor": actor, "reason": check_reason(reason), "scope": _scope(tenants)}
-    for _ in range(SCOPE_RACE_TRIES):
+    for _ in range(admin.STATE_RACE_TRIES):  # a resume may make the answer stale
         row = await PAUSE_SCOPE(conn, values)
         current = await GET_PAUSE(conn, params)
         if current is not None:
             return current, row is not None
         # it was paused by another session, which resumed it before the read above
     raise JobStateError(f"{scope_text(params['tenant_key'], kind)} was paused and resumed by "
-                        f"others under each of {SCOPE_RACE_TRIES} tries; try again")
+                        f"others under each of {admin.STATE_RACE_TRIES} tries; try again")
 
 
 async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | None,
@@ -85,7 +78,7 @@ async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | 
     errors of `pause`.
     """
     params = await _scope_params(conn, tenant, kind, tenants)
-    for _ in range(SCOPE_RACE_TRIES):
+    for _ in range(admin.STATE_RACE_TRIES):
         row = await RESUME_SCOPE(conn, {**params, "actor": actor, "scope": _scope(tenants)})
         if row is not None:
             del row["woken_kinds"]
@@ -97,7 +90,7 @@ async def resume(conn: AsyncConnection[Any], *, tenant: str | None, kind: str | 
                                  f"(paused: {named})")
         # paused by another session after the resume's statement read the pauses
     raise JobStateError(f"{scope_text(params['tenant_key'], kind)} was resumed and paused by "
-                        f"others under each of {SCOPE_RACE_TRIES} tries; try again")
+                        f"others under each of {admin.STATE_RACE_TRIES} tries; try again")
 
 
 async def list_pauses(conn: AsyncConnection[Any], *, tenants: admin.Tenants = None,

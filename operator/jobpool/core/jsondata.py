@@ -136,10 +136,8 @@ _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _line_escape(match: re.Match[str]) -> str:
-    char = match[0]
-    code = ord(char)
-    # as `storable_text` writes them: \x below 0x80, \u from there on
-    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
+    """Tab and line breaks as Python writes them; the rest as `storable_text` does."""
+    return _SHORT_ESCAPES.get(match[0]) or _escape(match)
 
 
 _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
