@@ -231,6 +231,8 @@ def _run_pool(args: argparse.Namespace, settings: Settings) -> int:
     from jobpool.worker.supervisor import lane_processes, local_process_count, supervise
 
     pool = load_pool_file(args.pool)
+    for warning in pool.warnings:
+        log.warning("%s: %s", args.pool, warning.message)
     local_process_count(pool, cpu_count())
     # every lane's kinds, before any lane starts (the lanes import the same modules)
     registry = load_kind_modules((*pool.imports, *args.imports))

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from jobpool.core.shutdown import LEFT_TASKS_WAIT
+
 T = TypeVar("T")
 
 log = logging.getLogger("jobpool")
@@ -102,10 +104,6 @@ def run(main: Coroutine[Any, Any, T]) -> T:
                     raise
     finally:
         _close(runner)
-
-
-LEFT_TASKS_WAIT = 1.0
-"""Seconds the tasks still running when `main` ends get after their cancellation."""
 
 
 def _close(runner: asyncio.Runner) -> None:

@@ -13,6 +13,7 @@ import yaml
 from jobpool.core.crd import API_VERSION
 
 from .conftest import Operator, Tools, crd_established
+from .control_plane import ApiError
 from .helpers import (
     CHILDREN,
     LANES,
@@ -240,3 +241,25 @@ def test_deleting_the_pool_garbage_collects_its_children(
     eventually(lambda: not plane.admin.items(
         f"/apis/apps/v1/namespaces/{namespace}/replicasets"), "the ReplicaSets to be collected")
     eventually(lambda: not pods(plane, namespace), "the pods to be collected")
+
+
+def test_the_server_refuses_a_variable_the_operator_sets_and_pods_wait_for_the_stop_grace(
+    release: Tools, namespace: str, operator: Operator
+) -> None:
+    """The CRD's rule on `spec.worker.env`, as the API server runs it; a stop grace given
+    there lengthens the pods' termination grace period, so that the kubelet waits for it."""
+    plane = release.plane
+    document = example_pool()
+    document["spec"].setdefault("worker", {})["env"] = [
+        {"name": "JOBPOOL_POOL", "value": "another-pool"}]
+    with pytest.raises(ApiError) as refused:
+        plane.admin.create(pools_path(namespace), document)
+    assert refused.value.status == 422
+    assert "JOBPOOL_POOL_NAMESPACE are set by the operator" in str(refused.value)
+    document["spec"]["worker"]["env"] = [{"name": "JOBPOOL_STOP_GRACE", "value": "100"}]
+    plane.admin.create(pools_path(namespace), document)
+    found = every_deployment(plane, namespace, f"Deployments {sorted(CHILDREN)}", logs=operator)
+    grace = document["spec"]["worker"].get("graceSeconds", 30)
+    for deployment in found.values():
+        period = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert period >= grace + 100 + 20, described(deployment)

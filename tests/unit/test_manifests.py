@@ -14,6 +14,12 @@ import pytest
 from jobpool.core.crd import API_VERSION, CRD_FILE
 from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.core.scaling import LaneJobs, ScalingPolicy, decide_replicas
+from jobpool.core.shutdown import (
+    BUFFER_HAND_BACK_TIMEOUT,
+    SHUTDOWN_SETTLE_TIMEOUT,
+    SHUTDOWN_WRITE_TIMEOUT,
+    shutdown_bound,
+)
 from jobpool.db.queries import Many
 from jobpool.k8s import manifests, reconcile, status
 
@@ -121,6 +127,24 @@ def test_probes_metrics_port_and_scrape_annotations() -> None:
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == "9200"
     assert template["spec"]["terminationGracePeriodSeconds"] > 40
+
+
+@pytest.mark.parametrize(("worker", "grace", "stop_grace"), [
+    ({}, 30, 10),
+    ({"graceSeconds": 120}, 120, 10),
+    ({"env": [{"name": "JOBPOOL_STOP_GRACE", "value": "60.5"}]}, 30, 60.5),
+])
+def test_the_kubelet_waits_for_the_whole_shutdown_of_a_worker(
+        worker: dict[str, Any], grace: float, stop_grace: float) -> None:
+    """SIGKILL before the worker's own bounds run out would leave its jobs claimed until
+    their leases lapse: the period covers the grace, the stop grace of the handlers
+    cancelled at its end, and the hand-backs around them."""
+    pod = deployment(example(worker=worker), "default")["spec"]["template"]["spec"]
+    period = pod["terminationGracePeriodSeconds"]
+    assert isinstance(period, int)
+    assert period >= shutdown_bound(grace, stop_grace)
+    assert period >= (grace + stop_grace + BUFFER_HAND_BACK_TIMEOUT + SHUTDOWN_WRITE_TIMEOUT
+                      + SHUTDOWN_SETTLE_TIMEOUT)
 
 
 def test_pods_run_restricted() -> None:

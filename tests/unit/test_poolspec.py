@@ -16,6 +16,7 @@ from jobpool.core import poolspec
 from jobpool.core.crd import API_VERSION
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.poolspec import SHIPPED_EXAMPLES, PoolSpecError, load_pool, load_pool_file
+from jobpool.settings import default_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pool.yaml"
@@ -136,10 +137,10 @@ def test_a_lane_named_heavy_must_take_the_heavy_kinds() -> None:
 
 def test_known_kinds_no_lane_serves_are_a_warning() -> None:
     spec = load_pool(pool({"name": "mail", "kinds": ["email_send"]}))
-    assert len(spec.warnings) == 1
+    assert [warning.reason for warning in spec.warnings] == ["UnservedKinds"]
     missing = set(BUILTIN_KINDS) - {"email_send", *HEAVY_KINDS}
-    assert all(kind in spec.warnings[0] for kind in missing)
-    assert "email_send" not in spec.warnings[0]
+    assert all(kind in spec.warnings[0].message for kind in missing)
+    assert "email_send" not in spec.warnings[0].message
 
 
 # -- validation errors name the field ----------------------------------------------------
@@ -207,8 +208,9 @@ CEL_CASES = {
     "size(self.metadata.name) <= 38": (
         _set(pool(), "metadata.name", "n" * 40), "metadata.name: at most 38 characters",
     ),
-    "self.all(e, e.name != 'JOBPOOL_DSN' && e.name != 'JOBPOOL_RATE_LIMITS' "
-    "&& e.name != 'JOBPOOL_METRICS_PORT' && e.name != 'JOBPOOL_SCHEDULES')": (
+    "self.all(e, !(e.name in ['JOBPOOL_DSN', 'JOBPOOL_RATE_LIMITS', 'JOBPOOL_METRICS_PORT', "
+    "'JOBPOOL_SCHEDULES', 'JOBPOOL_SLOTS', 'JOBPOOL_GRACE', 'JOBPOOL_POOL', 'JOBPOOL_LANE', "
+    "'JOBPOOL_POOL_NAMESPACE']))": (
         pool(worker={"env": [{"name": "A", "value": "1"}, {"name": "JOBPOOL_DSN", "value": "x"}]}),
         "spec.worker.env[1].name: JOBPOOL_DSN is set by the operator",
     ),
@@ -586,6 +588,51 @@ def test_a_bad_schedule_names_its_field(schedule: dict[str, Any], expected: str)
 def test_jobpool_schedules_is_the_operators_to_set() -> None:
     env = {"env": [{"name": "JOBPOOL_SCHEDULES", "value": "[]"}]}
     assert error_of(pool({"name": "a"}, worker=env)).startswith("spec.worker.env[0].name: ")
+
+
+@pytest.mark.parametrize("name", ["JOBPOOL_SLOTS", "JOBPOOL_GRACE", "JOBPOOL_POOL",
+                                  "JOBPOOL_LANE", "JOBPOOL_POOL_NAMESPACE"])
+def test_a_setting_a_pool_field_gives_is_not_set_again_in_env(name: str) -> None:
+    """The operator's flag would override JOBPOOL_SLOTS and JOBPOOL_GRACE unseen; the pool's
+    and lane's names would be overridden, and pods under another pool's name retire that
+    pool's schedules."""
+    env = {"env": [{"name": name, "value": "x"}]}
+    assert error_of(pool({"name": "a"}, worker=env)) == (
+        f"spec.worker.env[0].name: {name} is set by the operator")
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("JOBPOOL_STOP_GRACE", "abc", "JOBPOOL_STOP_GRACE must be from 0.1 to 3600 seconds, got abc"),
+    ("JOBPOOL_PREFETCH", "-1", "JOBPOOL_PREFETCH must be"),
+    ("JOBPOOL_LOG_LEVEL", "loud", "JOBPOOL_LOG_LEVEL "),
+])
+def test_a_setting_in_env_is_checked_as_the_workers_check_it(
+        name: str, value: str, expected: str) -> None:
+    """Every pod of the pool would exit at its start with the value: the pool is refused,
+    naming the entry."""
+    env = {"env": [{"name": "A", "value": "1"}, {"name": name, "value": value}]}
+    message = error_of(pool({"name": "a"}, worker=env))
+    assert message.startswith(f"spec.worker.env[1].value: {expected}"), message
+
+
+def test_an_unknown_jobpool_variable_in_env_is_a_warning_with_the_setting_meant() -> None:
+    """A misspelt setting sets nothing; a warning, not a refusal: an image newer than the
+    operator may know a setting it does not."""
+    env = {"env": [{"name": "JOBPOOL_STOP_GRCE", "value": "40"},
+                   {"name": "JOBPOOL_FUTURE_KNOB", "value": "1"}, {"name": "OTHER", "value": "1"}]}
+    spec = load_pool(pool({"name": "a"}, worker=env))
+    assert [(w.reason, w.message) for w in spec.warnings] == [
+        ("UnknownSetting", "spec.worker.env[0].name: JOBPOOL_STOP_GRCE is no jobpool setting "
+                           "(did you mean JOBPOOL_STOP_GRACE?); it sets nothing"),
+        ("UnknownSetting", "spec.worker.env[1].name: JOBPOOL_FUTURE_KNOB is no jobpool setting; "
+                           "it sets nothing"),
+    ]
+
+
+def test_the_stop_grace_comes_from_env_or_its_default() -> None:
+    env = {"env": [{"name": "JOBPOOL_STOP_GRACE", "value": "42.5"}]}
+    assert load_pool(pool({"name": "a"}, worker=env)).stop_grace_seconds == 42.5
+    assert load_pool(pool({"name": "a"})).stop_grace_seconds == default_of("stop_grace")
 
 
 @pytest.mark.parametrize("field", ["kinds", "tenants"])

@@ -14,9 +14,9 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import jsonschema
 import yaml
@@ -26,20 +26,26 @@ from jobpool.core.jsondata import expect_text
 from jobpool.core.kinds import BUILTIN_KINDS, HEAVY_KINDS
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.core.schedules import Schedule, ScheduleError, parse_schedules
+from jobpool.core.suggestions import close_names
 from jobpool.core.tenants import tenant_ref
 from jobpool.core.worker_run import WorkerRun
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
-from jobpool.settings import default_of, setting_of_pool_field, variable
+from jobpool.settings import PREFIX, Settings, default_of, setting_of_pool_field, variable
 
 HEAVY_LANE = "heavy"
 """Name of the implicit lane that serves heavy kinds no lane lists."""
 
 MAX_POOL_NAME = 38
 MAX_DEPLOYMENT_NAME = 63
-RESERVED_ENV = frozenset(variable(name) for name in ("dsn", "rate_limits", "metrics_port",
-                                                     "schedules"))
-"""The variables `spec.worker.env` may not set: the pods get them from other fields."""
+RESERVED_ENV = frozenset(variable(name) for name in (
+    "dsn", "rate_limits", "metrics_port", "schedules", "slots", "grace", "pool", "lane",
+    "pool_namespace"))
+"""The variables `spec.worker.env` may not set: the pods get them from other fields (the
+Secret, `rateLimits`, `metricsPort`, `schedules`, `workersPerPod`, `graceSeconds`, the pool's
+and lane's names and namespace). Set there, a flag of the operator's would override them
+unseen, or they would override the pool's own identity (a pod under another pool's name
+would retire that pool's schedules)."""
 
 # Defaults; the CRD declares the same values (a test keeps them equal). A lane's workers get
 # the settings' defaults, so a pool file's fields default to them.
@@ -63,6 +69,14 @@ JsonPath = tuple[str | int, ...]
 
 class PoolSpecError(JobpoolError, ValueError):
     """A JobWorkerPool document that cannot run; the message starts with the bad field's path."""
+
+
+class PoolWarning(NamedTuple):
+    """A problem that does not stop the pool. reason: one CamelCase word (an Event's and the
+    Degraded condition's reason: `UnservedKinds`, `UnknownSetting`); message: one line."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,8 @@ class PoolSpec:
     """A validated pool and its lane plan.
 
     lanes: the declared lanes in order, then the implicit heavy lane if one was added.
+    stop_grace_seconds: the workers' stop grace, from `JOBPOOL_STOP_GRACE` in
+    `spec.worker.env` or its default (the pods' termination grace period includes it).
     warnings: problems that do not stop the pool (e.g. a built-in kind no lane serves).
     """
 
@@ -136,13 +152,14 @@ class PoolSpec:
     image_pull_secrets: tuple[str, ...] = ()
     service_account_name: str | None = None
     grace_seconds: int = DEFAULT_GRACE_SECONDS
+    stop_grace_seconds: float = default_of("stop_grace")
     metrics_port: int = DEFAULT_METRICS_PORT
     imports: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     schedules: tuple[Schedule, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[PoolWarning, ...] = ()
 
     def lane(self, name: str) -> Lane:
         """The lane called `name`; KeyError if there is none."""
@@ -291,11 +308,7 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     spec = document["spec"]
     worker = spec.get("worker") or {}
     env = tuple((item["name"], item["value"]) for item in worker.get("env") or ())
-    for index, (env_name, _) in enumerate(env):
-        if env_name in RESERVED_ENV:
-            raise PoolSpecError(
-                f"spec.worker.env[{index}].name: {env_name} is set by the operator"
-            )
+    settings, env_warnings = _env_settings(env)
     declared = tuple(
         _declared_lane(raw, f"spec.lanes[{index}]") for index, raw in enumerate(spec["lanes"])
     )
@@ -318,14 +331,46 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
         image_pull_secrets=tuple(item["name"] for item in spec.get("imagePullSecrets") or ()),
         service_account_name=spec.get("serviceAccountName"),
         grace_seconds=worker.get("graceSeconds", DEFAULT_GRACE_SECONDS),
+        stop_grace_seconds=settings.stop_grace,
         metrics_port=worker.get("metricsPort", DEFAULT_METRICS_PORT),
         imports=tuple(worker.get("imports") or ()),
         env=env,
         pod_annotations=dict(worker.get("podAnnotations") or {}),
         node_selector=dict(worker.get("nodeSelector") or {}),
         schedules=_schedules(spec.get("schedules") or ()),
-        warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS),
+        warnings=unserved_kind_warnings(lanes, BUILTIN_KINDS) + env_warnings,
     )
+
+
+def _env_settings(env: Sequence[tuple[str, str]]
+                  ) -> tuple[Settings, tuple[PoolWarning, ...]]:
+    """The settings `spec.worker.env` gives the workers (`JOBPOOL_STOP_GRACE`, ...), read as
+    a worker reads them, and warnings for the `JOBPOOL_` names that are no setting (a
+    misspelt name sets nothing; a newer image may know a name this version does not).
+
+    Raises PoolSpecError for a variable the operator sets (`RESERVED_ENV`) and for a value
+    the workers would refuse at their start: every pod of the pool would exit with it."""
+    known = {variable(item.name) for item in fields(Settings)}
+    # compared without the prefix they share, which alone makes any two names look alike
+    suffixes = [name.removeprefix(PREFIX) for name in known]
+    warnings = []
+    for index, (env_name, value) in enumerate(env):
+        if env_name in RESERVED_ENV:
+            raise PoolSpecError(
+                f"spec.worker.env[{index}].name: {env_name} is set by the operator"
+            )
+        if env_name.startswith(PREFIX) and env_name not in known:
+            nearest = close_names(env_name.removeprefix(PREFIX), suffixes, limit=1)
+            hint = f" (did you mean {PREFIX}{nearest[0]}?)" if nearest else ""
+            warnings.append(PoolWarning(
+                "UnknownSetting",
+                f"spec.worker.env[{index}].name: {env_name} is no jobpool setting{hint}; it "
+                "sets nothing"))
+        try:
+            Settings.from_env({env_name: value})
+        except ValueError as exc:
+            raise PoolSpecError(f"spec.worker.env[{index}].value: {exc}") from None
+    return Settings.from_env(dict(env)), tuple(warnings)
 
 
 POOL_NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -457,7 +502,8 @@ def _with_nearest(kind: str, known: Sequence[str]) -> str:
     return f"{kind!r} (did you mean {nearest[0]!r}?)" if nearest else repr(kind)
 
 
-def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple[str, ...]:
+def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]
+                           ) -> tuple[PoolWarning, ...]:
     """Warnings for known kinds that no lane serves for every tenant."""
     missing = sorted(
         kind for kind in set(known)
@@ -465,10 +511,10 @@ def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]) -> tuple
     )
     if not missing:
         return ()
-    return (
+    return (PoolWarning(
+        "UnservedKinds",
         "no lane serves these kinds for every tenant (add a catch-all lane without kinds, "
-        f"or list them): {', '.join(missing)}",
-    )
+        f"or list them): {', '.join(missing)}"),)
 
 
 def _plain(value: Any, path: JsonPath = ()) -> Any:

@@ -472,8 +472,8 @@ class PoolController:
             await self._event(body, "Normal", "Reconciled", _summary(outcome.done), now)
         degraded = str(condition_of(previous, "Degraded").get("message") or "")
         for warning in pool.warnings:
-            if warning not in degraded:
-                await self._event(body, "Warning", "UnservedKinds", warning, now)
+            if warning.message not in degraded:
+                await self._event(body, "Warning", warning.reason, warning.message, now)
         known = str(condition_of(previous, "Reconciled").get("message") or "")
         for problem in outcome.problems:
             if problem.message not in known:

@@ -15,6 +15,7 @@ from jobpool.cli_arguments import worker_command
 from jobpool.core.crd import API_VERSION, GROUP, KIND
 from jobpool.core.poolspec import Lane, PoolSpec
 from jobpool.core.scaling import lane_count_cap
+from jobpool.core.shutdown import termination_grace_seconds
 from jobpool.settings import variable
 
 POOL_LABEL = f"{GROUP}/pool"
@@ -25,8 +26,6 @@ SCALED_BY = f"{GROUP}/scaled-by"
 """Annotation `keda` on the Deployment of a keda lane: its ScaledObject must go if it leaves."""
 MANAGED_BY = "jobpool-operator"
 CONTAINER = "worker"
-GRACE_MARGIN = 15
-"""Seconds the kubelet waits beyond the worker's own grace before it kills the pod."""
 RUN_AS = 10001
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 KEDA_POLLING_SECONDS = 15
@@ -189,7 +188,9 @@ def build_pod_template(pool: PoolSpec, lane: Lane) -> dict[str, Any]:
     }
     spec: dict[str, Any] = {
         "containers": [build_worker_container(pool, lane)],
-        "terminationGracePeriodSeconds": pool.grace_seconds + GRACE_MARGIN,
+        # the worker's whole shutdown: the grace, the stop grace and the hand-backs after it
+        "terminationGracePeriodSeconds": termination_grace_seconds(pool.grace_seconds,
+                                                                   pool.stop_grace_seconds),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {

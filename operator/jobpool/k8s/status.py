@@ -158,7 +158,7 @@ def _degraded(pool: PoolSpec, count_error: str | None, problems: Sequence[Proble
     troubles = [*problems]
     if count_error:
         troubles.append(Problem("CountFailed", count_error))
-    troubles += [Problem("UnservedKinds", warning) for warning in pool.warnings]
+    troubles += [Problem(warning.reason, warning.message) for warning in pool.warnings]
     if not troubles:
         return Condition("Degraded", "False", "AsExpected", "no problems")
     return Condition("Degraded", "True", troubles[0].reason,

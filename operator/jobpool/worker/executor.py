@@ -37,6 +37,7 @@ from jobpool.core.retry import (
     safe_str,
     truncate_error,
 )
+from jobpool.core.shutdown import SHUTDOWN_WRITE_TIMEOUT
 from jobpool.db.connect import (
     JobConnection,
     NotCommittedError,
@@ -60,9 +61,6 @@ from jobpool.worker.token_store import WAKE_SLACK, TokenStore, describe, requeue
 log = logging.getLogger("jobpool.worker")
 
 T = TypeVar("T")
-
-SHUTDOWN_WRITE_TIMEOUT = 5.0
-"""Seconds a job cancelled at the end of the grace period may take to be handed back."""
 
 CONFLICT_PAUSE = (0.05, 1.0)
 """Seconds (drawn at random between the two) before a job whose transaction the server

@@ -8,7 +8,7 @@ came (its commit may have gone through, with rows the worker never saw). A hand-
 claim but the running ones (`release_unrun_claims`) settles both. A stopping worker with
 neither has nothing in the database to hand back, and exits at once even while the database
 is unreachable; one with either waits for the database to hand them back
-(`jobpool.worker.runtime.SHUTDOWN_SETTLE_TIMEOUT`).
+(`jobpool.core.shutdown.SHUTDOWN_SETTLE_TIMEOUT`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from jobpool.core.prefetch import (
     low_water,
     observed_rate,
 )
+from jobpool.core.shutdown import BUFFER_HAND_BACK_TIMEOUT, SHUTDOWN_WRITE_TIMEOUT
 from jobpool.db.queries import Row
 from jobpool.job import Job, JobContext
 from jobpool.metrics import JobOutcome
@@ -50,7 +51,6 @@ from jobpool.registry import KindSpec
 from jobpool.worker import tracing
 from jobpool.worker.completer import Pending
 from jobpool.worker.config import WorkerConfig
-from jobpool.worker.executor import SHUTDOWN_WRITE_TIMEOUT
 from jobpool.worker.stops import Stops
 
 log = logging.getLogger("jobpool.worker")
@@ -63,10 +63,6 @@ BUFFER_WAIT = 1.0
 taken by handlers that run long, and the whole buffer is handed back (the attempts not
 counted) for other workers to run, and refilled only once a slot frees. A claim sees pauses
 and stops at once; a buffered job is at most this long behind them."""
-
-HAND_BACK_TIMEOUT = 5.0
-"""Seconds the hand-back of the buffer at shutdown may take; past them the buffered jobs
-are handed back with the other leftovers at exit."""
 
 
 class Batches(Protocol):
@@ -419,7 +415,7 @@ class Producer:
         if not dropped or not self.online.is_set():
             return
         try:
-            async with asyncio.timeout(HAND_BACK_TIMEOUT):
+            async with asyncio.timeout(BUFFER_HAND_BACK_TIMEOUT):
                 released = await returns.release_unrun_claims(list(self.in_flight))
         except (TimeoutError, psycopg.Error) as exc:
             log.warning("could not hand back %d buffered job(s) now (%s); handed back at exit",

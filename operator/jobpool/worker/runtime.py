@@ -29,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.retry import error_text
+from jobpool.core.shutdown import SHUTDOWN_SETTLE_TIMEOUT
 from jobpool.db.connect import connection_allowance, with_tcp_liveness
 from jobpool.db.queries import Exec, One, Row
 from jobpool.db.reconnect import PROBE_TIMEOUT
@@ -68,11 +69,6 @@ PING = One("ping")
 
 TENANT_CHECK_EVERY = 5.0
 """Seconds between checks for a lane's tenants that do not exist yet."""
-
-SHUTDOWN_SETTLE_TIMEOUT = 10.0
-"""Seconds a stopping worker keeps trying to hand back the jobs still claimed under its id
-(outcomes it could not write, a claim whose answer never came), waiting for the database
-meanwhile; a worker with none of them exits at once (`jobpool.worker.leftovers`)."""
 
 
 def pool_size(slots: int) -> int:
