@@ -180,6 +180,10 @@ class _Batch:
                     tenant = tenants[job.tenant_id] = _tenant_text(job)
                 except TypeError:  # unhashable: not a UUID either
                     tenant = _tenant_text(job)
+            except UnknownKindError as exc:  # a name no kind can have
+                if count == 1:
+                    raise
+                raise UnknownKindError(exc.kind, place=_place(index, count)) from None
             except ValueError as exc:  # InvalidPayloadError too: the same class, placed
                 if count == 1:
                     raise
@@ -295,14 +299,22 @@ def _numbers(values: list[int | None]) -> list[int | None] | None:
 _FK_DETAIL = re.compile(r"Key \((?P<column>\w+)\)=\((?P<value>.*)\) is not present")
 
 
-def _translate(exc: psycopg.errors.ForeignKeyViolation) -> Exception:
+def _translate(exc: psycopg.errors.ForeignKeyViolation, batch: _Batch) -> Exception:
+    """The error of a job the database refused for want of its kind or tenant, beginning
+    with the place of the first job of `batch` that has it."""
     match = _FK_DETAIL.search(exc.diag.message_detail or "")
     value = match["value"] if match else "?"
     if match and match["column"] == "job_kind":
-        return UnknownKindError(value, REGISTRY.names())
+        return UnknownKindError(value, REGISTRY.names(), _place_of(value, batch.kinds))
     if match and match["column"] == "tenant_id":
-        return UnknownTenantError(value)
+        return UnknownTenantError(value, place=_place_of(value, batch.tenant_ids))
     return exc
+
+
+def _place_of(value: str, column: Sequence[str]) -> str:
+    """`_place` of the first job whose `column` value is `value` ("" if none is)."""
+    return next((_place(index, len(column)) for index, held in enumerate(column)
+                 if held == value), "")
 
 
 def _finish(results: list[Enqueued | None]) -> list[Enqueued]:
@@ -341,7 +353,7 @@ async def enqueue_many(
             try:
                 await cur.execute(query, params)
             except psycopg.errors.ForeignKeyViolation as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, batch) from exc
             if not batch.keyed:
                 row = await cur.fetchone()
                 batch.take_ids((row[0] if row else None) or [], results)
@@ -391,7 +403,7 @@ def enqueue_many_sync(
             try:
                 cur.execute(query, params)
             except psycopg.errors.ForeignKeyViolation as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, batch) from exc
             if not batch.keyed:
                 row = cur.fetchone()
                 batch.take_ids((row[0] if row else None) or [], results)

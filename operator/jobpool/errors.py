@@ -64,14 +64,15 @@ class RetryAfter(JobpoolError):
 class UnknownKindError(JobpoolError, LookupError):
     """A job kind that no worker has registered."""
 
-    def __init__(self, kind: str, known: Iterable[str] = ()) -> None:
+    def __init__(self, kind: str, known: Iterable[str] = (), place: str = "") -> None:
         """known: the kinds registered in this process, for a "did you mean" among them (a
-        kind of this process that the database lacks is said to be so)."""
+        kind of this process that the database lacks is said to be so). place: where the job
+        is in a batch, to begin the message ("job 3 of 5 in the batch: ")."""
         known = tuple(known)
         where = (" is registered in this process but not in the database" if kind in known
                  else f"{did_you_mean(kind, known)}: no worker has registered it")
         super().__init__(
-            f"unknown job kind {kind!r}{where} (start a worker that "
+            f"{place}unknown job kind {kind!r}{where} (start a worker that "
             "serves it, run `jobpool migrate` where the worker extra is installed for the "
             "built-in kinds, or register yours with `jobpool kinds list --import MODULE`)"
         )
@@ -81,10 +82,11 @@ class UnknownKindError(JobpoolError, LookupError):
 class UnknownTenantError(JobpoolError, LookupError):
     """A tenant key or id that is not in mdm.aa_tenant."""
 
-    def __init__(self, ref: str, known: Iterable[str] = ()) -> None:
-        """known: tenant keys the caller may see, for a "did you mean" among them."""
-        super().__init__(f"unknown tenant {ref!r}{did_you_mean(ref, known)}: no row in "
-                         "mdm.aa_tenant has that key or id")
+    def __init__(self, ref: str, known: Iterable[str] = (), place: str = "") -> None:
+        """known: tenant keys the caller may see, for a "did you mean" among them. place:
+        where the job is in a batch, to begin the message ("job 3 of 5 in the batch: ")."""
+        super().__init__(f"{place}unknown tenant {ref!r}{did_you_mean(ref, known)}: no row "
+                         "in mdm.aa_tenant has that key or id")
         self.ref = ref
 
 

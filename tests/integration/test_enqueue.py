@@ -137,6 +137,36 @@ async def test_unknown_kind_is_a_clear_error(conn: Conn, tenant: uuid.UUID) -> N
     assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("kind", ["no_such_kind", "Robert'); DROP"])
+async def test_an_unknown_kind_in_a_batch_names_the_first_job_that_has_it(
+    conn: Conn, tenant: uuid.UUID, kind: str, keyed: bool
+) -> None:
+    """A kind the database lacks (refused by its foreign key) or no kind can have (refused
+    before anything is sent): the error begins with the job's place, as for a bad field."""
+    await prepare(conn)
+    key = "k" if keyed else None
+    good = jobpool.NewJob(tenant, "test_record", {})
+    jobs = [good, jobpool.NewJob(tenant, kind, {}, idempotency_key=key),
+            jobpool.NewJob(tenant, kind, {})]
+    with pytest.raises(jobpool.UnknownKindError) as refused:
+        await jobpool.enqueue_many(conn, jobs)
+    assert str(refused.value).startswith(f"job 2 of 3 in the batch: unknown job kind {kind!r}")
+    await conn.rollback()
+    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job") == 0
+
+
+async def test_an_unknown_tenant_in_a_batch_names_the_first_job_that_has_it(
+    conn: Conn, tenant: uuid.UUID
+) -> None:
+    await prepare(conn)
+    ghost = uuid.uuid4()
+    jobs = [jobpool.NewJob(tenant, "test_record", {}), jobpool.NewJob(ghost, "test_record", {})]
+    with pytest.raises(jobpool.UnknownTenantError) as refused:
+        await jobpool.enqueue_many(conn, jobs)
+    assert str(refused.value).startswith(f"job 2 of 2 in the batch: unknown tenant '{ghost}'")
+
+
 async def test_unknown_tenant_is_a_clear_error(conn: Conn) -> None:
     await prepare(conn)
     ghost = uuid.uuid4()
