@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 import jobpool
@@ -223,6 +225,24 @@ async def test_a_handler_that_ignores_the_cancellation_is_abandoned_after_the_gr
     slots = run.worker.slot_connections  # the abandoned task ended: nothing of it is kept
     assert (slots.abandoned, slots.orphans, slots.lent) == (set(), {}, 0)
     assert not run.worker.abandoning  # nor of the slot's own getting another connection
+
+
+async def test_a_stop_delivered_twice_is_logged_once(
+    conn: Conn, dsn: str, tenant: uuid.UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The notification cancels the handler; while it goes on past its cancellation, lease
+    renewals (every half second here) find the claim gone too: one line says it stopped."""
+    run = await _run(conn, dsn, tenant, ("test_stop_ignores",), running=1, slots=1,
+                     prefetch=0, lease_ttl=1.5, stop_grace=2.0)
+    [stopped] = run.jobs
+    with caplog.at_level(logging.INFO, logger="jobpool.worker"):
+        await admin.stop(conn, stopped, actor="alice@example.com")
+        await asyncio.wait_for(run.task, 30)
+    said = [r.getMessage() for r in caplog.records if f"job {stopped} " in r.getMessage()
+            and "stopped" in r.getMessage()]
+    assert said == [f"job {stopped} (test_stop_ignores) stopped: cancelling its handler (2s to "
+                    "clean up)"], said
+    await _assert_stopped_by(conn, stopped, "alice@example.com")
 
 
 async def test_without_listen_the_lease_renewal_delivers_the_stop(

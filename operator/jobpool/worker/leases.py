@@ -271,10 +271,7 @@ class LeaseKeeper:
                     continue  # its outcome was written meanwhile: nothing was lost
                 del self._held[job_id]
                 gone.append(job_id)
-                if job_id in stopped:
-                    log.info("job %d (%s): stopped (found by the lease renewal)", job_id,
-                             job.kind)
-                else:
+                if job_id not in stopped:  # a stop is logged where its handler is cancelled
                     log.warning("job %d (%s): lease lost (recovered elsewhere); its result "
                                 "will be discarded", job_id, job.kind)
         if self.lost is not None and self._loop is not None:
