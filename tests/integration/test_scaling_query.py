@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.core.scaling import LaneJobs
+from jobpool.db import lane_counts
 from jobpool.db.lane_counts import LaneCounter, count_lane_jobs, count_lane_jobs_at
 from jobpool.db.queries import Many
 from jobpool.k8s.manifests import keda_query
@@ -178,3 +183,58 @@ async def test_the_operator_counter_keeps_its_connection(
     assert (first["acme"].ready, second["acme"].ready) == (2, 3)
     assert row is not None and tuple(row) == ("5s", "off")
     assert counter.connections == {}
+
+
+@contextlib.asynccontextmanager
+async def silenceable_proxy(dsn: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A TCP proxy in front of `dsn`'s server, and an event that, once set, stops every
+    answer from reaching the clients (a partition: the connection stays open, silent)."""
+    silent = asyncio.Event()
+    probe = await psycopg.AsyncConnection.connect(dsn)
+    host, port = probe.info.host, probe.info.port
+    await probe.close()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if not silent.is_set():
+                    writer.write(data)
+                    await writer.drain()
+
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(host, port)
+        tasks.update({asyncio.create_task(pump(client_r, server_w)),
+                      asyncio.create_task(pump(server_r, client_w))})
+
+    proxy = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield make_conninfo(dsn, host="127.0.0.1", port=proxy.sockets[0].getsockname()[1],
+                            sslmode="disable", gssencmode="disable"), silent
+    finally:
+        proxy.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_count_whose_database_goes_silent_fails_in_bounded_time(
+    dsn: str, conn: Conn, kinds: None, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server-side statement timeout never reaches a client whose connection went
+    silent; the operator syncs every pool in one loop, so a count must not wait for it."""
+    monkeypatch.setattr(lane_counts, "ANSWER_TIMEOUT", 1.0)
+    await add_jobs(conn, tenant, "email_send", 2)
+    counter = LaneCounter()
+    try:
+        async with silenceable_proxy(dsn) as (proxied, silent):
+            assert (await counter(proxied, POOL.lanes))["acme"].ready == 2
+            silent.set()
+            with pytest.raises(psycopg.OperationalError,
+                               match=r"the database did not answer within 1s"):
+                await asyncio.wait_for(counter(proxied, POOL.lanes), 30)
+            assert proxied not in counter.connections  # dropped: the next count reconnects
+            silent.clear()
+            assert (await counter(proxied, POOL.lanes))["acme"].ready == 2
+    finally:
+        await counter.close()

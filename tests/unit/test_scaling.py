@@ -12,6 +12,7 @@ from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import load_pool
 from jobpool.core.scaling import (
     ScalingPolicy,
+    bounded_replicas,
     decide_replicas,
     fixed_replicas,
     wanted_replicas,
@@ -129,6 +130,18 @@ def test_other_lanes_kinds_do_not_count_for_a_lane() -> None:
 def test_fixed_mode_holds_min() -> None:
     decision = fixed_replicas(ScalingPolicy(2, 5, 4), current=4)
     assert (decision.replicas, decision.reason) == (2, "Fixed")
+
+
+@pytest.mark.parametrize(("current", "expected"), [
+    (0, (2, "RaisedToMin")), (1, (2, "RaisedToMin")), (2, None), (4, None), (5, None),
+    (9, (5, "LoweredToMax")),
+])
+def test_without_a_count_only_the_bounds_move_the_replicas(
+        current: int, expected: tuple[int, str] | None) -> None:
+    """Demand is unknown while the jobs cannot be counted: a count inside the bounds stays,
+    one outside them (a hand scale, bounds just changed) goes back in."""
+    decision = bounded_replicas(ScalingPolicy(2, 5, 4), current)
+    assert (None if decision is None else (decision.replicas, decision.reason)) == expected
 
 
 @pytest.mark.parametrize(

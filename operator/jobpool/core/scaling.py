@@ -91,6 +91,21 @@ def fixed_replicas(policy: ScalingPolicy, current: int) -> ScaleDecision:
     )
 
 
+def bounded_replicas(policy: ScalingPolicy, current: int) -> ScaleDecision | None:
+    """The decision while the lane's jobs cannot be counted (its database unreachable, its
+    Secret missing): back into the bounds if `current` is outside them (a hand scale, bounds
+    just changed), else None (keep the count; demand is unknown)."""
+    if current < policy.min_replicas:
+        return ScaleDecision(
+            policy.min_replicas, policy.min_replicas, "RaisedToMin",
+            f"{current} -> {policy.min_replicas}: below minReplicas (jobs not counted)", None)
+    if current > policy.max_replicas:
+        return ScaleDecision(
+            policy.max_replicas, policy.max_replicas, "LoweredToMax",
+            f"{current} -> {policy.max_replicas}: above maxReplicas (jobs not counted)", None)
+    return None
+
+
 def decide_replicas(
     policy: ScalingPolicy,
     *,

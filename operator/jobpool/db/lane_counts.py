@@ -7,15 +7,19 @@ of index entries whatever the backlog; a capped count is reported as "at least".
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
 from jobpool.db.queries import Many, Row
+
+T = TypeVar("T")
 
 COUNT_LANE_JOBS = Many("count_lane_jobs")
 SCHEDULE_RUNS = Many("schedule_runs")
@@ -26,6 +30,15 @@ CONNECT_TIMEOUT = 10
 STATEMENT_TIMEOUT_MS = 5000
 """Milliseconds a count may run before the database cancels it (the tick reports the error
 and the next tick counts again)."""
+
+ANSWER_TIMEOUT = STATEMENT_TIMEOUT_MS / 1000 + 5
+"""Seconds the operator waits for a count's answer: the statement timeout cancels a slow
+count on the server, but a connection that went silent (a network partition, a stopped
+server) never answers, and the one loop that syncs every pool would wait for it for good."""
+
+IDLE_DROP = 600.0
+"""Seconds after which the connection of a DSN no count used is closed (a pool deleted, its
+Secret changed)."""
 
 SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off"
 """The counting session's settings: the timeout, and no JIT compilation (the planner cannot
@@ -84,28 +97,54 @@ class LaneCounter:
 
     def __init__(self) -> None:
         self.connections: dict[str, psycopg.AsyncConnection[Any]] = {}
+        self._used: dict[str, float] = {}
 
     async def __call__(self, dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
-        """Counts of `lanes` in the database of `dsn` (see `count_lane_jobs`)."""
-        conn = await self._connection(dsn)
-        try:
-            return await count_lane_jobs(conn, lanes)
-        except psycopg.Error:
-            await self._drop(dsn)
-            raise
+        """Counts of `lanes` in the database of `dsn` (see `count_lane_jobs`). Raises the
+        psycopg.Error of the count, or psycopg.OperationalError when the database did not
+        answer within `ANSWER_TIMEOUT` seconds."""
+        return await self._answer(dsn, lambda conn: count_lane_jobs(conn, lanes))
 
     async def schedule_runs(self, dsn: str, owner: str,
                             names: Sequence[str]) -> list[dict[str, Any]]:
         """The `schedule_runs` rows of the schedules `names` at `dsn`: each one's owner, and
-        the last and next run of those `owner` owns (None for another owner's)."""
+        the last and next run of those `owner` owns (None for another owner's). Raises as
+        a count does."""
+        return await self._answer(
+            dsn, lambda conn: SCHEDULE_RUNS(conn, {"owner": owner, "names": list(names)}))
+
+    async def _answer(self, dsn: str,
+                      ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """`ask` on the connection of `dsn`, which is dropped when it fails or goes silent.
+
+        A silent connection is closed under the waiting query before that is cancelled:
+        psycopg would otherwise send the server a cancel request and wait for it (10 s more,
+        through the same silent network)."""
         conn = await self._connection(dsn)
+        asking = asyncio.ensure_future(ask(conn))
         try:
-            return await SCHEDULE_RUNS(conn, {"owner": owner, "names": list(names)})
+            return await asyncio.wait_for(asyncio.shield(asking), ANSWER_TIMEOUT)
+        except TimeoutError:
+            self.connections.pop(dsn, None)
+            self._used.pop(dsn, None)
+            conn.pgconn.finish()
+            asking.cancel()
+            await asyncio.wait({asking}, timeout=1.0)
+            raise psycopg.OperationalError(
+                f"the database did not answer within {ANSWER_TIMEOUT:g}s") from None
         except psycopg.Error:
             await self._drop(dsn)
             raise
+        except BaseException:
+            asking.cancel()
+            raise
 
     async def _connection(self, dsn: str) -> psycopg.AsyncConnection[Any]:
+        now = time.monotonic()
+        for idle in [other for other, used in self._used.items()
+                     if other != dsn and now - used > IDLE_DROP]:
+            await self._drop(idle)
+        self._used[dsn] = now
         conn = self.connections.get(dsn)
         if conn is None or conn.closed:
             conn = self.connections[dsn] = await psycopg.AsyncConnection.connect(
@@ -114,6 +153,7 @@ class LaneCounter:
         return conn
 
     async def _drop(self, dsn: str) -> None:
+        self._used.pop(dsn, None)
         conn = self.connections.pop(dsn, None)
         if conn is not None and not conn.closed:
             await conn.close()

@@ -38,6 +38,7 @@ from jobpool.core.scaling import (
     LaneJobs,
     ScaleDecision,
     ScalingPolicy,
+    bounded_replicas,
     decide_replicas,
     fixed_replicas,
 )
@@ -512,7 +513,7 @@ class PoolController:
             deployment = live.get(name)
             jobs = counts.get(lane.name) if counts is not None else None
             decision = None
-            if deployment is not None and jobs is not None:
+            if deployment is not None:  # bounds and a fixed count hold without a count too
                 decision = _decide(lane, jobs, deployment, old.get(lane.name), now)
             if decision is not None and deployment is not None:
                 current = int((deployment.get("spec") or {}).get("replicas") or 0)
@@ -565,9 +566,10 @@ class PoolController:
 
 
 def _decide(
-    lane: Lane, jobs: LaneJobs, deployment: Mapping[str, Any],
+    lane: Lane, jobs: LaneJobs | None, deployment: Mapping[str, Any],
     previous: Mapping[str, Any] | None, now: datetime,
 ) -> ScaleDecision | None:
+    """The lane's scale decision; `jobs` None: they could not be counted."""
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
     policy = ScalingPolicy(
         min_replicas=lane.min_replicas, max_replicas=lane.max_replicas,
@@ -581,6 +583,8 @@ def _decide(
         return None
     if mode == "none":
         return fixed_replicas(policy, current)
+    if jobs is None:
+        return bounded_replicas(policy, current)
     return decide_replicas(
         policy, ready=jobs.ready, running=jobs.running, current=current,
         scale_down_since=parse_timestamp((previous or {}).get("scaleDownSince")), now=now,
