@@ -129,6 +129,15 @@ def test_probes_metrics_port_and_scrape_annotations() -> None:
     assert template["spec"]["terminationGracePeriodSeconds"] > 40
 
 
+def test_an_empty_variable_is_written_as_the_server_stores_it() -> None:
+    """The server leaves `value: ""` out; written with it, every sync would find the entry
+    changed and apply the Deployment again."""
+    body = deployment(example(worker={"env": [{"name": "EMPTY", "value": ""},
+                                              {"name": "FULL", "value": "x"}]}), "default")
+    assert env_of(body)["EMPTY"] == {"name": "EMPTY"}
+    assert env_of(body)["FULL"] == {"name": "FULL", "value": "x"}
+
+
 @pytest.mark.parametrize(("worker", "grace", "stop_grace"), [
     ({}, 30, 10),
     ({"graceSeconds": 120}, 120, 10),

@@ -210,7 +210,7 @@ CEL_CASES = {
     ),
     "self.all(e, !(e.name in ['JOBPOOL_DSN', 'JOBPOOL_RATE_LIMITS', 'JOBPOOL_METRICS_PORT', "
     "'JOBPOOL_SCHEDULES', 'JOBPOOL_SLOTS', 'JOBPOOL_GRACE', 'JOBPOOL_POOL', 'JOBPOOL_LANE', "
-    "'JOBPOOL_POOL_NAMESPACE']))": (
+    "'JOBPOOL_POOL_NAMESPACE', 'POD_NAMESPACE', 'POD_SERVICE_ACCOUNT']))": (
         pool(worker={"env": [{"name": "A", "value": "1"}, {"name": "JOBPOOL_DSN", "value": "x"}]}),
         "spec.worker.env[1].name: JOBPOOL_DSN is set by the operator",
     ),
@@ -591,11 +591,13 @@ def test_jobpool_schedules_is_the_operators_to_set() -> None:
 
 
 @pytest.mark.parametrize("name", ["JOBPOOL_SLOTS", "JOBPOOL_GRACE", "JOBPOOL_POOL",
-                                  "JOBPOOL_LANE", "JOBPOOL_POOL_NAMESPACE"])
-def test_a_setting_a_pool_field_gives_is_not_set_again_in_env(name: str) -> None:
+                                  "JOBPOOL_LANE", "JOBPOOL_POOL_NAMESPACE", "POD_NAMESPACE",
+                                  "POD_SERVICE_ACCOUNT"])
+def test_a_variable_the_operator_sets_is_not_set_again_in_env(name: str) -> None:
     """The operator's flag would override JOBPOOL_SLOTS and JOBPOOL_GRACE unseen; the pool's
     and lane's names would be overridden, and pods under another pool's name retire that
-    pool's schedules."""
+    pool's schedules; the downward API's two names would be in the container twice, which
+    server-side apply refuses for every later change of the lane."""
     env = {"env": [{"name": name, "value": "x"}]}
     assert error_of(pool({"name": "a"}, worker=env)) == (
         f"spec.worker.env[0].name: {name} is set by the operator")
@@ -613,6 +615,13 @@ def test_a_setting_in_env_is_checked_as_the_workers_check_it(
     env = {"env": [{"name": "A", "value": "1"}, {"name": name, "value": value}]}
     message = error_of(pool({"name": "a"}, worker=env))
     assert message.startswith(f"spec.worker.env[1].value: {expected}"), message
+
+
+def test_a_variable_given_twice_in_env_is_refused_as_the_api_server_would() -> None:
+    env = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"},
+                   {"name": "A", "value": "3"}]}
+    assert error_of(pool({"name": "a"}, worker=env)) == (
+        "spec.worker.env[2].name: A is given twice (also spec.worker.env[0])")
 
 
 def test_an_unknown_jobpool_variable_in_env_is_a_warning_with_the_setting_meant() -> None:

@@ -40,12 +40,13 @@ MAX_POOL_NAME = 38
 MAX_DEPLOYMENT_NAME = 63
 RESERVED_ENV = frozenset(variable(name) for name in (
     "dsn", "rate_limits", "metrics_port", "schedules", "slots", "grace", "pool", "lane",
-    "pool_namespace"))
+    "pool_namespace")) | {"POD_NAMESPACE", "POD_SERVICE_ACCOUNT"}
 """The variables `spec.worker.env` may not set: the pods get them from other fields (the
 Secret, `rateLimits`, `metricsPort`, `schedules`, `workersPerPod`, `graceSeconds`, the pool's
-and lane's names and namespace). Set there, a flag of the operator's would override them
-unseen, or they would override the pool's own identity (a pod under another pool's name
-would retire that pool's schedules)."""
+and lane's names and namespace, the downward API for the audit actor). Set there, a flag of
+the operator's would override them unseen, they would override the pool's own identity (a
+pod under another pool's name would retire that pool's schedules), or the container would
+hold one name twice, which server-side apply refuses."""
 
 # Defaults; the CRD declares the same values (a test keeps them equal). A lane's workers get
 # the settings' defaults, so a pool file's fields default to them.
@@ -354,11 +355,16 @@ def _env_settings(env: Sequence[tuple[str, str]]
     # compared without the prefix they share, which alone makes any two names look alike
     suffixes = [name.removeprefix(PREFIX) for name in known]
     warnings = []
+    first: dict[str, int] = {}
     for index, (env_name, value) in enumerate(env):
         if env_name in RESERVED_ENV:
             raise PoolSpecError(
                 f"spec.worker.env[{index}].name: {env_name} is set by the operator"
             )
+        if env_name in first:  # the CRD's list map refuses it too
+            raise PoolSpecError(f"spec.worker.env[{index}].name: {env_name} is given twice "
+                                f"(also spec.worker.env[{first[env_name]}])")
+        first[env_name] = index
         if env_name.startswith(PREFIX) and env_name not in known:
             nearest = close_names(env_name.removeprefix(PREFIX), suffixes, limit=1)
             hint = f" (did you mean {PREFIX}{nearest[0]}?)" if nearest else ""

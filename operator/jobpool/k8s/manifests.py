@@ -125,7 +125,10 @@ def build_worker_env(pool: PoolSpec, lane: Lane) -> list[dict[str, Any]]:
     _, lane_env = worker_command_of(pool, lane)
     if variable("service_account") not in lane_env:  # one entry per name (server-side apply)
         env += _service_account_env()
-    env += [{"name": name, "value": value} for name, value in lane_env.items()]
+    # an empty value as the server stores it (it leaves `value: ""` out): else every sync
+    # would find the entry changed and apply it again
+    env += [{"name": name, "value": value} if value else {"name": name}
+            for name, value in lane_env.items()]
     return env
 
 
