@@ -1,7 +1,7 @@
 """A converged pool costs the API server nothing: a minute of the operator's ticks (one a
 second) makes no write and posts no Event, also when the pool is written in non-canonical
-form, another manager added an env var, someone labelled a Deployment by hand, or a mutating
-admission policy added a container to the pod template."""
+form or holds an empty variable, another manager added an env var, someone labelled a
+Deployment by hand, or a mutating admission policy added a container to the pod template."""
 
 from __future__ import annotations
 
@@ -88,12 +88,14 @@ def test_a_converged_pool_makes_no_write_and_no_event(
     plane = release.plane
     cases = {case: restricted_namespace(plane, dsn) for case in
              ("canonical", "noncanonical", "env-by-another-manager", "label-by-hand",
-              "container-by-policy")}
+              "container-by-policy", "empty-env-value")}
     for path, body in sidecar_policy(cases["container-by-policy"]):
         plane.admin.create(path, body)
     time.sleep(2)  # the policy reaches the admission chain asynchronously
     for case, namespace in cases.items():
         body = noncanonical_pool() if case == "noncanonical" else example_pool()
+        if case == "empty-env-value":  # the server stores the entry without its value
+            body["spec"]["worker"]["env"] = [{"name": "EMPTY_FLAG", "value": ""}]
         plane.admin.create(pools_path(namespace), body)
     for namespace in cases.values():
         every_deployment(plane, namespace, f"the pool's Deployments in {namespace}",

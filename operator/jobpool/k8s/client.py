@@ -28,11 +28,8 @@ from lightkube.types import CascadeType, PatchType
 
 from jobpool.core.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from jobpool.errors import JobpoolError
+from jobpool.k8s.ownership import FIELD_MANAGER, SCALER
 
-FIELD_MANAGER = "jobpool-operator"
-"""Field manager of everything the operator applies (children, pool status, Lease)."""
-SCALER = "jobpool-scaler"
-"""Field manager of the replicas written through the scale subresource."""
 REQUEST_TIMEOUT = 30.0
 RETRIES = 4
 RETRY_PAUSE = 0.1
@@ -162,7 +159,9 @@ class KubeApi:
         """Create the Deployment `body` with `replicas` (its lane's first count), written as
         the scaler, which owns replicas from then on; False when it exists already. A
         Deployment first applied without replicas would get the server's default of 1, and
-        its pod would start (and claim jobs) before the scaler could set 0."""
+        its pod would start (and claim jobs) before the scaler could set 0. The server makes
+        the scaler the owner of every field: the caller applies the Deployment and hands
+        the rest over (`k8s.ownership`)."""
         obj = cast(Deployment, Deployment.from_dict({
             **body, "metadata": {**body["metadata"], "namespace": namespace},
             "spec": {**body["spec"], "replicas": replicas}}))
@@ -173,6 +172,16 @@ class KubeApi:
                 raise
             return False
         return True
+
+    async def set_managed_fields(self, namespace: str, name: str,
+                                 managed_fields: Sequence[Mapping[str, Any]],
+                                 resource_version: str) -> dict[str, Any]:
+        """Replace the Deployment `name`'s managedFields (`k8s.ownership.hand_over`) if it
+        is still at `resource_version` (else ApiError 409: it changed meanwhile)."""
+        return _as_dict(await _call(lambda: self._client.patch(
+            Deployment, name, {"metadata": {"managedFields": list(managed_fields),
+                                            "resourceVersion": resource_version}},
+            namespace=namespace, patch_type=PatchType.MERGE), retry=False))
 
     async def delete_child(self, kind: ChildKind, namespace: str, name: str) -> None:
         """Delete a child and, in the background, what it owns; gone already is fine."""

@@ -55,6 +55,7 @@ from jobpool.k8s.manifests import (
     pool_selector,
     trigger_authentication_name,
 )
+from jobpool.k8s.ownership import FIELD_MANAGER, SCALER, hand_over
 from jobpool.k8s.probes import Health
 from jobpool.k8s.reconcile import (
     Action,
@@ -85,12 +86,15 @@ from jobpool.k8s.tracing_env import with_tracing_env
 COUNT_LANE_JOBS = Many("count_lane_jobs")
 
 DEFAULT_SCALE_INTERVAL = 15.0
+HAND_OVER_TRIES = 5
+"""Reads of a Deployment that changed while its field ownership was being handed over."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 log = logging.getLogger(__name__)
 
 CountJobs = Callable[[str, Sequence[Any]], Awaitable[dict[str, LaneJobs]]]
 PoolKey = tuple[str, str]
+
 T = TypeVar("T")
 
 
@@ -412,6 +416,7 @@ class PoolController:
                 applied = await self._write(
                     self.api.apply_child(action.kind, namespace, action.body or {}))
                 if action.kind == "Deployment":
+                    applied = await self._hand_over(namespace, action, applied)
                     own[action.name] = applied
             except ApiError as exc:  # report it, carry on with the others
                 outcome.problems.append(Problem(
@@ -426,6 +431,40 @@ class PoolController:
                              action.name)
                     continue
                 outcome.done.append(action)
+
+    async def _hand_over(self, namespace: str, action: Action,
+                         applied: dict[str, Any]) -> dict[str, Any]:
+        """Leave the scaler owning only the replicas of a Deployment it created
+        (`k8s.ownership`), then apply again if the operator now owns fields it does not
+        apply; the Deployment as it then is. The new ownership is written only onto the
+        version it was made from: a Deployment changed meanwhile (its controller writes its
+        status as pods come) is read again, `HAND_OVER_TRIES` times, then left to the next
+        sync."""
+        for _ in range(HAND_OVER_TRIES):
+            meta = applied.get("metadata") or {}
+            handed = hand_over(meta.get("managedFields") or (), applier=FIELD_MANAGER,
+                               scaler=SCALER)
+            if handed is None:
+                return applied
+            try:
+                applied = await self._write(self.api.set_managed_fields(
+                    namespace, action.name, handed.managed_fields,
+                    str(meta["resourceVersion"])))
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                again = await self.api.read_child("Deployment", namespace, action.name)
+                if again is None:
+                    return applied
+                applied = again
+                continue
+            if handed.reapply:
+                applied = await self._write(
+                    self.api.apply_child(action.kind, namespace, action.body or {}))
+            return applied
+        log.info("Deployment %s/%s kept changing while its fields were handed over to the "
+                 "operator: the next sync tries again", namespace, action.name)
+        return applied
 
     async def _children(
         self, kind: ChildKind, namespace: str, pool: str, names: Sequence[str]

@@ -3,8 +3,9 @@
 A child is applied (server-side apply) when it is missing, when the operator's template
 hash on it differs from the spec's, or when a field the operator sets has another value
 live (changed by hand: drift, as k8s.drift compares it: what other field managers add is
-theirs, quantities count by value). Replicas belong to the scaler and are never in a plan,
-so a new image or any other template change never resets a lane's scale.
+theirs, quantities count by value), or when the scaler still owns more of a Deployment than
+its replicas (k8s.ownership). Replicas belong to the scaler and are never in a plan, so a
+new image or any other template change never resets a lane's scale.
 
 A child name can be taken by an object the pool does not own (pool `mdm` with lane
 `jobs-acme` and pool `mdm-jobs` with lane `acme` both want `mdm-jobs-acme`, or a
@@ -32,6 +33,7 @@ from jobpool.k8s.manifests import (
     build_worker_deployment,
     deployment_name,
 )
+from jobpool.k8s.ownership import SCALER, scaler_owns_more
 
 Verb = Literal["apply", "delete"]
 ChildKind = Literal["Deployment", "ScaledObject", "TriggerAuthentication"]
@@ -162,7 +164,9 @@ def plan_children(
     live: the objects found, the pool's own (a list call) and whatever holds a desired
     name; those that do not belong to the pool are never changed. A child whose template
     hash differs, or whose live fields differ from the desired ones (a hand edit, a missing
-    ownerReference), is applied again (so an orphan is adopted and drift is repaired).
+    ownerReference), is applied again (so an orphan is adopted and drift is repaired), and
+    so is a Deployment whose scaler still owns more than its replicas (`k8s.ownership`:
+    created before its ownership was handed over).
     """
     found = {obj["metadata"]["name"]: obj for obj in live}
     actions: list[Action] = []
@@ -175,7 +179,8 @@ def plan_children(
         elif not belongs_to(current, pool):
             lane = body["metadata"]["labels"].get(LANE_LABEL)
             conflicts.append(Conflict(kind, name, lane, holder_of(current)))
-        elif _hash_of(current) == _hash_of(body) and in_sync(current, body):
+        elif (_hash_of(current) == _hash_of(body) and in_sync(current, body)
+              and not scaler_owns_more(_managed_fields(current), scaler=SCALER)):
             unchanged.append(name)
         else:
             actions.append(Action("apply", kind, name, body, seen=_version_of(current)))
@@ -184,6 +189,10 @@ def plan_children(
         if name not in desired and belongs_to(obj, pool)
     ]
     return ReconcilePlan(tuple(actions), tuple(unchanged), tuple(conflicts))
+
+
+def _managed_fields(obj: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return (obj.get("metadata") or {}).get("managedFields") or ()
 
 
 def touches_keda(pool: PoolSpec, live_deployments: Sequence[Mapping[str, Any]]) -> bool:

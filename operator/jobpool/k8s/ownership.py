@@ -1,0 +1,111 @@
+"""Field ownership of a lane's Deployment (pure): the operator's apply owns what it applies,
+the scaler only `spec.replicas`.
+
+A Deployment is created by the scaler (its first replicas come with it, so that a lane of
+`minReplicas: 0` never starts a pod), and the API server gives the creator every field of
+the object. Server-side apply removes a field the operator stops applying only if no other
+manager owns it, so while the scaler co-owned the whole object, a variable, a node selector
+or rate limits dropped from the pool stayed on the pods for good. After the operator's
+apply, the scaler's ownership beyond `spec.replicas` is handed to the operator's apply
+entry; applying once more then removes whatever the operator does not apply (the server
+defaults the fields it fills in again, unchanged).
+
+`managedFields` entries are mappings as the API server returns them; `fieldsV1` is its set
+of field paths as a tree (`{"f:spec": {"f:replicas": {}}}`, a leaf `{}`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FIELD_MANAGER = "jobpool-operator"
+"""Field manager of everything the operator applies (children, pool status, Lease)."""
+SCALER = "jobpool-scaler"
+"""Field manager of a lane's replicas: the Deployment's creation, then its scale subresource."""
+
+REPLICAS: dict[str, Any] = {"f:spec": {"f:replicas": {}}}
+"""The fields the scaler keeps."""
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """New `managedFields` for a Deployment, and whether the operator must apply again (it
+    now owns fields it does not apply, which that apply removes)."""
+
+    managed_fields: list[dict[str, Any]]
+    reapply: bool
+
+
+def hand_over(managed: Sequence[Mapping[str, Any]], *, applier: str,
+              scaler: str) -> HandOver | None:
+    """`managed` (a Deployment's managedFields) with every field the `scaler`'s writes of the
+    object itself (not its scale subresource) own beyond `REPLICAS` moved to the `applier`'s
+    apply entry; None when there is nothing to move, or no apply entry of the `applier` to
+    move it to (the operator has not applied yet)."""
+    entries = [copy.deepcopy(dict(entry)) for entry in managed]
+    applied = [entry for entry in entries
+               if entry.get("manager") == applier and entry.get("operation") == "Apply"]
+    if len(applied) != 1:
+        return None
+    target = applied[0]
+    moved: dict[str, Any] = {}
+    kept: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.get("manager") != scaler or entry.get("subresource"):
+            kept.append(entry)
+            continue
+        fields = entry.get("fieldsV1") or {}
+        moved = union(moved, difference(fields, REPLICAS))
+        replicas = intersection(fields, REPLICAS)
+        if replicas:
+            kept.append({**entry, "fieldsV1": replicas})
+    if not moved:
+        return None
+    owned = target.get("fieldsV1") or {}
+    target["fieldsV1"] = union(owned, moved)
+    return HandOver(kept, reapply=bool(difference(moved, owned)))
+
+
+def union(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The field paths in `a` or in `b`."""
+    merged = copy.deepcopy(dict(a))
+    for key, sub in b.items():
+        merged[key] = union(merged[key], sub) if key in merged else copy.deepcopy(sub)
+    return merged
+
+
+def difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The field paths in `a` that are not in `b`."""
+    left: dict[str, Any] = {}
+    for key, sub in a.items():
+        if key not in b:
+            left[key] = copy.deepcopy(sub)
+        elif sub and (rest := difference(sub, b[key])):
+            left[key] = rest
+    return left
+
+
+def intersection(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The field paths in both `a` and `b`."""
+    both: dict[str, Any] = {}
+    for key, sub in a.items():
+        if key not in b:
+            continue
+        if not sub or not b[key]:
+            if not sub and not b[key]:
+                both[key] = {}
+            continue
+        if rest := intersection(sub, b[key]):
+            both[key] = rest
+    return both
+
+
+def scaler_owns_more(managed: Sequence[Mapping[str, Any]], *, scaler: str) -> bool:
+    """Whether the `scaler`'s writes of the object itself own more than `REPLICAS` (a
+    Deployment it created whose ownership was not handed over yet)."""
+    return any(entry.get("manager") == scaler and not entry.get("subresource")
+               and difference(entry.get("fieldsV1") or {}, REPLICAS)
+               for entry in managed)
