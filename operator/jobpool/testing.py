@@ -23,7 +23,7 @@ from jobpool.admin import STATUSES, get_job, resolve_tenant
 from jobpool.core.pause_scopes import covers, scope_text
 from jobpool.db.connect import connect
 from jobpool.db.queries import Exec, Many, One, Row
-from jobpool.db.store import RELEASE_JOB, UNCAPPED, Completion, QueueStore
+from jobpool.db.store import RELEASE_JOB, UNCAPPED, Completion, QueueStore, Written
 from jobpool.db.store import register_kinds as register_specs
 from jobpool.enqueue import enqueue
 from jobpool.errors import JobStateError
@@ -257,22 +257,23 @@ class _OneJobStore(QueueStore):
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
-    ) -> tuple[set[int], list[Row]]:
+    ) -> Written:
         """Write the batched `done`s; claim the job if no claim was tried before."""
         if limit <= 0 or self.tried:
             if not completions:
-                return set(), []
+                return Written(set(), [], set())
             return await super().complete_and_claim(
                 completions, kinds=kinds, tenants=tenants, limit=0)
         self.tried = True
         held: set[int] = set()
+        busy: set[int] = set()
         async with self.pool.connection() as conn, conn.transaction():
             await HOLD_KIND(conn, {"id": self.job_id})
             while True:
                 await HOLD_PAIR_BUT(conn, {"id": self.job_id})
-                written, rows = await super().complete_and_claim(
+                written, rows, locked = await super().complete_and_claim(
                     completions, kinds=kinds, tenants=tenants, limit=1, caps=caps)
-                held, completions = held | written, ()
+                held, busy, completions = held | written, busy | locked, ()
                 others = [row for row in rows if row["id"] != self.job_id]
                 if not others:
                     break
@@ -280,7 +281,7 @@ class _OneJobStore(QueueStore):
                     await RELEASE_JOB(conn, {"id": row["id"], "attempts": row["attempts"],
                                              "worker_id": self.worker_id, "delay": 0.0})
         self.claimed = bool(rows)
-        return held, rows
+        return Written(held, rows, busy)
 
 
 def _reach(settings: Settings | None) -> dict[str, Any]:

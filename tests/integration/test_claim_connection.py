@@ -38,7 +38,7 @@ async def test_claims_and_batched_dones_run_on_one_connection_of_their_own(
     try:
         async with QueueStore(pool, worker_id="host/1/c", actor="w") as store:
             first = await store.claim(kinds=["test_record"], tenants=None, limit=2)
-            held, second = await store.complete_and_claim(
+            held, second, _ = await store.complete_and_claim(
                 [Completion(row["id"], row["attempts"], None) for row in first],
                 kinds=["test_record"], tenants=None, limit=2)
             assert held == {row["id"] for row in first}

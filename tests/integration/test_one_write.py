@@ -36,7 +36,7 @@ async def test_a_claim_round_reaches_the_server_in_one_write(
         try:
             [first] = await store.claim(kinds=["test_record"], tenants=None, limit=1)
             before = len(chunks)
-            held, claimed = await store.complete_and_claim(
+            held, claimed, _ = await store.complete_and_claim(
                 [Completion(first["id"], first["attempts"], None)], kinds=["test_record"],
                 tenants=None, limit=2)
             sent = chunks[before:]

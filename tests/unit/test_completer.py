@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import psycopg
 import pytest
 
-from jobpool.db.store import UNCAPPED, Completion, Row
+from jobpool.db.store import UNCAPPED, Completion, Row, Written
 from jobpool.worker.completer import Completer, ResultRefused
 
 
@@ -31,17 +31,20 @@ class FakeStore:
         self.refuse_alone: dict[int, BaseException] = {}
         """Job id -> what `complete_alone` raises for it."""
         self.lost_claims: set[int] = set()
+        self.locked: set[int] = set()
+        """Jobs whose rows another session holds locked (reported busy)."""
         self.claimable: list[Row] = []
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
-    ) -> tuple[set[int], list[Row]]:
+    ) -> Written:
         self.sent.append(list(completions))
         if self.fail:
             raise self.fail.pop(0)
         claimed, self.claimable = self.claimable[:limit], self.claimable[limit:]
-        return {c.job_id for c in completions} - self.lost_claims, claimed
+        ids = {c.job_id for c in completions} - self.lost_claims
+        return Written(ids - self.locked, claimed, ids & self.locked)
 
     async def complete_alone(self, completion: Completion) -> bool:
         self.alone.append(completion)
@@ -96,6 +99,26 @@ async def test_the_queued_dones_go_in_one_transaction_with_the_claim() -> None:
     assert claimed == [{"id": 10}, {"id": 11}]
     assert [await t for t in tasks] == [True, False]  # 2 lost its claim
     assert c.queue == []
+
+
+async def test_a_done_whose_row_is_locked_elsewhere_waits_for_a_later_batch() -> None:
+    """The claim's transaction passed over the row another session held: the job's `done`
+    is not answered yet (neither written nor lost) and goes with the next batch."""
+    store, link = FakeStore(), FakeLink()
+    store.locked = {2}
+    c = completer(store, link)
+    tasks = await queued(c, 1, 2)
+
+    await send(c, limit=0)
+    await asyncio.sleep(0)
+    assert tasks[0].done() and await tasks[0]
+    assert not tasks[1].done()
+    assert [x.job_id for x, _ in c.queue] == [2] and c.queued_at is not None
+
+    store.locked = set()
+    await send(c, limit=0)
+    assert await tasks[1]
+    assert [[x.job_id for x in batch] for batch in store.sent] == [[1, 2], [2]]
 
 
 async def test_half_the_slots_waiting_wake_the_fetch_loop_unless_a_claim_is_coming() -> None:

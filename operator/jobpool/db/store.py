@@ -109,6 +109,17 @@ class Completion(NamedTuple):
     """Sent before on a connection that failed, so that try may have committed unseen."""
 
 
+class Written(NamedTuple):
+    """What `QueueStore.complete_and_claim` did: `held`, the ids of the completions marked
+    done (this worker still held them); `claimed`, the claimed rows; `busy`, the ids of
+    completions still held whose row another session holds locked, to write again later.
+    A completion in neither `held` nor `busy` lost its claim."""
+
+    held: set[int]
+    claimed: list[Row]
+    busy: set[int]
+
+
 class QueueStore:
     """Queue I/O for one worker (or admin) process.
 
@@ -149,19 +160,20 @@ class QueueStore:
         the jobs the worker can start now; 0 leaves the pair out). Raises ValueError for a
         negative cap.
         """
-        _, claimed = await self.complete_and_claim(
-            (), kinds=kinds, tenants=tenants, limit=limit, caps=caps)
-        return claimed
+        return (await self.complete_and_claim(
+            (), kinds=kinds, tenants=tenants, limit=limit, caps=caps)).claimed
 
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
-    ) -> tuple[set[int], list[Row]]:
+    ) -> Written:
         """Mark `completions` done and claim up to `limit` jobs, in one transaction.
 
-        Returns the ids of the completions this worker still held (the others lost their
-        claim and are left alone) and the claimed rows. `limit` 0 claims nothing; `caps` as
-        for `claim` (ValueError for a negative cap, before anything is sent). The claim
+        Returns the ids of the completions marked done, the claimed rows, and the ids of
+        those still held whose row another session holds locked (passed over, not waited
+        for: `Written`); the others lost their claim and are left alone. `limit` 0 claims
+        nothing; `caps` as for `claim` (ValueError for a negative cap, before anything is
+        sent). The claim
         (`claim_jobs`) reads only the (kind, tenant) pairs this worker serves, through
         ix_aa_job_lane also when the table has no statistics yet (a freshly filled queue);
         within a priority level tenants take turns (docs/concepts.md, "Fair turns between
@@ -200,10 +212,14 @@ class QueueStore:
             cursors = dict(zip(statements, await one_write_transaction(
                 conn, list(statements.values())), strict=True))
             held: set[int] = set()
-            for name in ("done", "done before"):
-                if name in cursors:
-                    cursors[name].row_factory = tuple_row  # one id per row, no dict each
-                    held.update(row[0] for row in await cursors[name].fetchall())
+            busy: set[int] = set()
+            if "done" in cursors:
+                cursors["done"].row_factory = tuple_row  # (id, done) per row, no dict each
+                for job_id, done in await cursors["done"].fetchall():
+                    (held if done else busy).add(job_id)
+            if "done before" in cursors:
+                cursors["done before"].row_factory = tuple_row
+                held.update(row[0] for row in await cursors["done before"].fetchall())
             claimed: list[Row] = await cursors["claim"].fetchall() if claim else []
         except BaseException:
             await self._drop_claim_connection()
@@ -212,7 +228,7 @@ class QueueStore:
             self._log_claim_mode(self._claim_bounds.claimed(
                 claimed, full=bounds is None, now=time.monotonic(),
                 pairs_read=pairs_read(kinds, tenants, claimed[0]["heads"] if claimed else 0)))
-        return held, claimed
+        return Written(held, claimed, busy)
 
     @staticmethod
     def _log_claim_mode(change: Change) -> None:

@@ -14,15 +14,19 @@ SELECT mdm.aa_job_done(%(id)s, %(attempts)s, %(worker_id)s, %(actor)s, %(result)
 SELECT mdm.aa_job_done({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb, true);
 
 -- name: complete_jobs :many
--- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed.
+-- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed:
+-- (id, true) for each job marked done, (id, false) for a job still claimed by this worker
+-- whose row another session holds locked (a handler's own transaction on it, an admin's):
+-- passed over rather than waited for, since the claim in the same transaction must not wait
+-- on another session, and written with a later batch. A job in neither lost its claim.
 -- %(results)s null: no job returned a result (unnest pads a missing array with nulls).
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
            AS i(id, attempts, result)
 ), locked AS (
-    -- rows are locked in id order, so that two batches never deadlock (the lease renewal
-    -- passes over locked rows and waits for none); each by
+    -- rows are locked in id order, and rows locked elsewhere are passed over, as the lease
+    -- renewal passes over them; each by
     -- one descent of ix_aa_job_running (the lateral subquery, kept apart by OFFSET 0): a join
     -- may be planned as a rescan of the batch per running job (quadratic in the batch)
     SELECT j.id, i.result
@@ -32,7 +36,7 @@ WITH input AS (
              WHERE j.id = i.id AND j.status = 'running' AND j.claimed_by = %(worker_id)s
                AND j.attempts = i.attempts
              OFFSET 0
-               FOR NO KEY UPDATE) j
+               FOR NO KEY UPDATE SKIP LOCKED) j
 ), held AS (
     -- as arrays read once: a join of the update to the locked rows is planned as a rescan
     -- of them per row (quadratic in the batch)
@@ -50,8 +54,20 @@ WITH input AS (
 ), audited AS (
     INSERT INTO mdm.aa_audit_log (actor_principal_id, tenant_id, job_id, action, payload)
     SELECT %(actor)s, tenant_id, id, 'job_done', jsonb_build_object('kind', job_kind) FROM done
+), busy AS (
+    -- looked for only when a row was passed over (the one-time filter first): the jobs
+    -- still claimed by this worker among the rows not locked here, read unlocked
+    SELECT i.id
+      FROM input i
+     WHERE (SELECT count(*) FROM locked) < (SELECT count(*) FROM input)
+       AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.id = i.id)
+       AND EXISTS (SELECT 1 FROM mdm.aa_job j
+                    WHERE j.id = i.id AND j.status = 'running'
+                      AND j.claimed_by = %(worker_id)s AND j.attempts = i.attempts)
 )
-SELECT id FROM done;
+SELECT id, true AS done FROM done
+UNION ALL
+SELECT id, false FROM busy;
 
 -- name: completed_before :many
 -- Of `done`s whose commit a failure hid (a connection lost, a statement after the COMMIT),

@@ -25,7 +25,7 @@ from jobpool.core.retry import error_text, retry_pause
 from jobpool.db.connect import lost_connection
 from jobpool.db.queries import Row
 from jobpool.db.reconnect import RECONNECT_FIRST
-from jobpool.db.store import UNCAPPED, Completion
+from jobpool.db.store import UNCAPPED, Completion, Written
 from jobpool.errors import PermanentError
 
 log = logging.getLogger("jobpool.worker")
@@ -56,9 +56,8 @@ class CompletionStore(Protocol):
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
-    ) -> tuple[set[int], list[Row]]:
-        """Mark `completions` done and claim up to `limit` jobs in one transaction; the ids
-        still held and the claimed rows."""
+    ) -> Written:
+        """Mark `completions` done and claim up to `limit` jobs in one transaction."""
         ...
 
     async def complete_alone(self, completion: Completion) -> bool:
@@ -170,7 +169,7 @@ class Completer:
         if not batch and limit <= 0:
             return []
         try:
-            held, claimed = await self.store.complete_and_claim(
+            held, claimed, busy = await self.store.complete_and_claim(
                 [completion for completion, _ in batch], kinds=kinds, tenants=tenants,
                 limit=max(limit, 0), caps=caps() if limit > 0 else UNCAPPED,
             )
@@ -188,7 +187,9 @@ class Completer:
             return []
         self.claim_failures = 0
         for completion, done in batch:
-            done.set_result(completion.job_id in held)
+            if completion.job_id not in busy:
+                done.set_result(completion.job_id in held)
+        self._wait_for_locks([(c, done) for c, done in batch if c.job_id in busy])
         return claimed
 
     async def flush(self) -> None:
@@ -198,6 +199,15 @@ class Completer:
             self.wake.clear()
             await self.send(self.take(), kinds=(), tenants=None, limit=0, caps=dict)
             await self.wake.wait()
+
+    def _wait_for_locks(self, busy: list[Pending]) -> None:
+        """Queue again the `done`s whose rows another session held locked: written with a
+        later batch, once the lock is gone (the lease renewal names a job whose row stays
+        locked)."""
+        if busy:
+            self.queue[:0] = busy
+            if self.queued_at is None:
+                self.queued_at = asyncio.get_running_loop().time()
 
     def _requeue(self, batch: list[Pending]) -> None:
         """Put `batch` back at the head of the queue, marked `resent`: its try may have

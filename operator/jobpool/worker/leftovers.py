@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from jobpool.db.queries import Row
-from jobpool.db.store import UNCAPPED, Completion, QueueStore
+from jobpool.db.store import UNCAPPED, Completion, QueueStore, Written
 from jobpool.metrics import JobOutcome
 
 SETTLED: frozenset[JobOutcome] = frozenset(
@@ -72,7 +72,7 @@ class WatchedStore:
     async def complete_and_claim(
         self, completions: Sequence[Completion], *, kinds: Sequence[str],
         tenants: Sequence[uuid.UUID] | None, limit: int, caps: Mapping[str, int] = UNCAPPED,
-    ) -> tuple[set[int], list[Row]]:
+    ) -> Written:
         """`QueueStore.complete_and_claim`; a claim that raised may have committed unseen."""
         try:
             return await self.store.complete_and_claim(
