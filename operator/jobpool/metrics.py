@@ -31,6 +31,7 @@ from psycopg.rows import dict_row
 
 from jobpool.db.connect import prepare_threshold, with_tcp_liveness
 from jobpool.db.live_workers import DEAD_AFTER
+from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
 from jobpool.db.store import OWN_ISOLATION
 
@@ -242,10 +243,10 @@ class QueueGauges(Collector):
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         if self.conn is None or self.conn.closed:
-            conn = await psycopg.AsyncConnection.connect(
+            conn = count_as_own(await psycopg.AsyncConnection.connect(
                 with_tcp_liveness(self.dsn), row_factory=dict_row, connect_timeout=5,
                 application_name="jobpool-metrics",
-                prepare_threshold=prepare_threshold(transaction_pooler=self.transaction_pooler))
+                prepare_threshold=prepare_threshold(transaction_pooler=self.transaction_pooler)))
             await conn.set_isolation_level(OWN_ISOLATION)
             self.conn = conn
         return self.conn

@@ -21,6 +21,8 @@ from psycopg.rows import dict_row
 import jobpool
 from integration import helpers
 from integration.helpers import prepare, role_dsn, scalar, worker
+from jobpool.db import connect as connections
+from jobpool.db.connect import connection_allowance
 from jobpool.db.migrate import migrate
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
@@ -285,6 +287,26 @@ async def test_a_role_limit_below_the_need_starts_fewer_slots_and_runs_everythin
         "+ probe + LISTEN + maintenance) connections, role "
         f"{conninfo_to_dict(limited)['user']}'s CONNECTION LIMIT 8 - 0 in use by others "
         "leaves 8"]
+
+
+async def test_the_budget_counts_the_workers_own_sessions_as_its_own(
+    dsn: str, limited_role: Any,
+) -> None:
+    """After an outage the lease thread and LISTEN connect again before the budget is read:
+    taken for other clients', they left the worker fewer connections than it had, down to
+    none (not ready for good, its claimed jobs leased and never run). Sessions this process
+    opened count as its own; others' still count as others'."""
+    limited = await limited_role(10)
+    own = [await connections.connect(limited, autocommit=True) for _ in range(3)]
+    others = [await psycopg.AsyncConnection.connect(limited, autocommit=True) for _ in range(2)]
+    try:
+        allowance = await connection_allowance(limited, timeout=10)
+    finally:
+        for conn in own + others:
+            await conn.close()
+    assert (allowance.role_in_use, allowance.held) == (6, 4)
+    assert allowance.free() == (8, f"role {conninfo_to_dict(limited)['user']}'s CONNECTION "
+                                   "LIMIT 10 - 2 in use by others")
 
 
 async def test_a_role_limit_too_small_for_one_slot_is_refused_naming_it(

@@ -32,6 +32,7 @@ from jobpool.core.connection_budget import Allowance
 from jobpool.core.jsondata import load_json
 from jobpool.db.migrate import check_schema, migrate
 from jobpool.db.one_write import one_write
+from jobpool.db.own_sessions import count_as_own, own_backend_pids
 from jobpool.db.queries import Exec, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
@@ -123,10 +124,11 @@ async def connect(dsn: str, *, autocommit: bool = False,
                   transaction_pooler: bool = False) -> AsyncConnection[dict[str, Any]]:
     """One async connection returning rows as dicts, json read with `load_json`, with TCP
     keepalives (`TCP_LIVENESS`), nothing prepared on the server with `transaction_pooler`
-    (`dsn` leads to a pooler in transaction mode: the caller's own `pooler` setting)."""
-    return await AsyncConnection.connect(
+    (`dsn` leads to a pooler in transaction mode: the caller's own `pooler` setting), counted
+    as this process's own (`count_as_own`)."""
+    return count_as_own(await AsyncConnection.connect(
         with_tcp_liveness(dsn), autocommit=autocommit, row_factory=dict_row, context=ADAPTERS,
-        prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler))
+        prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler)))
 
 
 HANDLER_COMMITS = frozenset({b"COMMIT", b"PREPARE TRANSACTION"})
@@ -550,6 +552,7 @@ def open_pool(dsn: str, *, size: int, name: str = "jobpool",
 
 async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
     """Set a new pooled connection up (client side only: no round trip)."""
+    count_as_own(conn)
     await conn.set_isolation_level(OWN_ISOLATION)
     if isinstance(conn, JobConnection):
         conn.pristine_prepare_threshold = conn.prepare_threshold
@@ -608,14 +611,16 @@ async def check_job_end_privileges(conn: AsyncConnection[Any]) -> None:
 
 async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:
     """What the role and the server of `dsn` let it open now (`connection_allowance`, read on
-    a fresh connection, counted as this worker's own).
+    a fresh connection; it and the process's other open connections, `own_backend_pids`,
+    counted as this worker's own).
 
     Raises psycopg.OperationalError (unreachable, or no answer within `timeout` seconds).
     """
     try:
         async with asyncio.timeout(timeout):
             async with await connect(dsn, autocommit=True) as conn:
-                row = await CONNECTION_ALLOWANCE(conn, prepare=False)
+                row = await CONNECTION_ALLOWANCE(conn, {"own": own_backend_pids()},
+                                                 prepare=False)
     except TimeoutError:
         raise psycopg.OperationalError(f"no answer within {timeout:g}s") from None
     if row is None:

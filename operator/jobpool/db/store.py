@@ -30,6 +30,7 @@ from jobpool.core.claim_bounds import (
     pairs_read,
 )
 from jobpool.db.one_write import one_write_transaction
+from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Exec, Many, One, Row
 from jobpool.registry import KindSpec
 
@@ -253,8 +254,8 @@ class QueueStore:
             return conn
         try:
             async with asyncio.timeout(CLAIM_CONNECT_TIMEOUT):
-                conn = await AsyncConnection.connect(self._claim_conninfo(), autocommit=True,
-                                                     **self._pool_kwargs())
+                conn = count_as_own(await AsyncConnection.connect(
+                    self._claim_conninfo(), autocommit=True, **self._pool_kwargs()))
                 self._claimer = conn  # closed by `_drop_claim_connection` if the next fails
                 await conn.set_isolation_level(OWN_ISOLATION)  # the BEGIN of each claim
                 if not self.transaction_pooler:

@@ -37,8 +37,10 @@ SELECT now() AS now;
 -- name: connection_allowance :one
 -- What the role and the server let this session's role open (`core.connection_budget`):
 -- the role's CONNECTION LIMIT and its sessions across databases, the server's
--- max_connections, the connections a role without superuser may not use, and every client
--- session now (this one included).
+-- max_connections, the connections a role without superuser may not use, every client
+-- session now (this one included), and how many of the role's are the caller's own: this
+-- one and those of the backend pids %(own)s (connections the caller kept through an outage,
+-- or opened since: they are in its need, not taken by others).
 SELECT r.rolname AS role, r.rolconnlimit AS role_limit,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a
          WHERE a.usename = r.rolname AND a.backend_type = 'client backend')::int AS role_in_use,
@@ -48,6 +50,10 @@ SELECT r.rolname AS role, r.rolconnlimit AS role_limit,
                  + coalesce(pg_catalog.current_setting('reserved_connections', true)::int, 0)
        END AS reserved,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a
-         WHERE a.backend_type = 'client backend')::int AS server_in_use
+         WHERE a.backend_type = 'client backend')::int AS server_in_use,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a
+         WHERE a.usename = r.rolname AND a.backend_type = 'client backend'
+           AND (a.pid = pg_catalog.pg_backend_pid()
+                OR a.pid = ANY (%(own)s::int[])))::int AS held
   FROM pg_catalog.pg_roles r
  WHERE r.rolname = current_user;

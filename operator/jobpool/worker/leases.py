@@ -37,6 +37,7 @@ from psycopg.rows import dict_row
 
 from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
+from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.maintenance import log_recovered
@@ -378,8 +379,9 @@ class LeaseKeeper:
         params = conninfo_to_dict(with_tcp_liveness(self.dsn))
         params.setdefault("application_name", APPLICATION_NAME)
         params.setdefault("connect_timeout", CONNECT_TIMEOUT)
-        conn = psycopg.Connection.connect(make_conninfo("", **params), autocommit=True,
-                                          row_factory=dict_row, prepare_threshold=None)
+        conn = count_as_own(psycopg.Connection.connect(
+            make_conninfo("", **params), autocommit=True, row_factory=dict_row,
+            prepare_threshold=None))
         try:
             LEASE_SESSION.sync(conn, {"timeout_ms": int(self.lease / 3 * 1000)})
         except BaseException:

@@ -31,6 +31,7 @@ from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.retry import error_text
 from jobpool.core.shutdown import SHUTDOWN_SETTLE_TIMEOUT
 from jobpool.db.connect import connection_allowance, with_tcp_liveness
+from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Exec, One, Row
 from jobpool.db.reconnect import PROBE_TIMEOUT
 from jobpool.db.store import QueueStore
@@ -526,8 +527,8 @@ class Worker:
         while True:
             await self.link.online.wait()
             try:
-                async with await AsyncConnection.connect(with_tcp_liveness(listen_dsn),
-                                                         autocommit=True) as conn:
+                async with count_as_own(await AsyncConnection.connect(
+                        with_tcp_liveness(listen_dsn), autocommit=True)) as conn:
                     await LISTEN_FOR_JOBS(conn)
                     await LISTEN_FOR_STOPS(conn)
                     self.listening, failures = True, 0
