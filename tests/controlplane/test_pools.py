@@ -255,7 +255,8 @@ def test_the_server_refuses_a_variable_the_operator_sets_and_pods_wait_for_the_s
     with pytest.raises(ApiError) as refused:
         plane.admin.create(pools_path(namespace), document)
     assert refused.value.status == 422
-    assert "JOBPOOL_POOL_NAMESPACE are set by the operator" in str(refused.value)
+    assert "JOBPOOL_POOL, " in str(refused.value)
+    assert "are set by the operator" in str(refused.value)
     document["spec"]["worker"]["env"] = [{"name": "JOBPOOL_STOP_GRACE", "value": "100"}]
     plane.admin.create(pools_path(namespace), document)
     found = every_deployment(plane, namespace, f"Deployments {sorted(CHILDREN)}", logs=operator)

@@ -3,7 +3,10 @@ operator's apply (managedFields as the API server writes them)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+import pytest
 
 from jobpool.k8s.ownership import (
     FIELD_MANAGER,
@@ -46,9 +49,27 @@ def created(scaler_env: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def patched(managed: list[dict[str, Any]], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`managed` after the JSON patch `patch` (test, replace and remove of whole entries), as
+    the API server applies it; AssertionError where a test fails (the server's 422)."""
+    entries = copy.deepcopy(managed)
+    for op in patch:
+        index = int(op["path"].removeprefix("/metadata/managedFields/"))
+        if op["op"] == "test":
+            assert entries[index] == op["value"], f"test of entry {index} fails"
+        elif op["op"] == "replace":
+            entries[index] = op["value"]
+        else:
+            assert op["op"] == "remove"
+            del entries[index]
+    return entries
+
+
 def test_the_scaler_keeps_the_replicas_and_the_operator_gets_the_rest() -> None:
-    handed = hand_over(created({**ENV_A, **ENV_B}), applier=FIELD_MANAGER, scaler=SCALER)
+    managed = created({**ENV_A, **ENV_B})
+    handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
     assert handed is not None
+    assert patched(managed, handed.patch) == handed.managed_fields
     operator, scaler, status = handed.managed_fields
     assert scaler["fieldsV1"] == REPLICAS and scaler["manager"] == SCALER
     assert operator["fieldsV1"] == container({**ENV_A, **ENV_B}, "f:terminationMessagePath")
@@ -78,11 +99,25 @@ def test_no_reapply_when_the_operator_already_owned_everything_moved() -> None:
 def test_a_scaler_entry_without_the_replicas_goes() -> None:
     """KEDA's HPA took the replicas (its scale subresource writes): the scaler's creation
     entry owns none of them, and keeps nothing."""
-    managed = [entry(FIELD_MANAGER, "Apply", container(ENV_A)),
-               entry(SCALER, "Update", container(ENV_A))]
+    managed = [entry(SCALER, "Update", container(ENV_B)), STATUS,
+               entry(FIELD_MANAGER, "Apply", container(ENV_A))]
     handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
     assert handed is not None
-    assert [e["manager"] for e in handed.managed_fields] == [FIELD_MANAGER]
+    assert [e["manager"] for e in handed.managed_fields] == [STATUS["manager"], FIELD_MANAGER]
+    assert patched(managed, handed.patch) == handed.managed_fields
+
+
+def test_the_patch_fails_when_an_entry_it_changes_changed_meanwhile() -> None:
+    """Only the entries handed over are tested: the controller's status entry may change."""
+    managed = created({**ENV_A, **ENV_B})
+    handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
+    assert handed is not None
+    moved_on = copy.deepcopy(managed)
+    moved_on[2]["fieldsV1"] = {"f:status": {"f:readyReplicas": {}}}
+    assert patched(moved_on, handed.patch)[2] == moved_on[2]
+    moved_on[1]["fieldsV1"] = REPLICAS
+    with pytest.raises(AssertionError, match="test of entry 1 fails"):
+        patched(moved_on, handed.patch)
 
 
 def test_no_hand_over_before_the_operator_applied() -> None:

@@ -173,15 +173,13 @@ class KubeApi:
             return False
         return True
 
-    async def set_managed_fields(self, namespace: str, name: str,
-                                 managed_fields: Sequence[Mapping[str, Any]],
-                                 resource_version: str) -> dict[str, Any]:
-        """Replace the Deployment `name`'s managedFields (`k8s.ownership.hand_over`) if it
-        is still at `resource_version` (else ApiError 409: it changed meanwhile)."""
+    async def patch_managed_fields(self, namespace: str, name: str,
+                                   patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Apply the JSON patch `patch` to the Deployment `name`'s managedFields
+        (`k8s.ownership.HandOver.patch`); ApiError 422 when an entry it tests changed."""
         return _as_dict(await _call(lambda: self._client.patch(
-            Deployment, name, {"metadata": {"managedFields": list(managed_fields),
-                                            "resourceVersion": resource_version}},
-            namespace=namespace, patch_type=PatchType.MERGE), retry=False))
+            Deployment, name, list(patch), namespace=namespace, patch_type=PatchType.JSON),
+            retry=False))
 
     async def delete_child(self, kind: ChildKind, namespace: str, name: str) -> None:
         """Delete a child and, in the background, what it owns; gone already is fine."""

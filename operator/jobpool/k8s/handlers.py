@@ -436,10 +436,9 @@ class PoolController:
                          applied: dict[str, Any]) -> dict[str, Any]:
         """Leave the scaler owning only the replicas of a Deployment it created
         (`k8s.ownership`), then apply again if the operator now owns fields it does not
-        apply; the Deployment as it then is. The new ownership is written only onto the
-        version it was made from: a Deployment changed meanwhile (its controller writes its
-        status as pods come) is read again, `HAND_OVER_TRIES` times, then left to the next
-        sync."""
+        apply; the Deployment as it then is. The ownership is written only over the entries
+        it was made from: if those changed meanwhile, the Deployment is read again,
+        `HAND_OVER_TRIES` times, then left to the next sync."""
         for _ in range(HAND_OVER_TRIES):
             meta = applied.get("metadata") or {}
             handed = hand_over(meta.get("managedFields") or (), applier=FIELD_MANAGER,
@@ -447,11 +446,10 @@ class PoolController:
             if handed is None:
                 return applied
             try:
-                applied = await self._write(self.api.set_managed_fields(
-                    namespace, action.name, handed.managed_fields,
-                    str(meta["resourceVersion"])))
+                applied = await self._write(self.api.patch_managed_fields(
+                    namespace, action.name, handed.patch))
             except ApiError as exc:
-                if exc.status != 409:
+                if exc.status != 422:
                     raise
                 again = await self.api.read_child("Deployment", namespace, action.name)
                 if again is None:

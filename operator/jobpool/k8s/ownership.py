@@ -32,10 +32,14 @@ REPLICAS: dict[str, Any] = {"f:spec": {"f:replicas": {}}}
 
 @dataclass(frozen=True)
 class HandOver:
-    """New `managedFields` for a Deployment, and whether the operator must apply again (it
-    now owns fields it does not apply, which that apply removes)."""
+    """New `managedFields` for a Deployment; `patch`, the JSON patch that makes them of the
+    entries read, each change after a `test` that the entry is still as read (other
+    managers' entries, its controller's status among them, may change meanwhile: only a
+    change of the entries handed over fails it, with 422); whether the operator must apply
+    again (it now owns fields it does not apply, which that apply removes)."""
 
     managed_fields: list[dict[str, Any]]
+    patch: list[dict[str, Any]]
     reapply: bool
 
 
@@ -46,27 +50,37 @@ def hand_over(managed: Sequence[Mapping[str, Any]], *, applier: str,
     apply entry; None when there is nothing to move, or no apply entry of the `applier` to
     move it to (the operator has not applied yet)."""
     entries = [copy.deepcopy(dict(entry)) for entry in managed]
-    applied = [entry for entry in entries
+    applied = [index for index, entry in enumerate(entries)
                if entry.get("manager") == applier and entry.get("operation") == "Apply"]
     if len(applied) != 1:
         return None
-    target = applied[0]
     moved: dict[str, Any] = {}
-    kept: list[dict[str, Any]] = []
-    for entry in entries:
+    changed: dict[int, dict[str, Any] | None] = {}  # index -> new entry (None: removed)
+    for index, entry in enumerate(entries):
         if entry.get("manager") != scaler or entry.get("subresource"):
-            kept.append(entry)
             continue
         fields = entry.get("fieldsV1") or {}
-        moved = union(moved, difference(fields, REPLICAS))
+        extra = difference(fields, REPLICAS)
+        if not extra:
+            continue
+        moved = union(moved, extra)
         replicas = intersection(fields, REPLICAS)
-        if replicas:
-            kept.append({**entry, "fieldsV1": replicas})
+        changed[index] = {**entry, "fieldsV1": replicas} if replicas else None
     if not moved:
         return None
+    target = entries[applied[0]]
     owned = target.get("fieldsV1") or {}
-    target["fieldsV1"] = union(owned, moved)
-    return HandOver(kept, reapply=bool(difference(moved, owned)))
+    changed[applied[0]] = {**target, "fieldsV1": union(owned, moved)}
+    patch: list[dict[str, Any]] = []
+    for index in sorted(changed, reverse=True):  # a removal shifts only the entries after it
+        path = f"/metadata/managedFields/{index}"
+        patch.append({"op": "test", "path": path, "value": entries[index]})
+        new_entry = changed[index]
+        patch.append({"op": "remove", "path": path} if new_entry is None
+                     else {"op": "replace", "path": path, "value": new_entry})
+    kept = [changed.get(index, entry) for index, entry in enumerate(entries)]
+    return HandOver([entry for entry in kept if entry is not None], patch,
+                    reapply=bool(difference(moved, owned)))
 
 
 def union(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
