@@ -7,6 +7,7 @@ KEDA's API."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -19,9 +20,11 @@ from .helpers import (
     condition,
     deployments,
     deployments_path,
+    described,
     eventually,
     every_deployment,
     example_pool,
+    operator_writes,
     pool_object,
     pools_path,
     reason_of,
@@ -105,6 +108,12 @@ def test_a_deployment_an_earlier_version_created_is_handed_over_once(
     eventually(lambda: "STALE" not in env_of(deployments(plane, namespace)[DEFAULT]),
                "the variable only the scaler owned removed", logs=operator)
     assert scaler_fields(deployments(plane, namespace)[DEFAULT]) == [REPLICAS]
+    time.sleep(3)  # the sync that removed it ends
+    before = len(operator_writes(plane, namespace))
+    time.sleep(10)  # ten syncs: once handed over, the Deployment is left alone
+    new = [w for w in operator_writes(plane, namespace)[before:]
+           if w.get("objectRef", {}).get("resource") == "deployments"]
+    assert new == [], described(new)
 
 
 def test_a_lane_that_left_keda_mode_stops_calling_keda_without_its_rbac(

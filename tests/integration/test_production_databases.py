@@ -24,6 +24,7 @@ from integration.helpers import prepare, role_dsn, scalar, worker
 from jobpool.db import connect as connections
 from jobpool.db.connect import connection_allowance
 from jobpool.db.migrate import migrate
+from jobpool.db.own_sessions import own_backend_pids
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
@@ -307,6 +308,37 @@ async def test_the_budget_counts_the_workers_own_sessions_as_its_own(
     assert (allowance.role_in_use, allowance.held) == (6, 4)
     assert allowance.free() == (8, f"role {conninfo_to_dict(limited)['user']}'s CONNECTION "
                                    "LIMIT 10 - 2 in use by others")
+
+
+async def test_a_running_workers_sessions_are_all_counted_as_its_own(
+    dsn: str, limited_role: Any, tenant: uuid.UUID,
+) -> None:
+    """Its lease thread's, claims', LISTEN's and slots' sessions, each opened its own way."""
+    limited = await limited_role(20)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")
+    w = worker(limited, ("test_record",), until_empty=False, slots=2, poll_interval=0.2)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _done(dsn, 1), "the job done")
+        await wait_until(lambda: w.listening, "the worker listens")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT pid, application_name, query FROM pg_stat_activity WHERE usename = %s",
+                (conninfo_to_dict(limited)["user"],))
+            sessions = await cur.fetchall()
+        own = set(own_backend_pids())
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+    names = {name for _, name, _ in sessions}
+    assert {"jobpool-leases", "jobpool-claims"} <= names, sessions
+    assert any(query.startswith("LISTEN") for _, _, query in sessions), sessions
+    assert {pid for pid, _, _ in sessions} <= own, (sessions, own)
+
+
+async def _done(dsn: str, count: int) -> bool:
+    return (await statuses(dsn)).get("done", 0) == count
 
 
 async def test_a_role_limit_too_small_for_one_slot_is_refused_naming_it(

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from jobpool.db.store import UNCAPPED, Completion, Row, Written
+from jobpool.worker import completer as completer_module
 from jobpool.worker.completer import Completer, ResultRefused
 
 
@@ -119,6 +120,34 @@ async def test_a_done_whose_row_is_locked_elsewhere_waits_for_a_later_batch() ->
     await send(c, limit=0)
     assert await tasks[1]
     assert [[x.job_id for x in batch] for batch in store.sent] == [[1, 2], [2]]
+    assert c.locked_since == {}
+
+
+async def test_a_done_held_back_by_a_lock_is_sent_again_while_the_worker_drains(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At shutdown only `flush` writes, woken when a `done` is queued: a `done` passed over
+    for a lock wakes it again a moment later, else it would wait for the grace period's end
+    and its job, finished, would be handed back and run again. One that waits long is
+    named, once."""
+    monkeypatch.setattr(completer_module, "LOCKED_RETRY", 0.01)
+    monkeypatch.setattr(completer_module, "LOCKED_WARN_AFTER", 0.05)
+    store, link = FakeStore(), FakeLink()
+    store.locked = {2}
+    c = completer(store, link)
+    flusher = asyncio.create_task(c.flush())
+    try:
+        tasks = await queued(c, 1, 2)
+        c.wake.set()
+        assert await asyncio.wait_for(tasks[0], 5)
+        await asyncio.sleep(0.2)
+        assert not tasks[1].done() and len(store.sent) > 3  # tried again and again
+        store.locked = set()
+        assert await asyncio.wait_for(tasks[1], 5)
+    finally:
+        flusher.cancel()
+    said = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("job 2: its done has waited"), said
 
 
 async def test_half_the_slots_waiting_wake_the_fetch_loop_unless_a_claim_is_coming() -> None:

@@ -11,17 +11,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from jobpool import event_loop
 from jobpool.core.crd import API_VERSION, CRD_FILE
 from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
 from jobpool.core.scaling import LaneJobs, ScalingPolicy, decide_replicas
-from jobpool.core.shutdown import (
-    BUFFER_HAND_BACK_TIMEOUT,
-    SHUTDOWN_SETTLE_TIMEOUT,
-    SHUTDOWN_WRITE_TIMEOUT,
-    shutdown_bound,
-)
 from jobpool.db.queries import Many
 from jobpool.k8s import manifests, reconcile, status
+from jobpool.worker import executor, producer, runtime
 
 COUNT_LANE_JOBS = Many("count_lane_jobs")
 
@@ -151,9 +147,10 @@ def test_the_kubelet_waits_for_the_whole_shutdown_of_a_worker(
     pod = deployment(example(worker=worker), "default")["spec"]["template"]["spec"]
     period = pod["terminationGracePeriodSeconds"]
     assert isinstance(period, int)
-    assert period >= shutdown_bound(grace, stop_grace)
-    assert period >= (grace + stop_grace + BUFFER_HAND_BACK_TIMEOUT + SHUTDOWN_WRITE_TIMEOUT
-                      + SHUTDOWN_SETTLE_TIMEOUT)
+    # each bounded step of the worker's shutdown, as the worker's modules use them
+    assert period >= (grace + stop_grace + producer.BUFFER_HAND_BACK_TIMEOUT
+                      + executor.SHUTDOWN_WRITE_TIMEOUT + runtime.SHUTDOWN_SETTLE_TIMEOUT
+                      + event_loop.LEFT_TASKS_WAIT)
 
 
 def test_pods_run_restricted() -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from jobpool.k8s.client import ApiError
+from jobpool.k8s.handlers import HAND_OVER_TRIES, PoolController, SyncOutcome
 from jobpool.k8s.ownership import (
     FIELD_MANAGER,
     REPLICAS,
@@ -18,6 +20,7 @@ from jobpool.k8s.ownership import (
     scaler_owns_more,
     union,
 )
+from jobpool.k8s.reconcile import Action
 
 ENV_A = {"k:{\"name\":\"A\"}": {".": {}, "f:name": {}, "f:value": {}}}
 ENV_B = {"k:{\"name\":\"B\"}": {".": {}, "f:name": {}, "f:value": {}}}
@@ -31,7 +34,7 @@ def container(env: dict[str, Any], *more: str) -> dict[str, Any]:
 def entry(manager: str, operation: str, fields: dict[str, Any],
           subresource: str | None = None) -> dict[str, Any]:
     found = {"manager": manager, "operation": operation, "apiVersion": "apps/v1",
-             "fieldsType": "FieldsV1", "fieldsV1": fields}
+             "time": "2026-12-07T04:44:32Z", "fieldsType": "FieldsV1", "fieldsV1": fields}
     return found | ({"subresource": subresource} if subresource else {})
 
 
@@ -50,18 +53,20 @@ def created(scaler_env: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def patched(managed: list[dict[str, Any]], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`managed` after the JSON patch `patch` (test, replace and remove of whole entries), as
-    the API server applies it; AssertionError where a test fails (the server's 422)."""
+    """`managed` after the JSON patch `patch` (tests and replacements of an entry's keys,
+    removals of entries), as the API server applies it; AssertionError where a test fails
+    (the server's 422)."""
     entries = copy.deepcopy(managed)
     for op in patch:
-        index = int(op["path"].removeprefix("/metadata/managedFields/"))
+        index, _, key = op["path"].removeprefix("/metadata/managedFields/").partition("/")
+        entry = entries[int(index)]
         if op["op"] == "test":
-            assert entries[index] == op["value"], f"test of entry {index} fails"
+            assert entry.get(key) == op["value"], f"test of entry {index} fails"
         elif op["op"] == "replace":
-            entries[index] = op["value"]
+            entry[key] = op["value"]
         else:
-            assert op["op"] == "remove"
-            del entries[index]
+            assert (op["op"], key) == ("remove", "")
+            del entries[int(index)]
     return entries
 
 
@@ -69,8 +74,7 @@ def test_the_scaler_keeps_the_replicas_and_the_operator_gets_the_rest() -> None:
     managed = created({**ENV_A, **ENV_B})
     handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
     assert handed is not None
-    assert patched(managed, handed.patch) == handed.managed_fields
-    operator, scaler, status = handed.managed_fields
+    operator, scaler, status = patched(managed, handed.patch)
     assert scaler["fieldsV1"] == REPLICAS and scaler["manager"] == SCALER
     assert operator["fieldsV1"] == container({**ENV_A, **ENV_B}, "f:terminationMessagePath")
     assert status == STATUS
@@ -93,7 +97,7 @@ def test_no_reapply_when_the_operator_already_owned_everything_moved() -> None:
                entry(SCALER, "Update", union(REPLICAS, container(ENV_A)))]
     handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
     assert handed is not None and not handed.reapply
-    assert handed.managed_fields[1]["fieldsV1"] == REPLICAS
+    assert patched(managed, handed.patch)[1]["fieldsV1"] == REPLICAS
 
 
 def test_a_scaler_entry_without_the_replicas_goes() -> None:
@@ -103,8 +107,10 @@ def test_a_scaler_entry_without_the_replicas_goes() -> None:
                entry(FIELD_MANAGER, "Apply", container(ENV_A))]
     handed = hand_over(managed, applier=FIELD_MANAGER, scaler=SCALER)
     assert handed is not None
-    assert [e["manager"] for e in handed.managed_fields] == [STATUS["manager"], FIELD_MANAGER]
-    assert patched(managed, handed.patch) == handed.managed_fields
+    after = patched(managed, handed.patch)
+    assert [e["manager"] for e in after] == [STATUS["manager"], FIELD_MANAGER]
+    assert after[1]["fieldsV1"] == container({**ENV_A, **ENV_B})  # B handed over too
+    assert after[1]["time"] == managed[2]["time"]  # the rest of an entry as stored
 
 
 def test_the_patch_fails_when_an_entry_it_changes_changed_meanwhile() -> None:
@@ -134,3 +140,42 @@ def test_the_set_operations_on_field_trees() -> None:
     assert union(a, b) == {"f:spec": {"f:replicas": {}, "f:paused": {}},
                            "f:metadata": {"f:labels": {"f:x": {}, "f:y": {}}}}
     assert difference(a, a) == {} and intersection(a, {}) == {}
+
+
+class RefusingApi:
+    """A Kubernetes API whose managedFields patches fail with `status`; reads answer the
+    Deployment as created."""
+
+    def __init__(self, status: int, deployment: dict[str, Any]) -> None:
+        self.status = status
+        self.deployment = deployment
+        self.patches = 0
+
+    async def patch_managed_fields(self, namespace: str, name: str,
+                                   patch: list[dict[str, Any]]) -> dict[str, Any]:
+        self.patches += 1
+        raise ApiError(self.status, "Invalid", "the test of an entry failed")
+
+    async def read_child(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.deployment)
+
+
+@pytest.mark.parametrize(("status", "patches"), [(422, HAND_OVER_TRIES), (403, 1)])
+async def test_a_hand_over_that_fails_is_a_problem_of_the_sync_not_a_failed_apply(
+        status: int, patches: int) -> None:
+    """Entries that keep changing (422) are read again a few times; any other refusal ends
+    it at once. Either way the Deployment, applied, is kept and scaled, and the sync names
+    the problem (the next sync tries again)."""
+    deployment = {"metadata": {"name": "p-default", "managedFields": created(ENV_A)}}
+    api = RefusingApi(status, deployment)
+    controller = PoolController(api)  # type: ignore[arg-type]
+    outcome = SyncOutcome()
+    action = Action("apply", "Deployment", "p-default", {})
+    kept = await controller._hand_over("ns", action, deployment, outcome)
+    assert kept["metadata"]["name"] == "p-default"
+    assert api.patches == patches
+    [problem] = outcome.problems
+    assert problem.reason == "ReconcileFailed"
+    assert problem.message.startswith(
+        "hand over the fields of Deployment 'p-default' from jobpool-scaler to "
+        f"jobpool-operator failed: {status} Invalid")

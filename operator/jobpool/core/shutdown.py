@@ -29,10 +29,13 @@ process's own exit."""
 
 
 def shutdown_bound(grace: float, stop_grace: float) -> float:
-    """The most seconds a worker takes from SIGTERM to its exit: the buffer's hand-back, the
-    grace period its running jobs get (`grace`, seconds), the stop grace of the handlers
-    cancelled at its end (`stop_grace`, seconds) with their hand-back write, the hand-back of
-    leftovers, the leftover tasks, and the exit. A second SIGTERM shortens it."""
+    """The seconds a worker's shutdown is given from SIGTERM to its exit: the buffer's
+    hand-back, the grace period its running jobs get (`grace`, seconds), the stop grace of
+    the handlers cancelled at its end (`stop_grace`, seconds) with their hand-back write, the
+    hand-back of leftovers, the leftover tasks, and the exit. Each step but the last is
+    bounded by its own timeout; the exit (the lease thread's last round, closing connections)
+    can outlast `EXIT_ALLOWANCE` only while the database does not answer, when the claims
+    left wait for stale-claim recovery anyway. A second SIGTERM shortens it."""
     return (BUFFER_HAND_BACK_TIMEOUT + grace + stop_grace + SHUTDOWN_WRITE_TIMEOUT
             + SHUTDOWN_SETTLE_TIMEOUT + LEFT_TASKS_WAIT + EXIT_ALLOWANCE)
 

@@ -38,7 +38,7 @@ server) never answers, and the one loop that syncs every pool would wait for it 
 
 IDLE_DROP = 600.0
 """Seconds after which the connection of a DSN no count used is closed (a pool deleted, its
-Secret changed)."""
+Secret changed), unless the counter is told a longer `idle_drop` (three scale intervals)."""
 
 SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off"
 """The counting session's settings: the timeout, and no JIT compilation (the planner cannot
@@ -97,6 +97,8 @@ class LaneCounter:
 
     def __init__(self) -> None:
         self.connections: dict[str, psycopg.AsyncConnection[Any]] = {}
+        self.idle_drop = IDLE_DROP
+        """Seconds after which the connection of a DSN no count used is closed."""
         self._used: dict[str, float] = {}
 
     async def __call__(self, dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
@@ -142,7 +144,7 @@ class LaneCounter:
     async def _connection(self, dsn: str) -> psycopg.AsyncConnection[Any]:
         now = time.monotonic()
         for idle in [other for other, used in self._used.items()
-                     if other != dsn and now - used > IDLE_DROP]:
+                     if other != dsn and now - used > self.idle_drop]:
             await self._drop(idle)
         self._used[dsn] = now
         conn = self.connections.get(dsn)

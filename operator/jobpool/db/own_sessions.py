@@ -30,4 +30,10 @@ def own_backend_pids() -> list[int]:
     lease thread and LISTEN connect again before the budget is read)."""
     with _OWN_SESSIONS_LOCK:
         held = list(_OWN_SESSIONS)
-    return [conn.info.backend_pid for conn in held if not conn.closed]
+    pids = []
+    for conn in held:
+        try:  # another thread (the lease thread's) may close its connection meanwhile
+            pids.append(conn.info.backend_pid)
+        except psycopg.OperationalError:
+            continue
+    return pids

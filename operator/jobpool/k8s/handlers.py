@@ -248,6 +248,8 @@ class PoolController:
         or changed pool at once."""
         loop = asyncio.get_running_loop()
         next_round = loop.time()
+        if isinstance(self.count_jobs, LaneCounter):  # a database of a pool counted each round
+            self.count_jobs.idle_drop = max(self.count_jobs.idle_drop, 3 * interval)
         while True:
             if not leader.leading():  # a standby: a full round as soon as it leads
                 next_round = loop.time()
@@ -416,7 +418,7 @@ class PoolController:
                 applied = await self._write(
                     self.api.apply_child(action.kind, namespace, action.body or {}))
                 if action.kind == "Deployment":
-                    applied = await self._hand_over(namespace, action, applied)
+                    applied = await self._hand_over(namespace, action, applied, outcome)
                     own[action.name] = applied
             except ApiError as exc:  # report it, carry on with the others
                 outcome.problems.append(Problem(
@@ -432,13 +434,15 @@ class PoolController:
                     continue
                 outcome.done.append(action)
 
-    async def _hand_over(self, namespace: str, action: Action,
-                         applied: dict[str, Any]) -> dict[str, Any]:
+    async def _hand_over(self, namespace: str, action: Action, applied: dict[str, Any],
+                         outcome: SyncOutcome) -> dict[str, Any]:
         """Leave the scaler owning only the replicas of a Deployment it created
         (`k8s.ownership`), then apply again if the operator now owns fields it does not
-        apply; the Deployment as it then is. The ownership is written only over the entries
-        it was made from: if those changed meanwhile, the Deployment is read again,
-        `HAND_OVER_TRIES` times, then left to the next sync."""
+        apply; the Deployment as it then is. The patch tests the entries it changes: if
+        those changed meanwhile (422), the Deployment is read again, `HAND_OVER_TRIES` times.
+        A hand-over that does not go through is a problem of the sync (the next one tries
+        again), never a failed apply: the Deployment is applied and scaled all the same."""
+        problem = "its entries kept changing"
         for _ in range(HAND_OVER_TRIES):
             meta = applied.get("metadata") or {}
             handed = hand_over(meta.get("managedFields") or (), applier=FIELD_MANAGER,
@@ -448,20 +452,25 @@ class PoolController:
             try:
                 applied = await self._write(self.api.patch_managed_fields(
                     namespace, action.name, handed.patch))
+                if handed.reapply:
+                    applied = await self._write(
+                        self.api.apply_child(action.kind, namespace, action.body or {}))
+                return applied
             except ApiError as exc:
+                problem = str(exc)
                 if exc.status != 422:
-                    raise
+                    break
+            try:
                 again = await self.api.read_child("Deployment", namespace, action.name)
-                if again is None:
-                    return applied
-                applied = again
-                continue
-            if handed.reapply:
-                applied = await self._write(
-                    self.api.apply_child(action.kind, namespace, action.body or {}))
-            return applied
-        log.info("Deployment %s/%s kept changing while its fields were handed over to the "
-                 "operator: the next sync tries again", namespace, action.name)
+            except ApiError as exc:
+                problem = str(exc)
+                break
+            if again is None:
+                return applied
+            applied = again
+        outcome.problems.append(Problem(
+            "ReconcileFailed", f"hand over the fields of Deployment {action.name!r} from "
+                               f"{SCALER} to {FIELD_MANAGER} failed: {problem}"))
         return applied
 
     async def _children(

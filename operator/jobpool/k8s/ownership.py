@@ -32,13 +32,14 @@ REPLICAS: dict[str, Any] = {"f:spec": {"f:replicas": {}}}
 
 @dataclass(frozen=True)
 class HandOver:
-    """New `managedFields` for a Deployment; `patch`, the JSON patch that makes them of the
-    entries read, each change after a `test` that the entry is still as read (other
-    managers' entries, its controller's status among them, may change meanwhile: only a
-    change of the entries handed over fails it, with 422); whether the operator must apply
-    again (it now owns fields it does not apply, which that apply removes)."""
+    """`patch`: the JSON patch of a Deployment's `managedFields` that hands the fields over,
+    each change after `test`s that its entry still has the manager, operation and fields
+    read (other entries, its controller's status among them, may change meanwhile; a change
+    of those handed over fails the patch, with 422); only `fieldsV1` is replaced, so what
+    else an entry holds (its time, fields a newer server adds) stays as stored. `reapply`:
+    whether the operator must apply again (it now owns fields it does not apply, which that
+    apply removes)."""
 
-    managed_fields: list[dict[str, Any]]
     patch: list[dict[str, Any]]
     reapply: bool
 
@@ -74,13 +75,14 @@ def hand_over(managed: Sequence[Mapping[str, Any]], *, applier: str,
     patch: list[dict[str, Any]] = []
     for index in sorted(changed, reverse=True):  # a removal shifts only the entries after it
         path = f"/metadata/managedFields/{index}"
-        patch.append({"op": "test", "path": path, "value": entries[index]})
+        read = entries[index]
+        patch += [{"op": "test", "path": f"{path}/{key}", "value": read.get(key)}
+                  for key in ("manager", "operation", "fieldsV1")]
         new_entry = changed[index]
         patch.append({"op": "remove", "path": path} if new_entry is None
-                     else {"op": "replace", "path": path, "value": new_entry})
-    kept = [changed.get(index, entry) for index, entry in enumerate(entries)]
-    return HandOver([entry for entry in kept if entry is not None], patch,
-                    reapply=bool(difference(moved, owned)))
+                     else {"op": "replace", "path": f"{path}/fieldsV1",
+                           "value": new_entry["fieldsV1"]})
+    return HandOver(patch, reapply=bool(difference(moved, owned)))
 
 
 def union(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

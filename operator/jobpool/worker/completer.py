@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +38,13 @@ DONE_WAIT = 0.05
 """Seconds a queued `done` waits at most for the claim the buffer's low-water mark sends
 (`claim_coming`): the length of work the buffer holds (core/prefetch.py, `LOOKAHEAD`), so in a
 steady flow the mark comes first; when the slots take long jobs meanwhile, this bounds it."""
+
+LOCKED_RETRY = 0.2
+"""Seconds before a `done` whose row another session held locked is sent again when no claim
+takes it first (while the worker drains at shutdown, nothing else would)."""
+
+LOCKED_WARN_AFTER = 10.0
+"""Seconds a `done` may wait for a lock on its row before a warning names the job."""
 
 CLAIM_RETRY_MAX = 30.0
 """Cap on the pause, seconds, before claiming again after claims failed on a live connection."""
@@ -108,6 +116,8 @@ class Completer:
         """Event-loop time the oldest queued `done` was queued at (None: the queue is empty)."""
         self.claim_failures = 0
         """Claims in a row that failed on a live connection (`_claim_failed`)."""
+        self.locked_since: dict[int, float] = {}
+        """Job id -> event-loop time its `done` first met a lock on its row."""
 
     async def complete(self, completion: Completion) -> bool:
         """Queue `completion` for the fetch loop's next transaction and wait for it to be
@@ -124,6 +134,7 @@ class Completer:
             return await done
         finally:
             self.waiting -= 1
+            self.locked_since.pop(completion.job_id, None)
 
     def _queued(self) -> None:
         """Wake the fetch loop for the queued `done`s once half the slots wait on one or every
@@ -201,13 +212,25 @@ class Completer:
             await self.wake.wait()
 
     def _wait_for_locks(self, busy: list[Pending]) -> None:
-        """Queue again the `done`s whose rows another session held locked: written with a
-        later batch, once the lock is gone (the lease renewal names a job whose row stays
-        locked)."""
-        if busy:
-            self.queue[:0] = busy
-            if self.queued_at is None:
-                self.queued_at = asyncio.get_running_loop().time()
+        """Queue again the `done`s whose rows another session held locked (a handler's own
+        open transaction on its row, an admin's, this worker's lease renewal for a moment):
+        written with the next claim, or `LOCKED_RETRY` seconds on; a warning names a job
+        whose `done` has waited `LOCKED_WARN_AFTER` seconds."""
+        if not busy:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.queue[:0] = busy
+        if self.queued_at is None:
+            self.queued_at = now
+        for completion, _ in busy:
+            since = self.locked_since.setdefault(completion.job_id, now)
+            if since <= now - LOCKED_WARN_AFTER:
+                log.warning("job %d: its done has waited %.0fs for a lock another session "
+                            "holds on its row (an open transaction?); it is written once the "
+                            "lock goes", completion.job_id, now - since)
+                self.locked_since[completion.job_id] = math.inf  # said once
+        loop.call_later(LOCKED_RETRY, self.wake.set)
 
     def _requeue(self, batch: list[Pending]) -> None:
         """Put `batch` back at the head of the queue, marked `resent`: its try may have
