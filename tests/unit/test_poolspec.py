@@ -628,13 +628,17 @@ def test_an_unknown_jobpool_variable_in_env_is_a_warning_with_the_setting_meant(
     """A misspelt setting sets nothing; a warning, not a refusal: an image newer than the
     operator may know a setting it does not."""
     env = {"env": [{"name": "JOBPOOL_STOP_GRCE", "value": "40"},
-                   {"name": "JOBPOOL_FUTURE_KNOB", "value": "1"}, {"name": "OTHER", "value": "1"}]}
+                   {"name": "JOBPOOL_FUTURE_KNOB", "value": "1"}, {"name": "OTHER", "value": "1"},
+                   {"name": "JOBPOOL_SCALE_INTERVAL", "value": "5"},
+                   {"name": "JOBPOOL_LOG_LEVEL", "value": "debug"}]}
     spec = load_pool(pool({"name": "a"}, worker=env))
     assert [(w.reason, w.message) for w in spec.warnings] == [
         ("UnknownSetting", "spec.worker.env[0].name: JOBPOOL_STOP_GRCE is no jobpool setting "
                            "(did you mean JOBPOOL_STOP_GRACE?); it sets nothing"),
         ("UnknownSetting", "spec.worker.env[1].name: JOBPOOL_FUTURE_KNOB is no jobpool setting; "
                            "it sets nothing"),
+        ("UnknownSetting", "spec.worker.env[3].name: JOBPOOL_SCALE_INTERVAL is a setting of the "
+                           "operator only; it sets nothing for a worker"),
     ]
 
 

@@ -31,7 +31,14 @@ from jobpool.core.tenants import tenant_ref
 from jobpool.core.worker_run import WorkerRun
 from jobpool.core.yamlfile import MAX_CHARS, load_documents
 from jobpool.errors import JobpoolError
-from jobpool.settings import PREFIX, Settings, default_of, setting_of_pool_field, variable
+from jobpool.settings import (
+    PREFIX,
+    Settings,
+    default_of,
+    setting_of,
+    setting_of_pool_field,
+    variable,
+)
 
 HEAVY_LANE = "heavy"
 """Name of the implicit lane that serves heavy kinds no lane lists."""
@@ -343,15 +350,21 @@ def load_pool(document: Mapping[str, Any]) -> PoolSpec:
     )
 
 
+SCOPE_NAMES = {"operator": "operator", "api": "admin API server"}
+"""How a warning names the processes a setting that is no worker's applies to."""
+
+
 def _env_settings(env: Sequence[tuple[str, str]]
                   ) -> tuple[Settings, tuple[PoolWarning, ...]]:
     """The settings `spec.worker.env` gives the workers (`JOBPOOL_STOP_GRACE`, ...), read as
-    a worker reads them, and warnings for the `JOBPOOL_` names that are no setting (a
-    misspelt name sets nothing; a newer image may know a name this version does not).
+    a worker reads them, and warnings for the `JOBPOOL_` names that set nothing for a worker:
+    no setting (misspelt, or one a newer image knows and this version does not), or a
+    setting of the operator or the API server only.
 
     Raises PoolSpecError for a variable the operator sets (`RESERVED_ENV`) and for a value
     the workers would refuse at their start: every pod of the pool would exit with it."""
-    known = {variable(item.name) for item in fields(Settings)}
+    scopes = {variable(item.name): setting_of(item).applies for item in fields(Settings)}
+    known = set(scopes)
     # compared without the prefix they share, which alone makes any two names look alike
     suffixes = [name.removeprefix(PREFIX) for name in known]
     warnings = []
@@ -372,6 +385,12 @@ def _env_settings(env: Sequence[tuple[str, str]]
                 "UnknownSetting",
                 f"spec.worker.env[{index}].name: {env_name} is no jobpool setting{hint}; it "
                 "sets nothing"))
+        elif env_name in known and not {"worker", "commands"} & set(scopes[env_name]):
+            owners = " and the ".join(SCOPE_NAMES.get(scope, scope) for scope in scopes[env_name])
+            warnings.append(PoolWarning(
+                "UnknownSetting",
+                f"spec.worker.env[{index}].name: {env_name} is a setting of the {owners} "
+                "only; it sets nothing for a worker"))
         try:
             Settings.from_env({env_name: value})
         except ValueError as exc:
