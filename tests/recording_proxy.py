@@ -1,5 +1,6 @@
 """A TCP proxy that records what clients write to PostgreSQL, write by write: to test that
-statements reach the server in the writes jobpool means them to."""
+statements reach the server in the writes jobpool means them to; and that can go silent, to
+test what a client does with a connection that no longer answers."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ SYNC = b"S\x00\x00\x00\x04"
 
 
 @contextlib.asynccontextmanager
-async def recording_proxy(dsn: str) -> AsyncIterator[tuple[str, list[bytes]]]:
+async def recording_proxy(dsn: str, *, silent: asyncio.Event | None = None
+                          ) -> AsyncIterator[tuple[str, list[bytes]]]:
     """A TCP proxy in front of `dsn`'s server: a DSN through it, and the chunks the clients'
-    writes arrive in, in order (a write of a few hundred bytes arrives as one)."""
+    writes arrive in, in order (a write of a few hundred bytes arrives as one). While
+    `silent` is set, the server's answers do not reach the clients (a partition: the
+    connections stay open, silent)."""
     async with await psycopg.AsyncConnection.connect(dsn) as probe:
         host, port = probe.info.host, probe.info.port
     chunks: list[bytes] = []
@@ -29,6 +33,8 @@ async def recording_proxy(dsn: str) -> AsyncIterator[tuple[str, list[bytes]]]:
             while data := await reader.read(65536):
                 if record:
                     chunks.append(data)
+                elif silent is not None and silent.is_set():
+                    continue
                 writer.write(data)
                 await writer.drain()
         writer.close()

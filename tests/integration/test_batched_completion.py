@@ -11,7 +11,6 @@ import pytest
 
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
-from jobpool.db.connect import open_pool
 from jobpool.db.store import Completion, QueueStore
 from jobpool.job import Job
 from jobpool.worker.config import WorkerConfig
@@ -62,28 +61,21 @@ async def test_one_transaction_per_job_when_batching_is_off(conn: Conn, dsn: str
                         " WHERE action = 'job_done'") == 5
 
 
-async def test_batched_completion_refuses_lost_claims(conn: Conn, dsn: str,
-                                                      tenant: uuid.UUID) -> None:
-    await prepare(conn)
+async def test_batched_completion_refuses_lost_claims(
+    conn: Conn, store: QueueStore, tenant: uuid.UUID
+) -> None:
     ids = [r.id for r in await jobpool.enqueue_many(
         conn, [jobpool.NewJob(tenant, "test_noop_result")] * 3)]
-    pool = open_pool(dsn, size=2)
-    await pool.open()
-    try:
-        a = QueueStore(pool, worker_id="host/1/a", actor="w")
-        claimed = {row["id"]: row for row in await a.claim(
-            kinds=["test_noop_result"], tenants=None, limit=3)}
-        assert set(claimed) == set(ids)
-        stolen, stale, kept = ids
-        await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
-                           (stolen,))
-        before = {i: await job(conn, i) for i in (stolen, stale)}
-        held, more, busy = await a.complete_and_claim(
-            [Completion(stolen, 1, None), Completion(stale, 2, None), Completion(kept, 1, None)],
-            kinds=["test_noop_result"], tenants=None, limit=5)
-    finally:
-        await a.close()
-        await pool.close()
+    claimed = {row["id"]: row for row in await store.claim(
+        kinds=["test_noop_result"], tenants=None, limit=3)}
+    assert set(claimed) == set(ids)
+    stolen, stale, kept = ids
+    await conn.execute("UPDATE mdm.aa_job SET claimed_by = 'other/1/x' WHERE id = %s",
+                       (stolen,))
+    before = {i: await job(conn, i) for i in (stolen, stale)}
+    held, more, busy = await store.complete_and_claim(
+        [Completion(stolen, 1, None), Completion(stale, 2, None), Completion(kept, 1, None)],
+        kinds=["test_noop_result"], tenants=None, limit=5)
     assert (held, more, busy) == ({kept}, [], set())
     assert {i: await job(conn, i) for i in (stolen, stale)} == before
     assert (await job(conn, kept))["status"] == "done"
@@ -92,30 +84,22 @@ async def test_batched_completion_refuses_lost_claims(conn: Conn, dsn: str,
 
 
 async def test_a_row_locked_elsewhere_is_passed_over_not_waited_for(
-    conn: Conn, dsn: str, tenant: uuid.UUID
+    conn: Conn, dsn: str, store: QueueStore, tenant: uuid.UUID
 ) -> None:
     """The batched `done` runs in the claim's transaction: waiting for one row another
     session holds (an admin's open transaction) would stop every claim of the worker. The
     row is reported busy, still claimed; the others are done and the claim goes on."""
-    await prepare(conn)
     ids = [r.id for r in await jobpool.enqueue_many(
         conn, [jobpool.NewJob(tenant, "test_noop_result")] * 4)]
-    pool = open_pool(dsn, size=2)
-    await pool.open()
-    try:
-        a = QueueStore(pool, worker_id="host/1/a", actor="w")
-        first = await a.claim(kinds=["test_noop_result"], tenants=None, limit=3)
-        locked, *rest = [row["id"] for row in first]
-        async with await psycopg.AsyncConnection.connect(dsn) as admin:
-            await admin.execute("SELECT 1 FROM mdm.aa_job WHERE id = %s FOR UPDATE", (locked,))
-            held, more, busy = await asyncio.wait_for(a.complete_and_claim(
-                [Completion(row["id"], row["attempts"], None) for row in first],
-                kinds=["test_noop_result"], tenants=None, limit=5), 30)
-        held_after, _, busy_after = await a.complete_and_claim(
-            [Completion(locked, 1, None)], kinds=["test_noop_result"], tenants=None, limit=0)
-    finally:
-        await a.close()
-        await pool.close()
+    first = await store.claim(kinds=["test_noop_result"], tenants=None, limit=3)
+    locked, *rest = [row["id"] for row in first]
+    async with await psycopg.AsyncConnection.connect(dsn) as admin:
+        await admin.execute("SELECT 1 FROM mdm.aa_job WHERE id = %s FOR UPDATE", (locked,))
+        held, more, busy = await asyncio.wait_for(store.complete_and_claim(
+            [Completion(row["id"], row["attempts"], None) for row in first],
+            kinds=["test_noop_result"], tenants=None, limit=5), 30)
+    held_after, _, busy_after = await store.complete_and_claim(
+        [Completion(locked, 1, None)], kinds=["test_noop_result"], tenants=None, limit=0)
     assert (held, busy) == (set(rest), {locked})
     assert [row["id"] for row in more] == [i for i in ids if i not in {locked, *rest}]
     assert (held_after, busy_after) == ({locked}, set())  # the lock gone, written

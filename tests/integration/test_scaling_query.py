@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from recording_proxy import recording_proxy
 
 from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
@@ -185,39 +183,6 @@ async def test_the_operator_counter_keeps_its_connection(
     assert counter.connections == {}
 
 
-@contextlib.asynccontextmanager
-async def silenceable_proxy(dsn: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
-    """A TCP proxy in front of `dsn`'s server, and an event that, once set, stops every
-    answer from reaching the clients (a partition: the connection stays open, silent)."""
-    silent = asyncio.Event()
-    probe = await psycopg.AsyncConnection.connect(dsn)
-    host, port = probe.info.host, probe.info.port
-    await probe.close()
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                if not silent.is_set():
-                    writer.write(data)
-                    await writer.drain()
-
-    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(host, port)
-        tasks.update({asyncio.create_task(pump(client_r, server_w)),
-                      asyncio.create_task(pump(server_r, client_w))})
-
-    proxy = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield make_conninfo(dsn, host="127.0.0.1", port=proxy.sockets[0].getsockname()[1],
-                            sslmode="disable", gssencmode="disable"), silent
-    finally:
-        proxy.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def test_a_count_whose_database_goes_silent_fails_in_bounded_time(
     dsn: str, conn: Conn, kinds: None, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,7 +192,8 @@ async def test_a_count_whose_database_goes_silent_fails_in_bounded_time(
     await add_jobs(conn, tenant, "email_send", 2)
     counter = LaneCounter()
     try:
-        async with silenceable_proxy(dsn) as (proxied, silent):
+        silent = asyncio.Event()
+        async with recording_proxy(dsn, silent=silent) as (proxied, _):
             assert (await counter(proxied, POOL.lanes))["acme"].ready == 2
             silent.set()
             with pytest.raises(psycopg.OperationalError,

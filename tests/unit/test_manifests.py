@@ -13,7 +13,7 @@ import pytest
 
 from jobpool import event_loop
 from jobpool.core.crd import API_VERSION, CRD_FILE
-from jobpool.core.poolspec import PoolSpec, load_pool, load_pool_file
+from jobpool.core.poolspec import PoolSpec, Problem, load_pool, load_pool_file
 from jobpool.core.scaling import LaneJobs, ScalingPolicy, decide_replicas
 from jobpool.db.queries import Many
 from jobpool.k8s import manifests, reconcile, status
@@ -147,6 +147,8 @@ def test_the_kubelet_waits_for_the_whole_shutdown_of_a_worker(
     pod = deployment(example(worker=worker), "default")["spec"]["template"]["spec"]
     period = pod["terminationGracePeriodSeconds"]
     assert isinstance(period, int)
+    if worker == {}:  # the figure docs/workers-and-pools.md gives for the defaults
+        assert period == 66
     # each bounded step of the worker's shutdown, as the worker's modules use them
     assert period >= (grace + stop_grace + producer.BUFFER_HAND_BACK_TIMEOUT
                       + executor.SHUTDOWN_WRITE_TIMEOUT + runtime.SHUTDOWN_SETTLE_TIMEOUT
@@ -543,8 +545,8 @@ def test_reconcile_problems_make_the_pool_unready_and_degraded() -> None:
     assert (healthy["Ready"].status, healthy["Degraded"].status) == ("True", "False")
     assert (healthy["Reconciled"].status, healthy["Reconciled"].reason) == (
         "True", "ChildrenMatchSpec")
-    problems = [status.Problem("NameConflict", "Deployment 'x' belongs to JobWorkerPool 'mdm'"),
-                status.Problem("ReconcileFailed", "create Deployment 'y' failed: 500")]
+    problems = [Problem("NameConflict", "Deployment 'x' belongs to JobWorkerPool 'mdm'"),
+                Problem("ReconcileFailed", "create Deployment 'y' failed: 500")]
     failed = {c.type: c for c in status.pool_conditions(
         pool, ready_lanes, count_error="db down", problems=problems)}
     for kind, value in (("Ready", "False"), ("Degraded", "True"), ("Reconciled", "False")):
@@ -557,7 +559,7 @@ def test_reconcile_problems_make_the_pool_unready_and_degraded() -> None:
 
 def test_the_count_error_is_read_back_from_scaling_active() -> None:
     pool = example()
-    problem = status.Problem("KedaUnavailable", "KEDA is not installed")
+    problem = Problem("KedaUnavailable", "KEDA is not installed")
     written = {"conditions": status.merge_conditions(None, status.pool_conditions(
         pool, [], count_error="db down", problems=[problem]), 1, NOW)}
     assert status.previous_count_error(written) == "db down"  # though Degraded names KEDA

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, cast
 
 import jsonschema
 import yaml
@@ -79,9 +79,11 @@ class PoolSpecError(JobpoolError, ValueError):
     """A JobWorkerPool document that cannot run; the message starts with the bad field's path."""
 
 
-class PoolWarning(NamedTuple):
-    """A problem that does not stop the pool. reason: one CamelCase word (an Event's and the
-    Degraded condition's reason: `UnservedKinds`, `UnknownSetting`); message: one line."""
+@dataclass(frozen=True)
+class Problem:
+    """A problem of a pool to report. reason: one CamelCase word (an Event's and a
+    condition's reason: `UnservedKinds`, `ReconcileFailed`); message: one line. A pool's
+    `warnings` are problems that do not stop it."""
 
     reason: str
     message: str
@@ -167,7 +169,7 @@ class PoolSpec:
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     schedules: tuple[Schedule, ...] = ()
-    warnings: tuple[PoolWarning, ...] = ()
+    warnings: tuple[Problem, ...] = ()
 
     def lane(self, name: str) -> Lane:
         """The lane called `name`; KeyError if there is none."""
@@ -355,7 +357,7 @@ SCOPE_NAMES = {"operator": "operator", "api": "admin API server"}
 
 
 def _env_settings(env: Sequence[tuple[str, str]]
-                  ) -> tuple[Settings, tuple[PoolWarning, ...]]:
+                  ) -> tuple[Settings, tuple[Problem, ...]]:
     """The settings `spec.worker.env` gives the workers (`JOBPOOL_STOP_GRACE`, ...), read as
     a worker reads them, and warnings for the `JOBPOOL_` names that set nothing for a worker:
     no setting (misspelt, or one a newer image knows and this version does not), or a
@@ -381,13 +383,13 @@ def _env_settings(env: Sequence[tuple[str, str]]
         if env_name.startswith(PREFIX) and env_name not in known:
             nearest = close_names(env_name.removeprefix(PREFIX), suffixes, limit=1)
             hint = f" (did you mean {PREFIX}{nearest[0]}?)" if nearest else ""
-            warnings.append(PoolWarning(
+            warnings.append(Problem(
                 "UnknownSetting",
                 f"spec.worker.env[{index}].name: {env_name} is no jobpool setting{hint}; it "
                 "sets nothing"))
         elif env_name in known and not {"worker", "commands"} & set(scopes[env_name]):
             owners = " and the ".join(SCOPE_NAMES.get(scope, scope) for scope in scopes[env_name])
-            warnings.append(PoolWarning(
+            warnings.append(Problem(
                 "UnknownSetting",
                 f"spec.worker.env[{index}].name: {env_name} is a setting of the {owners} "
                 "only; it sets nothing for a worker"))
@@ -528,7 +530,7 @@ def _with_nearest(kind: str, known: Sequence[str]) -> str:
 
 
 def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]
-                           ) -> tuple[PoolWarning, ...]:
+                           ) -> tuple[Problem, ...]:
     """Warnings for known kinds that no lane serves for every tenant."""
     missing = sorted(
         kind for kind in set(known)
@@ -536,7 +538,7 @@ def unserved_kind_warnings(lanes: Sequence[Lane], known: Iterable[str]
     )
     if not missing:
         return ()
-    return (PoolWarning(
+    return (Problem(
         "UnservedKinds",
         "no lane serves these kinds for every tenant (add a catch-all lane without kinds, "
         f"or list them): {', '.join(missing)}"),)

@@ -127,8 +127,7 @@ class LaneCounter:
         try:
             return await asyncio.wait_for(asyncio.shield(asking), ANSWER_TIMEOUT)
         except TimeoutError:
-            self.connections.pop(dsn, None)
-            self._used.pop(dsn, None)
+            self._forget(dsn)
             conn.pgconn.finish()
             asking.cancel()
             await asyncio.wait({asking}, timeout=1.0)
@@ -155,10 +154,14 @@ class LaneCounter:
         return conn
 
     async def _drop(self, dsn: str) -> None:
-        self._used.pop(dsn, None)
-        conn = self.connections.pop(dsn, None)
+        conn = self._forget(dsn)
         if conn is not None and not conn.closed:
             await conn.close()
+
+    def _forget(self, dsn: str) -> psycopg.AsyncConnection[Any] | None:
+        """Stop keeping the connection of `dsn`; it, if there was one."""
+        self._used.pop(dsn, None)
+        return self.connections.pop(dsn, None)
 
     async def close(self) -> None:
         """Close every connection."""

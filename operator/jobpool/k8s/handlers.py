@@ -33,7 +33,7 @@ import kopf
 from lightkube.config.kubeconfig import SingleConfig
 
 from jobpool.core.crd import GROUP, PLURAL, VERSION
-from jobpool.core.poolspec import Lane, PoolSpec, PoolSpecError, load_pool
+from jobpool.core.poolspec import Lane, PoolSpec, PoolSpecError, Problem, load_pool
 from jobpool.core.scaling import (
     LaneJobs,
     ScaleDecision,
@@ -66,7 +66,6 @@ from jobpool.k8s.reconcile import (
     touches_keda,
 )
 from jobpool.k8s.status import (
-    Problem,
     condition_of,
     invalid_spec_conditions,
     keda_unavailable,

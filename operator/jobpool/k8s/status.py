@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from jobpool.core.poolspec import Lane, PoolSpec
+from jobpool.core.poolspec import Lane, PoolSpec, Problem
 from jobpool.core.scaling import LaneJobs, ScaleDecision
 from jobpool.core.schedules import former_owners, schedule_owner
 from jobpool.k8s.manifests import deployment_name
@@ -32,14 +32,6 @@ class Condition:
 
     type: str
     status: ConditionStatus
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why the pool's children do not match its spec; `reason` is a CamelCase condition reason."""
-
     reason: str
     message: str
 
@@ -158,7 +150,7 @@ def _degraded(pool: PoolSpec, count_error: str | None, problems: Sequence[Proble
     troubles = [*problems]
     if count_error:
         troubles.append(Problem("CountFailed", count_error))
-    troubles += [Problem(warning.reason, warning.message) for warning in pool.warnings]
+    troubles += pool.warnings
     if not troubles:
         return Condition("Degraded", "False", "AsExpected", "no problems")
     return Condition("Degraded", "True", troubles[0].reason,

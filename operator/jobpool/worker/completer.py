@@ -218,11 +218,9 @@ class Completer:
         whose `done` has waited `LOCKED_WARN_AFTER` seconds."""
         if not busy:
             return
+        self._queue_first(busy)
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self.queue[:0] = busy
-        if self.queued_at is None:
-            self.queued_at = now
         for completion, _ in busy:
             since = self.locked_since.setdefault(completion.job_id, now)
             if since <= now - LOCKED_WARN_AFTER:
@@ -235,7 +233,11 @@ class Completer:
     def _requeue(self, batch: list[Pending]) -> None:
         """Put `batch` back at the head of the queue, marked `resent`: its try may have
         committed unseen, so the next write also asks whether it did."""
-        self.queue[:0] = [(c._replace(resent=True), done) for c, done in batch]
+        self._queue_first([(c._replace(resent=True), done) for c, done in batch])
+
+    def _queue_first(self, batch: list[Pending]) -> None:
+        """Put `batch` at the head of the queue (sent before what was queued meanwhile)."""
+        self.queue[:0] = batch
         if batch and self.queued_at is None:
             self.queued_at = asyncio.get_running_loop().time()
 
