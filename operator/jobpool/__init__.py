@@ -12,7 +12,8 @@ Public API, all on the base install (`pip install jobpool`, README "Install"):
   `PermanentError` and `RetryAfter`, raised by handlers; `InvalidPayloadError`, `UnknownKindError`,
   `UnknownTenantError`, `JobNotFoundError`, `JobStateError`, `AttachmentNotFoundError`,
   `FetchError`, `WebhookVerificationError`, `DatabaseUnavailableError`, `SchemaNotMigratedError`
-  (and its `SchemaPrivilegeError`), `ConnectionBudgetError`, `MigrationLockError`.
+  (and its `SchemaPrivilegeError`), `ConnectionBudgetError`, `MigrationLockError`,
+  `NoSessionError`.
 """
 
 from jobpool.enqueue import Enqueued, NewJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
@@ -26,6 +27,7 @@ from jobpool.errors import (
     JobpoolError,
     JobStateError,
     MigrationLockError,
+    NoSessionError,
     PermanentError,
     RetryAfter,
     SchemaNotMigratedError,
@@ -55,7 +57,7 @@ __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",
     "DatabaseUnavailableError", "Enqueued", "FetchError", "InvalidPayloadError", "Job",
     "JobNotFoundError", "JobStateError", "JobpoolError", "MigrationLockError", "NewJob",
-    "PermanentError",
+    "NoSessionError", "PermanentError",
     "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "SchemaPrivilegeError",
     "Subscription", "TransactionEndedError", "UnknownKindError", "UnknownTenantError", "Upload",
     "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",

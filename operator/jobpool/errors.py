@@ -40,6 +40,14 @@ class TransactionEndedError(PermanentError):
     job goes to the DLQ at once."""
 
 
+class NoSessionError(PermanentError):
+    """A handler needs a database session that keeps its state across statements (a session
+    advisory lock, session settings, CREATE INDEX CONCURRENTLY next to them), and its worker
+    connects through a transaction pooler with no direct DSN (`JOBPOOL_LISTEN_DSN`) to open
+    one on. No retry mends the worker's configuration: the job goes to the DLQ at once, to be
+    retried from there once the lane has that DSN."""
+
+
 MAX_RETRY_DELAY = 10 * 365 * 86_400.0
 """Seconds (10 years): the longest delay a retry is stored with; PostgreSQL's timestamps end."""
 

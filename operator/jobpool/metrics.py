@@ -29,7 +29,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
-from jobpool.db.connect import prepare_threshold, with_tcp_liveness
+from jobpool.db.connect import KEEP_WHEN_IDLE, prepare_threshold, with_tcp_liveness
 from jobpool.db.live_workers import DEAD_AFTER
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
@@ -247,7 +247,14 @@ class QueueGauges(Collector):
                 with_tcp_liveness(self.dsn), row_factory=dict_row, connect_timeout=5,
                 application_name="jobpool-metrics",
                 prepare_threshold=prepare_threshold(transaction_pooler=self.transaction_pooler)))
-            await conn.set_isolation_level(OWN_ISOLATION)
+            try:
+                await conn.set_isolation_level(OWN_ISOLATION)
+                if not self.transaction_pooler:
+                    await KEEP_WHEN_IDLE(conn)  # it idles between scrapes
+                    await conn.commit()
+            except BaseException:
+                await conn.close()
+                raise
             self.conn = conn
         return self.conn
 

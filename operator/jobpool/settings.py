@@ -281,9 +281,10 @@ class Settings:
         "JOBPOOL_LISTEN_DSN, else poll-only); `none`: a direct connection or session pooling, see "
         "[Production databases](operations.md#production-databases)")
     listen_dsn: str | None = _setting(
-        None, Dsn(), "libpq connection string of the worker's LISTEN connection, straight to "
-        "PostgreSQL past a transaction pooler; unset: the DSN (poll-only with "
-        "JOBPOOL_POOLER=transaction)", secret=True, applies=("worker",))
+        None, Dsn(), "libpq connection string of the worker's LISTEN connection and of its "
+        "handlers' session connections (online index builds), straight to PostgreSQL past a "
+        "transaction pooler; unset: the DSN (poll-only with JOBPOOL_POOLER=transaction, and "
+        "no index builds)", secret=True, applies=("worker",))
     data_dir: str = _setting(".jobpool", Text(), "folder of the embedded PostgreSQL", "--data-dir")
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")

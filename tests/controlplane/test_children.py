@@ -12,6 +12,7 @@ import pytest
 
 from .conftest import Operator, Tools
 from .helpers import (
+    CHILDREN,
     KEDA,
     POOL,
     condition,
@@ -178,6 +179,36 @@ def test_a_deployment_deleted_by_hand_comes_back(
     # the lane's 300 s scale-down window)
     eventually(lambda: deployments(plane, namespace)[f"{POOL}-bulk"]["spec"]["replicas"] == 0,
                "mdm-jobs-bulk at its lane's minReplicas 0", logs=operator)
+
+
+def test_a_pool_deleted_and_made_again_under_its_name_owns_its_children_alone(
+    release: Tools, namespace: str, operator: Operator
+) -> None:
+    """Deleted and created again at once (a `kubectl replace --force`, a GitOps tool): the
+    garbage collector may still be collecting the old pool's Deployments while the new
+    pool's sync applies the same names. Each ends owned by the new pool alone, with no
+    Deployment of the old one left, and the new pool reports ready."""
+    plane = release.plane
+    plane.admin.create(pools_path(namespace), example_pool())
+    every_deployment(plane, namespace, logs=operator)
+    old = (pool_object(plane, namespace) or {})["metadata"]["uid"]
+    plane.admin.delete(f"{pools_path(namespace)}/{POOL}")
+    eventually(lambda: pool_object(plane, namespace) is None, "the pool deleted")
+    plane.admin.create(pools_path(namespace), example_pool())
+    new = (pool_object(plane, namespace) or {})["metadata"]["uid"]
+    assert new != old
+
+    def owned_by_the_new_pool() -> dict[str, dict[str, Any]] | None:
+        current = deployments(plane, namespace)
+        owners = {name: [ref["uid"] for ref in d["metadata"].get("ownerReferences") or []]
+                  for name, d in current.items()}
+        return current if set(current) == CHILDREN and all(
+            uids == [new] for uids in owners.values()) else None
+
+    eventually(owned_by_the_new_pool, "every Deployment owned by the new pool alone",
+               logs=operator)
+    reason_of(plane, namespace, "Ready", "AllLanesReady", operator)
+    assert set(deployments(plane, namespace)) == CHILDREN  # none collected after the fact
 
 
 def test_an_image_changed_by_hand_is_restored(

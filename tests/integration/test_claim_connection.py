@@ -13,7 +13,8 @@ from psycopg import sql
 
 import jobpool
 from integration.helpers import prepare, scalar
-from jobpool.db.connect import lost_connection, open_pool
+from jobpool.db.connect import open_pool
+from jobpool.db.failures import lost_connection
 from jobpool.db.store import CLAIM_APPLICATION_NAME, Completion, QueueStore
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]

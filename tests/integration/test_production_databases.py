@@ -6,13 +6,14 @@ running jobs, with a role's connection limit below what the worker would open
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
-from pgbouncer_server import PgBouncer
+from pgbouncer_server import PgBouncer, find_pgbouncer
 from private_postgres import PrivateServer
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -158,6 +159,93 @@ async def test_behind_a_transaction_pooler_listen_goes_to_the_direct_dsn(
     finally:
         w.stop()
         await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_behind_a_transaction_pooler_no_setting_of_the_worker_stays_on_a_server_session(
+    private_server: PrivateServer,
+) -> None:
+    """The lease thread set its lock and statement timeouts (a renewal period, 10 s) for its
+    session: behind a transaction pooler that ran on whichever server connection the pooler
+    gave it and stayed there, so other clients' statements were cancelled after 10 s. Every
+    server connection the pooler holds after a worker ran keeps the server's settings."""
+    binary = find_pgbouncer()
+    if binary is None:
+        pytest.skip("no pgbouncer found: install Debian's package (apt-get install pgbouncer)")
+    bouncer = PgBouncer(binary, server_port=private_server.port, run_as=private_server.user,
+                        pool_size=2)
+    bouncer.start()
+    try:
+        await set_up(private_server.dsn(), [("test_record", {})] * 20)
+        w = worker(bouncer.dsn(), ("test_record",), until_empty=False, slots=1,
+                   pooler="transaction", poll_interval=0.2)
+        task = asyncio.create_task(w.run())
+        try:
+            await wait_until(lambda: _all_done(private_server.dsn(), 20), "every job done")
+            found = await _server_sessions_settings(bouncer.dsn(), 2)
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, DEADLINE)
+        assert found == [("0", "0", "on", "on", "0")] * 2
+    finally:
+        bouncer.remove()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-dsn", "no-direct-dsn"])
+async def test_behind_a_transaction_pooler_an_index_build_takes_its_session_past_it(
+    private_server: PrivateServer, pgbouncer: PgBouncer, direct: bool,
+) -> None:
+    """An online index build holds a session advisory lock and session timeouts across its
+    statements: through a transaction pooler each statement met any server connection, the
+    lock stayed on one (every later build waited for it) and the settings with it, under other
+    clients. It goes straight to PostgreSQL (the worker's JOBPOOL_LISTEN_DSN); with no such
+    DSN the job goes to the DLQ at once, naming it."""
+    tenant = await set_up(private_server.dsn(), [])
+    async with await connect(private_server.dsn()) as conn:
+        type_id = await scalar(conn, "INSERT INTO mdm.ddm_entity_type (tenant_id, type_key,"
+                               " is_external_source_target) VALUES (%s, 'supplier', true)"
+                               " RETURNING id", (tenant,))
+        assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job"
+                            " WHERE job_kind = 'gin_backfill'") == 1
+    w = worker(pgbouncer.dsn(), ("gin_backfill",), pooler="transaction",
+               listen_dsn=private_server.dsn() if direct else None)
+    await asyncio.wait_for(w.run(), DEADLINE)
+    async with await connect(private_server.dsn()) as conn:
+        cur = await conn.execute("SELECT status::text AS status, attempts, last_error"
+                                 " FROM mdm.aa_job WHERE job_kind = 'gin_backfill'")
+        job = await cur.fetchone()
+        gin = await scalar(conn, "SELECT gin_index_status::text FROM mdm.ddm_entity_type"
+                           " WHERE id = %s", (type_id,))
+        advisory = await scalar(conn, "SELECT count(*) FROM pg_locks"
+                                " WHERE locktype = 'advisory'")
+    assert job is not None
+    if direct:
+        assert (job["status"], job["attempts"], gin) == ("done", 1, "active")
+    else:
+        assert (job["status"], job["attempts"]) == ("dlq", 1)
+        assert "NoSessionError" in job["last_error"]
+        assert "JOBPOOL_LISTEN_DSN" in job["last_error"]
+    assert advisory == 0
+    assert await _server_sessions_settings(pgbouncer.dsn(), 2) == [
+        ("0", "0", "on", "on", "0")] * 2
+
+
+async def _server_sessions_settings(dsn: str, count: int) -> list[tuple[str, ...]]:
+    """The settings a worker sets for its own sessions, as `count` clients in transactions at
+    once (so on `count` server connections of the pooler) find them."""
+    clients = [await psycopg.AsyncConnection.connect(dsn, prepare_threshold=None)
+               for _ in range(count)]
+    try:
+        found = []
+        for conn in clients:
+            cur = await conn.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
+                " current_setting('enable_seqscan'), current_setting('jit'),"
+                " current_setting('idle_session_timeout')")
+            found.append(tuple(await cur.fetchone() or ()))
+        return found
+    finally:
+        for conn in clients:
+            await conn.close()
 
 
 async def test_behind_a_session_pooler_a_concurrent_index_build_names_what_it_waits_for(
@@ -395,3 +483,35 @@ async def test_a_one_off_drain_the_database_refuses_ends_naming_why(
     with pytest.raises(StartRefusedError, match=rf"refused the start of this one-off drain "
                                                 rf"\({problem}: "):
         await asyncio.wait_for(w.run(), DEADLINE)
+
+
+async def test_a_role_idle_session_timeout_closes_none_of_the_workers_sessions(
+    dsn: str, limited_role: Any, tenant: uuid.UUID, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role whose sessions the server closes after 1 s idle: the worker's LISTEN, claim,
+    lease and slot sessions wait idle by design, and were closed again and again (each time
+    "database connection lost", claims paused, /readyz red). They turn the timeout off for
+    themselves, slots again after each writing job's session reset, which brings it back."""
+    caplog.set_level(logging.WARNING)
+    limited = await limited_role(-1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        role = conninfo_to_dict(limited)["user"]
+        await conn.execute(sql.SQL("ALTER ROLE {} SET idle_session_timeout = '1s'").format(
+            sql.Identifier(role)))
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 4)
+    w = worker(limited, ("test_record",), until_empty=False, slots=2, poll_interval=0.2)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _done(dsn, 4), "the first jobs done")
+        await asyncio.sleep(2.5)  # every session idle past the role's timeout
+        assert w.not_ready() == []
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 4)
+        await wait_until(lambda: _done(dsn, 8), "the later jobs done")
+        await asyncio.sleep(2.5)
+        assert w.not_ready() == []
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+    assert await attempts_used(dsn) == [1]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

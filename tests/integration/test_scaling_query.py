@@ -8,8 +8,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from pgbouncer_server import PgBouncer
+from private_postgres import PrivateServer
+from psycopg.rows import dict_row
 from recording_proxy import recording_proxy
 
+from integration.helpers import add_tenant, prepare
 from jobpool.core.crd import API_VERSION
 from jobpool.core.poolspec import PoolSpec, load_pool
 from jobpool.core.scaling import LaneJobs
@@ -173,14 +177,65 @@ async def test_the_operator_counter_keeps_its_connection(
         await add_jobs(conn, tenant, "email_send", 1)
         second = await counter(dsn, POOL.lanes)
         assert counter.connections[dsn] is kept
-        cur = await kept.execute("SELECT current_setting('statement_timeout'),"
-                                 " current_setting('jit')")
-        row = await cur.fetchone()
+        in_count = await counter._answer(dsn, settings)
+        in_session = await settings(kept)
     finally:
         await counter.close()
     assert (first["acme"].ready, second["acme"].ready) == (2, 3)
-    assert row is not None and tuple(row) == ("5s", "off")
+    assert in_count == ("5s", "off")
+    assert in_session == ("0", "on")  # the count's own, never the session's
     assert counter.connections == {}
+
+
+async def settings(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
+    cur = await conn.execute("SELECT current_setting('statement_timeout'),"
+                             " current_setting('jit')")
+    row = await cur.fetchone()
+    assert row is not None
+    return tuple(row.values() if isinstance(row, dict) else row)  # type: ignore[return-value]
+
+
+async def test_the_operator_counts_through_a_transaction_pooler(
+    private_server: PrivateServer, pgbouncer: PgBouncer,
+) -> None:
+    """A pool's DSN may lead to PgBouncer: its counts failed at once ("unsupported startup
+    parameter: options", their settings went as startup options), and prepared after five
+    counts they would have met server connections without the statement. Ten counts, each
+    with its settings, and none left on the pooler's server connections."""
+    async with await psycopg.AsyncConnection.connect(
+            private_server.dsn(), autocommit=True, row_factory=dict_row) as conn:
+        await prepare(conn)
+        tenant = await add_tenant(conn, "acme")
+        await add_jobs(conn, tenant, "email_send", 2)
+    counter = LaneCounter()
+    try:
+        counts = [(await counter(pgbouncer.dsn(), POOL.lanes))["acme"] for _ in range(10)]
+        in_count = await counter._answer(pgbouncer.dsn(), settings)
+    finally:
+        await counter.close()
+    assert counts == [LaneJobs(2, 0)] * 10
+    assert in_count == ("5s", "off")
+    async with await psycopg.AsyncConnection.connect(pgbouncer.dsn()) as client:
+        assert await settings(client) == ("0", "on")
+
+
+async def test_a_kept_count_connection_closed_while_idle_is_made_again_for_that_count(
+    dsn: str, conn: Conn, kinds: None, tenant: uuid.UUID
+) -> None:
+    """A server restart, an `idle_session_timeout` or a pooler's idle timeout closes the
+    connection kept between ticks: the count connects again instead of failing (with an
+    idle timeout below the scale interval, every tick failed)."""
+    await add_jobs(conn, tenant, "email_send", 2)
+    counter = LaneCounter()
+    try:
+        await counter(dsn, POOL.lanes)
+        kept = counter.connections[dsn]
+        await conn.execute("SELECT pg_terminate_backend(%s)", (kept.info.backend_pid,))
+        counts = await counter(dsn, POOL.lanes)
+        assert counter.connections[dsn] is not kept
+    finally:
+        await counter.close()
+    assert counts["acme"] == LaneJobs(2, 0)
 
 
 async def test_a_count_whose_database_goes_silent_fails_in_bounded_time(

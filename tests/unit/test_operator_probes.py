@@ -40,3 +40,24 @@ def test_other_paths_and_methods_are_refused() -> None:
     assert health.answer("POST", "/readyz")[0] == 405
     assert health.answer("GET", "/readyz") == (503, {"ready": False,
                                                      "waiting": "the operator is starting"})
+
+
+async def test_head_answers_as_get_without_a_body_and_405_says_what_is_allowed() -> None:
+    """Load balancers and uptime checks probe with HEAD: it was refused with 405."""
+    health = Health("http://127.0.0.1:0/healthz")
+    await health.start()
+    try:
+        base = f"http://127.0.0.1:{health.port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.head(f"{base}/readyz") as answer:
+                assert answer.status == 503
+                assert await answer.read() == b""
+            health.serving()
+            async with session.head(f"{base}/healthz") as answer:
+                assert answer.status == 200
+            async with session.delete(f"{base}/healthz") as answer:
+                assert answer.status == 405
+                assert answer.headers["Allow"] == "GET, HEAD"
+                assert await answer.json() == {"error": "DELETE is not allowed: GET, HEAD are"}
+    finally:
+        await health.stop()

@@ -23,7 +23,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobpool.db.connect import lost_connection, open_live_pool, probe
+from jobpool.db.connect import open_live_pool, probe
+from jobpool.db.failures import lost_connection
 from jobpool.db.queries import One
 from jobpool.db.reconnect import PROBE_TIMEOUT, until_answered
 from jobpool.errors import JobpoolError

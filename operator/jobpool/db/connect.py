@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import warnings
 from collections.abc import AsyncIterator
@@ -39,6 +40,7 @@ from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import (
     DatabaseUnavailableError,
     JobpoolError,
+    NoSessionError,
     SchemaPrivilegeError,
     TransactionEndedError,
 )
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 
 CONNECTION_ALLOWANCE = One("connection_allowance")
 DEALLOCATE = Exec("deallocate")
+IDLE_SESSION_TIMEOUT_IN_FORCE = One("idle_session_timeout_in_force")
+KEEP_WHEN_IDLE = Exec("keep_when_idle")
 JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
 RESET_SESSION = One("reset_session")
@@ -241,6 +245,13 @@ class JobConnection(AsyncConnection[Any]):
     sent_statements: bool = False
     """Whether anything was sent since the worker last cleared it: a handler that sent nothing
     cannot have changed the session, so its connection needs no reset (`reset_session`)."""
+    idle_timeout_off: bool = False
+    """Whether `_configure_pooled` turned off an `idle_session_timeout` of the role or
+    database: the session reset (RESET ALL) brings it back, so the reset turns it off again."""
+    direct_dsn: str | None = None
+    """Straight to PostgreSQL past the transaction pooler the connection goes through (the
+    worker's `JOBPOOL_LISTEN_DSN`), for a handler's side connection that needs a session of
+    its own (`open_side_connection(..., session=True)`); None: none known, or no pooler."""
 
     def opens_job_tx(self) -> bool:
         """Whether the next statement opens the job's transaction."""
@@ -323,7 +334,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             await conn.rollback()
         await conn.set_autocommit(True)  # each statement takes effect at once
-        left = await _last_row_of(conn, RESET_SESSION_QUERY)
+        left = await _last_row_of(conn, _reset_query(conn, RESET_SESSION_QUERY))
         await conn.set_autocommit(False)
     except psycopg.Error as exc:
         await _replace(conn, [_session_failure(exc)])
@@ -340,6 +351,14 @@ COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
 first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
 its session advisory locks are held until its writes are visible."""
 COMMIT_AND_RESET_QUERY = ("\n" + COMMIT_AND_RESET).encode()
+KEEP_WHEN_IDLE_AGAIN = ("\n" + KEEP_WHEN_IDLE.text).encode()
+"""Sent after the reset on a connection with `JobConnection.idle_timeout_off`."""
+
+
+def _reset_query(conn: AsyncConnection[Any], query: bytes) -> bytes:
+    """`query` (a text that ends with the session reset), then `KEEP_WHEN_IDLE` where the
+    reset brings an `idle_session_timeout` back (`JobConnection.idle_timeout_off`)."""
+    return query + KEEP_WHEN_IDLE_AGAIN if getattr(conn, "idle_timeout_off", False) else query
 
 
 class NotCommittedError(JobpoolError):
@@ -371,7 +390,7 @@ async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
             or conn.info.transaction_status != TransactionStatus.INTRANS):
         await _end_job_apart(conn, done)
         return
-    query = done + COMMIT_AND_RESET_QUERY  # `done` ends with ";"
+    query = _reset_query(conn, done + COMMIT_AND_RESET_QUERY)  # `done` ends with ";"
     try:
         left = await _last_row_of(conn, query)
     except psycopg.Error as exc:
@@ -388,10 +407,10 @@ async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
 
 async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, Any]:
     """Run `query` (statements without parameters, simple protocol, sent as it is: no BEGIN
-    is added, the caller's transaction is open or autocommit on) and return the row of its
-    last statement ({} when it has none, which `reset_session` takes as a connection not to
-    trust); raises the psycopg.Error of the first statement that failed (the server skips
-    those after it).
+    is added, the caller's transaction is open or autocommit on) and return the row of the
+    last of its statements that return rows ({} when it has none, which `reset_session` takes
+    as a connection not to trust); raises the psycopg.Error of the first statement that
+    failed (the server skips those after it).
 
     What `conn.execute(query)` does, without a cursor: no query conversion, no row maker and
     no result object for each of the statements (the worker's CPU per writing job is what
@@ -410,9 +429,10 @@ async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, An
         # or ALTER queued (read at its pipeline's end), else the next job's first statement
         # would send it and drop what that statement prepared
         await conn.wait(conn._prepared.maintain_gen(conn))
-    if not results or results[-1].status != ExecStatus.TUPLES_OK or results[-1].ntuples < 1:
+    last = next((result for result in reversed(results)
+                 if result.status == ExecStatus.TUPLES_OK), None)
+    if last is None or last.ntuples < 1:
         return {}
-    last = results[-1]
     loader = Transformer.from_context(conn)
     loader.set_pgresult(last)
     names = [(last.fname(i) or b"").decode() for i in range(last.nfields)]
@@ -532,11 +552,12 @@ def prepare_threshold(*, transaction_pooler: bool) -> int | None:
 
 
 def open_pool(dsn: str, *, size: int, name: str = "jobpool",
-              transaction_pooler: bool = False) -> AsyncConnectionPool[Any]:
+              transaction_pooler: bool = False,
+              direct_dsn: str | None = None) -> AsyncConnectionPool[Any]:
     """A pool of `size` JobConnections (dict rows, json read with `load_json`, TCP keepalives
     as `TCP_LIVENESS`, transactions at `OWN_ISOLATION`, no server-side prepared statements
-    with `transaction_pooler`, as for `prepare_threshold`); call `await pool.open()` before
-    use."""
+    with `transaction_pooler`, as for `prepare_threshold`, each with `direct_dsn` as its
+    `JobConnection.direct_dsn`); call `await pool.open()` before use."""
     return AsyncConnectionPool(
         with_tcp_liveness(dsn),
         min_size=size,
@@ -546,28 +567,45 @@ def open_pool(dsn: str, *, size: int, name: str = "jobpool",
         connection_class=JobConnection,
         kwargs={"row_factory": dict_row, "context": ADAPTERS,
                 "prepare_threshold": prepare_threshold(transaction_pooler=transaction_pooler)},
-        configure=_configure_pooled,
+        configure=functools.partial(_configure_pooled, direct_dsn=direct_dsn),
     )
 
 
-async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
-    """Set a new pooled connection up (client side only: no round trip)."""
+async def _configure_pooled(conn: AsyncConnection[Any], *, direct_dsn: str | None) -> None:
+    """Set a new pooled connection up: client side, and, unless it goes to a transaction
+    pooler, with no `idle_session_timeout` (`keep_when_idle`)."""
     count_as_own(conn)
     await conn.set_isolation_level(OWN_ISOLATION)
     if isinstance(conn, JobConnection):
         conn.pristine_prepare_threshold = conn.prepare_threshold
         conn.cursor_factory = JobCursor
+        conn.direct_dsn = direct_dsn
+    if conn.prepare_threshold is not None:  # None: behind a transaction pooler
+        await _keep_pooled_when_idle(conn)
+
+
+async def _keep_pooled_when_idle(conn: AsyncConnection[Any]) -> None:
+    """Turn an `idle_session_timeout` of the role or database off for pooled `conn`, noting
+    it (`JobConnection.idle_timeout_off`) for the session reset, which brings it back."""
+    row = await IDLE_SESSION_TIMEOUT_IN_FORCE(conn)
+    if row and row["in_force"]:
+        await KEEP_WHEN_IDLE(conn)
+        if isinstance(conn, JobConnection):
+            conn.idle_timeout_off = True
+    await conn.commit()
 
 
 async def open_live_pool(
     dsn: str, *, size: int, name: str, timeout: float, transaction_pooler: bool = False,
+    direct_dsn: str | None = None,
 ) -> AsyncConnectionPool[Any]:
     """`open_pool`, opened, once one of its connections answers (the others follow in the
     background, so a server near its connection limit still gets a working pool).
 
     Raises psycopg.OperationalError (PoolTimeout after `timeout` seconds), the pool closed.
     """
-    pool = open_pool(dsn, size=size, name=name, transaction_pooler=transaction_pooler)
+    pool = open_pool(dsn, size=size, name=name, transaction_pooler=transaction_pooler,
+                     direct_dsn=direct_dsn)
     await pool.open()
     try:
         async with pool.connection(timeout=timeout) as conn:
@@ -628,41 +666,8 @@ async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:
     return Allowance(**row)
 
 
-def transaction_conflict(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it came from, is a transaction the server rolled back
-    for a conflict with another (SQLSTATE class 40: a serialization failure, a deadlock): the
-    same transaction may well succeed when run again."""
-    return any(isinstance(e, psycopg.Error) and (e.sqlstate or "").startswith("40")
-               for e in _chain(exc))
-
-
-def interrupted_by_connection(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it came from, is a lost connection (`lost_connection`):
-    a handler that wrapped the error in its own still counts as interrupted."""
-    return any(lost_connection(e) for e in _chain(exc))
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from or during (cycles cut)."""
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and not any(current is e for e in seen) and len(seen) < 20:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
-def lost_connection(exc: BaseException) -> bool:
-    """Whether `exc` says the connection failed (refused, broken, server shutting down, no
-    pooled connection in time), as opposed to a statement that failed on a live one."""
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    state = exc.sqlstate
-    return state is None or state.startswith(("08", "57P"))
-
-
 async def open_side_connection(
-    tx: AsyncConnection[Any], *, application_name: str
+    tx: AsyncConnection[Any], *, application_name: str, session: bool = False,
 ) -> AsyncConnection[dict[str, Any]]:
     """An autocommit connection (dict rows) to `tx`'s database as `tx`'s user.
 
@@ -671,11 +676,26 @@ async def open_side_connection(
     nothing on `tx`; the caller closes it (`async with`). `application_name` names it in
     pg_stat_activity. Nothing is prepared on it when `tx` prepares nothing (a worker behind a
     transaction pooler).
+
+    `session`: the work keeps state across its statements (a session advisory lock, session
+    settings). Behind a transaction pooler, which hands each statement to any server
+    connection (and leaves that state there for other clients), the connection then goes
+    straight to PostgreSQL, to `tx`'s `JobConnection.direct_dsn` (the worker's
+    `JOBPOOL_LISTEN_DSN`, with its own credentials); raises NoSessionError when there is none.
     """
+    pristine = getattr(tx, "pristine_prepare_threshold", tx.prepare_threshold)
     params: dict[str, Any] = {"application_name": application_name[:63]}
+    if session and pristine is None:
+        direct = getattr(tx, "direct_dsn", None)
+        if direct is None:
+            raise NoSessionError(
+                f"{application_name} needs a database session of its own (an advisory lock "
+                "or session settings across statements), which a transaction pooler does "
+                "not keep: give its lane a direct connection to PostgreSQL in "
+                "JOBPOOL_LISTEN_DSN (docs/operations.md, \"Production databases\")")
+        return await connect(make_conninfo(direct, **params), autocommit=True)
     if tx.info.password:
         params["password"] = tx.info.password  # conn.info.dsn leaves the password out
-    pristine = getattr(tx, "pristine_prepare_threshold", tx.prepare_threshold)
     return await connect(make_conninfo(tx.info.dsn, **params), autocommit=True,
                          transaction_pooler=pristine is None)
 

@@ -17,11 +17,14 @@ import psycopg
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
-from jobpool.db.queries import Many, Row
+from jobpool.db.failures import lost_connection
+from jobpool.db.queries import Many, One, Row
+from jobpool.errors import JobpoolError
 
 T = TypeVar("T")
 
 COUNT_LANE_JOBS = Many("count_lane_jobs")
+COUNT_TRANSACTION = One("count_transaction")
 SCHEDULE_RUNS = Many("schedule_runs")
 
 CONNECT_TIMEOUT = 10
@@ -40,9 +43,11 @@ IDLE_DROP = 600.0
 """Seconds after which the connection of a DSN no count used is closed (a pool deleted, its
 Secret changed), unless the counter is told a longer `idle_drop` (three scale intervals)."""
 
-SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off"
-"""The counting session's settings: the timeout, and no JIT compilation (the planner cannot
-see each lane's LIMIT, so it would compile for a second what runs in a millisecond)."""
+
+
+class SilentDatabaseError(psycopg.OperationalError, JobpoolError):
+    """The database did not answer a count within `ANSWER_TIMEOUT` seconds (a lost
+    connection for psycopg's sake, but not one a new connection would mend at once)."""
 
 
 def cap_of(lane: Lane) -> int:
@@ -91,8 +96,10 @@ class LaneCounter:
     """`count_lane_jobs` for the operator, one pooled connection per database DSN.
 
     Each tick reuses the connection its DSN last used (a new connection per tick costs the
-    database a backend start); one broken by an error is dropped and made again next tick.
-    Every count runs with `SESSION_OPTIONS` (a statement timeout, no JIT).
+    database a backend start); one broken by an error is dropped and made again next tick,
+    and one found closed while it idled (a server restart, an `idle_session_timeout`, a
+    pooler's idle timeout) is made again at once for the same count. Every count is a
+    transaction with `count_transaction`'s settings (a statement timeout, no JIT).
     """
 
     def __init__(self) -> None:
@@ -103,8 +110,8 @@ class LaneCounter:
 
     async def __call__(self, dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
         """Counts of `lanes` in the database of `dsn` (see `count_lane_jobs`). Raises the
-        psycopg.Error of the count, or psycopg.OperationalError when the database did not
-        answer within `ANSWER_TIMEOUT` seconds."""
+        psycopg.Error of the count, or SilentDatabaseError (a psycopg.OperationalError) when
+        the database did not answer within `ANSWER_TIMEOUT` seconds."""
         return await self._answer(dsn, lambda conn: count_lane_jobs(conn, lanes))
 
     async def schedule_runs(self, dsn: str, owner: str,
@@ -122,8 +129,21 @@ class LaneCounter:
         A silent connection is closed under the waiting query before that is cancelled:
         psycopg would otherwise send the server a cancel request and wait for it (10 s more,
         through the same silent network)."""
-        conn = await self._connection(dsn)
-        asking = asyncio.ensure_future(ask(conn))
+        kept = self.connections.get(dsn)
+        reused = kept is not None and not kept.closed
+        try:
+            return await self._ask(await self._connection(dsn), dsn, ask)
+        except SilentDatabaseError:
+            raise
+        except psycopg.OperationalError as exc:
+            if not (reused and lost_connection(exc)):
+                raise
+        return await self._ask(await self._connection(dsn), dsn, ask)
+
+    async def _ask(self, conn: psycopg.AsyncConnection[Any], dsn: str,
+                   ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """`ask` on `conn`, the connection of `dsn` (see `_answer`)."""
+        asking = asyncio.ensure_future(_in_count_transaction(conn, ask))
         try:
             return await asyncio.wait_for(asyncio.shield(asking), ANSWER_TIMEOUT)
         except TimeoutError:
@@ -131,7 +151,7 @@ class LaneCounter:
             conn.pgconn.finish()
             asking.cancel()
             await asyncio.wait({asking}, timeout=1.0)
-            raise psycopg.OperationalError(
+            raise SilentDatabaseError(
                 f"the database did not answer within {ANSWER_TIMEOUT:g}s") from None
         except psycopg.Error:
             await self._drop(dsn)
@@ -148,9 +168,7 @@ class LaneCounter:
         self._used[dsn] = now
         conn = self.connections.get(dsn)
         if conn is None or conn.closed:
-            conn = self.connections[dsn] = await psycopg.AsyncConnection.connect(
-                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                application_name="jobpool-operator", options=SESSION_OPTIONS)
+            conn = self.connections[dsn] = await _connect(dsn)
         return conn
 
     async def _drop(self, dsn: str) -> None:
@@ -172,11 +190,28 @@ class LaneCounter:
 async def count_lane_jobs_at(dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJobs]:
     """`count_lane_jobs` on a short-lived connection to `dsn` (tools and tests; the operator
     keeps its connections in a `LaneCounter`)."""
-    async with await psycopg.AsyncConnection.connect(
+    async with await _connect(dsn) as conn:
+        return await _in_count_transaction(conn, lambda c: count_lane_jobs(c, lanes))
+
+
+async def _connect(dsn: str) -> psycopg.AsyncConnection[Any]:
+    """A counting connection to `dsn`: autocommit, nothing prepared on the server (a count
+    every scale interval gains nothing from a prepared plan, and a pooler in transaction mode
+    would run it on a server connection without it), no startup options (a pooler refuses
+    them)."""
+    return await psycopg.AsyncConnection.connect(
         dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name="jobpool-operator",
-        options=SESSION_OPTIONS,
-    ) as conn:
-        return await count_lane_jobs(conn, lanes)
+        prepare_threshold=None)
+
+
+async def _in_count_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+) -> T:
+    """`ask` on `conn` in a transaction with `count_transaction`'s settings."""
+    async with conn.transaction():
+        await COUNT_TRANSACTION(conn, {"timeout_ms": STATEMENT_TIMEOUT_MS})
+        return await ask(conn)
 
 
 def _row(row: Row) -> tuple[str, int, int, int]:

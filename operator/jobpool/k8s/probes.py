@@ -18,6 +18,9 @@ import urllib.parse
 log = logging.getLogger(__name__)
 
 READINESS_PATH = "/readyz"
+ALLOWED_METHODS = ("GET", "HEAD")
+"""What the endpoints answer: HEAD as GET without the body (load balancers and uptime
+checks probe with it)."""
 
 
 class Health:
@@ -59,9 +62,9 @@ class Health:
             self._server = None
 
     def answer(self, method: str, path: str) -> tuple[int, dict[str, object]]:
-        """The status and JSON body for `method path`."""
-        if method != "GET":
-            return 405, {"error": f"{method} is not allowed"}
+        """The status and JSON body for `method path` (HEAD: GET's, whose body is not sent)."""
+        if method not in ALLOWED_METHODS:
+            return 405, {"error": f"{method} is not allowed: {', '.join(ALLOWED_METHODS)} are"}
         if path == self.path:
             return 200, {"alive": True}
         if path == READINESS_PATH:
@@ -71,6 +74,7 @@ class Health:
         return 404, {"error": f"no {path}: {self.path} and {READINESS_PATH} are served"}
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        method = ""
         try:
             async with asyncio.timeout(5.0):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -82,9 +86,10 @@ class Health:
         payload = json.dumps(body).encode()
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   503: "Service Unavailable"}[code]
+        allow = f"Allow: {', '.join(ALLOWED_METHODS)}\r\n" if code == 405 else ""
         writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-                     .encode("latin-1") + payload)
+                     f"Content-Length: {len(payload)}\r\n{allow}Connection: close\r\n\r\n"
+                     .encode("latin-1") + (b"" if method == "HEAD" else payload))
         try:
             await writer.drain()
         finally:

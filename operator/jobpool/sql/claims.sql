@@ -173,18 +173,29 @@ SELECT claimed.* FROM claimed JOIN next USING (id) ORDER BY ord;
 -- freshly filled queue), and never pays JIT compilation for a statement of milliseconds. Its
 -- commits keep the server's (the role's, the database's) `synchronous_commit`, as every other
 -- connection of the worker does (docs/writing-kinds.md, "Durability"). Nothing else runs on
--- this connection: a handler's writes keep the server's planner settings.
+-- this connection: a handler's writes keep the server's planner settings. It waits idle
+-- between claims when the queue is empty: no `idle_session_timeout` closes it then.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_mode,
        set_config('enable_seqscan', 'off', false) AS seqscan,
        set_config('enable_bitmapscan', 'off', false) AS bitmapscan,
-       set_config('jit', 'off', false) AS jit;
+       set_config('jit', 'off', false) AS jit,
+       set_config('idle_session_timeout', '0', false) AS idle_session_timeout;
 
 -- name: lease_session :one
 -- Settings of the worker's lease connection (autocommit; set once when it opens): a renewal
 -- or recovery that waits for a lock longer than a renewal period (%(timeout_ms)s ms) gives up
--- and is tried again, rather than holding up the renewal of every other lease.
+-- and is tried again, rather than holding up the renewal of every other lease; and no
+-- `idle_session_timeout` (it waits idle while the worker holds no job).
 SELECT set_config('lock_timeout', %(timeout_ms)s::text, false) AS lock_timeout,
-       set_config('statement_timeout', %(timeout_ms)s::text, false) AS statement_timeout;
+       set_config('statement_timeout', %(timeout_ms)s::text, false) AS statement_timeout,
+       set_config('idle_session_timeout', '0', false) AS idle_session_timeout;
+
+-- name: lease_transaction :one
+-- `lease_session`'s timeouts for one transaction only (SET LOCAL), for a lease connection
+-- behind a transaction pooler, where a session setting would stay on whichever server
+-- connection ran it, under other clients (their statements cancelled after %(timeout_ms)s ms).
+SELECT set_config('lock_timeout', %(timeout_ms)s::text, true) AS lock_timeout,
+       set_config('statement_timeout', %(timeout_ms)s::text, true) AS statement_timeout;
 
 -- name: claim_transaction :one
 -- `claim_session`'s settings for one claim transaction only (SET LOCAL), for a claim

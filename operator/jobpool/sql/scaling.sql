@@ -1,3 +1,12 @@
+-- name: count_transaction :one
+-- The operator's settings for one count transaction, as SET LOCAL: a statement timeout of
+-- %(timeout_ms)s ms, and no JIT compilation (the planner cannot see each lane's LIMIT, so it
+-- would compile for a second what runs in a millisecond). Not session settings: a pool's DSN
+-- may lead to a pooler, which refuses them as startup options, or in transaction mode keeps
+-- a session setting on whichever server connection ran it, under other clients.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true) AS statement_timeout,
+       set_config('jit', 'off', true) AS jit;
+
 -- name: count_lane_jobs :many
 -- Per lane: jobs runnable now and running, of the kinds and tenants it serves, each counted up to the lane's cap.
 -- A lane's scaler cannot want more replicas than its maximum, so counting beyond `cap` jobs

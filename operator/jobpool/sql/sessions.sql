@@ -19,6 +19,18 @@ SELECT 1 AS alive;
 SET SESSION AUTHORIZATION DEFAULT;
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
+-- name: idle_session_timeout_in_force :one
+-- Whether the role or database closes this session once it idles (`idle_session_timeout`).
+SELECT pg_catalog.current_setting('idle_session_timeout') <> '0' AS in_force;
+
+-- name: keep_when_idle :exec
+-- A session jobpool keeps open waits idle by design (LISTEN between wake-ups, a slot between
+-- writing jobs, the admin API's pool between requests, the queue gauges' between scrapes): an
+-- `idle_session_timeout` of the role or database, meant for sessions a client forgot, would
+-- close it again and again. Never sent behind a transaction pooler, where it would stay on a
+-- server connection (the pooler, not the server, keeps the client's session there).
+SET idle_session_timeout = 0;
+
 -- name: job_end_functions_executable :one
 -- Whether the connection's role may execute the functions a writing job ends with.
 SELECT pg_catalog.has_function_privilege(

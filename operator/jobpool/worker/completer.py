@@ -23,7 +23,7 @@ from typing import Protocol
 import psycopg
 
 from jobpool.core.retry import error_text, retry_pause
-from jobpool.db.connect import lost_connection
+from jobpool.db.failures import lost_connection
 from jobpool.db.queries import Row
 from jobpool.db.reconnect import RECONNECT_FIRST
 from jobpool.db.store import UNCAPPED, Completion, Written

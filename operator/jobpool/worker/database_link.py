@@ -21,12 +21,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from jobpool.core.retry import retry_pause
-from jobpool.db.connect import (
-    lost_connection,
-    open_live_pool,
-    probe,
-    transaction_conflict,
-)
+from jobpool.db.connect import open_live_pool, probe
+from jobpool.db.failures import lost_connection, transaction_conflict
 from jobpool.db.reconnect import PROBE_TIMEOUT, RECONNECT_FIRST, RECONNECT_MAX, until_answered
 from jobpool.db.store import QueueStore
 from jobpool.errors import ConnectionBudgetError, JobpoolError
@@ -215,10 +211,13 @@ class StartRefusedError(JobpoolError):
 class PoolConnector:
     """A `Connector` to PostgreSQL: fresh-connection probes, a pool of `size()` connections
     named `name`, the slot connections filled from it, the store `make_store(pool)` makes
-    (a `QueueStore`) on the first pool, its pool replaced after an outage."""
+    (a `QueueStore`) on the first pool, its pool replaced after an outage. `direct_dsn`:
+    straight to PostgreSQL past a transaction pooler, for handlers' session connections
+    (`JobConnection.direct_dsn`)."""
 
     def __init__(
         self, dsn: str, *, name: str, size: Callable[[], int], transaction_pooler: bool,
+        direct_dsn: str | None,
         slot_connections: SlotConnections, fit: Callable[[], Awaitable[None]],
         make_store: Callable[[AsyncConnectionPool[Any]], QueueStore],
     ) -> None:
@@ -226,6 +225,7 @@ class PoolConnector:
         self.name = name
         self.size = size
         self.transaction_pooler = transaction_pooler
+        self.direct_dsn = direct_dsn
         self.slot_connections = slot_connections
         self._fit = fit
         self.make_store = make_store
@@ -244,7 +244,8 @@ class PoolConnector:
             return store
         pool = await open_live_pool(self.dsn, size=self.size(), name=self.name,
                                     timeout=PROBE_TIMEOUT,
-                                    transaction_pooler=self.transaction_pooler)
+                                    transaction_pooler=self.transaction_pooler,
+                                    direct_dsn=self.direct_dsn)
         if store is None:
             try:
                 await self.slot_connections.fill(pool, timeout=PROBE_TIMEOUT)

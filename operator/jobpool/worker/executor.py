@@ -43,10 +43,9 @@ from jobpool.db.connect import (
     NotCommittedError,
     check_transaction_kept,
     end_job,
-    interrupted_by_connection,
     reset_session,
-    transaction_conflict,
 )
+from jobpool.db.failures import interrupted_by_connection, transaction_conflict
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
 from jobpool.errors import JobpoolError, PermanentError, RetryAfter
 from jobpool.job import Job

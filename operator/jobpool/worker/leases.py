@@ -24,10 +24,11 @@ lapses and runs elsewhere, rather than a hung worker holding it for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.maintenance import log_recovered
 
 LEASE_SESSION = One("lease_session")
+LEASE_TRANSACTION = One("lease_transaction")
 RECOVER_STALE_CLAIMS = Many("recover_stale_claims")
 RECOVERY_TURN = One("recovery_turn")
 RENEW_LEASES = Many("renew_leases")
@@ -97,6 +99,7 @@ class LeaseKeeper:
     """
 
     def __init__(self, dsn: str, *, worker_id: str, actor: str, lease: float, recover: bool,
+                 transaction_pooler: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  lost: Callable[[int, bool], None] | None = None,
                  heartbeat: Heartbeat | None = None) -> None:
@@ -106,6 +109,9 @@ class LeaseKeeper:
         self.worker_id = worker_id
         self.actor = actor
         self.lease = lease
+        self.transaction_pooler = transaction_pooler
+        """`dsn` leads to a pooler in transaction mode: the timeouts go with each transaction
+        (`_bounded`), never as session settings."""
         self.recover_every = min(RECOVER_EVERY, lease / 2) if recover else None
         self.clock = clock
         self.lost = lost
@@ -318,7 +324,8 @@ class LeaseKeeper:
         with self._conn_lock:
             conn = self._connection()
             try:
-                self.heartbeat.beat(conn)
+                with self._bounded(conn):
+                    self.heartbeat.beat(conn)
             except psycopg.Error:
                 self._drop_connection()
                 raise
@@ -328,7 +335,7 @@ class LeaseKeeper:
         with self._conn_lock:
             conn = self._connection()
             try:
-                with conn.transaction():
+                with self._bounded(conn), conn.transaction():
                     turn = RECOVERY_TURN.sync(conn)
                     rows = RECOVER_STALE_CLAIMS.sync(conn, {"actor": self.actor}) \
                         if turn and turn["locked"] else []
@@ -365,7 +372,8 @@ class LeaseKeeper:
         with self._conn_lock:
             conn = self._connection()
             try:
-                return query.sync(conn, params)
+                with self._bounded(conn):
+                    return query.sync(conn, params)
             except psycopg.Error:
                 self._drop_connection()
                 raise
@@ -383,12 +391,31 @@ class LeaseKeeper:
             make_conninfo("", **params), autocommit=True, row_factory=dict_row,
             prepare_threshold=None))
         try:
-            LEASE_SESSION.sync(conn, {"timeout_ms": int(self.lease / 3 * 1000)})
+            if not self.transaction_pooler:
+                LEASE_SESSION.sync(conn, self._timeouts())
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         return conn
+
+    @contextlib.contextmanager
+    def _bounded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Run what the block sends on `conn` under the lease connection's timeouts: the
+        session's own (`lease_session`, set when it opened) on a direct connection; behind a
+        transaction pooler, in a transaction of its own that sets them as SET LOCAL
+        (`lease_transaction`): a session setting would stay on whichever server connection
+        ran it, and cancel other clients' statements after a renewal period."""
+        if not self.transaction_pooler:
+            yield
+            return
+        with conn.transaction():
+            LEASE_TRANSACTION.sync(conn, self._timeouts())
+            yield
+
+    def _timeouts(self) -> dict[str, int]:
+        """The lease connection's lock and statement timeout: a renewal period, in ms."""
+        return {"timeout_ms": int(self.lease / 3 * 1000)}
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.retry import error_text
 from jobpool.core.shutdown import SHUTDOWN_SETTLE_TIMEOUT
-from jobpool.db.connect import connection_allowance, with_tcp_liveness
+from jobpool.db.connect import KEEP_WHEN_IDLE, connection_allowance, with_tcp_liveness
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Exec, One, Row
 from jobpool.db.reconnect import PROBE_TIMEOUT
@@ -149,6 +149,7 @@ class Worker:
                                    busy=lambda: self.producer.busy())
         self.leases = LeaseKeeper(dsn, worker_id=self.worker_id, actor=actor, lease=self.lease,
                                   recover=not config.until_empty,
+                                  transaction_pooler=self.transaction_pooler,
                                   lost=self._claim_lost,
                                   heartbeat=self.heartbeat)
         self.slot_connections = SlotConnections(config.slots)
@@ -158,6 +159,7 @@ class Worker:
             PoolConnector(dsn, name=f"jobpool-{self.worker_id}",
                           size=lambda: pool_size(self.slots),
                           transaction_pooler=self.transaction_pooler,
+                          direct_dsn=config.listen_dsn if self.transaction_pooler else None,
                           slot_connections=self.slot_connections, fit=self._fit_budget,
                           make_store=self._make_store),
             arrive=self._arrive, background=self.background, wake=wake, refused=self.stop,
@@ -529,6 +531,7 @@ class Worker:
             try:
                 async with count_as_own(await AsyncConnection.connect(
                         with_tcp_liveness(listen_dsn), autocommit=True)) as conn:
+                    await KEEP_WHEN_IDLE(conn)  # it idles between wake-ups
                     await LISTEN_FOR_JOBS(conn)
                     await LISTEN_FOR_STOPS(conn)
                     self.listening, failures = True, 0

@@ -78,7 +78,7 @@ async def gin_backfill(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Build the type's GIN index if it is an external-source target (see module docstring)."""
     request: BackfillPayload = job.payload
     async with await open_side_connection(
-        tx, application_name=f"jobpool gin_backfill job {job.id}"
+        tx, application_name=f"jobpool gin_backfill job {job.id}", session=True
     ) as side:
         entity_type = await require_entity_type(side, job.tenant_id, request.type_key)
         name = gin_index_name(str(job.tenant_id), request.type_key)

@@ -143,7 +143,7 @@ async def index_sync(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Bring one attribute's expression index in line with its flags (see module docstring)."""
     request: SyncPayload = job.payload
     async with await open_side_connection(
-        tx, application_name=f"jobpool index_sync job {job.id}"
+        tx, application_name=f"jobpool index_sync job {job.id}", session=True
     ) as side:
         attribute = await _load_attribute(side, request.attribute_id, job.tenant_id)
         name, wanted = wanted_index(job.tenant_id, request, attribute)

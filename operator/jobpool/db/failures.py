@@ -1,0 +1,41 @@
+"""What a psycopg error says: a lost connection, or a transaction that conflicted with another.
+
+Pure functions of the exception, apart from any connection, so that the operator's counts
+use them without the worker's connection module."""
+
+from __future__ import annotations
+
+import psycopg
+
+
+def transaction_conflict(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it came from, is a transaction the server rolled back
+    for a conflict with another (SQLSTATE class 40: a serialization failure, a deadlock): the
+    same transaction may well succeed when run again."""
+    return any(isinstance(e, psycopg.Error) and (e.sqlstate or "").startswith("40")
+               for e in _chain(exc))
+
+
+def interrupted_by_connection(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it came from, is a lost connection (`lost_connection`):
+    a handler that wrapped the error in its own still counts as interrupted."""
+    return any(lost_connection(e) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or during (cycles cut)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and not any(current is e for e in seen) and len(seen) < 20:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether `exc` says the connection failed (refused, broken, server shutting down, no
+    pooled connection in time), as opposed to a statement that failed on a live one."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P"))
