@@ -696,7 +696,11 @@ def run_command(argv: Sequence[str] | None) -> int:
     except (JobpoolError, ValueError, ImportError, psycopg.Error) as exc:
         hint = (" (`jobpool tenants add KEY` adds one)"
                 if isinstance(exc, UnknownTenantError) else "")
-        print(f"jobpool: error: {exc}{hint}", file=sys.stderr)
+        # a bare server message ("canceling statement due to statement timeout") names
+        # neither the database nor the kind of failure
+        told = f"database error ({type(exc).__name__}): {exc}" if isinstance(
+            exc, psycopg.Error) else str(exc)
+        print(f"jobpool: error: {told}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -105,6 +105,13 @@ class Client:
 
 @pytest.fixture
 async def api(dsn: str) -> AsyncIterator[Client]:
+    async with serving(dsn) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def serving(dsn: str) -> AsyncIterator[Client]:
+    """The admin API on a pool of two connections to `dsn`, and a client of it."""
     pool = open_pool(dsn, size=2, name="test-api")
     await pool.open(wait=True)
     runner = web.AppRunner(build_app(pool, verifier()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from psycopg.pq import TransactionStatus
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
 from integration.test_slot_connections import client_messages
-from jobpool.db.connect import NotCommittedError, open_pool
+from jobpool.db.connect import NotCommittedError, open_pool, reset_session
 from jobpool.db.store import CLAIM_NOT_HELD, QueueStore
 from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import SlotConnections
@@ -266,3 +267,21 @@ async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq
     assert ("what it wrote before committed" in row["last_error"]) == bool(kept)
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (job_id,)) == kept
+
+
+async def test_a_connection_lost_under_its_reset_is_replaced_without_blaming_the_handler(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server closed the job's connection (a restart, a pooler dropping it): its reset
+    failed, and the log said "a handler changed its connection's session", which no handler
+    did. The connection is closed for the pool to replace, quietly."""
+    caplog.set_level(logging.WARNING)
+    _, slots, row = claimed
+    tx = JobTransaction(slots, 0)
+    taken = tx.connection()
+    await taken.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await conn.execute("SELECT pg_terminate_backend(%s)", (taken.info.backend_pid,))
+    await reset_session(taken)
+    assert taken.closed
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -22,14 +22,20 @@ from psycopg.rows import dict_row
 import jobpool
 from integration import helpers
 from integration.helpers import prepare, role_dsn, scalar, worker
+from integration.test_api import Client, serving, token
+from jobpool import settings as settings_module
+from jobpool.cli import main
 from jobpool.db import connect as connections
 from jobpool.db.connect import connection_allowance
+from jobpool.db.lane_counts import LaneCounter
 from jobpool.db.migrate import migrate
 from jobpool.db.own_sessions import own_backend_pids
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
 from jobpool.worker.config import POLL_ONLY_INTERVAL
 from jobpool.worker.database_link import StartRefusedError
+from jobpool.worker.leases import LeaseKeeper
+from jobpool.worker.maintenance import run_due_steps
 from jobpool.worker.runtime import Worker
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -300,6 +306,131 @@ async def test_a_serializable_default_sends_nothing_to_the_dlq_and_strands_nothi
         assert await scalar(conn, "SELECT n FROM test_counter") == conflicting
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["direct", "transaction-pooler"])
+async def test_under_a_serializable_default_every_connection_of_its_own_reads_committed(
+    private_server: PrivateServer, pgbouncer: PgBouncer, pooled: bool,
+) -> None:
+    """The lease thread's renewals, heartbeats and recovery, the maintenance steps and the
+    operator's counts ran at the database's default isolation: under SERIALIZABLE a renewal
+    failed on concurrent `done`s ("lease thread failing: SerializationFailure"), and behind a
+    transaction pooler a one-off drain refused to start. Each states READ COMMITTED."""
+    async with await connect(private_server.dsn()) as conn:
+        await conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation"
+                                   " = serializable").format(sql.Identifier(conn.info.dbname)))
+    dsn = pgbouncer.dsn() if pooled else private_server.dsn()
+    keeper = LeaseKeeper(dsn, worker_id="h/1/keeper", actor="w", lease=30.0, recover=False,
+                         transaction_pooler=pooled)
+    lease = keeper._connection()
+    try:
+        with keeper._bounded(lease):
+            leased = lease.execute(ISOLATION).fetchone()
+    finally:
+        keeper._drop_connection()
+
+    async def step(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+        return {"read_committed": int(await _isolation(conn) == "read committed")}
+
+    maintained = await run_due_steps(dsn, [("isolation", step)], transaction_pooler=pooled)
+    counter = LaneCounter()
+    try:
+        counted = await counter._answer(dsn, _isolation)
+    finally:
+        await counter.close()
+    assert leased is not None and leased["transaction_isolation"] == "read committed"
+    assert maintained == {"read_committed": 1}
+    assert counted == "read committed"
+
+
+ISOLATION = "SELECT current_setting('transaction_isolation') AS transaction_isolation"
+
+
+async def _isolation(conn: psycopg.AsyncConnection[Any]) -> str:
+    cur = await conn.execute(ISOLATION)
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row["transaction_isolation"] if isinstance(row, dict) else row[0])
+
+
+async def test_a_read_only_default_lifted_lets_the_worker_start_on_fresh_sessions(
+    dsn: str, limited_role: Any, tenant: uuid.UUID,
+) -> None:
+    """A role whose sessions begin read-only: the worker waits, not ready, naming it. Its
+    pooled sessions began read-only and stay so after the role's default is lifted: it
+    stayed not ready for good, its jobs pending. After a refused arrival the next takes a
+    fresh pool."""
+    limited = await limited_role(-1)
+    role = sql.Identifier(conninfo_to_dict(limited)["user"])
+    async with await connect(dsn) as conn:
+        await conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on")
+                           .format(role))
+        await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 3)
+    w = worker(limited, ("test_record",), until_empty=False, slots=2, poll_interval=0.2)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: any("read-only" in p for p in w.not_ready()),
+                         "the worker not ready, naming the read-only transaction")
+        async with await connect(dsn) as conn:
+            await conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only")
+                               .format(role))
+        await wait_until(lambda: _done(dsn, 3), "every job done once the role may write")
+        assert w.not_ready() == []
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+    assert await attempts_used(dsn) == [1]
+
+
+async def test_the_api_behind_a_session_pooler_answers_503_when_its_sessions_were_closed(
+    private_server: PrivateServer, session_pgbouncer: PgBouncer,
+) -> None:
+    """The server closed the API's pooled sessions (a restart, an idle timeout): behind a
+    session pooler psycopg raises InternalError ("received 2 results from command 'BEGIN
+    ...'") on the next call, which the API answered with 500s, one per dead session. Now a
+    lost connection: 503 until a new pool answers."""
+    await set_up(private_server.dsn(), [])
+    async with serving(session_pgbouncer.dsn()) as api:
+        assert (await api.call("GET", "/v1/stats", bearer=token()))[0] == 200
+        async with await connect(private_server.dsn()) as conn:
+            await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                               " WHERE backend_type = 'client backend'"
+                               " AND pid <> pg_backend_pid()")
+        answers = [(await api.call("GET", "/v1/stats", bearer=token()))[0] for _ in range(3)]
+        await wait_until(
+            lambda: _answers(api, 200), "the API serving again from a new pool")
+    assert 500 not in answers and answers[0] == 503
+
+
+async def _answers(api: Client, status: int) -> bool:
+    return (await api.call("GET", "/v1/stats", bearer=token()))[0] == status
+
+
+async def test_the_api_answers_a_read_only_database_with_503_and_writes_once_it_may(
+    dsn: str, limited_role: Any, tenant: uuid.UUID,
+) -> None:
+    """A role whose sessions begin read-only: a pause was a 500 "unexpected error", and still
+    after the role's default was lifted (the pool's sessions keep the default they began
+    with). Now 503 naming it, and a new pool once the default is lifted."""
+    limited = await limited_role(-1)
+    role = sql.Identifier(conninfo_to_dict(limited)["user"])
+    async with await connect(dsn) as conn:
+        await conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on")
+                           .format(role))
+    path = "/v1/pauses?tenant=acme&kind=test_record"
+    async with serving(limited) as api:
+        status, body, _ = await api.call("POST", path, bearer=token())
+        assert (status, body["detail"]) == (503, "the database refuses writes now (a "
+                                                 "read-only transaction: default_transaction_"
+                                                 "read_only, or a standby); try again later")
+        async with await connect(dsn) as conn:
+            await conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only")
+                               .format(role))
+        await wait_until(lambda: _paused(api, path), "the pause written")
+
+
+async def _paused(api: Client, path: str) -> bool:
+    return (await api.call("POST", path, bearer=token()))[0] in (200, 201)
+
+
 async def test_a_restart_under_running_jobs_hands_them_back_unspent(
     private_server: PrivateServer,
 ) -> None:
@@ -515,3 +646,21 @@ async def test_a_role_idle_session_timeout_closes_none_of_the_workers_sessions(
         await asyncio.wait_for(task, DEADLINE)
     assert await attempts_used(dsn) == [1]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_command_the_database_refuses_says_it_is_the_databases_error(
+    dsn: str, limited_role: Any, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command printed the server's bare message ("jobpool: error: cannot execute INSERT in
+    a read-only transaction", "canceling statement due to statement timeout"), naming neither
+    the database nor what kind of failure it was."""
+    limited = await limited_role(-1)
+    async with await connect(dsn) as conn:
+        await conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on")
+                           .format(sql.Identifier(conninfo_to_dict(limited)["user"])))
+    monkeypatch.setattr(settings_module, "_current", None)  # main() configures the process's
+    assert await asyncio.to_thread(main, ["tenants", "add", "initech", "--dsn", limited]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "jobpool: error: database error (ReadOnlySqlTransaction): cannot execute INSERT in a "
+        "read-only transaction")

@@ -238,6 +238,26 @@ async def test_a_kept_count_connection_closed_while_idle_is_made_again_for_that_
     assert counts["acme"] == LaneJobs(2, 0)
 
 
+async def test_behind_a_session_pooler_a_count_whose_session_was_closed_connects_again(
+    private_server: PrivateServer, session_pgbouncer: PgBouncer,
+) -> None:
+    """There the server's closing message reaches the next BEGIN, which psycopg raises as
+    InternalError ("received 2 results"): every other count failed."""
+    async with await psycopg.AsyncConnection.connect(
+            private_server.dsn(), autocommit=True, row_factory=dict_row) as direct:
+        await prepare(direct)
+        await add_jobs(direct, await add_tenant(direct, "acme"), "email_send", 2)
+        counter = LaneCounter()
+        try:
+            first = await counter(session_pgbouncer.dsn(), POOL.lanes)
+            await direct.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                 " WHERE application_name = 'jobpool-operator'")
+            second = await counter(session_pgbouncer.dsn(), POOL.lanes)
+        finally:
+            await counter.close()
+    assert first["acme"] == second["acme"] == LaneJobs(2, 0)
+
+
 async def test_a_count_whose_database_goes_silent_fails_in_bounded_time(
     dsn: str, conn: Conn, kinds: None, tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -142,6 +142,10 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
     except (psycopg.OperationalError, PoolTimeout) as exc:
         log.warning("database unreachable: %s", exc)
         return problem(503, "the database is unreachable; try again later")
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        log.warning("database refuses writes: %s", exc)
+        return problem(503, "the database refuses writes now (a read-only transaction: "
+                            "default_transaction_read_only, or a standby); try again later")
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return problem(500, "unexpected error; the server log has the details")

@@ -24,7 +24,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.db.connect import open_live_pool, probe
-from jobpool.db.failures import lost_connection
+from jobpool.db.failures import broken_as_lost, lost_connection
 from jobpool.db.queries import One
 from jobpool.db.reconnect import PROBE_TIMEOUT, until_answered
 from jobpool.errors import JobpoolError
@@ -92,10 +92,14 @@ class DatabaseLink:
             raise DatabaseAwayError(self.problem or "waiting for the database")
         try:
             async with self.pool.connection() as conn:
-                yield conn
+                with broken_as_lost(conn):
+                    yield conn
         except psycopg.OperationalError as exc:
             if lost_connection(exc):
                 self.lost(exc)
+            raise
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            self.lost(exc)  # the pool's sessions began read-only: new ones may not be
             raise
 
     async def check(self) -> list[str]:
@@ -118,10 +122,13 @@ class DatabaseLink:
                                     transaction_pooler=self.transaction_pooler)
 
     def lost(self, exc: BaseException) -> None:
-        """A connection failed with `exc`: refuse calls and probe until the database answers."""
+        """A connection failed with `exc` (or the database refused a write: read-only): refuse
+        calls and probe until the database answers, then serve from a new pool."""
         if self.problem is None:
-            log.warning("database connection lost (%s); answering 503 until it answers", exc)
-            self.problem = f"database unreachable: {exc}"
+            what = ("database refuses writes" if isinstance(
+                exc, psycopg.errors.ReadOnlySqlTransaction) else "database unreachable")
+            log.warning("%s (%s); answering 503 until a new pool answers", what, exc)
+            self.problem = f"{what}: {exc}"
         self.start()
 
     async def close(self) -> None:

@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Allowance
 from jobpool.core.jsondata import load_json
+from jobpool.db.failures import lost_connection
 from jobpool.db.migrate import check_schema, migrate
 from jobpool.db.one_write import one_write
 from jobpool.db.own_sessions import count_as_own, own_backend_pids
@@ -337,7 +338,7 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
         left = await _last_row_of(conn, _reset_query(conn, RESET_SESSION_QUERY))
         await conn.set_autocommit(False)
     except psycopg.Error as exc:
-        await _replace(conn, [_session_failure(exc)])
+        await _reset_failed(conn, exc)
         return
     except BaseException:
         await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
@@ -487,15 +488,23 @@ async def _finish_reset(conn: AsyncConnection[Any], left: dict[str, Any]) -> Non
     try:
         changed = await _drop_handler_statements(conn, left)
     except psycopg.Error as exc:
-        changed = [_session_failure(exc)]
+        await _reset_failed(conn, exc)
+        return
     except BaseException:
         await conn.close()  # interrupted half way (autocommit may be on): not fit for reuse
         raise
     await _replace(conn, changed)
 
 
-def _session_failure(exc: psycopg.Error) -> str:
-    return f"session ({type(exc).__name__}: {exc})"
+async def _reset_failed(conn: AsyncConnection[Any], exc: psycopg.Error) -> None:
+    """Close `conn`, whose reset failed with `exc` (the pool replaces it): a session that
+    cannot be reset, which the log blames on the handler, unless the connection itself was
+    lost (a restart, a pooler dropping it), which no handler did."""
+    if conn.broken or lost_connection(exc):
+        log.debug("connection lost during its session reset (%s); replacing it", exc)
+        await conn.close()
+        return
+    await _replace(conn, [f"session ({type(exc).__name__}: {exc})"])
 
 
 async def _drop_handler_statements(conn: AsyncConnection[Any], left: dict[str, Any]) -> list[str]:

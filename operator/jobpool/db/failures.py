@@ -1,9 +1,13 @@
 """What a psycopg error says: a lost connection, or a transaction that conflicted with another.
 
-Pure functions of the exception, apart from any connection, so that the operator's counts
-use them without the worker's connection module."""
+Functions of the exception (and of the connection it was raised on), apart from the worker's
+connection module, so that the operator's counts use them too."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
@@ -39,3 +43,20 @@ def lost_connection(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith(("08", "57P"))
+
+
+@contextlib.contextmanager
+def broken_as_lost(conn: psycopg.BaseConnection[Any]) -> Iterator[None]:
+    """Raise a psycopg.Error from what the block ran on `conn` as the lost connection it is
+    when it left `conn` broken, whatever its class: behind a session pooler the server's
+    FATAL message of a connection it closed (a restart, `idle_session_timeout`) reaches the
+    client with the answer to its next BEGIN, and psycopg raises InternalError ("received 2
+    results from command 'BEGIN ...'"), which `lost_connection` cannot tell apart by itself.
+    Raises psycopg.OperationalError from the original error in that case."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if conn.broken and not lost_connection(exc):
+            raise psycopg.OperationalError(
+                f"connection lost ({type(exc).__name__}: {exc})") from exc
+        raise

@@ -17,7 +17,7 @@ import psycopg
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
-from jobpool.db.failures import lost_connection
+from jobpool.db.failures import broken_as_lost, lost_connection
 from jobpool.db.queries import Many, One, Row
 from jobpool.errors import JobpoolError
 
@@ -195,13 +195,15 @@ async def count_lane_jobs_at(dsn: str, lanes: Sequence[Lane]) -> dict[str, LaneJ
 
 
 async def _connect(dsn: str) -> psycopg.AsyncConnection[Any]:
-    """A counting connection to `dsn`: autocommit, nothing prepared on the server (a count
-    every scale interval gains nothing from a prepared plan, and a pooler in transaction mode
-    would run it on a server connection without it), no startup options (a pooler refuses
-    them)."""
-    return await psycopg.AsyncConnection.connect(
+    """A counting connection to `dsn`: autocommit, transactions at READ COMMITTED whatever
+    the role's default, nothing prepared on the server (a count every scale interval gains
+    nothing from a prepared plan, and a pooler in transaction mode would run it on a server
+    connection without it), no startup options (a pooler refuses them)."""
+    conn = await psycopg.AsyncConnection.connect(
         dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name="jobpool-operator",
         prepare_threshold=None)
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)  # stated in the BEGIN
+    return conn
 
 
 async def _in_count_transaction(
@@ -209,9 +211,10 @@ async def _in_count_transaction(
     ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
 ) -> T:
     """`ask` on `conn` in a transaction with `count_transaction`'s settings."""
-    async with conn.transaction():
-        await COUNT_TRANSACTION(conn, {"timeout_ms": STATEMENT_TIMEOUT_MS})
-        return await ask(conn)
+    with broken_as_lost(conn):
+        async with conn.transaction():
+            await COUNT_TRANSACTION(conn, {"timeout_ms": STATEMENT_TIMEOUT_MS})
+            return await ask(conn)
 
 
 def _row(row: Row) -> tuple[str, int, int, int]:

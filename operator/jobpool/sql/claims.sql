@@ -184,10 +184,13 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS plan_cache_
 -- name: lease_session :one
 -- Settings of the worker's lease connection (autocommit; set once when it opens): a renewal
 -- or recovery that waits for a lock longer than a renewal period (%(timeout_ms)s ms) gives up
--- and is tried again, rather than holding up the renewal of every other lease; and no
--- `idle_session_timeout` (it waits idle while the worker holds no job).
+-- and is tried again, rather than holding up the renewal of every other lease; its statements
+-- at READ COMMITTED whatever the role's default (a renewal under SERIALIZABLE fails on every
+-- concurrent `done`); and no `idle_session_timeout` (it waits idle while no job is held).
 SELECT set_config('lock_timeout', %(timeout_ms)s::text, false) AS lock_timeout,
        set_config('statement_timeout', %(timeout_ms)s::text, false) AS statement_timeout,
+       set_config('default_transaction_isolation', 'read committed',
+                  false) AS default_transaction_isolation,
        set_config('idle_session_timeout', '0', false) AS idle_session_timeout;
 
 -- name: lease_transaction :one

@@ -90,6 +90,10 @@ class DatabaseLink(Generic[S]):
         """The store, from the first time the database answered on."""
         self.started = False
         """Whether the first arrival (the worker's start-up) completed."""
+        self.arrival_refused = False
+        """Whether the last arrival failed on a statement the database refused (a read-only
+        default, a missing GRANT): the next one takes a fresh pool, whose sessions start with
+        the role's settings of then (its pooled sessions keep those they began with)."""
         self.one_off = one_off
         self.refusal: JobpoolError | None = None
         """Why the worker refused to start (its connection budget leaves no slot, or, one
@@ -190,16 +194,18 @@ class DatabaseLink(Generic[S]):
             await self.connector.probe()
             if self.store is None or failures > 0:
                 await self.connector.fit()
-            self.store = await self.connector.attach(self.store,
-                                                     replace=replace or failures > 0)
+            self.store = await self.connector.attach(
+                self.store, replace=replace or failures > 0 or self.arrival_refused)
             await self.arrive(self.store, not self.started)
         except psycopg.Error as exc:
+            self.arrival_refused = True
             if self.one_off and not self.started and not lost_connection(exc):
                 raise StartRefusedError(
                     f"the database refused the start of this one-off drain "
                     f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})"
                 ) from exc
             raise
+        self.arrival_refused = False
         self.started = True
 
 

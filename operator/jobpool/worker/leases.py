@@ -40,6 +40,7 @@ from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
+from jobpool.db.store import OWN_ISOLATION
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.maintenance import log_recovered
 
@@ -390,6 +391,7 @@ class LeaseKeeper:
         conn = count_as_own(psycopg.Connection.connect(
             make_conninfo("", **params), autocommit=True, row_factory=dict_row,
             prepare_threshold=None))
+        conn.isolation_level = OWN_ISOLATION  # stated in each BEGIN (`_bounded`, recovery)
         try:
             if not self.transaction_pooler:
                 LEASE_SESSION.sync(conn, self._timeouts())

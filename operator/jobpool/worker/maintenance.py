@@ -27,7 +27,7 @@ from psycopg import AsyncConnection
 from jobpool.core.schedules import BUILTIN_CLEANUP, cleanup_schedule
 from jobpool.db.connect import connect
 from jobpool.db.queries import Many, One, Row
-from jobpool.db.store import QueueStore
+from jobpool.db.store import OWN_ISOLATION, QueueStore
 from jobpool.job import Job
 from jobpool.registry import Step, cleanup_step, kind
 from jobpool.settings import Settings
@@ -118,6 +118,7 @@ async def run_due_steps(dsn: str, steps: Steps, *, transaction_pooler: bool) -> 
     and the others run; the next period runs it again. Returns their counters."""
     result: dict[str, int] = {}
     async with await connect(dsn, transaction_pooler=transaction_pooler) as conn:
+        await conn.set_isolation_level(OWN_ISOLATION)  # stated in each BEGIN
         for name, step in steps:
             try:
                 async with conn.transaction():
