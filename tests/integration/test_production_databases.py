@@ -32,6 +32,7 @@ from jobpool.db.migrate import migrate
 from jobpool.db.own_sessions import own_backend_pids
 from jobpool.errors import SchemaPrivilegeError
 from jobpool.job import Job
+from jobpool.worker import leases as leases_module
 from jobpool.worker.config import POLL_ONLY_INTERVAL
 from jobpool.worker.database_link import StartRefusedError
 from jobpool.worker.leases import LeaseKeeper
@@ -664,3 +665,34 @@ async def test_a_command_the_database_refuses_says_it_is_the_databases_error(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "jobpool: error: database error (ReadOnlySqlTransaction): cannot execute INSERT in a "
         "read-only transaction")
+
+
+async def test_behind_a_session_pooler_sessions_the_server_closed_are_opened_again_unseen(
+    private_server: PrivateServer, session_pgbouncer: PgBouncer,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every session closed by the server (a restart) while the worker idles behind a session
+    pooler: the lease thread's next BEGIN met the closing message (psycopg's InternalError,
+    "received 2 results"), and it reported itself failing, /readyz red, until a later round.
+    It opens its connection again at once; every later job runs once."""
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(leases_module, "RECOVER_EVERY", 0.2)  # a BEGIN every 0.2 s
+    tenant = await set_up(private_server.dsn(), [("test_record", {})] * 10)
+    w = worker(session_pgbouncer.dsn(), ("test_record",), until_empty=False, slots=2,
+               poll_interval=0.2)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _all_done(private_server.dsn(), 10), "the first jobs done")
+        async with await connect(private_server.dsn()) as conn:
+            await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                               " WHERE backend_type = 'client backend'"
+                               " AND pid <> pg_backend_pid()")
+        await asyncio.sleep(1.0)  # the lease thread's next rounds meet its closed session
+        async with await connect(private_server.dsn()) as conn:
+            await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_record")] * 10)
+        await wait_until(lambda: _all_done(private_server.dsn(), 20), "the later jobs done")
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, DEADLINE)
+    assert await attempts_used(private_server.dsn()) == [1]
+    assert not [r for r in caplog.records if "lease thread failing" in r.getMessage()]

@@ -38,6 +38,7 @@ from psycopg.rows import dict_row
 
 from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
+from jobpool.db.failures import lost_connection
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
 from jobpool.db.store import OWN_ISOLATION
@@ -233,9 +234,11 @@ class LeaseKeeper:
     def _attempt(self, work: Callable[[], bool | None]) -> bool:
         """Run `work`, keeping the thread alive whatever it raises; True if it succeeded. A
         work that returns False had nothing to send: it says nothing of the database (a
-        renewal with no job held, while the heartbeat fails), so no "works again"."""
+        renewal with no job held, while the heartbeat fails), so no "works again". Work
+        that found its kept connection closed by the server meanwhile (a restart, a pooler
+        dropping it) runs again at once on a new one before anything is reported."""
         try:
-            sent = work()
+            sent = self._once_more_if_closed_meanwhile(work)
         except Exception as exc:
             problem = f"lease thread failing: {error_text(exc)}"
             if problem != self.problem:
@@ -247,6 +250,18 @@ class LeaseKeeper:
             log.info("lease thread works again")
             self.problem = None
         return True
+
+    def _once_more_if_closed_meanwhile(self, work: Callable[[], bool | None]) -> bool | None:
+        """`work()`, and once more when it failed because the connection it reused had been
+        closed by the server while it idled (psycopg may raise that as an InternalError on
+        the next BEGIN behind a session pooler: `broken`)."""
+        kept = self._conn
+        try:
+            return work()
+        except psycopg.Error as exc:
+            if kept is None or not (kept.broken or lost_connection(exc)):
+                raise
+        return work()
 
     def renew(self) -> bool:
         """Renew the leases of the held jobs now; log the claims lost meanwhile. False when
