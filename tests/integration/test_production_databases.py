@@ -606,7 +606,9 @@ async def test_a_one_off_drain_the_database_refuses_ends_naming_why(
 ) -> None:
     """A read-only role, or a statement timeout its statements cannot meet: a long-running
     worker waits (not ready) for that to be mended; a one-off drain, which nobody restarts,
-    waited without end, logging tracebacks (the timeout as "database unreachable")."""
+    waited without end, logging tracebacks (the timeout as "database unreachable"). The
+    timeout may already refuse the drain's first probe, which ended it with the server's bare
+    message: it says the same as a refusal after."""
     limited = await limited_role(-1)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         role = conninfo_to_dict(limited)["user"]

@@ -200,10 +200,7 @@ class DatabaseLink(Generic[S]):
         except psycopg.Error as exc:
             self.arrival_refused = True
             if self.one_off and not self.started and not lost_connection(exc):
-                raise StartRefusedError(
-                    f"the database refused the start of this one-off drain "
-                    f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})"
-                ) from exc
+                raise refused_start(exc) from exc
             raise
         self.arrival_refused = False
         self.started = True
@@ -212,6 +209,14 @@ class DatabaseLink(Generic[S]):
 class StartRefusedError(JobpoolError):
     """The database answered a one-off worker's start with an error no retry mends by
     itself (see `DatabaseLink`)."""
+
+
+def refused_start(exc: psycopg.Error) -> StartRefusedError:
+    """What a one-off drain says when the database answered its start with `exc`, an error
+    no wait mends by itself (a read-only role, a statement timeout it cannot meet)."""
+    return StartRefusedError(
+        f"the database refused the start of this one-off drain "
+        f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})")
 
 
 class PoolConnector:
