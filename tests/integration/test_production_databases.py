@@ -18,6 +18,7 @@ from private_postgres import PrivateServer
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
+from recording_proxy import recording_proxy
 
 import jobpool
 from integration import helpers
@@ -213,9 +214,10 @@ async def test_behind_a_transaction_pooler_an_index_build_takes_its_session_past
                                " RETURNING id", (tenant,))
         assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job"
                             " WHERE job_kind = 'gin_backfill'") == 1
-    w = worker(pgbouncer.dsn(), ("gin_backfill",), pooler="transaction",
-               listen_dsn=private_server.dsn() if direct else None)
-    await asyncio.wait_for(w.run(), DEADLINE)
+    async with recording_proxy(private_server.dsn()) as (direct_dsn, sent_direct):
+        w = worker(pgbouncer.dsn(), ("gin_backfill",), pooler="transaction",
+                   listen_dsn=direct_dsn if direct else None)
+        await asyncio.wait_for(w.run(), DEADLINE)
     async with await connect(private_server.dsn()) as conn:
         cur = await conn.execute("SELECT status::text AS status, attempts, last_error"
                                  " FROM mdm.aa_job WHERE job_kind = 'gin_backfill'")
@@ -225,15 +227,16 @@ async def test_behind_a_transaction_pooler_an_index_build_takes_its_session_past
         advisory = await scalar(conn, "SELECT count(*) FROM pg_locks"
                                 " WHERE locktype = 'advisory'")
     assert job is not None
+    sent = b"".join(sent_direct)
     if direct:
         assert (job["status"], job["attempts"], gin) == ("done", 1, "active")
+        assert b"pg_try_advisory_lock" in sent and b"CREATE INDEX CONCURRENTLY" in sent
     else:
         assert (job["status"], job["attempts"]) == ("dlq", 1)
         assert "NoSessionError" in job["last_error"]
         assert "JOBPOOL_LISTEN_DSN" in job["last_error"]
+        assert sent == b""
     assert advisory == 0
-    assert await _server_sessions_settings(pgbouncer.dsn(), 2) == [
-        ("0", "0", "on", "on", "0")] * 2
 
 
 async def _server_sessions_settings(dsn: str, count: int) -> list[tuple[str, ...]]:

@@ -35,7 +35,7 @@ from jobpool.db.failures import lost_connection
 from jobpool.db.migrate import check_schema, migrate
 from jobpool.db.one_write import one_write
 from jobpool.db.own_sessions import count_as_own, own_backend_pids
-from jobpool.db.queries import Exec, One
+from jobpool.db.queries import Exec, Many, One
 from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import (
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 
 CONNECTION_ALLOWANCE = One("connection_allowance")
 DEALLOCATE = Exec("deallocate")
-IDLE_SESSION_TIMEOUT_IN_FORCE = One("idle_session_timeout_in_force")
 KEEP_WHEN_IDLE = Exec("keep_when_idle")
+KEEP_WHEN_IDLE_IF_SET = Many("keep_when_idle_if_set")
 JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
 RESET_SESSION = One("reset_session")
@@ -594,14 +594,14 @@ async def _configure_pooled(conn: AsyncConnection[Any], *, direct_dsn: str | Non
 
 
 async def _keep_pooled_when_idle(conn: AsyncConnection[Any]) -> None:
-    """Turn an `idle_session_timeout` of the role or database off for pooled `conn`, noting
-    it (`JobConnection.idle_timeout_off`) for the session reset, which brings it back."""
-    row = await IDLE_SESSION_TIMEOUT_IN_FORCE(conn)
-    if row and row["in_force"]:
-        await KEEP_WHEN_IDLE(conn)
-        if isinstance(conn, JobConnection):
-            conn.idle_timeout_off = True
-    await conn.commit()
+    """Turn an `idle_session_timeout` of the role or database off for pooled `conn` (one
+    round trip), noting it (`JobConnection.idle_timeout_off`) for the session reset, which
+    brings it back."""
+    await conn.set_autocommit(True)  # client side: no BEGIN, no COMMIT
+    turned_off = bool(await KEEP_WHEN_IDLE_IF_SET(conn))
+    await conn.set_autocommit(False)
+    if isinstance(conn, JobConnection):
+        conn.idle_timeout_off = turned_off
 
 
 async def open_live_pool(

@@ -1,7 +1,7 @@
 """What a psycopg error says: a lost connection, or a transaction that conflicted with another.
 
 Functions of the exception (and of the connection it was raised on), apart from the worker's
-connection module, so that the operator's counts use them too."""
+connection module, so that the operator's counts and the admin API use them too."""
 
 from __future__ import annotations
 
@@ -43,6 +43,20 @@ def lost_connection(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith(("08", "57P"))
+
+
+def closed_meanwhile(kept: psycopg.BaseConnection[Any] | None, exc: BaseException) -> bool:
+    """Whether `exc` came of work on `kept`, a connection found open before the work ran (None:
+    the work opened its own), which the server had closed while it idled (a restart, an
+    `idle_session_timeout`, a pooler dropping it): the same work is worth running once more
+    at once on a new connection, before anything is reported. Behind a session pooler
+    psycopg raises that as an InternalError on the next BEGIN, which leaves `kept` broken."""
+    return kept is not None and (kept.broken or lost_connection(exc))
+
+
+def open_or_none(conn: psycopg.BaseConnection[Any] | None) -> psycopg.BaseConnection[Any] | None:
+    """`conn` if it is open, else None (the `kept` of `closed_meanwhile`)."""
+    return conn if conn is not None and not conn.closed else None
 
 
 @contextlib.contextmanager

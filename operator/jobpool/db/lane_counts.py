@@ -17,7 +17,7 @@ import psycopg
 
 from jobpool.core.poolspec import Lane
 from jobpool.core.scaling import LaneJobs, lane_count_cap
-from jobpool.db.failures import broken_as_lost, lost_connection
+from jobpool.db.failures import closed_meanwhile, open_or_none
 from jobpool.db.queries import Many, One, Row
 from jobpool.errors import JobpoolError
 
@@ -129,14 +129,13 @@ class LaneCounter:
         A silent connection is closed under the waiting query before that is cancelled:
         psycopg would otherwise send the server a cancel request and wait for it (10 s more,
         through the same silent network)."""
-        kept = self.connections.get(dsn)
-        reused = kept is not None and not kept.closed
+        kept = open_or_none(self.connections.get(dsn))
         try:
             return await self._ask(await self._connection(dsn), dsn, ask)
         except SilentDatabaseError:
-            raise
-        except psycopg.OperationalError as exc:
-            if not (reused and lost_connection(exc)):
+            raise  # a new connection would meet the same silence
+        except psycopg.Error as exc:
+            if not closed_meanwhile(kept, exc):
                 raise
         return await self._ask(await self._connection(dsn), dsn, ask)
 
@@ -211,10 +210,9 @@ async def _in_count_transaction(
     ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
 ) -> T:
     """`ask` on `conn` in a transaction with `count_transaction`'s settings."""
-    with broken_as_lost(conn):
-        async with conn.transaction():
-            await COUNT_TRANSACTION(conn, {"timeout_ms": STATEMENT_TIMEOUT_MS})
-            return await ask(conn)
+    async with conn.transaction():
+        await COUNT_TRANSACTION(conn, {"timeout_ms": STATEMENT_TIMEOUT_MS})
+        return await ask(conn)
 
 
 def _row(row: Row) -> tuple[str, int, int, int]:

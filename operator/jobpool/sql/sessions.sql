@@ -19,9 +19,11 @@ SELECT 1 AS alive;
 SET SESSION AUTHORIZATION DEFAULT;
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
--- name: idle_session_timeout_in_force :one
--- Whether the role or database closes this session once it idles (`idle_session_timeout`).
-SELECT pg_catalog.current_setting('idle_session_timeout') <> '0' AS in_force;
+-- name: keep_when_idle_if_set :many
+-- `keep_when_idle` for a session whose role or database sets an `idle_session_timeout`: one
+-- row when it was set (the filter runs before the projection that turns it off), none else.
+SELECT pg_catalog.set_config('idle_session_timeout', '0', false) AS idle_session_timeout
+ WHERE pg_catalog.current_setting('idle_session_timeout') <> '0';
 
 -- name: keep_when_idle :exec
 -- A session jobpool keeps open waits idle by design (LISTEN between wake-ups, a slot between

@@ -199,24 +199,34 @@ class DatabaseLink(Generic[S]):
             await self.arrive(self.store, not self.started)
         except psycopg.Error as exc:
             self.arrival_refused = True
-            if self.one_off and not self.started and not lost_connection(exc):
-                raise refused_start(exc) from exc
+            self._refuse_one_off_start(exc)
             raise
         self.arrival_refused = False
         self.started = True
+
+    async def probe_first(self) -> None:
+        """A one-off drain's probe before it waits for anything. Raises the probe's error
+        (psycopg.OperationalError: unreachable; SchemaNotMigratedError), or StartRefusedError
+        for a statement the database refused (a statement timeout the probe cannot meet)."""
+        try:
+            await self.connector.probe()
+        except psycopg.Error as exc:
+            self._refuse_one_off_start(exc)
+            raise
+
+    def _refuse_one_off_start(self, exc: psycopg.Error) -> None:
+        """Raise StartRefusedError from `exc` when it answered a one-off drain's start with an
+        error no wait mends by itself (a read-only role, a statement timeout it cannot meet);
+        a lost connection is waited for (or, at the first probe, raised as it is)."""
+        if self.one_off and not self.started and not lost_connection(exc):
+            raise StartRefusedError(
+                f"the database refused the start of this one-off drain "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})") from exc
 
 
 class StartRefusedError(JobpoolError):
     """The database answered a one-off worker's start with an error no retry mends by
     itself (see `DatabaseLink`)."""
-
-
-def refused_start(exc: psycopg.Error) -> StartRefusedError:
-    """What a one-off drain says when the database answered its start with `exc`, an error
-    no wait mends by itself (a read-only role, a statement timeout it cannot meet)."""
-    return StartRefusedError(
-        f"the database refused the start of this one-off drain "
-        f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})")
 
 
 class PoolConnector:

@@ -38,7 +38,7 @@ from psycopg.rows import dict_row
 
 from jobpool.core.retry import error_text
 from jobpool.db.connect import with_tcp_liveness
-from jobpool.db.failures import lost_connection
+from jobpool.db.failures import closed_meanwhile, open_or_none
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Many, One
 from jobpool.db.store import OWN_ISOLATION
@@ -252,14 +252,13 @@ class LeaseKeeper:
         return True
 
     def _once_more_if_closed_meanwhile(self, work: Callable[[], bool | None]) -> bool | None:
-        """`work()`, and once more when it failed because the connection it reused had been
-        closed by the server while it idled (psycopg may raise that as an InternalError on
-        the next BEGIN behind a session pooler: `broken`)."""
-        kept = self._conn
+        """`work()`, and once more when the connection it reused had been closed by the
+        server while it idled (`closed_meanwhile`)."""
+        kept = open_or_none(self._conn)
         try:
             return work()
         except psycopg.Error as exc:
-            if kept is None or not (kept.broken or lost_connection(exc)):
+            if not closed_meanwhile(kept, exc):
                 raise
         return work()
 

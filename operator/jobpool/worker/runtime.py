@@ -31,7 +31,6 @@ from jobpool.core.connection_budget import Need, plan_slots
 from jobpool.core.retry import error_text
 from jobpool.core.shutdown import SHUTDOWN_SETTLE_TIMEOUT
 from jobpool.db.connect import KEEP_WHEN_IDLE, connection_allowance, with_tcp_liveness
-from jobpool.db.failures import lost_connection
 from jobpool.db.own_sessions import count_as_own
 from jobpool.db.queries import Exec, One, Row
 from jobpool.db.reconnect import PROBE_TIMEOUT
@@ -52,7 +51,7 @@ from jobpool.worker.config import (
     make_worker_id,
     resolve_kinds,
 )
-from jobpool.worker.database_link import DatabaseLink, PoolConnector, refused_start
+from jobpool.worker.database_link import DatabaseLink, PoolConnector
 from jobpool.worker.executor import JobExecutor
 from jobpool.worker.heartbeat import Heartbeat
 from jobpool.worker.leases import LeaseKeeper
@@ -246,12 +245,7 @@ class Worker:
         if not self.kinds:
             raise ValueError("this worker serves no job kinds")
         if self.config.until_empty:
-            try:
-                await self.link.connector.probe()
-            except psycopg.Error as exc:
-                if lost_connection(exc):
-                    raise
-                raise refused_start(exc) from exc
+            await self.link.probe_first()
         self.link.start()
         try:
             store = self.link.store if await self.producer.wait_online() else None
