@@ -3,9 +3,10 @@ transaction or its round trips would cost instead, per job.
 
     python3 bench/reset_cost.py --jobs 3000 --rounds 5   # with jobpool installed
 
-A job whose handler wrote ends with one query, its `done`, its COMMIT and the session reset
-(`jobpool.db.connect.end_job`): the reset runs after the COMMIT, so it is a transaction of its
-own, the second of every writing job in `pg_stat_database`. On a throw-away migrated database
+A job whose handler wrote ends with one query, its `done`, the session reset and its COMMIT
+(`jobpool.db.connect.end_job`), one transaction. Until the reset moved before the COMMIT it
+ran after it, a transaction of its own, the second of every writing job in
+`pg_stat_database` (`after-commit`). On a throw-away migrated database
 of the benchmark server (`common.server_dsn`: a private cluster with PostgreSQL's defaults
 unless JOBPOOL_BENCH_DSN is set), one connection runs `--jobs` job-shaped transactions per
 variant (the handler's INSERT sent with the BEGIN in one round trip, as a worker's slot
@@ -13,15 +14,16 @@ connection sends it; an UPDATE of one row by key standing in for the `done`; the
 variant's end), the variants alternating, `--rounds` times:
 
 - `one-query`: what a worker sends: the `done` (the same UPDATE in a PL/pgSQL function, as
-  `mdm.aa_job_done` runs it), COMMIT and the reset (`SET SESSION AUTHORIZATION DEFAULT`, then
-  `mdm.aa_reset_session()`) in one query;
+  `mdm.aa_job_done` runs it), the reset (`jobpool.db.connect.RESET_AND_COMMIT`: deferred
+  constraints checked, `SET SESSION AUTHORIZATION DEFAULT`, `mdm.aa_reset_session()`) and
+  COMMIT in one query;
+- `after-commit`: what a worker sent before: the `done`, COMMIT, then the reset
+  (`COMMIT_AND_RESET`), two transactions per job;
 - `done-apart`: the `done` a round trip of its own (a prepared statement), then COMMIT and
-  the same reset in one query;
+  the reset in one query;
 - `text-reset`: the same, the reset as the statements `mdm.aa_reset_session` runs, sent as
   text (`RESET_STATEMENTS`);
-- `before-commit`: those statements before the COMMIT, one transaction per job. Not a way a
-  worker may take (the handler's settings, role and session advisory locks must last until
-  its writes are committed); it prices the reset's transaction alone;
+- `before-commit`: those statements before the COMMIT, as text, one transaction per job;
 - `carried`: the reset carried into the next job's BEGIN (one simple query: `BEGIN ... READ
   WRITE` and the reset), the handler's INSERT in a round trip of its own, the
   prepared-statement check and `UNLISTEN *` before the COMMIT;
@@ -45,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from jobpool.db.connect import COMMIT_AND_RESET
+from jobpool.db.connect import RESET_AND_COMMIT, RESET_SESSION
 from jobpool.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,6 +69,8 @@ BEGIN
 END $$"""
 """`DONE` as `mdm.aa_job_done` runs it: inside a PL/pgSQL function, its plan cached."""
 DONE_ROWS = 10_000
+COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
+"""A writing job's end after its `done` until the reset moved before the COMMIT."""
 
 RESET_STATEMENTS = ["SET SESSION AUTHORIZATION DEFAULT", "RESET ALL", "UNLISTEN *",
                     "CLOSE ALL", "SELECT pg_advisory_unlock_all()", "DISCARD TEMP",
@@ -120,13 +124,18 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
 
     def one_query(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
+        drain(conn.execute(f"SELECT bench_done({i % DONE_ROWS});\n{RESET_AND_COMMIT}",
+                           prepare=False))
+
+    def after_commit(conn: psycopg.Connection[Any], i: int) -> None:
+        begin_with_insert(conn, i, [])
         drain(conn.execute(f"SELECT bench_done({i % DONE_ROWS});\n{COMMIT_AND_RESET}",
                            prepare=False))
 
     def done_apart(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
         conn.execute(DONE, (i % DONE_ROWS,))
-        drain(conn.execute(COMMIT_AND_RESET, prepare=False))
+        drain(conn.execute(RESET_AND_COMMIT, prepare=False))
 
     def text_reset(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
@@ -154,8 +163,8 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
         conn.execute(DONE, (i % DONE_ROWS,))
         drain(conn.execute(check_and_commit, prepare=False))
 
-    return {"one-query": one_query, "done-apart": done_apart, "text-reset": text_reset,
-            "before-commit": before_commit, "carried": carried,
+    return {"one-query": one_query, "after-commit": after_commit, "done-apart": done_apart,
+            "text-reset": text_reset, "before-commit": before_commit, "carried": carried,
             "carried-pipeline": carried_pipeline, "carried-do": carried_do}
 
 

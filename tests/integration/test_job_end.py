@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from psycopg.pq import TransactionStatus
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
 from integration.test_slot_connections import client_messages
-from jobpool.db.connect import NotCommittedError, open_pool, reset_session
+from jobpool.db.connect import RESET_AND_COMMIT, NotCommittedError, open_pool, reset_session
 from jobpool.db.store import CLAIM_NOT_HELD, QueueStore
 from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import SlotConnections
@@ -56,8 +57,9 @@ async def done_audits(conn: Conn, job_id: int) -> int:
 async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_its_done(
     conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]], tmp_path: Path,
 ) -> None:
-    """The handler's first statement goes out with the BEGIN; the `done`, the COMMIT and the
-    session reset go out as one query: one Sync and one Query in all."""
+    """The handler's first statement goes out with the BEGIN; the `done`, the session reset
+    and the COMMIT go out as one query, the COMMIT last: one Sync and one Query in all, one
+    transaction."""
     store, slots, row = claimed
     tx = JobTransaction(slots, 0)
     taken = tx.connection()
@@ -67,8 +69,12 @@ async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_i
         await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
         await tx.end(store.done_statement(row["id"], row["attempts"], '{"n": 1}'))
         taken.pgconn.untrace()
-    sent = client_messages(path.read_text())
+    trace = path.read_text()
+    sent = client_messages(trace)
     assert (sent.count("Sync"), sent.count("Query")) == (1, 1), sent
+    records = re.split(r"\n(?=\S+ \S+\t[FB]\t)", trace)  # a message's text may span lines
+    [query] = [record for record in records if "\tF\t" in record and "\tQuery\t" in record]
+    assert query.rstrip().endswith('COMMIT;"'), query  # one transaction: nothing after it
     done = await job(conn, row["id"])
     assert (done["status"], done["result"], done["claimed_by"]) == ("done", {"n": 1}, WORKER)
     assert await done_audits(conn, row["id"]) == 1
@@ -201,14 +207,15 @@ BEGIN
 END
 $$"""
 """A reset that fails while the session has `test.fail_reset` on: stands for a reset statement
-that fails after the job's COMMIT (a handler's own statement_timeout ending it, say)."""
+that fails (a handler's temp table that cannot be dropped, say)."""
 
 
-async def test_a_reset_failing_after_the_commit_closes_the_connection_whatever_cursor_wrote(
+async def test_a_reset_that_fails_rolls_the_job_back_and_the_session_is_reset_on_its_own(
     conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
 ) -> None:
-    """The job's writes and its `done` are committed; the session the handler changed through
-    a cursor of its own cannot be reset, so its connection is closed, not kept for the next
+    """The reset runs in the job's transaction, before its COMMIT: when it fails, nothing of
+    the job committed (its writes, its `done`), and the connection is reset again after the
+    rollback (which undid the handler's SETs, the failing one included), ready for the next
     job."""
     store, slots, row = claimed
     await conn.execute(FAILING_RESET)
@@ -218,10 +225,60 @@ async def test_a_reset_failing_after_the_commit_closes_the_connection_whatever_c
     await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await own.execute("SET work_mem = '1MB'")
     await own.execute("SET test.fail_reset = 'on'")
-    with pytest.raises(psycopg.errors.RaiseException, match="the reset failed"):
+    with pytest.raises(NotCommittedError, match="the reset failed"):
         await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert (await job(conn, row["id"]))["status"] == "running"
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 0
+    assert not taken.closed
+    cur = await taken.execute("SELECT current_setting('work_mem') AS work_mem")
+    assert await cur.fetchone() == {"work_mem": "4MB"}
+
+
+DEFERRED_MARK_DDL = """
+CREATE TABLE test_marked (n int);
+CREATE TABLE test_marks (mark text, by_role text);
+CREATE FUNCTION test_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_marks VALUES (current_setting('test.mark', true), current_user);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_mark AFTER INSERT ON test_marked
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_mark();
+"""
+
+
+async def test_deferred_triggers_run_under_the_handlers_settings_before_the_reset(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A deferred constraint trigger runs at the end of the job as at a COMMIT that came
+    first: under the settings the handler left, not the ones its reset brings back."""
+    store, slots, row = claimed
+    await conn.execute(DEFERRED_MARK_DDL)
+    tx = JobTransaction(slots, 0)
+    await tx.execute("SET test.mark = 'the handler''s'")
+    await tx.execute("INSERT INTO test_marked VALUES (%s)", (1,))
+    await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    cur = await conn.execute("SELECT mark, by_role = current_user AS worker_role "
+                             "FROM test_marks")
+    assert await cur.fetchall() == [{"mark": "the handler's", "worker_role": True}]
     assert (await job(conn, row["id"]))["status"] == "done"
-    assert taken.closed and taken not in slots.idle
+
+
+@pytest.mark.parametrize("scope", ["SET", "SET LOCAL"])
+async def test_the_reset_keeps_the_handlers_commit_durability_until_the_commit(
+        conn: Conn, scope: str) -> None:
+    """The reset before the COMMIT (what a writing job's end sends) leaves the handler's
+    `synchronous_commit` in force for the COMMIT, and the session's own once it is over."""
+    default = await scalar(conn, "SELECT current_setting('synchronous_commit')")
+    assert default == "on"
+    await conn.execute("BEGIN")
+    await conn.execute(f"{scope} synchronous_commit = 'off'")
+    reset, commit = RESET_AND_COMMIT.rsplit("\n", 1)
+    await conn.execute(reset)
+    assert await scalar(conn, "SELECT current_setting('synchronous_commit')") == "off"
+    await conn.execute(commit)
+    assert await scalar(conn, "SELECT current_setting('synchronous_commit')") == "on"
 
 
 async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(

@@ -573,7 +573,8 @@ async def test_a_role_limit_too_small_for_one_slot_is_refused_naming_it(
         await asyncio.wait_for(w.run(), DEADLINE)
 
 
-JOB_END_FUNCTIONS = ("mdm.aa_job_done(bigint, integer, text, text, jsonb, boolean), "
+JOB_END_FUNCTIONS = ("mdm.aa_job_end(bigint, integer, text, text, jsonb), "
+                     "mdm.aa_job_done(bigint, integer, text, text, jsonb, boolean), "
                      "mdm.aa_reset_session()")
 
 
@@ -590,8 +591,9 @@ async def test_a_role_that_may_not_execute_the_job_end_functions_is_told_so_at_s
         await conn.execute(f"REVOKE EXECUTE ON FUNCTION {JOB_END_FUNCTIONS} FROM PUBLIC")
         job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_record")).id
         with pytest.raises(SchemaPrivilegeError,
-                           match=f"role {role} may not execute mdm.aa_job_done or "
-                                 "mdm.aa_reset_session.*GRANT EXECUTE ON FUNCTION"):
+                           match=f"role {role} may not execute mdm.aa_job_end, "
+                                 "mdm.aa_job_done or mdm.aa_reset_session.*"
+                                 "GRANT EXECUTE ON FUNCTION"):
             await worker(limited, ("test_record",)).run()
         assert (await helpers.job(conn, job_id))["status"] == "pending"
         await conn.execute(sql.SQL(f"GRANT EXECUTE ON FUNCTION {JOB_END_FUNCTIONS} TO {{}}")

@@ -1,7 +1,7 @@
 import pytest
 from psycopg import _queries as psycopg_queries
 
-from jobpool.db.connect import COMMIT_AND_RESET
+from jobpool.db.connect import RESET_AND_COMMIT
 from jobpool.db.store import (
     CLAIM_JOBS,
     COMPLETE_JOB_OR_RAISE,
@@ -74,13 +74,25 @@ def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
         assert len(query.text.encode()) <= MAX_CACHED_TEXT, query.name
 
 
-def test_a_writing_job_commits_before_its_session_is_reset() -> None:
-    """Its settings (SET LOCAL synchronous_commit) apply to its COMMIT, and its session locks
-    last until its writes are visible."""
-    statements = [line.split()[0] for line in COMMIT_AND_RESET.splitlines() if line.strip()]
-    assert statements[0] == "COMMIT;"
-    assert COMMIT_AND_RESET.index("COMMIT;") < COMMIT_AND_RESET.index(
-        "SET SESSION AUTHORIZATION DEFAULT") < COMMIT_AND_RESET.index("mdm.aa_reset_session()")
+def test_a_writing_job_resets_its_session_inside_its_transaction_and_commits_last() -> None:
+    """One transaction per writing job: nothing follows the COMMIT. Its `done` first, then
+    the reset (`mdm.aa_job_end` readies the transaction for it: the handler's deferred
+    constraints, its statement timeout, the worker's role)."""
+    assert "mdm.aa_job_end(" in COMPLETE_JOB_OR_RAISE.text
+    statements = [line for line in RESET_AND_COMMIT.splitlines() if line.strip()]
+    assert statements == ["SELECT prepared, handler_made FROM mdm.aa_reset_session();",
+                          "COMMIT;"]
+
+
+def test_the_job_end_function_readies_the_reset_after_the_done() -> None:
+    """In this order: the `done` (which may raise), the handler's deferred constraints under
+    its own role, no statement timeout for the reset, then the worker's role."""
+    function = next(text for _, name, text in migrations()
+                    if name == "reset_keeps_the_commits_durability")
+    body = function[function.index("FUNCTION mdm.aa_job_end"):]
+    steps = ["mdm.aa_job_done(", "SET CONSTRAINTS ALL IMMEDIATE",
+             "set_config('statement_timeout', '0', true)", "SET SESSION AUTHORIZATION DEFAULT"]
+    assert [body.index(step) for step in steps] == sorted(body.index(step) for step in steps)
 
 
 def test_the_done_sent_before_a_commit_ends_its_statement() -> None:

@@ -57,6 +57,7 @@ KEEP_WHEN_IDLE = Exec("keep_when_idle")
 KEEP_WHEN_IDLE_IF_SET = Many("keep_when_idle_if_set")
 JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
+RESET_BEFORE_COMMIT = One("reset_before_commit")
 RESET_SESSION = One("reset_session")
 
 log = logging.getLogger(__name__)
@@ -347,11 +348,14 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
 
 
 RESET_SESSION_QUERY = RESET_SESSION.text.encode()
-COMMIT_AND_RESET = "COMMIT;\n" + RESET_SESSION.text
-"""The end of a writing job's transaction after its `done`, then its session reset. COMMIT comes
-first: the handler's settings (`SET LOCAL synchronous_commit`, ...) apply to its commit, and
-its session advisory locks are held until its writes are visible."""
-COMMIT_AND_RESET_QUERY = ("\n" + COMMIT_AND_RESET).encode()
+RESET_BEFORE_COMMIT_QUERY = ("\n" + RESET_BEFORE_COMMIT.text).encode()
+COMMIT_QUERY = b"\nCOMMIT;"
+RESET_AND_COMMIT = RESET_BEFORE_COMMIT.text + COMMIT_QUERY.decode()
+"""The end of a writing job's transaction after its `done`: its session reset, then COMMIT,
+in the job's transaction, so that the job is one transaction (any statement after a COMMIT is
+a transaction of its own). What a COMMIT first would keep is kept: the handler's deferred
+constraints are checked under its settings and role, its `synchronous_commit` decides how the
+COMMIT waits (`complete_job_or_raise` and `reset_before_commit` in the SQL files)."""
 KEEP_WHEN_IDLE_AGAIN = ("\n" + KEEP_WHEN_IDLE.text).encode()
 """Sent after the reset on a connection with `JobConnection.idle_timeout_off`."""
 
@@ -373,16 +377,17 @@ class NotCommittedError(JobpoolError):
 
 
 async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
-    """End a writing job in one round trip: its `done` statement (`done`, values as
-    literals, ending with ";": `QueueStore.done_statement`), COMMIT, then the session reset
-    (`reset_session`), one simple-protocol query (`COMMIT_AND_RESET` after `done`). A job
-    whose handler wrote ends this way: two round trips in all with the handler's first
-    statement, where a `done` of its own would be a third.
+    """End a writing job in one round trip and one transaction: its `done` statement
+    (`done`, values as literals, ending with ";": `QueueStore.done_statement`), the session
+    reset (`reset_session`'s statements) and COMMIT, one simple-protocol query
+    (`RESET_AND_COMMIT` after `done`). A job whose handler wrote ends this way: two round
+    trips in all with the handler's first statement, where a `done` of its own would be a
+    third, and a reset after the COMMIT a second transaction.
 
     Raises NotCommittedError when the transaction failed before its COMMIT (the `done`
-    refused, or the claim no longer held: SQLSTATE `CLAIM_NOT_HELD`), else the psycopg.Error
-    of the COMMIT or of a reset statement after it (the COMMIT may have gone through: the
-    caller tells by the job's row); either way after resetting the connection on its own
+    refused, the claim no longer held: SQLSTATE `CLAIM_NOT_HELD`, a deferred constraint, a
+    reset statement), else the psycopg.Error of the COMMIT itself (it may have gone through:
+    the caller tells by the job's row); either way after resetting the connection on its own
     (`reset_session`, which rolls back what is left and may close it). A connection whose
     psycopg attributes or adapters the handler changed gets the three apart (the reset then
     closes it).
@@ -391,7 +396,7 @@ async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
             or conn.info.transaction_status != TransactionStatus.INTRANS):
         await _end_job_apart(conn, done)
         return
-    query = _reset_query(conn, done + COMMIT_AND_RESET_QUERY)  # `done` ends with ";"
+    query = _reset_query(conn, done + RESET_BEFORE_COMMIT_QUERY) + COMMIT_QUERY  # `done`: ";"
     try:
         left = await _last_row_of(conn, query)
     except psycopg.Error as exc:
@@ -652,8 +657,9 @@ async def check_job_end_privileges(conn: AsyncConnection[Any]) -> None:
     if not (row and row["executable"]):
         raise SchemaPrivilegeError(
             f"role {conn.info.parameter_status('session_authorization') or '?'} may not execute "
-            "mdm.aa_job_done or mdm.aa_reset_session, which every writing job's end calls: "
-            "GRANT EXECUTE ON FUNCTION mdm.aa_job_done, mdm.aa_reset_session TO that role")
+            "mdm.aa_job_end, mdm.aa_job_done or mdm.aa_reset_session, which every writing "
+            "job's end calls: GRANT EXECUTE ON FUNCTION mdm.aa_job_end, mdm.aa_job_done, "
+            "mdm.aa_reset_session TO that role")
 
 
 async def connection_allowance(dsn: str, *, timeout: float) -> Allowance:

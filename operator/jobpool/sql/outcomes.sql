@@ -8,10 +8,11 @@ SELECT mdm.aa_job_done(%(id)s, %(attempts)s, %(worker_id)s, %(actor)s, %(result)
                        false) AS changed;
 
 -- name: complete_job_or_raise :exec
--- The same, as the first statement of the query that ends a writing job with its COMMIT:
--- a claim no longer held raises SQLSTATE JP001, so that the COMMIT after it does not run.
+-- The same, as the first statement of the query that ends a writing job with its session
+-- reset and COMMIT (`mdm.aa_job_end`, which also readies the transaction for the reset): a
+-- claim no longer held raises SQLSTATE JP001, so that the COMMIT after it does not run.
 -- str.format(): every placeholder a literal (`QueueStore.done_statement`).
-SELECT mdm.aa_job_done({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb, true);
+SELECT mdm.aa_job_end({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb);
 
 -- name: complete_jobs :many
 -- Mark done, in one statement, jobs whose handlers wrote nothing; each only if still claimed:
@@ -70,7 +71,7 @@ UNION ALL
 SELECT id, false FROM busy;
 
 -- name: completed_before :many
--- Of `done`s whose commit a failure hid (a connection lost, a statement after the COMMIT),
+-- Of `done`s whose commit a failure hid (a connection lost with the COMMIT's answer),
 -- those that did commit (run only then: every batch would pay for the look-up).
 -- One primary-key probe per id (the lateral subquery, kept apart by OFFSET 0, names the id
 -- alone, so no other index fits it): a join could be planned as a scan of every done job,

@@ -19,6 +19,16 @@ SELECT 1 AS alive;
 SET SESSION AUTHORIZATION DEFAULT;
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
+-- name: reset_before_commit :one
+-- The session reset of a writing job, inside its transaction after `mdm.aa_job_end` (which
+-- checked the handler's deferred constraints, lifted its statement timeout and brought the
+-- worker's role back) and before its COMMIT (the caller sends it after this), so that the job
+-- is one transaction; `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for
+-- the COMMIT. Session advisory locks the handler still holds are released here, just before
+-- its writes become visible: a lock that must cover them until then is a transaction-level
+-- one, which the COMMIT releases.
+SELECT prepared, handler_made FROM mdm.aa_reset_session();
+
 -- name: keep_when_idle_if_set :many
 -- `keep_when_idle` for a session whose role or database sets an `idle_session_timeout`: one
 -- row when it was set (the filter runs before the projection that turns it off), none else.
@@ -36,6 +46,8 @@ SET idle_session_timeout = 0;
 -- name: job_end_functions_executable :one
 -- Whether the connection's role may execute the functions a writing job ends with.
 SELECT pg_catalog.has_function_privilege(
+           'mdm.aa_job_end(bigint, integer, text, text, jsonb)', 'EXECUTE')
+       AND pg_catalog.has_function_privilege(
            'mdm.aa_job_done(bigint, integer, text, text, jsonb, boolean)', 'EXECUTE')
        AND pg_catalog.has_function_privilege('mdm.aa_reset_session()', 'EXECUTE')
        AS executable;

@@ -329,9 +329,8 @@ class JobExecutor:
         return result
 
     async def _end(self, tx: JobTransaction, job: Job, stored: str | None) -> None:
-        """Mark the job done, COMMIT its transaction and reset its session, in one round trip
-        (`JobTransaction.end`). When that query fails after its COMMIT ran (a reset
-        statement under a handler's statement_timeout, say), or its answer is lost, the
+        """Mark the job done, reset its session and COMMIT its transaction, in one round trip
+        (`JobTransaction.end`). When the COMMIT's answer is lost (the connection with it), the
         job's row says whether the COMMIT went through, and only a COMMIT that failed fails
         the job. Raises OwnConflictError, or what `refused_done` makes of a `done` the
         server refused."""
@@ -351,7 +350,7 @@ class JobExecutor:
                 raise exc from None  # unknown: the failure path's writes are compare-and-set
             if not committed:
                 raise
-            log.warning("job %d (%s): committed, but resetting its session failed (%s)",
+            log.warning("job %d (%s): committed, but the answer to its COMMIT was lost (%s)",
                         job.id, job.job_kind, error_text(exc))
 
     async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
@@ -618,10 +617,9 @@ class JobTransaction:
         await self._give_back(reset_session)
 
     async def end(self, done: bytes) -> None:
-        """Send the job's `done` statement, COMMIT and the session reset in one round trip
+        """Send the job's `done` statement, the session reset and COMMIT in one round trip
         (`end_job`), and give the connection back to the slots. Raises NotCommittedError, or
-        the psycopg.Error of the COMMIT or a reset statement after it (the connection reset
-        and given back all the same)."""
+        the psycopg.Error of the COMMIT (the connection reset and given back all the same)."""
         await self._give_back(lambda conn: end_job(conn, done))
 
     async def _give_back(self, finish: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
