@@ -378,11 +378,11 @@ class NotCommittedError(JobpoolError):
 
 async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
     """End a writing job in one round trip and one transaction: its `done` statement
-    (`done`, values as literals, ending with ";": `QueueStore.done_statement`), the session
-    reset (`reset_session`'s statements) and COMMIT, one simple-protocol query
-    (`RESET_AND_COMMIT` after `done`). A job whose handler wrote ends this way: two round
-    trips in all with the handler's first statement, where a `done` of its own would be a
-    third, and a reset after the COMMIT a second transaction.
+    (`done`, values as literals, ending with ";": `QueueStore.done_statement`, which also
+    readies the transaction for the reset), the session reset and COMMIT, one simple-protocol
+    query (`RESET_AND_COMMIT` after `done`). A job whose handler wrote ends this way: two
+    round trips in all with the handler's first statement, where a `done` of its own would be
+    a third, and a reset after the COMMIT a second transaction.
 
     Raises NotCommittedError when the transaction failed before its COMMIT (the `done`
     refused, the claim no longer held: SQLSTATE `CLAIM_NOT_HELD`, a deferred constraint, a

@@ -7,7 +7,7 @@ The job's transaction: the handler's `tx` is a `JobTransaction`, which takes the
 connection (`SlotConnections`) on the handler's first use of it and puts that connection in
 job scope (`JobConnection.job_scope`): the transaction starts with the handler's first
 statement, so a handler that sends none leaves the connection idle, and its `done` goes to
-the completer's batch; a handler that wrote gets its `done`, the COMMIT and the session reset
+the completer's batch; a handler that wrote gets its `done`, the session reset and the COMMIT
 in one query (`JobTransaction.end`). Without `batch_completions` every job runs in a
 transaction opened before its handler.
 """
