@@ -13,10 +13,9 @@ variant (the handler's INSERT sent with the BEGIN in one round trip, as a worker
 connection sends it; an UPDATE of one row by key standing in for the `done`; then the
 variant's end), the variants alternating, `--rounds` times:
 
-- `one-query`: what a worker sends: the `done` (the same UPDATE in a PL/pgSQL function, as
-  `mdm.aa_job_done` runs it), the reset (`jobpool.db.connect.RESET_AND_COMMIT`: deferred
-  constraints checked, `SET SESSION AUTHORIZATION DEFAULT`, `mdm.aa_reset_session()`) and
-  COMMIT in one query;
+- `one-query`: what a worker sends (`jobpool.db.connect.job_end_query`): the deferred
+  constraints checked, the `done` (the same UPDATE in a PL/pgSQL function, as
+  `mdm.aa_job_done` runs it), the reset (`mdm.aa_reset_session()`) and COMMIT in one query;
 - `after-commit`: what a worker sent before: the `done`, COMMIT, then the reset
   (`COMMIT_AND_RESET`), two transactions per job;
 - `done-apart`: the `done` a round trip of its own (a prepared statement), then COMMIT and
@@ -47,7 +46,7 @@ from typing import Any
 
 import psycopg
 
-from jobpool.db.connect import RESET_AND_COMMIT, RESET_SESSION
+from jobpool.db.connect import RESET_BEFORE_COMMIT, RESET_SESSION, job_end_query
 from jobpool.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,7 +123,7 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
 
     def one_query(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
-        drain(conn.execute(f"SELECT bench_done({i % DONE_ROWS});\n{RESET_AND_COMMIT}",
+        drain(conn.execute(job_end_query(f"SELECT bench_done({i % DONE_ROWS});".encode()),
                            prepare=False))
 
     def after_commit(conn: psycopg.Connection[Any], i: int) -> None:
@@ -135,7 +134,7 @@ def variants(undo: list[str], check: str) -> dict[str, Callable[[psycopg.Connect
     def done_apart(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])
         conn.execute(DONE, (i % DONE_ROWS,))
-        drain(conn.execute(RESET_AND_COMMIT, prepare=False))
+        drain(conn.execute(RESET_BEFORE_COMMIT.text + "\nCOMMIT", prepare=False))
 
     def text_reset(conn: psycopg.Connection[Any], i: int) -> None:
         begin_with_insert(conn, i, [])

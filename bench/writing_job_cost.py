@@ -19,7 +19,8 @@ worker id:
 - `done`: the job's `done` before that COMMIT, in one query (`mdm.aa_job_done`: the job row's
   compare-and-set UPDATE and its audit row, `QueueStore.done_statement`);
 - `worker`: what a worker sends: the same, with the session reset between the `done` and the
-  COMMIT (`jobpool.db.connect.RESET_AND_COMMIT`), in the job's transaction;
+  COMMIT, the handler's deferred constraints checked first (`jobpool.db.connect.job_end_query`),
+  in the job's transaction;
 - `lock-done`: not a way the worker takes: the `done` as a row lock with the same
   compare-and-set (`FOR NO KEY UPDATE`) and the audit row, without the UPDATE, no reset; it
   prices a design that leaves the status change to the batched `done` of the next claim.
@@ -43,7 +44,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
-from jobpool.db.connect import RESET_AND_COMMIT
+from jobpool.db.connect import job_end_query
 from jobpool.db.migrate import migrate
 from jobpool.db.store import COMPLETE_JOB_OR_RAISE, escaped_literal
 
@@ -132,7 +133,7 @@ def variants() -> dict[str, Job]:
 
     async def worker(conn: AsyncConnection[Any], job_id: int, n: int) -> None:
         await begin_with_insert(conn, n)
-        await query(conn, done_text(job_id) + b"\n" + RESET_AND_COMMIT.encode())
+        await query(conn, job_end_query(done_text(job_id)))
 
     async def lock_done(conn: AsyncConnection[Any], job_id: int, n: int) -> None:
         await begin_with_insert(conn, n)

@@ -362,7 +362,7 @@ async def test_a_transaction_that_fails_at_commit_fails_its_job_and_leaves_the_s
     await run_until_empty(dsn, "test_fails_at_commit", "test_session_probe", slots=1)
     failed = await job(conn, bad)
     assert failed["status"] == "dlq"
-    assert "UniqueViolation" in failed["last_error"]
+    assert failed["last_error"].startswith("UniqueViolation: "), failed["last_error"]
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (bad,)) == 0
     assert (await job(conn, good))["status"] == "done"  # its temp table dropped with the reset
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s", (good,)) == 1

@@ -17,7 +17,7 @@ from psycopg.pq import TransactionStatus
 import jobpool
 from integration.helpers import job, prepare, run_until_empty, scalar
 from integration.test_slot_connections import client_messages
-from jobpool.db.connect import RESET_AND_COMMIT, NotCommittedError, open_pool, reset_session
+from jobpool.db.connect import RESET_BEFORE_COMMIT, NotCommittedError, open_pool, reset_session
 from jobpool.db.store import CLAIM_NOT_HELD, QueueStore
 from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import SlotConnections
@@ -96,7 +96,7 @@ async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
                        (row["id"],))
     with pytest.raises(NotCommittedError) as failed:
         await tx.end(store.done_statement(row["id"], row["attempts"], None))
-    assert failed.value.error.sqlstate == CLAIM_NOT_HELD
+    assert failed.value.error.sqlstate == CLAIM_NOT_HELD and failed.value.by_done
     after = await job(conn, row["id"])
     assert (after["status"], after["claimed_by"]) == ("running", "other/1/x")
     assert await done_audits(conn, row["id"]) == 0
@@ -119,7 +119,7 @@ async def test_a_result_the_column_refuses_is_not_committed(
     with pytest.raises(NotCommittedError) as failed:
         await tx.end(store.done_statement(row["id"], row["attempts"],
                                           '{"t": "a\\u0000b"}'))
-    assert isinstance(failed.value.error, psycopg.errors.DataError)
+    assert isinstance(failed.value.error, psycopg.errors.DataError) and failed.value.by_done
     assert (await job(conn, row["id"]))["status"] == "running"
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (row["id"],)) == 0
@@ -225,8 +225,9 @@ async def test_a_reset_that_fails_rolls_the_job_back_and_the_session_is_reset_on
     await own.execute(INSERT_RUN, (row["id"], row["attempts"]))
     await own.execute("SET work_mem = '1MB'")
     await own.execute("SET test.fail_reset = 'on'")
-    with pytest.raises(NotCommittedError, match="the reset failed"):
+    with pytest.raises(NotCommittedError, match="the reset failed") as failed:
         await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert not failed.value.by_done  # the handler's session, not the job's result
     assert (await job(conn, row["id"]))["status"] == "running"
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (row["id"],)) == 0
@@ -265,6 +266,27 @@ async def test_deferred_triggers_run_under_the_handlers_settings_before_the_rese
     assert (await job(conn, row["id"]))["status"] == "done"
 
 
+async def test_a_deferred_constraint_the_handler_breaks_is_its_own_failure_not_the_dones(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A deferred foreign key the handler's write breaks fails the job's end before its
+    `done` runs: nothing commits, and the failure is the handler's (`by_done` false: the job
+    is retried as after any failed write), not a result the job table refused."""
+    store, slots, row = claimed
+    await conn.execute("CREATE TABLE test_deferred_ref (id int PRIMARY KEY, ref int "
+                       "REFERENCES test_deferred_ref (id) DEFERRABLE INITIALLY DEFERRED)")
+    tx = JobTransaction(slots, 0)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await tx.execute("INSERT INTO test_deferred_ref VALUES (%s, %s)", (5, 999))
+    with pytest.raises(NotCommittedError) as failed:
+        await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert isinstance(failed.value.error, psycopg.errors.ForeignKeyViolation)
+    assert not failed.value.by_done
+    assert (await job(conn, row["id"]))["status"] == "running"
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 0
+
+
 @pytest.mark.parametrize("scope", ["SET", "SET LOCAL"])
 async def test_the_reset_keeps_the_handlers_commit_durability_until_the_commit(
         conn: Conn, scope: str) -> None:
@@ -274,10 +296,9 @@ async def test_the_reset_keeps_the_handlers_commit_durability_until_the_commit(
     assert default == "on"
     await conn.execute("BEGIN")
     await conn.execute(f"{scope} synchronous_commit = 'off'")
-    reset, commit = RESET_AND_COMMIT.rsplit("\n", 1)
-    await conn.execute(reset)
+    await conn.execute(RESET_BEFORE_COMMIT.text)
     assert await scalar(conn, "SELECT current_setting('synchronous_commit')") == "off"
-    await conn.execute(commit)
+    await conn.execute("COMMIT")
     assert await scalar(conn, "SELECT current_setting('synchronous_commit')") == "on"
 
 

@@ -1,7 +1,7 @@
 import pytest
 from psycopg import _queries as psycopg_queries
 
-from jobpool.db.connect import RESET_AND_COMMIT
+from jobpool.db.connect import DONE_STATEMENT, job_end_query
 from jobpool.db.store import (
     CLAIM_JOBS,
     COMPLETE_JOB_OR_RAISE,
@@ -75,23 +75,28 @@ def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
 
 
 def test_a_writing_job_resets_its_session_inside_its_transaction_and_commits_last() -> None:
-    """One transaction per writing job: nothing follows the COMMIT. Its `done` first, then
-    the reset (`mdm.aa_job_end` readies the transaction for it: the handler's deferred
-    constraints, its statement timeout, the worker's role)."""
+    """One transaction per writing job: nothing follows the COMMIT. The handler's deferred
+    constraints are checked first, in a statement of their own (their failure is the
+    handler's, told from the `done`'s by its place), then the `done` (`mdm.aa_job_end` also
+    readies the transaction for the reset), the reset, the COMMIT."""
     assert "mdm.aa_job_end(" in COMPLETE_JOB_OR_RAISE.text
-    statements = [line for line in RESET_AND_COMMIT.splitlines() if line.strip()]
-    assert statements == ["SELECT prepared, handler_made FROM mdm.aa_reset_session();",
+    statements = job_end_query(b"DONE;").decode().splitlines()
+    assert statements == ["SET CONSTRAINTS ALL IMMEDIATE;", "DONE;",
+                          "SELECT prepared, handler_made FROM mdm.aa_reset_session();",
                           "COMMIT;"]
+    assert statements[DONE_STATEMENT] == "DONE;"
+    kept = job_end_query(b"DONE;", keep_when_idle=True).decode().splitlines()
+    assert kept[-2:] == ["SET idle_session_timeout = 0;", "COMMIT;"]
 
 
 def test_the_job_end_function_readies_the_reset_after_the_done() -> None:
-    """In this order: the `done` (which may raise), the handler's deferred constraints under
-    its own role, no statement timeout for the reset, then the worker's role."""
+    """In this order: the `done` (which may raise), no statement timeout for the reset, then
+    the worker's role."""
     function = next(text for _, name, text in migrations()
                     if name == "reset_keeps_the_commits_durability")
     body = function[function.index("FUNCTION mdm.aa_job_end"):]
-    steps = ["mdm.aa_job_done(", "SET CONSTRAINTS ALL IMMEDIATE",
-             "set_config('statement_timeout', '0', true)", "SET SESSION AUTHORIZATION DEFAULT"]
+    steps = ["mdm.aa_job_done(", "set_config('statement_timeout', '0', true)",
+             "SET SESSION AUTHORIZATION DEFAULT"]
     assert [body.index(step) for step in steps] == sorted(body.index(step) for step in steps)
 
 

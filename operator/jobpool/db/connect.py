@@ -57,6 +57,7 @@ KEEP_WHEN_IDLE = Exec("keep_when_idle")
 KEEP_WHEN_IDLE_IF_SET = Many("keep_when_idle_if_set")
 JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
+CHECK_DEFERRED = Exec("check_deferred")
 RESET_BEFORE_COMMIT = One("reset_before_commit")
 RESET_SESSION = One("reset_session")
 
@@ -350,12 +351,6 @@ async def reset_session(conn: AsyncConnection[Any]) -> None:
 RESET_SESSION_QUERY = RESET_SESSION.text.encode()
 RESET_BEFORE_COMMIT_QUERY = ("\n" + RESET_BEFORE_COMMIT.text).encode()
 COMMIT_QUERY = b"\nCOMMIT;"
-RESET_AND_COMMIT = RESET_BEFORE_COMMIT.text + COMMIT_QUERY.decode()
-"""The end of a writing job's transaction after its `done`: its session reset, then COMMIT,
-in the job's transaction, so that the job is one transaction (any statement after a COMMIT is
-a transaction of its own). What a COMMIT first would keep is kept: the handler's deferred
-constraints are checked under its settings and role, its `synchronous_commit` decides how the
-COMMIT waits (`complete_job_or_raise` and `reset_before_commit` in the SQL files)."""
 KEEP_WHEN_IDLE_AGAIN = ("\n" + KEEP_WHEN_IDLE.text).encode()
 """Sent after the reset on a connection with `JobConnection.idle_timeout_off`."""
 
@@ -367,56 +362,90 @@ def _reset_query(conn: AsyncConnection[Any], query: bytes) -> bytes:
 
 
 class NotCommittedError(JobpoolError):
-    """The job's transaction failed before its COMMIT ran (its `done` statement, or a
-    transaction the handler left aborted): nothing it wrote committed. `error` is the
-    psycopg.Error the server answered."""
+    """The job's transaction failed before its COMMIT ran: nothing it wrote committed.
+    `error` is the psycopg.Error the server answered; `by_done` tells whether the `done`
+    statement itself was refused (the claim no longer held, a result the column refuses, a
+    role or read-only transaction the handler left), not the handler's own deferred
+    constraints, a transaction it left aborted or the session reset after the `done`."""
 
-    def __init__(self, error: psycopg.Error) -> None:
+    def __init__(self, error: psycopg.Error, *, by_done: bool) -> None:
         super().__init__(str(error))
         self.error = error
+        self.by_done = by_done
+
+
+CHECK_DEFERRED_QUERY = CHECK_DEFERRED.text.encode() + b"\n"
+DONE_STATEMENT = 1
+"""The place of the `done` among the statements of a writing job's end (`job_end_query`)."""
+
+
+def job_end_query(done: bytes, *, keep_when_idle: bool = False) -> bytes:
+    """The one query that ends a writing job, in its transaction, so that the job is one
+    transaction (any statement after a COMMIT is a transaction of its own): the handler's
+    deferred constraints checked under its settings and role (`CHECK_DEFERRED`), its `done`
+    (`done`, ending with ";"), the session reset (`RESET_BEFORE_COMMIT`, which keeps its
+    `synchronous_commit` for the COMMIT), `KEEP_WHEN_IDLE` again if `keep_when_idle`, then
+    COMMIT."""
+    ending = KEEP_WHEN_IDLE_AGAIN + COMMIT_QUERY if keep_when_idle else COMMIT_QUERY
+    return CHECK_DEFERRED_QUERY + done + RESET_BEFORE_COMMIT_QUERY + ending
 
 
 async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
-    """End a writing job in one round trip and one transaction: its `done` statement
-    (`done`, values as literals, ending with ";": `QueueStore.done_statement`, which also
-    readies the transaction for the reset), the session reset and COMMIT, one simple-protocol
-    query (`RESET_AND_COMMIT` after `done`). A job whose handler wrote ends this way: two
-    round trips in all with the handler's first statement, where a `done` of its own would be
-    a third, and a reset after the COMMIT a second transaction.
+    """End a writing job in one round trip and one transaction: the handler's deferred
+    constraints checked, its `done` statement (`done`, values as literals, ending with ";":
+    `QueueStore.done_statement`, which also readies the transaction for the reset), the
+    session reset and COMMIT, one simple-protocol query (`job_end_query`). A job whose
+    handler wrote ends this way: two round trips in all with the handler's first statement,
+    where a `done` of its own would be a third, and a reset after the COMMIT a second
+    transaction.
 
-    Raises NotCommittedError when the transaction failed before its COMMIT (the `done`
-    refused, the claim no longer held: SQLSTATE `CLAIM_NOT_HELD`, a deferred constraint, a
-    reset statement), else the psycopg.Error of the COMMIT itself (it may have gone through:
-    the caller tells by the job's row); either way after resetting the connection on its own
-    (`reset_session`, which rolls back what is left and may close it). A connection whose
-    psycopg attributes or adapters the handler changed gets the three apart (the reset then
-    closes it).
+    Raises NotCommittedError when the transaction failed before its COMMIT (`by_done` when
+    it was the `done`: refused, or the claim no longer held, SQLSTATE `CLAIM_NOT_HELD`), else
+    the psycopg.Error of the COMMIT itself (it may have gone through: the caller tells by the
+    job's row); either way after resetting the connection on its own (`reset_session`, which
+    rolls back what is left and may close it). A connection whose psycopg attributes or
+    adapters the handler changed gets the parts apart (the reset then closes it).
     """
     if (_client_changes(conn) or conn.closed or conn._pipeline is not None
             or conn.info.transaction_status != TransactionStatus.INTRANS):
         await _end_job_apart(conn, done)
         return
-    query = _reset_query(conn, done + RESET_BEFORE_COMMIT_QUERY) + COMMIT_QUERY  # `done`: ";"
+    query = job_end_query(done, keep_when_idle=getattr(conn, "idle_timeout_off", False))
     try:
-        left = await _last_row_of(conn, query)
-    except psycopg.Error as exc:
-        uncommitted = _aborted(conn)  # the failure came before the COMMIT
-        await reset_session(conn)
-        if uncommitted:
-            raise NotCommittedError(exc) from exc
+        results = await _run(conn, query)
+    except psycopg.Error:
+        await reset_session(conn)  # the connection lost with the answer: the job's row tells
         raise
     except BaseException:
         await conn.close()  # interrupted: whether it committed is unknown; not fit for reuse
         raise
-    await _finish_reset(conn, left)
+    failure = _first_failure(conn, results)
+    if failure is not None:
+        place, exc = failure
+        uncommitted = _aborted(conn)  # the failure came before the COMMIT
+        await reset_session(conn)
+        if uncommitted:
+            raise NotCommittedError(exc, by_done=place == DONE_STATEMENT) from exc
+        raise exc
+    await _finish_reset(conn, _last_row(conn, results))
 
 
 async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, Any]:
-    """Run `query` (statements without parameters, simple protocol, sent as it is: no BEGIN
-    is added, the caller's transaction is open or autocommit on) and return the row of the
-    last of its statements that return rows ({} when it has none, which `reset_session` takes
-    as a connection not to trust); raises the psycopg.Error of the first statement that
-    failed (the server skips those after it).
+    """Run `query` (statements without parameters, simple protocol, sent as it is: `_run`)
+    and return the row of the last of its statements that return rows ({} when it has none,
+    which `reset_session` takes as a connection not to trust); raises the psycopg.Error of
+    the first statement that failed (the server skips those after it)."""
+    results = await _run(conn, query)
+    failure = _first_failure(conn, results)
+    if failure is not None:
+        raise failure[1]
+    return _last_row(conn, results)
+
+
+async def _run(conn: AsyncConnection[Any], query: bytes) -> list[PGresult]:
+    """Send `query` (statements without parameters, simple protocol, sent as it is: no BEGIN
+    is added, the caller's transaction is open or autocommit on) and return its results, up
+    to and with the first failed one, if any.
 
     What `conn.execute(query)` does, without a cursor: no query conversion, no row maker and
     no result object for each of the statements (the worker's CPU per writing job is what
@@ -427,14 +456,27 @@ async def _last_row_of(conn: AsyncConnection[Any], query: bytes) -> dict[str, An
     async with conn.lock:
         conn._check_connection_ok()
         conn.pgconn.send_query(query)
-        results = await conn.wait(execute_gen(conn.pgconn))
-        for result in results:
-            if result.status == ExecStatus.FATAL_ERROR:
-                raise psycopg.errors.error_from_result(result, encoding=conn.pgconn._encoding)
-        # what psycopg's execute does after each query: the DEALLOCATE ALL a handler's DROP
-        # or ALTER queued (read at its pipeline's end), else the next job's first statement
-        # would send it and drop what that statement prepared
-        await conn.wait(conn._prepared.maintain_gen(conn))
+        results: list[PGresult] = await conn.wait(execute_gen(conn.pgconn))
+        if all(result.status != ExecStatus.FATAL_ERROR for result in results):
+            # what psycopg's execute does after each query: the DEALLOCATE ALL a handler's
+            # DROP or ALTER queued (read at its pipeline's end), else the next job's first
+            # statement would send it and drop what that statement prepared
+            await conn.wait(conn._prepared.maintain_gen(conn))
+    return results
+
+
+def _first_failure(conn: AsyncConnection[Any], results: list[PGresult]
+                   ) -> tuple[int, psycopg.Error] | None:
+    """The place among `results` of the first failed statement, and its error."""
+    for place, result in enumerate(results):
+        if result.status == ExecStatus.FATAL_ERROR:
+            return place, psycopg.errors.error_from_result(result,
+                                                           encoding=conn.pgconn._encoding)
+    return None
+
+
+def _last_row(conn: AsyncConnection[Any], results: list[PGresult]) -> dict[str, Any]:
+    """The row of the last of `results` that returns rows ({} when none does)."""
     last = next((result for result in reversed(results)
                  if result.status == ExecStatus.TUPLES_OK), None)
     if last is None or last.ntuples < 1:
@@ -451,12 +493,13 @@ def _aborted(conn: AsyncConnection[Any]) -> bool:
 
 
 async def _end_job_apart(conn: AsyncConnection[Any], done: bytes) -> None:
-    """`end_job` as three statements, for a connection not fit for the one query."""
-    try:
-        await conn.execute(done, prepare=False)
-    except psycopg.Error as exc:
-        await reset_session(conn)
-        raise NotCommittedError(exc) from exc
+    """`end_job` as statements of their own, for a connection not fit for the one query."""
+    for statement, by_done in ((CHECK_DEFERRED.text, False), (done, True)):
+        try:
+            await conn.execute(statement, prepare=False)
+        except psycopg.Error as exc:
+            await reset_session(conn)
+            raise NotCommittedError(exc, by_done=by_done) from exc
     try:
         await conn.commit()
     finally:

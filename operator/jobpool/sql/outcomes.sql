@@ -8,9 +8,10 @@ SELECT mdm.aa_job_done(%(id)s, %(attempts)s, %(worker_id)s, %(actor)s, %(result)
                        false) AS changed;
 
 -- name: complete_job_or_raise :exec
--- The same, as the first statement of the query that ends a writing job with its session
--- reset and COMMIT (`mdm.aa_job_end`, which also readies the transaction for the reset): a
--- claim no longer held raises SQLSTATE JP001, so that the COMMIT after it does not run.
+-- The same, in the query that ends a writing job with its session reset and COMMIT, after
+-- its deferred constraints were checked (`mdm.aa_job_end`, which also readies the
+-- transaction for the reset): a claim no longer held raises SQLSTATE JP001, so that the
+-- COMMIT after it does not run.
 -- str.format(): every placeholder a literal (`QueueStore.done_statement`).
 SELECT mdm.aa_job_end({id}, {attempts}, {worker_id}, {actor}, {result}::jsonb);
 

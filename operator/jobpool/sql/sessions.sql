@@ -19,12 +19,19 @@ SELECT 1 AS alive;
 SET SESSION AUTHORIZATION DEFAULT;
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
+-- name: check_deferred :exec
+-- The first statement of a writing job's end: the handler's deferred constraints and
+-- constraint triggers, checked now, under its settings and role, as its COMMIT would check
+-- them before the session reset that follows undoes those (its DISCARD TEMP would drop a
+-- temp table whose check is pending). A statement of its own, so that its failure (the
+-- handler's) is told from the `done`'s.
+SET CONSTRAINTS ALL IMMEDIATE;
+
 -- name: reset_before_commit :one
 -- The session reset of a writing job, inside its transaction after `mdm.aa_job_end` (which
--- checked the handler's deferred constraints, lifted its statement timeout and brought the
--- worker's role back) and before its COMMIT (the caller sends it after this), so that the job
--- is one transaction; `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for
--- the COMMIT. Session advisory locks the handler still holds are released here, just before
+-- lifted the handler's statement timeout and brought the worker's role back) and before its
+-- COMMIT (the caller sends it after this), so that the job is one transaction;
+-- `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for the COMMIT. Session advisory locks the handler still holds are released here, just before
 -- its writes become visible: a lock that must cover them until then is a transaction-level
 -- one, which the COMMIT releases.
 SELECT prepared, handler_made FROM mdm.aa_reset_session();

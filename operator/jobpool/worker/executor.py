@@ -340,7 +340,9 @@ class JobExecutor:
         except NotCommittedError as failed:
             if transaction_conflict(failed.error):
                 raise OwnConflictError(failed.error) from failed.error
-            raise_refused_done(failed.error)
+            if failed.by_done:
+                raise_refused_done(failed.error)
+            raise failed.error from None  # the handler's deferred constraints, or its reset
         except psycopg.Error as exc:
             if (exc.sqlstate or "").startswith("40"):
                 raise OwnConflictError(exc) from exc  # the COMMIT's own: nothing ran

@@ -27,18 +27,18 @@ END
 $$;
 
 -- What a writing job's end runs before its session reset, in one call (each statement of a
--- query costs the server and the worker a round of its own): the job's `done`
--- (`mdm.aa_job_done`; a claim no longer held raises SQLSTATE JP001); the handler's deferred
--- constraints and triggers, checked now under its settings and role as its COMMIT would
--- check them; no statement timeout for the rest of the transaction (the handler's would cut
--- the reset short and roll the job back); and the worker's own role again, so that the
--- reset runs as it. No SET clause: what it sets must outlast the call.
+-- query costs the server and the worker a round of its own), after the handler's deferred
+-- constraints were checked (`SET CONSTRAINTS ALL IMMEDIATE`, sent apart, under the handler's
+-- role, so that its failure is told from the `done`'s): the job's `done` (`mdm.aa_job_done`;
+-- a claim no longer held raises SQLSTATE JP001); no statement timeout for the rest of the
+-- transaction (the handler's would cut the reset short and roll the job back); and the
+-- worker's own role again, so that the reset runs as it. No SET clause: what it sets must
+-- outlast the call.
 CREATE FUNCTION mdm.aa_job_end(p_id bigint, p_attempts integer, p_worker_id text,
                                p_actor text, p_result jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM mdm.aa_job_done(p_id, p_attempts, p_worker_id, p_actor, p_result, true);
-    SET CONSTRAINTS ALL IMMEDIATE;
     PERFORM pg_catalog.set_config('statement_timeout', '0', true);
     SET SESSION AUTHORIZATION DEFAULT;
 END
