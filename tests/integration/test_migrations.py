@@ -271,6 +271,8 @@ async def test_printed_sql_since_the_last_version_applied_brings_the_rest(
     """A platform's tool applies the script of a later release from the version its database
     has; the script of the version it has changes nothing."""
     label = await _forget_time_checks_migration(conn)
+    await conn.execute("DELETE FROM mdm.jobpool_migration WHERE version > %s",
+                       (int(label[:4]),))  # a database at the version before it
     await conn.execute("ALTER TABLE mdm.aa_job DROP CONSTRAINT aa_job_completed_at_in_range,"
                        " ADD CONSTRAINT aa_job_completed_at_in_range"
                        " CHECK (mdm.jobpool_time_in_range(completed_at)) NOT VALID")
@@ -279,7 +281,7 @@ async def test_printed_sql_since_the_last_version_applied_brings_the_rest(
     _run_script(dsn, since=before)
     assert await _range_checks_validated(conn) == len(TIME_COLUMNS)
     after = await _snapshot(dsn)
-    _run_script(dsn, since=int(label[:4]))
+    _run_script(dsn, since=max(version for version, _, _ in migrations()))
     assert await _snapshot(dsn) == after
     assert await migrate(conn) == []
 

@@ -34,7 +34,7 @@ $$;
 -- transaction (the handler's would cut the reset short and roll the job back); and the
 -- worker's own role again, so that the reset runs as it. No SET clause: what it sets must
 -- outlast the call.
-CREATE FUNCTION mdm.aa_job_end(p_id bigint, p_attempts integer, p_worker_id text,
+CREATE OR REPLACE FUNCTION mdm.aa_job_end(p_id bigint, p_attempts integer, p_worker_id text,
                                p_actor text, p_result jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
