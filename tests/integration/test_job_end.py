@@ -287,6 +287,24 @@ async def test_a_deferred_constraint_the_handler_breaks_is_its_own_failure_not_t
                         (row["id"],)) == 0
 
 
+async def test_a_held_cursor_is_closed_before_the_commit_not_run_to_its_end(
+    conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]],
+) -> None:
+    """A COMMIT keeps a `WITH HOLD` cursor by running its query to the end; the reset closes
+    it before the COMMIT, so rows the handler did not fetch are never computed (here the
+    third would divide by zero) and the job ends done with its write."""
+    store, slots, row = claimed
+    tx = JobTransaction(slots, 0)
+    await tx.execute(INSERT_RUN, (row["id"], row["attempts"]))
+    await tx.execute("DECLARE held CURSOR WITH HOLD FOR "
+                     "SELECT 1 / (g - 3) FROM generate_series(1, 5) AS g")
+    await tx.execute("FETCH 1 FROM held")
+    await tx.end(store.done_statement(row["id"], row["attempts"], None))
+    assert (await job(conn, row["id"]))["status"] == "done"
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (row["id"],)) == 1
+
+
 @pytest.mark.parametrize("scope", ["SET", "SET LOCAL"])
 async def test_the_reset_keeps_the_handlers_commit_durability_until_the_commit(
         conn: Conn, scope: str) -> None:

@@ -355,10 +355,16 @@ KEEP_WHEN_IDLE_AGAIN = ("\n" + KEEP_WHEN_IDLE.text).encode()
 """Sent after the reset on a connection with `JobConnection.idle_timeout_off`."""
 
 
+def _idle_timeout_off(conn: AsyncConnection[Any]) -> bool:
+    """Whether the session reset brings back an `idle_session_timeout` that `conn`'s pool
+    turned off (`JobConnection.idle_timeout_off`), so that the reset turns it off again."""
+    return bool(getattr(conn, "idle_timeout_off", False))
+
+
 def _reset_query(conn: AsyncConnection[Any], query: bytes) -> bytes:
-    """`query` (a text that ends with the session reset), then `KEEP_WHEN_IDLE` where the
-    reset brings an `idle_session_timeout` back (`JobConnection.idle_timeout_off`)."""
-    return query + KEEP_WHEN_IDLE_AGAIN if getattr(conn, "idle_timeout_off", False) else query
+    """`query` (a text that ends with the session reset), then `KEEP_WHEN_IDLE` where
+    `_idle_timeout_off`."""
+    return query + KEEP_WHEN_IDLE_AGAIN if _idle_timeout_off(conn) else query
 
 
 class NotCommittedError(JobpoolError):
@@ -410,7 +416,7 @@ async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
             or conn.info.transaction_status != TransactionStatus.INTRANS):
         await _end_job_apart(conn, done)
         return
-    query = job_end_query(done, keep_when_idle=getattr(conn, "idle_timeout_off", False))
+    query = job_end_query(done, keep_when_idle=_idle_timeout_off(conn))
     try:
         results = await _run(conn, query)
     except psycopg.Error:

@@ -31,9 +31,10 @@ SET CONSTRAINTS ALL IMMEDIATE;
 -- The session reset of a writing job, inside its transaction after `mdm.aa_job_end` (which
 -- lifted the handler's statement timeout and brought the worker's role back) and before its
 -- COMMIT (the caller sends it after this), so that the job is one transaction;
--- `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for the COMMIT. Session advisory locks the handler still holds are released here, just before
--- its writes become visible: a lock that must cover them until then is a transaction-level
--- one, which the COMMIT releases.
+-- `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for the COMMIT. Session
+-- advisory locks the handler still holds are released here, just before its writes become
+-- visible: a lock that must cover them until then is a transaction-level one, which the
+-- COMMIT releases.
 SELECT prepared, handler_made FROM mdm.aa_reset_session();
 
 -- name: keep_when_idle_if_set :many

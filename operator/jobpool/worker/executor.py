@@ -332,8 +332,9 @@ class JobExecutor:
         """Mark the job done, reset its session and COMMIT its transaction, in one round trip
         (`JobTransaction.end`). When the COMMIT's answer is lost (the connection with it), the
         job's row says whether the COMMIT went through, and only a COMMIT that failed fails
-        the job. Raises OwnConflictError, or what `refused_done` makes of a `done` the
-        server refused."""
+        the job. Raises OwnConflictError, what `refused_done` makes of a `done` the server
+        refused, or the server's error of what else failed before the COMMIT (the handler's
+        deferred constraints, its session reset) or of the COMMIT."""
         self.leases.finishing(job.id)
         try:
             await tx.end(self.store.done_statement(job.id, job.attempts, stored))

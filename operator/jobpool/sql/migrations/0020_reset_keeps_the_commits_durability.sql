@@ -1,6 +1,6 @@
 -- The session reset of a writing job now runs inside the job's transaction, after its `done`
--- (`mdm.aa_job_end`) and just before its COMMIT, so that the job costs one transaction, not two (a statement after a COMMIT is a
--- transaction of its own). A handler's `synchronous_commit` (SET or SET LOCAL) must still
+-- (`mdm.aa_job_end`) and just before its COMMIT, so that the job costs one transaction, not
+-- two (a statement after a COMMIT is a transaction of its own). A handler's `synchronous_commit` (SET or SET LOCAL) must still
 -- decide how its commit waits: the reset keeps the value in force for the rest of the
 -- transaction (SET LOCAL after RESET ALL), and the session's own value is the reset one once
 -- the transaction ends. Run in a transaction of its own (a worker resetting a session after a
@@ -34,8 +34,8 @@ $$;
 -- transaction (the handler's would cut the reset short and roll the job back); and the
 -- worker's own role again, so that the reset runs as it. No SET clause: what it sets must
 -- outlast the call.
-CREATE OR REPLACE FUNCTION mdm.aa_job_end(p_id bigint, p_attempts integer, p_worker_id text,
-                               p_actor text, p_result jsonb)
+CREATE OR REPLACE FUNCTION mdm.aa_job_end(p_id bigint, p_attempts integer,
+                                          p_worker_id text, p_actor text, p_result jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM mdm.aa_job_done(p_id, p_attempts, p_worker_id, p_actor, p_result, true);
