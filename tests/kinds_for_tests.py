@@ -271,21 +271,70 @@ async def _commit_in_pipeline(tx: AsyncConnection[Any]) -> None:
         await tx.execute("COMMIT")
 
 
+async def _rollback_then_write_in_pipeline(tx: AsyncConnection[Any], job: Job) -> None:
+    async with tx.pipeline():
+        await tx.execute("ROLLBACK")
+        await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+
+
+async def _rollback_in_pipeline(tx: AsyncConnection[Any]) -> None:
+    async with tx.pipeline():
+        await tx.execute("ROLLBACK")
+
+
+async def _commit_after_savepoint(tx: AsyncConnection[Any]) -> None:
+    await tx.execute("SAVEPOINT s; ROLLBACK TO SAVEPOINT s")
+    await psycopg.AsyncRawCursor(tx).execute("COMMIT")
+
+
+async def _raise_after(ending: Any) -> None:
+    await ending
+    raise RuntimeError("the handler failed after it ended its transaction")
+
+
+async def _write_in_own_transaction(tx: AsyncConnection[Any], job: Job) -> None:
+    """After a rollback, a psycopg transaction of the handler's own, with a write."""
+    await tx.execute("ROLLBACK")  # rollback() is psycopg's error in the executor's transaction
+    conn = tx.cursor().connection
+    async with psycopg.AsyncTransaction(conn):
+        await conn.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+
+
+async def _commit_through_own_cursor_then_write(tx: AsyncConnection[Any], job: Job) -> None:
+    await psycopg.AsyncRawCursor(tx).execute("COMMIT")
+    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+
+
 async def _commit_through_cursor(tx: AsyncConnection[Any]) -> None:
     cur = await tx.execute("SELECT 1")
     await cur.connection.commit()
 
 
 ENDINGS: dict[str, Any] = {
-    "commit": lambda tx: tx.commit(),
-    "autocommit": lambda tx: tx.set_autocommit(True),
-    "cursor_connection": _commit_through_cursor,
-    "sql_commit": lambda tx: tx.execute("COMMIT"),
-    "sql_end": lambda tx: tx.execute("END"),
-    "sql_in_text": lambda tx: tx.execute("SELECT 1; COMMIT"),
-    "pipeline": _commit_in_pipeline,
+    "commit": lambda tx, job: tx.commit(),
+    "autocommit": lambda tx, job: tx.set_autocommit(True),
+    "close": lambda tx, job: tx.close(),
+    "cursor_connection": lambda tx, job: _commit_through_cursor(tx),
+    "sql_commit": lambda tx, job: tx.execute("COMMIT"),
+    "sql_end": lambda tx, job: tx.execute("END"),
+    "sql_in_text": lambda tx, job: tx.execute("SELECT 1; COMMIT"),
+    "pipeline": lambda tx, job: _commit_in_pipeline(tx),
+    "rollback_then_write_in_text": lambda tx, job: tx.execute(
+        f"ROLLBACK; {INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts)}"),
+    "rollback_then_write_in_pipeline": lambda tx, job: _rollback_then_write_in_pipeline(tx, job),
+    "own_cursor_commit": lambda tx, job: psycopg.AsyncRawCursor(tx).execute("COMMIT"),
+    "own_cursor_commit_then_write": lambda tx, job: _commit_through_own_cursor_then_write(
+        tx, job),
+    "own_cursor_commit_after_savepoint": lambda tx, job: _commit_after_savepoint(tx),
+    "own_cursor_commit_then_raise": lambda tx, job: _raise_after(
+        psycopg.AsyncRawCursor(tx).execute("COMMIT")),
+    "pipeline_then_raise": lambda tx, job: _raise_after(_commit_in_pipeline(tx)),
+    "own_transaction": lambda tx, job: _write_in_own_transaction(tx, job),
+    "two_phase": lambda tx, job: tx.tpc_begin("jobpool-test"),
 }
-"""Ways a handler could end its job's transaction with its writes kept."""
+"""Ways a handler could end its job's transaction with its writes kept, or write after it."""
+INSERT_RUN_AGAIN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES ({id}, {attempt}, 1)"
+"""A second test_runs row of the job's attempt (values as literals: a text of statements)."""
 
 
 @jobpool.kind("test_commits_itself", max_attempts=3)
@@ -293,7 +342,84 @@ async def commits_itself(job: Job, tx: AsyncConnection[Any]) -> None:
     """Write a test_runs row, then end the job's transaction as `payload.how` names (ENDINGS)."""
     await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
                      (job.id, job.attempts))
-    await ENDINGS[job.payload["how"]](tx)
+    await ENDINGS[job.payload["how"]](tx, job)
+
+
+LEFT_RUNNING: dict[str, Any] = {}
+"""What a `test_left_running` job with the role "leave" left running, for the one with the role
+"meet" (an in-process worker): the task, the event that lets it write, how its write ended."""
+INSERT_RUN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)"
+
+
+@jobpool.kind("test_left_running", max_attempts=1)
+async def left_running(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Write a test_runs row through a cursor of `tx`. Role "leave": start a task that, once
+    let, writes another row with that cursor, and return. Role "meet" (the next job on the
+    slot's connection): let that task write, record how its write ended."""
+    cursor = tx.cursor()
+    await cursor.execute(INSERT_RUN, (job.id, job.attempts, 0))
+    if job.payload["role"] == "leave":
+        go = asyncio.Event()
+
+        async def write_later() -> None:
+            await go.wait()
+            await cursor.execute(INSERT_RUN, (job.id, job.attempts, 1))
+
+        LEFT_RUNNING.update(go=go, task=asyncio.create_task(write_later()))
+        return
+    LEFT_RUNNING["go"].set()
+    try:
+        await LEFT_RUNNING["task"]
+        LEFT_RUNNING["outcome"] = "wrote"
+    except Exception as exc:
+        LEFT_RUNNING["outcome"] = f"{type(exc).__name__}: {exc}"
+
+
+GOING_ON: dict[str, Any] = {
+    "rollback": lambda tx: tx.rollback(),
+    "sql_rollback": lambda tx: tx.execute("ROLLBACK"),
+    "rollback_then_begin_in_text": lambda tx: tx.execute("ROLLBACK; BEGIN"),
+    "rollback_in_pipeline": lambda tx: _rollback_in_pipeline(tx),
+    "rollback_and_chain": lambda tx: tx.execute("ROLLBACK AND CHAIN"),
+}
+"""Ways a handler may undo what it wrote and go on: its next statement is in a transaction
+that commits with its done."""
+SAVEPOINT_UNDO = ("SAVEPOINT s", "INSERT INTO test_runs (job_id, attempt, worker_pid) "
+                  "VALUES ({id}, {attempt}, 2)", "ROLLBACK TO SAVEPOINT s", "RELEASE SAVEPOINT s")
+"""A third test_runs row written and undone by a savepoint, as SQL (ROLLBACK TO SAVEPOINT
+answers with the same command tag as ROLLBACK)."""
+
+
+async def _undo_to_savepoint(tx: AsyncConnection[Any], job: Job, how: str) -> None:
+    statements = [text.format(id=job.id, attempt=job.attempts) for text in SAVEPOINT_UNDO]
+    if how == "savepoint_in_text":
+        await tx.execute("; ".join(statements))
+    elif how == "savepoint_statements":
+        for statement in statements:
+            await tx.execute(statement)
+    else:  # "savepoint_in_pipeline"
+        async with tx.pipeline():
+            for statement in statements:
+                await tx.execute(statement)
+
+
+@jobpool.kind("test_undoes_to_savepoint", max_attempts=1)
+async def undoes_to_savepoint(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Write a test_runs row, write and undo a third one with a savepoint as `payload.how`
+    names (in one text, as statements, in a pipeline), write a second one."""
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
+                     (job.id, job.attempts))
+    await _undo_to_savepoint(tx, job, job.payload["how"])
+    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+
+
+@jobpool.kind("test_rolls_back", max_attempts=1)
+async def rolls_back(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Write a test_runs row, undo it as `payload.how` names (GOING_ON), write a second one."""
+    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
+                     (job.id, job.attempts))
+    await GOING_ON[job.payload["how"]](tx)
+    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
 
 
 @jobpool.kind("test_abuse_tx", max_attempts=1)
@@ -343,7 +469,7 @@ async def retry_after(job: Job, tx: AsyncConnection[Any]) -> None:
 
 
 POISONS: dict[str, Any] = {
-    "close_tx": lambda tx: tx.close(),
+    "end_own_session": lambda tx: tx.execute("SELECT pg_terminate_backend(pg_backend_pid())"),
     "other_database_down": lambda tx: _raise(psycopg.OperationalError(
         "connection to server at 10.0.0.9 failed: Connection refused")),
     "own_conflict": lambda tx: _raise(psycopg.errors.SerializationFailure(

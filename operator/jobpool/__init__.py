@@ -23,6 +23,7 @@ from jobpool.errors import (
     DatabaseUnavailableError,
     FetchError,
     InvalidPayloadError,
+    JobEndedError,
     JobNotFoundError,
     JobpoolError,
     JobStateError,
@@ -56,8 +57,8 @@ from jobpool.registry import kind, register_fetcher
 __all__ = [
     "AttachmentNotFoundError", "CommittedUpload", "ConnectionBudgetError",
     "DatabaseUnavailableError", "Enqueued", "FetchError", "InvalidPayloadError", "Job",
-    "JobNotFoundError", "JobStateError", "JobpoolError", "MigrationLockError", "NewJob",
-    "NoSessionError", "PermanentError",
+    "JobEndedError", "JobNotFoundError", "JobStateError", "JobpoolError", "MigrationLockError",
+    "NewJob", "NoSessionError", "PermanentError",
     "PublishedEvent", "RetryAfter", "SchemaNotMigratedError", "SchemaPrivilegeError",
     "Subscription", "TransactionEndedError", "UnknownKindError", "UnknownTenantError", "Upload",
     "WebhookVerificationError", "commit_upload", "commit_upload_sync", "enqueue", "enqueue_many",

@@ -32,12 +32,23 @@ class InvalidPayloadError(PermanentError, ValueError):
 
 
 class TransactionEndedError(PermanentError):
-    """A handler tried to end its job's transaction itself: `tx.commit()` or
-    `tx.set_autocommit(True)`, refused before anything commits, or a COMMIT or PREPARE
-    TRANSACTION sent as SQL, found after it ran (what the handler wrote before is committed,
-    or prepared). The worker commits the job's transaction, with its `done`, so that a job is
-    done if and only if its writes committed. A bug of the handler, which no retry mends: the
-    job goes to the DLQ at once."""
+    """A handler tried to end its job's transaction itself: `tx.commit()`,
+    `tx.set_autocommit(True)`, `tx.close()`, `tx.tpc_begin()`, or the COMMIT of a psycopg
+    transaction of its own, refused before anything commits; a COMMIT or PREPARE TRANSACTION
+    sent as SQL, found after it ran (what the handler wrote before is committed, or
+    prepared); statements sent after a ROLLBACK in the same text or pipeline, which ran
+    outside the job's transaction and committed on their own; or a COMMIT sent through a
+    cursor class of the handler's own, whose answer the worker does not read, found at the
+    handler's next statement or its end. The worker commits the job's transaction, with its
+    `done`, so that a job is done if and only if its writes committed. A bug of the handler,
+    which no retry mends: the job goes to the DLQ at once, also when the handler raised an
+    error of its own afterwards (a retry would commit again what it committed apart)."""
+
+
+class JobEndedError(JobpoolError):
+    """A job's `tx`, or a cursor or connection taken from it, used after the job ended (by a
+    task its handler started and left running): refused, since the connection went back to
+    the worker and may already hold the next job's transaction."""
 
 
 class NoSessionError(PermanentError):

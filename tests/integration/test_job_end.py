@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import kinds_for_tests
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
@@ -342,17 +343,47 @@ async def test_a_deallocation_psycopg_queued_in_a_job_is_sent_at_its_end(
     await following.end(b"SELECT 1;")
 
 
-@pytest.mark.parametrize("batched", [True, False])
-@pytest.mark.parametrize(("how", "kept"), [
-    ("commit", 0), ("autocommit", 0), ("cursor_connection", 0),  # refused before it commits
+COMMITTED_BEFORE = "what it wrote before committed"
+RAN_OUTSIDE = "they ran outside the job's transaction"
+UNREAD = "whose answer the worker does not read"
+
+
+ENDINGS = [
+    # refused before it commits
+    ("commit", 0, "commit() on tx"), ("autocommit", 0, "set_autocommit(True) on tx"),
+    ("cursor_connection", 0, "commit() on tx"), ("close", 0, "close() on tx"),
     # found after the COMMIT ran: named as committed
-    ("sql_commit", 1), ("sql_end", 1), ("sql_in_text", 1), ("pipeline", 1),
+    ("sql_commit", 1, COMMITTED_BEFORE), ("sql_end", 1, COMMITTED_BEFORE),
+    ("sql_in_text", 1, COMMITTED_BEFORE), ("pipeline", 1, COMMITTED_BEFORE),
+    # the first row rolled back, the second committed on its own after the ROLLBACK
+    ("rollback_then_write_in_text", 1, RAN_OUTSIDE),
+    ("rollback_then_write_in_pipeline", 1, RAN_OUTSIDE),
+    # a COMMIT through a cursor class of the handler's own: found when the handler returns,
+    # or at its next statement, which is not sent
+    ("own_cursor_commit", 1, UNREAD), ("own_cursor_commit_then_write", 1, UNREAD),
+    # a savepoint's rollback, whose tag is ROLLBACK's, is not taken for the transaction's
+    ("own_cursor_commit_after_savepoint", 1, UNREAD),
+    # the handler failed after it committed apart: a retry would write it again
+    ("own_cursor_commit_then_raise", 1, UNREAD), ("pipeline_then_raise", 1, COMMITTED_BEFORE),
+    # psycopg's own commands: refused before they are sent
+    ("own_transaction", 0, "COMMIT sent by psycopg on tx"), ("two_phase", 0, "tpc_begin() on tx"),
+]
+"""How a handler ends its job's transaction (kinds_for_tests.ENDINGS), how many of its rows
+committed all the same, and what the job's last_error says."""
+
+
+@pytest.mark.parametrize(("how", "kept", "says", "batched"), [
+    (*ending, batched) for ending in ENDINGS for batched in (True, False)
+    # psycopg refuses a transaction of the handler's own inside the executor's
+    if (ending[0], batched) != ("own_transaction", False)
 ])
 async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq(
-        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int, batched: bool) -> None:
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int, says: str,
+        batched: bool) -> None:
     """The worker commits the job's transaction with its done; a handler that commits it
-    itself would leave its writes committed and the job retried, writing them again. Also
-    where the executor opens the job's transaction itself (`batch_completions` off)."""
+    itself, or writes outside it, would leave its writes committed and the job retried,
+    writing them again. Also where the executor opens the job's transaction itself
+    (`batch_completions` off)."""
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_commits_itself",
                                     payload={"how": how})).id
@@ -360,9 +391,65 @@ async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("dlq", 1), row
     assert row["last_error"].startswith("TransactionEndedError: "), row["last_error"]
-    assert ("what it wrote before committed" in row["last_error"]) == bool(kept)
+    assert says in row["last_error"], row["last_error"]
     assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
                         (job_id,)) == kept
+
+
+@pytest.mark.parametrize(("how", "batched"), [
+    ("rollback", True),  # psycopg refuses rollback() inside the executor's own transaction
+    *((how, batched) for how in ("sql_rollback", "rollback_then_begin_in_text",
+                                 "rollback_in_pipeline", "rollback_and_chain")
+      for batched in (True, False)),
+])
+async def test_a_handler_that_rolls_back_and_goes_on_commits_what_follows_with_its_done(
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, batched: bool) -> None:
+    """A ROLLBACK only undoes: the handler's next statement begins the job's transaction
+    again (or the handler's own BEGIN does), and commits with the job's done. Also where the
+    executor opens the job's transaction itself (`batch_completions` off)."""
+    assert await rows_of_done_job(conn, dsn, tenant, "test_rolls_back", how,
+                                  batched=batched) == [1]  # the second row alone
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("how", ["savepoint_in_text", "savepoint_statements",
+                                 "savepoint_in_pipeline"])
+async def test_a_rollback_to_a_savepoint_keeps_the_jobs_transaction(
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, batched: bool) -> None:
+    """ROLLBACK TO SAVEPOINT answers with ROLLBACK's command tag, but undoes only what follows
+    the savepoint: what the handler writes after it is in the job's transaction, not outside."""
+    assert await rows_of_done_job(conn, dsn, tenant, "test_undoes_to_savepoint", how,
+                                  batched=batched) == [0, 1]
+
+
+async def rows_of_done_job(conn: Conn, dsn: str, tenant: uuid.UUID, kind: str, how: str, *,
+                           batched: bool) -> list[int]:
+    """Run one job of `kind` with `payload.how`; assert it ended done; return the
+    `worker_pid` values of its test_runs rows, in order."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind=kind,
+                                    payload={"how": how})).id
+    await run_until_empty(dsn, kind, batch_completions=batched)
+    row = await job(conn, job_id)
+    assert row["status"] == "done", row
+    return list(await scalar(conn, "SELECT array_agg(worker_pid ORDER BY worker_pid) "
+                                   "FROM test_runs WHERE job_id = %s", (job_id,)))
+
+
+async def test_a_task_a_handler_left_running_cannot_write_into_the_next_job(
+        conn: Conn, dsn: str, tenant: uuid.UUID) -> None:
+    """A handler left a task running with a cursor of `tx`; on one slot the next job got the
+    same connection, and the task's write landed in that job's transaction (committed with
+    the wrong job, or rolled back with it). It now fails in the task, with JobEndedError."""
+    await prepare(conn)
+    ids = [(await jobpool.enqueue(conn, tenant_id=tenant, kind="test_left_running",
+                                  payload={"role": role})).id for role in ("leave", "meet")]
+    await run_until_empty(dsn, "test_left_running", slots=1)
+    assert [(await job(conn, job_id))["status"] for job_id in ids] == ["done", "done"]
+    assert kinds_for_tests.LEFT_RUNNING["outcome"].startswith(
+        f"JobEndedError: tx of job {ids[0]} used after the job ended"), kinds_for_tests.LEFT_RUNNING
+    assert await scalar(conn, "SELECT array_agg(worker_pid ORDER BY job_id) FROM test_runs "
+                              "WHERE job_id = ANY(%s)", (ids,)) == [0, 0]
 
 
 async def test_a_connection_lost_under_its_reset_is_replaced_without_blaming_the_handler(

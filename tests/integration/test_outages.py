@@ -367,14 +367,14 @@ async def test_what_interrupts_a_job_is_counted_by_its_cause(
     assert ((await helpers.job(conn, job.id))["status"], runs) == outcome
 
 
-@pytest.mark.parametrize("do", ["close_tx", "other_database_down", "own_conflict"])
+@pytest.mark.parametrize("do", ["end_own_session", "other_database_down", "own_conflict"])
 async def test_a_handler_whose_own_error_looks_like_an_interruption_still_reaches_the_dlq(
     conn: psycopg.AsyncConnection[Any], dsn: str, tenant: uuid.UUID, do: str
 ) -> None:
-    """A handler that closes its `tx`, or raises a lost connection or a serialization failure
-    of another database it uses, every time: its first hand-backs are uncounted, as after a
-    restart, but then its attempts count and the job ends in the DLQ instead of running
-    without end (`MAX_UNCOUNTED_HAND_BACKS`)."""
+    """A handler that ends its `tx`'s session on the server (`tx.close()` is refused), or raises
+    a lost connection or a serialization failure of another database it uses, every time: its
+    first hand-backs are uncounted, as after a restart, but then its attempts count and the
+    job ends in the DLQ instead of running without end (`MAX_UNCOUNTED_HAND_BACKS`)."""
     from jobpool.worker.executor import MAX_UNCOUNTED_HAND_BACKS
 
     await prepare(conn)

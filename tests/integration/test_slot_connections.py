@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,9 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 from recording_proxy import SYNC, recording_proxy
 
-from jobpool.db.connect import JobConnection, open_pool
-from jobpool.worker.executor import JobEndedError, JobTransaction
+from jobpool.db.connect import HOLD, Hold, JobConnection, open_pool
+from jobpool.errors import JobEndedError
+from jobpool.worker.executor import JobTransaction
 from jobpool.worker.slot_connections import NoSlotConnectionError, SlotConnections
 
 NO_DONE = b"SELECT 1;"
@@ -450,4 +451,88 @@ async def test_tx_used_after_its_job_ended_is_refused_and_takes_no_connection(
     with pytest.raises(JobEndedError, match="tx of job 31 used after the job ended"):
         await tx.execute("SELECT 1")
     assert len(slots.idle) == 1  # the connection stays the slot's
+    await slots.close()
+
+
+@contextlib.contextmanager
+def holding(hold: Hold) -> Iterator[None]:
+    """Run the block in the context of `hold`'s handler, as the executor runs a handler."""
+    token = HOLD.set(hold)
+    try:
+        yield
+    finally:
+        HOLD.reset(token)
+
+
+@pytest.fixture
+async def left_rows(dsn: str) -> AsyncIterator[Callable[[], Awaitable[list[int]]]]:
+    """Table `left_rows (v int PRIMARY KEY)`, empty; yields a reader of its committed values
+    in order."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute("DROP TABLE IF EXISTS left_rows")
+        await admin.execute("CREATE TABLE left_rows (v int PRIMARY KEY)")
+
+        async def committed() -> list[int]:
+            cur = await admin.execute("SELECT v FROM left_rows ORDER BY v")
+            return [v for (v,) in await cur.fetchall()]
+
+        yield committed
+        await admin.execute("DROP TABLE left_rows")
+
+
+INSERT_LEFT = "INSERT INTO left_rows (v) VALUES (%s)"
+
+
+async def test_a_savepoint_a_task_left_open_is_not_released_in_the_next_job(
+    pool: AsyncConnectionPool[JobConnection],
+    left_rows: Callable[[], Awaitable[list[int]]],
+) -> None:
+    """A task the handler left running inside `async with tx.transaction()` left the block
+    after the job ended: its RELEASE SAVEPOINT went into the next job's transaction on the
+    same connection, which failed. psycopg's commands (`_exec_command`) are checked as
+    statements are: the task gets JobEndedError, and the next job commits."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    first = JobTransaction(slots, 43)
+    with holding(first.hold):
+        block = first.transaction()
+        await block.__aenter__()  # the task's `async with tx.transaction():`, entered in the job
+        await first.execute(INSERT_LEFT, (1,))
+    await first.end(NO_DONE)
+    following = JobTransaction(slots, 44)
+    with holding(following.hold):
+        await following.execute(INSERT_LEFT, (2,))
+    with holding(first.hold), pytest.raises(JobEndedError, match="tx of job 43"):
+        await block.__aexit__(None, None, None)  # the task leaves the block
+    await following.end(NO_DONE)
+    assert await left_rows() == [1, 2]
+    await slots.close()
+
+
+async def test_a_cursor_a_task_kept_after_its_job_is_refused_in_the_next_job(
+    pool: AsyncConnectionPool[JobConnection],
+    left_rows: Callable[[], Awaitable[list[int]]],
+) -> None:
+    """A task the handler left running, with a cursor of `tx` (or its connection), wrote
+    into the next job's transaction on the same slot connection, or rolled it back. Its
+    statements now fail in that task, and the next job commits only its own writes."""
+    slots = SlotConnections(1)
+    await slots.fill(pool, timeout=5.0)
+    first = JobTransaction(slots, 41)
+    with holding(first.hold):  # the first job's handler, and the task it starts
+        kept = first.cursor()
+        await kept.execute(INSERT_LEFT, (1,))
+    await first.end(NO_DONE)
+    following = JobTransaction(slots, 42)
+    with holding(following.hold):
+        await following.execute(INSERT_LEFT, (2,))
+    with holding(first.hold):  # the task left running, in the first handler's context
+        with pytest.raises(JobEndedError, match="tx of job 41 used after the job ended"):
+            await kept.execute(INSERT_LEFT, (3,))
+        with pytest.raises(JobEndedError, match="tx of job 41"):
+            await kept.connection.rollback()
+        with pytest.raises(JobEndedError, match="tx of job 41"):
+            await kept.connection.cancel_safe()  # it would cancel the next job's statement
+    await following.end(NO_DONE)
+    assert await left_rows() == [1, 2]
     await slots.close()

@@ -8,6 +8,7 @@ import logging
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast, overload
 
@@ -15,6 +16,7 @@ import psycopg
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
+    AsyncPipeline,
     AsyncServerCursor,
     AsyncTransaction,
     sql,
@@ -23,7 +25,7 @@ from psycopg.abc import Params, PQGen, Query, QueryNoTemplate
 from psycopg.adapt import AdaptersMap, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.generators import execute as execute_gen
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import ExecStatus, Format, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
@@ -40,6 +42,7 @@ from jobpool.db.store import OWN_ISOLATION
 from jobpool.db.timestamps import register_tolerant_timestamps
 from jobpool.errors import (
     DatabaseUnavailableError,
+    JobEndedError,
     JobpoolError,
     NoSessionError,
     SchemaPrivilegeError,
@@ -141,6 +144,39 @@ async def connect(dsn: str, *, autocommit: bool = False,
 HANDLER_COMMITS = frozenset({b"COMMIT", b"PREPARE TRANSACTION"})
 """The command tags of statements that end a job's transaction with its writes kept (END is
 COMMIT's alias and answers COMMIT)."""
+ROLLBACK_TAG = b"ROLLBACK"
+"""The command tag of ROLLBACK (and ABORT), but also of ROLLBACK TO SAVEPOINT, which keeps the
+transaction open: which one it was, the transaction's status tells once the answers are all
+read (`JobConnection._judge_rollback`)."""
+BEGIN_TAG = b"BEGIN"
+"""The command tag of BEGIN and START TRANSACTION."""
+COMMANDS_THAT_COMMIT = (b"COMMIT", b"PREPARE TRANSACTION")
+"""The starts of the commands psycopg sends itself (`_exec_command`) that commit: an
+`AsyncTransaction` of the handler's own, two-phase commit."""
+RAN = frozenset({ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK})
+"""The statuses of a statement's result that ran to its end."""
+
+
+class Hold:
+    """One attempt's hold on the worker connection its handler was given as `tx`: on the
+    connection (`JobConnection.hold`) while the handler holds it, and in the context of the
+    handler's code (`HOLD`), which every task the handler starts inherits. A statement, a
+    commit or a rollback sent from a context whose hold was on a connection that has since
+    gone back to the worker (by a task the handler left running, with a cursor or the
+    connection of `tx`) is refused with JobEndedError: it would run in the next job's
+    transaction, or in the worker's own."""
+
+    __slots__ = ("conn", "job_id")
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.conn: AsyncConnection[Any] | None = None
+        """The connection the handler was given, kept after the job ended."""
+
+
+HOLD: ContextVar[Hold | None] = ContextVar("jobpool_hold", default=None)
+"""The hold of the handler whose code runs (set around the handler's call, `HOLD.set`, and
+reset after it); None in the worker's own code."""
 
 
 class JobCursor(AsyncCursor[Any]):
@@ -174,20 +210,15 @@ class JobCursor(AsyncCursor[Any]):
                                                        binary=binary))
         return self
 
-    def _set_results(self, results: list[PGresult]) -> None:
+    def _check_results(self, results: list[PGresult]) -> None:
         """psycopg's, for every statement's results (each of a text of several statements,
-        and those a pipeline hands over at its sync), then TransactionEndedError when a
-        handler's statement ended its job's transaction with its writes kept: a COMMIT (END
-        answers COMMIT) or a PREPARE TRANSACTION. A ROLLBACK may stay: it only undoes."""
-        super()._set_results(results)
+        and those a pipeline hands over at its sync), after the connection read how they left
+        the job's transaction (`JobConnection.read_results`): a COMMIT found raises
+        TransactionEndedError rather than the error of a statement after it."""
         conn = self._conn
-        if not (isinstance(conn, JobConnection) and conn.handler_holds):
-            return
-        for result in results:
-            if result.command_status in HANDLER_COMMITS:
-                conn.handler_ended = result.command_status.decode()
-                if conn._pipeline is None:  # in a pipeline: raised at the handler's end
-                    raise transaction_ended(conn.handler_ended)
+        if isinstance(conn, JobConnection) and conn.handler_holds:
+            conn.read_results(results)
+        super()._check_results(results)
 
     def _with_begin_gen(self, query: Query, params: Params, *, prepare: bool | None,
                         binary: bool | None) -> PQGen[None]:
@@ -203,21 +234,49 @@ class JobCursor(AsyncCursor[Any]):
             conn.begin_with_statement = False
 
 
-def transaction_ended(tag: str) -> TransactionEndedError:
-    """The error of a handler that sent `tag` (COMMIT, PREPARE TRANSACTION) on its `tx`."""
-    return TransactionEndedError(
-        f"the handler sent {tag} on tx, which ended the job's transaction apart from its "
-        "done, what it wrote before committed (or prepared): the worker commits the job's "
-        "transaction itself, with its done, so that the job is done if and only if its "
-        "writes committed (writes that must commit on their own need a connection of their "
-        "own)")
+WRITE_APART = ("the worker commits the job's transaction itself, with its done, so that the "
+               "job is done if and only if its writes committed (writes that must commit on "
+               "their own need a connection of their own)")
+
+
+def committed_by_handler(tag: str) -> str:
+    """What a handler that sent `tag` (COMMIT, PREPARE TRANSACTION) on its `tx` did."""
+    return (f"the handler sent {tag} on tx, which ended the job's transaction apart from its "
+            f"done, what it wrote before committed (or prepared): {WRITE_APART}")
+
+
+RAN_OUTSIDE = (
+    "the handler sent statements after a ROLLBACK in one text or pipeline on tx: they ran "
+    "outside the job's transaction, where each commits on its own, apart from its done "
+    f"(after tx.rollback() the next statement begins the job's transaction again): {WRITE_APART}")
+ENDED_UNREAD = (
+    "the job's transaction on tx was ended by a statement whose answer the worker does not "
+    "read (a COMMIT or ROLLBACK through a cursor class of the handler's own?): what the "
+    "handler wrote before may have committed apart from its done; undo with tx.rollback(), "
+    f"and commit nothing yourself: {WRITE_APART}")
+
+
+def handler_end(conn: AsyncConnection[Any] | None) -> str | None:
+    """How the handler that holds `conn` ended its job's transaction itself, if it did
+    (`JobConnection.handler_ended`, which holds what a pipeline's answers showed), or
+    ENDED_UNREAD when the transaction it began is no longer open and it did not roll it back
+    (a COMMIT the worker could not read); None if it kept it. Asked when the handler returned,
+    and when it raised: what it committed apart stays committed either way."""
+    if not isinstance(conn, JobConnection):
+        return None
+    if conn.handler_holds and conn._pipeline is None:
+        conn._judge_rollback()
+    if conn.handler_ended is not None:
+        return conn.handler_ended
+    return ENDED_UNREAD if conn.ended_unread() else None
 
 
 def check_transaction_kept(conn: AsyncConnection[Any]) -> None:
     """Raise TransactionEndedError when the handler that held `conn` ended its job's
-    transaction by SQL (`JobConnection.handler_ended`; one in a pipeline is found here)."""
-    if isinstance(conn, JobConnection) and conn.handler_ended is not None:
-        raise transaction_ended(conn.handler_ended)
+    transaction itself (`handler_end`)."""
+    why = handler_end(conn)
+    if why is not None:
+        raise TransactionEndedError(why)
 
 
 class JobConnection(AsyncConnection[Any]):
@@ -235,12 +294,26 @@ class JobConnection(AsyncConnection[Any]):
     job_scope: bool = False
     handler_holds: bool = False
     """Set while a handler holds this connection as its `tx` (`jobpool.worker.executor`
-    alone sets and clears it): `commit()` and `set_autocommit(True)` raise
-    TransactionEndedError, and so does a COMMIT it sends as SQL (`JobCursor`), since the
-    worker commits the job's transaction with its `done`."""
+    alone sets and clears it): `commit()`, `set_autocommit(True)`, `close()` and
+    `tpc_begin()` raise TransactionEndedError, and so does a COMMIT it sends as SQL
+    (`JobCursor`, `_exec_command`), since the worker commits the job's transaction with its
+    `done`."""
+    hold: Hold | None = None
+    """The hold of the handler holding it (`Hold`), set and cleared with `handler_holds`."""
     handler_ended: str | None = None
-    """The command tag (COMMIT, PREPARE TRANSACTION) by which the handler holding it ended
-    its job's transaction, if it did (`check_transaction_kept`)."""
+    """How the handler holding it ended its job's transaction, or tried to by a command of
+    psycopg's own, if it did (`read_results`, `_note_command`, `handler_end`)."""
+    began: bool = False
+    """Whether the job's transaction was begun since the handler took the connection."""
+    rolled_back: bool = False
+    """Whether the handler rolled the job's transaction back (`rollback()`, which psycopg
+    sends by `_exec_command`, or a ROLLBACK `_judge_rollback` judged) since it was last
+    begun: its next statement begins it again."""
+    rollback_read: bool = False
+    """A ROLLBACK tag was read, not yet judged (`_judge_rollback`): a ROLLBACK, or a ROLLBACK
+    TO SAVEPOINT."""
+    ran_after_rollback: bool = False
+    """A statement ran after that ROLLBACK tag, with no BEGIN between."""
     pristine_prepare_threshold: int | None = 5
     """The `prepare_threshold` its pool gave it (None behind a transaction pooler)."""
     begin_with_statement: bool = False
@@ -261,6 +334,107 @@ class JobConnection(AsyncConnection[Any]):
         return (self.job_scope and not self.autocommit
                 and self.info.transaction_status == TransactionStatus.IDLE)
 
+    def ended_unread(self) -> bool:
+        """Whether the transaction the handler holding this connection began is no longer
+        open, and the handler did not roll it back: ended by a statement whose answer the
+        worker did not read (a COMMIT through a cursor class of the handler's own)."""
+        return (self.handler_holds and self.began and not self.rolled_back
+                and self.pgconn.transaction_status == TransactionStatus.IDLE)
+
+    def read_results(self, results: list[PGresult]) -> None:
+        """Read how the handler's statements, answered with `results` in order (of one text
+        of statements, or one statement of a pipeline), left its job's transaction. A COMMIT
+        or PREPARE TRANSACTION ended it with its writes kept: TransactionEndedError at once,
+        or at the handler's end in a pipeline (whose later answers must still be read). A
+        ROLLBACK, and what ran after it, are judged once the transaction's status is known
+        (`_judge_rollback`): at once outside a pipeline, else at its end."""
+        for result in results:
+            tag = result.command_status
+            if tag in HANDLER_COMMITS:
+                self._handler_ends(committed_by_handler(tag.decode()))
+            elif tag == ROLLBACK_TAG:
+                self.rollback_read, self.ran_after_rollback = True, False
+            elif tag == BEGIN_TAG:
+                self.rollback_read = self.ran_after_rollback = False
+            elif self.rollback_read and result.status in RAN:
+                self.ran_after_rollback = True
+        if self._pipeline is None:
+            self._judge_rollback()
+            if self.handler_ended is not None:
+                raise TransactionEndedError(self.handler_ended)
+
+    def _judge_rollback(self) -> None:
+        """Judge the ROLLBACK tag read last (`rollback_read`) by the transaction's status now
+        that its answers are all read. Closed: it was a ROLLBACK, the transaction ended, and
+        what ran after it ran outside it, in a transaction of its own that committed
+        (noted in `handler_ended`, for the caller to raise). Open: it was a ROLLBACK TO
+        SAVEPOINT, in the transaction."""
+        if not self.rollback_read:
+            return
+        ran_outside = self.ran_after_rollback
+        self.rollback_read = self.ran_after_rollback = False
+        if self.pgconn.transaction_status == TransactionStatus.IDLE:
+            self.rolled_back = True
+            if ran_outside:
+                self.handler_ended = RAN_OUTSIDE
+
+    def _handler_ends(self, why: str) -> None:
+        self.handler_ended = why
+        if self._pipeline is None:  # in a pipeline: raised at the handler's end
+            raise TransactionEndedError(why)
+
+    def _check_hold(self) -> None:
+        """Raise JobEndedError when the code sending on this connection runs for a handler
+        whose job ended and gave it back (`Hold`)."""
+        hold = HOLD.get()
+        if hold is not None and hold.conn is self and self.hold is not hold:
+            raise JobEndedError(
+                f"tx of job {hold.job_id} used after the job ended, through a cursor or the "
+                "connection taken from it (a task its handler started and left running?): "
+                "the connection went back to the worker, and may hold another job's "
+                "transaction; a job's tx lives as long as its handler")
+
+    def _begin_again(self) -> None:
+        """Note that the handler's next statement begins its job's transaction; raise
+        TransactionEndedError when statements ran outside the transaction before
+        (`_judge_rollback`), or when the transaction it began before ended unread
+        (`ended_unread`)."""
+        self._judge_rollback()
+        if self.handler_ended is not None:
+            raise TransactionEndedError(self.handler_ended)
+        if self.ended_unread():
+            raise TransactionEndedError(ENDED_UNREAD)
+        self.began, self.rolled_back = True, False
+
+    def _exec_command(self, command: QueryNoTemplate,
+                      result_format: Format = Format.TEXT) -> PQGen[PGresult | None]:
+        """psycopg's command of its own (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, ...; a cursor's
+        statements start at `_start_query`). While a handler holds the connection: refused
+        for a job that ended (`Hold`); a COMMIT or PREPARE TRANSACTION (an `AsyncTransaction`
+        of the handler's own, two-phase commit) raises TransactionEndedError before it is
+        sent; a ROLLBACK is noted (`rolled_back`)."""
+        if self.handler_holds or HOLD.get() is not None:
+            self._check_hold()
+            if isinstance(command, str):
+                command = command.encode(self.pgconn._encoding)
+            elif isinstance(command, sql.Composable):
+                command = command.as_bytes(self)
+            if self.handler_holds:
+                self._note_command(command)
+        return super()._exec_command(command, result_format)
+
+    def _note_command(self, command: bytes) -> None:
+        if command.startswith(COMMANDS_THAT_COMMIT):
+            # noted too: psycopg's transaction may raise an error of its own over this one
+            self.handler_ended = (
+                f"{command.decode(errors='replace')} sent by psycopg on tx in a handler (a "
+                f"transaction or two-phase commit of the handler's own), refused before it "
+                f"was sent: {WRITE_APART}")
+            raise TransactionEndedError(self.handler_ended)
+        if command == ROLLBACK_TAG:
+            self._judge_rollback()  # what a pipeline's sync read before it; raised at the end
+            self.rolled_back = True
+
     def _start_query(self) -> PQGen[None]:
         """psycopg's BEGIN before a statement; for `JobCursor`'s one statement in a pipeline,
         queued without the Sync (and wait) psycopg puts after it, so that it is answered
@@ -268,31 +442,79 @@ class JobConnection(AsyncConnection[Any]):
         sees the transaction open, which a handler's own pipeline keeps.) A BEGIN that fails
         fails the statement too, at the pipeline's end. Every statement a cursor sends starts
         here (a cursor the handler built itself, a server cursor, COPY), so here it is noted
-        that one was sent (`sent_statements`)."""
+        that one was sent (`sent_statements`), refused when its handler's job ended
+        (`Hold`), and found when the handler's transaction ended unread (`_begin_again`)."""
         self.sent_statements = True
-        if self.begin_with_statement and self._pipeline is not None and self.opens_job_tx():
-            yield from self._exec_command(self._get_tx_start_command())
-            return
+        self._check_hold()
+        if (self.handler_holds and not self._autocommit
+                and self.pgconn.transaction_status == TransactionStatus.IDLE):
+            self._begin_again()
+            if self.begin_with_statement and self._pipeline is not None and self.job_scope:
+                yield from self._exec_command(self._get_tx_start_command())
+                return
         yield from super()._start_query()
 
     async def commit(self) -> None:
         """`AsyncConnection.commit`, refused while a handler holds the connection."""
+        self._check_hold()
         if self.handler_holds:
             raise TransactionEndedError(
-                "commit() on tx in a handler: the worker commits the job's transaction "
-                "itself, with its done, so that the job is done if and only if its writes "
-                "committed (writes that must commit on their own need a connection of their "
-                "own)")
+                f"commit() on tx in a handler: {WRITE_APART}")
         await super().commit()
+
+    async def rollback(self) -> None:
+        """`AsyncConnection.rollback`, refused for a job that ended (`Hold`); while a handler
+        holds the connection, its next statement begins the job's transaction again
+        (`_note_command`)."""
+        self._check_hold()
+        await super().rollback()
+
+    async def tpc_begin(self, xid: Any) -> None:
+        """`AsyncConnection.tpc_begin`, refused while a handler holds the connection."""
+        self._check_hold()
+        if self.handler_holds:
+            raise TransactionEndedError(
+                f"tpc_begin() on tx in a handler: a two-phase commit of the job's "
+                f"transaction is the handler's own; {WRITE_APART}")
+        await super().tpc_begin(xid)
+
+    async def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        """`AsyncConnection.cancel_safe`, refused for a job that ended (`Hold`): it would
+        cancel the statement of the next job on the connection."""
+        self._check_hold()
+        await super().cancel_safe(timeout=timeout)
+
+    @asynccontextmanager
+    async def pipeline(self) -> AsyncIterator[AsyncPipeline]:
+        """`AsyncConnection.pipeline`; once the outermost pipeline ended, its answers all
+        read, a ROLLBACK read in it is judged (`_judge_rollback`)."""
+        async with super().pipeline() as pipeline:
+            yield pipeline
+        if self._pipeline is None and self.handler_holds:
+            self._judge_rollback()
+
+    async def close(self) -> None:
+        """`AsyncConnection.close`, refused in a handler's code (`HOLD`) on the connection it
+        was given: the connection is the worker's, which commits the job's transaction on it
+        and hands it to the next job (closed, it would fail the job as a lost connection and
+        run it again, to be closed again)."""
+        hold = HOLD.get()
+        if hold is not None and hold.conn is self:
+            self._check_hold()
+            raise TransactionEndedError(
+                "close() on tx in a handler (or `async with tx`): the connection is the "
+                "worker's, which commits the job's transaction on it, with its done, and "
+                "hands it to the next job; a connection to close needs to be one's own")
+        await super().close()
 
     async def set_autocommit(self, value: bool) -> None:
         """`AsyncConnection.set_autocommit`; autocommit is refused while a handler holds the
         connection (each statement would commit on its own, apart from the job's `done`)."""
+        self._check_hold()
         if value and self.handler_holds:
             raise TransactionEndedError(
                 "set_autocommit(True) on tx in a handler: each statement would commit on its "
-                "own, apart from the job's done; the worker commits the job's transaction "
-                "itself (writes that must commit on their own need a connection of their own)")
+                f"own, apart from the job's done; {WRITE_APART}")
         await super().set_autocommit(value)
 
     @asynccontextmanager

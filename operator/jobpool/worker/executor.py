@@ -39,15 +39,24 @@ from jobpool.core.retry import (
 )
 from jobpool.core.shutdown import SHUTDOWN_WRITE_TIMEOUT
 from jobpool.db.connect import (
+    HOLD,
+    Hold,
     JobConnection,
     NotCommittedError,
     check_transaction_kept,
     end_job,
+    handler_end,
     reset_session,
 )
 from jobpool.db.failures import interrupted_by_connection, transaction_conflict
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
-from jobpool.errors import JobpoolError, PermanentError, RetryAfter
+from jobpool.errors import (
+    JobEndedError,
+    JobpoolError,
+    PermanentError,
+    RetryAfter,
+    TransactionEndedError,
+)
 from jobpool.job import Job
 from jobpool.metrics import JobOutcome, WorkerMetrics
 from jobpool.registry import KindSpec
@@ -291,8 +300,8 @@ class JobExecutor:
                 try:
                     async with conn.transaction():
                         try:
-                            with held_by_handler(conn):
-                                result = await self._call_handler(job, spec, conn)
+                            with held_by_handler(conn, tx.hold):
+                                result = await self._call_handler(job, spec, conn, tx.hold)
                             await self._complete(conn, job, stored_result(result))
                         except Exception as exc:
                             if own_conflict(conn, exc):
@@ -305,7 +314,8 @@ class JobExecutor:
                     raise
                 return result
             try:
-                result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx))
+                result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx),
+                                                  tx.hold)
                 stored = stored_result(result)
                 used = tx.taken
                 if used is not None:
@@ -316,8 +326,11 @@ class JobExecutor:
             except BaseException as exc:
                 used = tx.taken
                 conflict = used is not None and own_conflict(used, exc)
+                ended = ended_apart(used, exc)
                 if used is not None and not used.closed:
                     await used.rollback()
+                if ended is not None:
+                    raise ended from exc
                 if conflict:
                     raise OwnConflictError(cast(Exception, exc)) from exc
                 raise
@@ -368,9 +381,10 @@ class JobExecutor:
             raise ClaimLostError
 
     async def _call_handler(
-        self, job: Job, spec: KindSpec, conn: AsyncConnection[Any]
+        self, job: Job, spec: KindSpec, conn: AsyncConnection[Any], hold: Hold
     ) -> Mapping[str, Any] | None:
         deadline = self.deadlines.arm(spec.defaults.timeout)
+        held = HOLD.set(hold)  # the handler's context, inherited by the tasks it starts
         try:
             result = await spec.handler(job, conn)
         except asyncio.CancelledError as exc:
@@ -390,6 +404,7 @@ class JobExecutor:
             raise HandlerExit(f"handler raised {error_text(exc)}; a handler must not stop the "
                               "worker") from exc
         finally:
+            HOLD.reset(held)
             self.deadlines.finish(deadline)
         if result is not None and not isinstance(result, Mapping):
             raise PermanentError(
@@ -541,12 +556,17 @@ def refused_done(exc: psycopg.Error) -> Exception:
     return exc
 
 
-def enter_job_scope(conn: AsyncConnection[Any]) -> None:
+def enter_job_scope(conn: AsyncConnection[Any], hold: Hold) -> None:
     """The job's transaction starts with the handler's first statement on `conn`; nothing
-    was sent on it yet; the handler holds it (`JobConnection.handler_holds`)."""
+    was sent on it yet; the handler holds it (`JobConnection.handler_holds`, `hold`)."""
     if isinstance(conn, JobConnection):
-        conn.job_scope, conn.sent_statements, conn.handler_holds = True, False, True
-        conn.handler_ended = None
+        conn.job_scope, conn.sent_statements, conn.began = True, False, False
+        _take_hold(conn, hold)
+
+
+def _take_hold(conn: JobConnection, hold: Hold) -> None:
+    conn.handler_holds, conn.handler_ended, conn.rolled_back = True, None, False
+    conn.hold, hold.conn = hold, conn
 
 
 def leave_job_scope(conn: AsyncConnection[Any]) -> None:
@@ -554,24 +574,42 @@ def leave_job_scope(conn: AsyncConnection[Any]) -> None:
     the executor itself), and no handler holds it."""
     if isinstance(conn, JobConnection):
         conn.job_scope = conn.handler_holds = False
+        conn.hold = None
+
+
+def ended_apart(conn: AsyncConnection[Any] | None,
+                exc: BaseException) -> TransactionEndedError | None:
+    """The TransactionEndedError to fail the attempt with, instead of the handler's own
+    failure `exc`, when the handler that held `conn` ended its job's transaction itself
+    before it failed (`handler_end`): what it committed apart stays, and a retry would
+    commit it again, so the job goes to the DLQ. None for a cancellation (the worker's own),
+    or when `exc` already says so."""
+    if not isinstance(exc, Exception) or isinstance(exc, TransactionEndedError):
+        return None
+    why = handler_end(conn)
+    return None if why is None else TransactionEndedError(why)
 
 
 @contextlib.contextmanager
-def held_by_handler(conn: AsyncConnection[Any]) -> Iterator[None]:
-    """`conn` held by a handler for the block (`JobConnection.handler_holds`), outside job
-    scope: the job's transaction the executor opened itself."""
+def held_by_handler(conn: AsyncConnection[Any], hold: Hold) -> Iterator[None]:
+    """`conn` held by a handler for the block (`JobConnection.handler_holds`, `hold`),
+    outside job scope: the job's transaction the executor opened itself (begun). Raises
+    TransactionEndedError when the handler ended it (`handler_end`), returning or failing."""
     if isinstance(conn, JobConnection):
-        conn.handler_holds, conn.handler_ended = True, None
+        conn.began = True
+        _take_hold(conn, hold)
     try:
         yield
         check_transaction_kept(conn)
+    except Exception as exc:
+        ended = ended_apart(conn, exc)
+        if ended is None:
+            raise
+        raise ended from exc
     finally:
         if isinstance(conn, JobConnection):
             conn.handler_holds = False
-
-
-class JobEndedError(JobpoolError):
-    """A job's `tx` used after its job ended."""
+            conn.hold = None
 
 
 class JobTransaction:
@@ -579,17 +617,17 @@ class JobTransaction:
     attributes and put in job scope (`enter_job_scope`); until then nothing is borrowed.
     Everything else is the connection's own."""
 
-    __slots__ = ("_conn", "_ended", "_job_id", "_pool", "_slots")
+    __slots__ = ("_conn", "_ended", "_hold", "_pool", "_slots")
     _conn: AsyncConnection[Any] | None
     _ended: bool
-    _job_id: int
+    _hold: Hold
     _pool: AsyncConnectionPool[Any] | None
     _slots: SlotConnections
 
     def __init__(self, slots: SlotConnections, job_id: int) -> None:
         init = object.__setattr__  # past this class's own __setattr__: one per job
         init(self, "_slots", slots)
-        init(self, "_job_id", job_id)
+        init(self, "_hold", Hold(job_id))
         init(self, "_conn", None)
         init(self, "_pool", None)
         init(self, "_ended", False)
@@ -599,18 +637,23 @@ class JobTransaction:
         """The connection, if the handler used `tx`."""
         return self._conn
 
+    @property
+    def hold(self) -> Hold:
+        """The handler's hold on the connection (`Hold`), kept after the job ended."""
+        return self._hold
+
     def connection(self) -> AsyncConnection[Any]:
         """The connection, taken now if it was not yet. Raises NoSlotConnectionError, and
         JobEndedError once the job ended: a task the handler left running would otherwise
         take a slot's connection that no one gives back, and leave a transaction open on it."""
         if self._ended:
             raise JobEndedError(
-                f"tx of job {self._job_id} used after the job ended (a task its handler "
+                f"tx of job {self._hold.job_id} used after the job ended (a task its handler "
                 "started and left running?): a job's tx lives as long as its handler")
         conn = self._conn
         if conn is None:
-            conn, self._pool = self._slots.take(self._job_id)
-            enter_job_scope(conn)
+            conn, self._pool = self._slots.take(self._hold.job_id)
+            enter_job_scope(conn, self._hold)
             self._conn = conn
         return conn
 
@@ -633,7 +676,7 @@ class JobTransaction:
             try:
                 await finish(conn)
             finally:
-                await self._slots.give_back(conn, pool, self._job_id)
+                await self._slots.give_back(conn, pool, self._hold.job_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.connection(), name)
