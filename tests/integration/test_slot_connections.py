@@ -533,6 +533,8 @@ async def test_a_cursor_a_task_kept_after_its_job_is_refused_in_the_next_job(
             await kept.connection.rollback()
         with pytest.raises(JobEndedError, match="tx of job 41"):
             await kept.connection.cancel_safe()  # it would cancel the next job's statement
+        with pytest.raises(JobEndedError, match="tx of job 41"):
+            kept.connection.cancel()
     await following.end(NO_DONE)
     assert await left_rows() == [1, 2]
     await slots.close()

@@ -484,6 +484,11 @@ class JobConnection(AsyncConnection[Any]):
         self._check_hold()
         await super().cancel_safe(timeout=timeout)
 
+    def cancel(self) -> None:
+        """`AsyncConnection.cancel`, refused for a job that ended, as `cancel_safe` is."""
+        self._check_hold()
+        super().cancel()
+
     @asynccontextmanager
     async def pipeline(self) -> AsyncIterator[AsyncPipeline]:
         """`AsyncConnection.pipeline`; once the outermost pipeline ended, its answers all
