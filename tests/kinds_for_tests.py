@@ -294,7 +294,7 @@ async def _raise_after(ending: Any) -> None:
 
 async def _write_in_own_transaction(tx: AsyncConnection[Any], job: Job) -> None:
     """After a rollback, a psycopg transaction of the handler's own, with a write."""
-    await tx.execute("ROLLBACK")  # rollback() is psycopg's error in the executor's transaction
+    await tx.rollback()
     conn = tx.cursor().connection
     async with psycopg.AsyncTransaction(conn):
         await conn.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))

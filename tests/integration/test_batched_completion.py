@@ -51,16 +51,6 @@ async def test_jobs_that_wrote_nothing_are_done_in_batches_with_audit_and_result
                         " AND actor_principal_id = 'test-worker'") == 40
 
 
-async def test_one_transaction_per_job_when_batching_is_off(conn: Conn, dsn: str,
-                                                            tenant: uuid.UUID) -> None:
-    await prepare(conn)
-    await jobpool.enqueue_many(conn, [jobpool.NewJob(tenant, "test_noop_result")] * 5)
-    await run_until_empty(dsn, "test_noop_result", batch_completions=False)
-    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE status = 'done'") == 5
-    assert await scalar(conn, "SELECT count(*) FROM mdm.aa_audit_log"
-                        " WHERE action = 'job_done'") == 5
-
-
 async def test_batched_completion_refuses_lost_claims(
     conn: Conn, store: QueueStore, tenant: uuid.UUID
 ) -> None:

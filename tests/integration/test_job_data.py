@@ -54,11 +54,13 @@ async def second_tenant(conn: Conn) -> uuid.UUID:
     return uuid.UUID(str(row["id"]))
 
 
-async def normal_jobs(conn: Conn, tenants: list[uuid.UUID], count: int = 12) -> list[int]:
-    """`count` no-op jobs with max_attempts 1, spread over `tenants`: one lost attempt would
-    put them in the DLQ."""
+async def normal_jobs(conn: Conn, tenants: list[uuid.UUID], count: int = 12,
+                      kind: str = "test_noop") -> list[int]:
+    """`count` jobs of `kind` (no-op ones, or `test_record`, whose handler writes and so ends
+    on its slot connection) with max_attempts 1, spread over `tenants`: one lost attempt
+    would put them in the DLQ."""
     made = await jobpool.enqueue_many(conn, [
-        jobpool.NewJob(tenants[n % len(tenants)], "test_noop", {"n": n}, max_attempts=1)
+        jobpool.NewJob(tenants[n % len(tenants)], kind, {"n": n}, max_attempts=1)
         for n in range(count)])
     return [m.id for m in made]
 
@@ -67,9 +69,8 @@ async def statuses(conn: Conn, ids: list[int]) -> set[str]:
     return {(await job(conn, i))["status"] for i in ids}
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-transaction-per-job"])
 async def test_whatever_a_handler_returns_or_raises_only_its_job_fails(
-    conn: Conn, dsn: str, tenant: uuid.UUID, batched: bool
+    conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
     await prepare(conn)
     normal = await normal_jobs(conn, [tenant, await second_tenant(conn)])
@@ -81,8 +82,7 @@ async def test_whatever_a_handler_returns_or_raises_only_its_job_fails(
                 payload={"do": do, "write": write})).id
     normal += await normal_jobs(conn, [tenant])
 
-    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8,
-                          batch_completions=batched)
+    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8)
 
     assert await statuses(conn, normal) == {"done"}
     for (do, _), job_id in bad.items():
@@ -128,9 +128,8 @@ async def outcome(conn: Conn, job_id: int) -> tuple[str, str]:
     return row["status"], row["last_error"]
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-transaction-per-job"])
 async def test_a_done_the_database_refuses_fails_its_job_alone(
-    conn: Conn, dsn: str, tenant: uuid.UUID, batched: bool
+    conn: Conn, dsn: str, tenant: uuid.UUID
 ) -> None:
     """A batch of `done`s that the database refuses is recorded job by job: the culprit goes
     to the DLQ naming the refusal, the rest of its batch is done."""
@@ -142,8 +141,7 @@ async def test_a_done_the_database_refuses_fails_its_job_alone(
                                      payload={"do": "refused_result"})).id
     normal += await normal_jobs(conn, [tenant], count=30)
 
-    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8,
-                          batch_completions=batched)
+    await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8)
 
     assert await statuses(conn, normal) == {"done"}
     row = await job(conn, refused)
@@ -250,10 +248,10 @@ async def test_a_handlers_prepared_statements_end_with_its_job(
     abuse = [m.id for m in await jobpool.enqueue_many(conn, [
         jobpool.NewJob(tenant, "test_abuse_tx", {"do": "prepare"}, priority=0)
         for _ in range(4)])]
-    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=200)
+    normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=200,
+                               kind="test_record")
 
-    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1,
-                          batch_completions=False)
+    await run_until_empty(dsn, "test_record", "test_abuse_tx", slots=1)
 
     assert await statuses(conn, [*abuse, *normal]) == {"done"}
 
@@ -266,13 +264,12 @@ async def test_a_handler_deallocating_psycopgs_statements_fails_no_later_job(
     failing the next job that uses it."""
     await prepare(conn)
     tenants = [tenant, await second_tenant(conn)]
-    normal = await normal_jobs(conn, tenants, count=60)
+    normal = await normal_jobs(conn, tenants, count=60, kind="test_record")
     abuse = [m.id for m in await jobpool.enqueue_many(conn, [
         jobpool.NewJob(tenant, "test_abuse_tx", {"do": "deallocate_all"}) for _ in range(6)])]
-    normal += await normal_jobs(conn, tenants, count=120)
+    normal += await normal_jobs(conn, tenants, count=120, kind="test_record")
 
-    await run_until_empty(dsn, "test_noop", "test_abuse_tx", slots=1,
-                          batch_completions=False)
+    await run_until_empty(dsn, "test_record", "test_abuse_tx", slots=1)
 
     assert await statuses(conn, normal) == {"done"}
     # the handler's own `done`, on the connection it broke, may fail: its job alone

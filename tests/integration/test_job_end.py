@@ -372,22 +372,16 @@ ENDINGS = [
 committed all the same, and what the job's last_error says."""
 
 
-@pytest.mark.parametrize(("how", "kept", "says", "batched"), [
-    (*ending, batched) for ending in ENDINGS for batched in (True, False)
-    # psycopg refuses a transaction of the handler's own inside the executor's
-    if (ending[0], batched) != ("own_transaction", False)
-])
+@pytest.mark.parametrize(("how", "kept", "says"), ENDINGS)
 async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq(
-        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int, says: str,
-        batched: bool) -> None:
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, kept: int, says: str) -> None:
     """The worker commits the job's transaction with its done; a handler that commits it
     itself, or writes outside it, would leave its writes committed and the job retried,
-    writing them again. Also where the executor opens the job's transaction itself
-    (`batch_completions` off)."""
+    writing them again."""
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_commits_itself",
                                     payload={"how": how})).id
-    await run_until_empty(dsn, "test_commits_itself", batch_completions=batched)
+    await run_until_empty(dsn, "test_commits_itself")
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("dlq", 1), row
     assert row["last_error"].startswith("TransactionEndedError: "), row["last_error"]
@@ -396,40 +390,32 @@ async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq
                         (job_id,)) == kept
 
 
-@pytest.mark.parametrize(("how", "batched"), [
-    ("rollback", True),  # psycopg refuses rollback() inside the executor's own transaction
-    *((how, batched) for how in ("sql_rollback", "rollback_then_begin_in_text",
-                                 "rollback_in_pipeline", "rollback_and_chain")
-      for batched in (True, False)),
-])
+@pytest.mark.parametrize("how", ["rollback", "sql_rollback", "rollback_then_begin_in_text",
+                                 "rollback_in_pipeline", "rollback_and_chain"])
 async def test_a_handler_that_rolls_back_and_goes_on_commits_what_follows_with_its_done(
-        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, batched: bool) -> None:
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str) -> None:
     """A ROLLBACK only undoes: the handler's next statement begins the job's transaction
-    again (or the handler's own BEGIN does), and commits with the job's done. Also where the
-    executor opens the job's transaction itself (`batch_completions` off)."""
-    assert await rows_of_done_job(conn, dsn, tenant, "test_rolls_back", how,
-                                  batched=batched) == [1]  # the second row alone
+    again (or the handler's own BEGIN does), and commits with the job's done."""
+    assert await rows_of_done_job(conn, dsn, tenant, "test_rolls_back", how) == [1]
 
 
-@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("how", ["savepoint_in_text", "savepoint_statements",
                                  "savepoint_in_pipeline"])
 async def test_a_rollback_to_a_savepoint_keeps_the_jobs_transaction(
-        conn: Conn, dsn: str, tenant: uuid.UUID, how: str, batched: bool) -> None:
+        conn: Conn, dsn: str, tenant: uuid.UUID, how: str) -> None:
     """ROLLBACK TO SAVEPOINT answers with ROLLBACK's command tag, but undoes only what follows
     the savepoint: what the handler writes after it is in the job's transaction, not outside."""
-    assert await rows_of_done_job(conn, dsn, tenant, "test_undoes_to_savepoint", how,
-                                  batched=batched) == [0, 1]
+    assert await rows_of_done_job(conn, dsn, tenant, "test_undoes_to_savepoint", how) == [0, 1]
 
 
-async def rows_of_done_job(conn: Conn, dsn: str, tenant: uuid.UUID, kind: str, how: str, *,
-                           batched: bool) -> list[int]:
+async def rows_of_done_job(conn: Conn, dsn: str, tenant: uuid.UUID, kind: str,
+                           how: str) -> list[int]:
     """Run one job of `kind` with `payload.how`; assert it ended done; return the
     `worker_pid` values of its test_runs rows, in order."""
     await prepare(conn)
     job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind=kind,
                                     payload={"how": how})).id
-    await run_until_empty(dsn, kind, batch_completions=batched)
+    await run_until_empty(dsn, kind)
     row = await job(conn, job_id)
     assert row["status"] == "done", row
     return list(await scalar(conn, "SELECT array_agg(worker_pid ORDER BY worker_pid) "

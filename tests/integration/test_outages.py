@@ -331,21 +331,19 @@ async def _status_is(conn: psycopg.AsyncConnection[Any], job_id: int,
     return (await helpers.job(conn, job_id))["status"] in statuses
 
 
-@pytest.mark.parametrize(("steps", "batched", "outcome"), [
+@pytest.mark.parametrize(("steps", "outcome"), [
     # a hot row under SERIALIZABLE: more conflicts of the job's own transaction, at a
     # statement or at its COMMIT, than MAX_UNCOUNTED_HAND_BACKS, still not the job's attempt
-    (["conflict"] * 6, True, ("done", 7)),
-    (["commit_conflict"] * 6, True, ("done", 7)),
+    (["conflict"] * 6, ("done", 7)),
+    (["commit_conflict"] * 6, ("done", 7)),
     # a restart after three conflicts is still a restart: each cause has its own count
-    (["conflict"] * 3 + ["lost"], True, ("done", 5)),
-    # a COMMIT's conflict counts as the transaction's own without batched completions too
-    (["commit_conflict"] * 6, False, ("done", 7)),
+    (["conflict"] * 3 + ["lost"], ("done", 5)),
     # the handler's PermanentError wins over the conflict it was raised from
-    (["permanent_from_conflict"], True, ("dlq", 1)),
+    (["permanent_from_conflict"], ("dlq", 1)),
 ])
 async def test_what_interrupts_a_job_is_counted_by_its_cause(
     conn: psycopg.AsyncConnection[Any], dsn: str, tenant: uuid.UUID, steps: list[str],
-    batched: bool, outcome: tuple[str, int],
+    outcome: tuple[str, int],
 ) -> None:
     """The job's kind allows one attempt: it ends done only if no interruption counted."""
     from jobpool.worker.executor import MAX_UNCOUNTED_CONFLICTS, MAX_UNCOUNTED_HAND_BACKS
@@ -356,7 +354,7 @@ async def test_what_interrupts_a_job_is_counted_by_its_cause(
     job = await jobpool.enqueue(conn, tenant_id=tenant, kind="test_interrupted_in_steps",
                                 payload={"steps": steps})
     w = worker(dsn, ("test_interrupted_in_steps",), until_empty=False, slots=1,
-               poll_interval=0.2, batch_completions=batched)
+               poll_interval=0.2)
     running = asyncio.create_task(w.run())
     try:
         await wait_until(lambda: _status_is(conn, job.id, ("done", "dlq")), "job settled")

@@ -96,7 +96,7 @@ def executor(handler: Any, store: FakeStore, batch: Batch | None = None,
     spec = KindSpec("k", handler, KindDefaults(timeout=5.0))
     return JobExecutor(store, writer=Writer(), completer=batch or Batch(),
                        slot_connections=SlotConnections(1), leases=leases or Leases(),
-                       limiter=TokenStore(), specs={"k": spec}, batch_completions=True,
+                       limiter=TokenStore(), specs={"k": spec},
                        wake=asyncio.Event(), metrics=WorkerMetrics(), rng=random.Random(1))
 
 

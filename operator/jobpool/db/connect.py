@@ -449,7 +449,7 @@ class JobConnection(AsyncConnection[Any]):
         if (self.handler_holds and not self._autocommit
                 and self.pgconn.transaction_status == TransactionStatus.IDLE):
             self._begin_again()
-            if self.begin_with_statement and self._pipeline is not None and self.job_scope:
+            if self.begin_with_statement and self._pipeline is not None:
                 yield from self._exec_command(self._get_tx_start_command())
                 return
         yield from super()._start_query()

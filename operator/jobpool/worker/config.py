@@ -42,8 +42,6 @@ class WorkerConfig:
     cleanup_every: seconds between runs of the periodic maintenance steps (done-job
         retention, outbox compaction; default 5 minutes).
     until_empty: exit once nothing runnable is left (and schedule no cleanup).
-    batch_completions: mark jobs whose handlers sent no statement done in batches, in the
-        fetch loop's transaction (False: one transaction per job, as for every other job).
     completion_delay: seconds a batched `done` may wait for more to join it (it goes at once
         when half the slots or all running jobs wait on one).
     pooler: "none" or "transaction" (`jobpool.settings.POOLERS`): a transaction pooler gets
@@ -63,7 +61,6 @@ class WorkerConfig:
     lease_ttl: float = default_of("lease_ttl")
     cleanup_every: float = 300.0
     until_empty: bool = False
-    batch_completions: bool = True
     completion_delay: float = 0.002
     pooler: str = default_of("pooler")
     listen_dsn: str | None = default_of("listen_dsn")

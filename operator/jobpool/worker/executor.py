@@ -8,18 +8,16 @@ connection (`SlotConnections`) on the handler's first use of it and puts that co
 job scope (`JobConnection.job_scope`): the transaction starts with the handler's first
 statement, so a handler that sends none leaves the connection idle, and its `done` goes to
 the completer's batch; a handler that wrote gets its `done`, the session reset and the COMMIT
-in one query (`JobTransaction.end`). Without `batch_completions` every job runs in a
-transaction opened before its handler.
+in one query (`JobTransaction.end`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import psycopg
@@ -176,9 +174,6 @@ class OutcomeStore(Protocol):
         """The worker's pool (rate-limit tokens are taken on it)."""
         ...
 
-    async def complete(self, conn: AsyncConnection[Any], job_id: int, attempts: int,
-                       result: str | None) -> bool: ...
-
     def done_statement(self, job_id: int, attempts: int, result: str | None) -> bytes: ...
 
     async def committed_done(self, job_id: int, attempts: int) -> bool: ...
@@ -219,7 +214,7 @@ class JobExecutor:
     def __init__(
         self, store: OutcomeStore, *, writer: OutcomeWriter, completer: BatchedDone,
         slot_connections: SlotConnections, leases: Finishing, limiter: TokenStore,
-        specs: Mapping[str, KindSpec], batch_completions: bool, wake: asyncio.Event,
+        specs: Mapping[str, KindSpec], wake: asyncio.Event,
         metrics: WorkerMetrics, rng: random.Random,
         stopped: Callable[[int], bool] = lambda job_id: False,
     ) -> None:
@@ -230,7 +225,6 @@ class JobExecutor:
         self.leases = leases
         self.limiter = limiter
         self.specs = specs
-        self.batch_completions = batch_completions
         self.wake = wake
         self.metrics = metrics
         self.rng = rng
@@ -293,47 +287,26 @@ class JobExecutor:
         """
         tx = JobTransaction(self.slot_connections, job.id)
         try:
-            if not self.batch_completions:
-                conn = tx.connection()
-                leave_job_scope(conn)  # the transaction below is the job's
-                committing = False
-                try:
-                    async with conn.transaction():
-                        try:
-                            with held_by_handler(conn, tx.hold):
-                                result = await self._call_handler(job, spec, conn, tx.hold)
-                            await self._complete(conn, job, stored_result(result))
-                        except Exception as exc:
-                            if own_conflict(conn, exc):
-                                raise OwnConflictError(exc) from exc
-                            raise
-                        committing = True
-                except psycopg.Error as exc:
-                    if committing and (exc.sqlstate or "").startswith("40"):
-                        raise OwnConflictError(exc) from exc  # the COMMIT's own
-                    raise
+            result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx),
+                                              tx.hold)
+            stored = stored_result(result)
+            used = tx.taken
+            if used is not None:
+                check_transaction_kept(used)
+            if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
+                await self._end(tx, job, stored)
                 return result
-            try:
-                result = await self._call_handler(job, spec, cast(AsyncConnection[Any], tx),
-                                                  tx.hold)
-                stored = stored_result(result)
-                used = tx.taken
-                if used is not None:
-                    check_transaction_kept(used)
-                if used is not None and used.info.transaction_status != TransactionStatus.IDLE:
-                    await self._end(tx, job, stored)
-                    return result
-            except BaseException as exc:
-                used = tx.taken
-                conflict = used is not None and own_conflict(used, exc)
-                ended = ended_apart(used, exc)
-                if used is not None and not used.closed:
-                    await used.rollback()
-                if ended is not None:
-                    raise ended from exc
-                if conflict:
-                    raise OwnConflictError(cast(Exception, exc)) from exc
-                raise
+        except BaseException as exc:
+            used = tx.taken
+            conflict = used is not None and own_conflict(used, exc)
+            ended = ended_apart(used, exc)
+            if used is not None and not used.closed:
+                await used.rollback()
+            if ended is not None:
+                raise ended from exc
+            if conflict:
+                raise OwnConflictError(cast(Exception, exc)) from exc
+            raise
         finally:
             await tx.release()
         self.leases.finishing(job.id)
@@ -368,17 +341,6 @@ class JobExecutor:
                 raise
             log.warning("job %d (%s): committed, but the answer to its COMMIT was lost (%s)",
                         job.id, job.job_kind, error_text(exc))
-
-    async def _complete(self, conn: AsyncConnection[Any], job: Job, stored: str | None) -> None:
-        """Mark the job done in its transaction; raises ClaimLostError, or what
-        `refused_done` makes of a `done` the server refused."""
-        self.leases.finishing(job.id)
-        try:
-            held = await self.store.complete(conn, job.id, job.attempts, stored)
-        except psycopg.Error as exc:
-            raise_refused_done(exc)
-        if not held:
-            raise ClaimLostError
 
     async def _call_handler(
         self, job: Job, spec: KindSpec, conn: AsyncConnection[Any], hold: Hold
@@ -561,17 +523,13 @@ def enter_job_scope(conn: AsyncConnection[Any], hold: Hold) -> None:
     was sent on it yet; the handler holds it (`JobConnection.handler_holds`, `hold`)."""
     if isinstance(conn, JobConnection):
         conn.job_scope, conn.sent_statements, conn.began = True, False, False
-        _take_hold(conn, hold)
-
-
-def _take_hold(conn: JobConnection, hold: Hold) -> None:
-    conn.handler_holds, conn.handler_ended, conn.rolled_back = True, None, False
-    conn.hold, hold.conn = hold, conn
+        conn.handler_holds, conn.handler_ended, conn.rolled_back = True, None, False
+        conn.hold, hold.conn = hold, conn
 
 
 def leave_job_scope(conn: AsyncConnection[Any]) -> None:
-    """`conn`'s transactions are plain ones again (the worker's own, or a job's opened by
-    the executor itself), and no handler holds it."""
+    """`conn`'s transactions are plain ones again (the worker's own), and no handler holds
+    it."""
     if isinstance(conn, JobConnection):
         conn.job_scope = conn.handler_holds = False
         conn.hold = None
@@ -588,28 +546,6 @@ def ended_apart(conn: AsyncConnection[Any] | None,
         return None
     why = handler_end(conn)
     return None if why is None else TransactionEndedError(why)
-
-
-@contextlib.contextmanager
-def held_by_handler(conn: AsyncConnection[Any], hold: Hold) -> Iterator[None]:
-    """`conn` held by a handler for the block (`JobConnection.handler_holds`, `hold`),
-    outside job scope: the job's transaction the executor opened itself (begun). Raises
-    TransactionEndedError when the handler ended it (`handler_end`), returning or failing."""
-    if isinstance(conn, JobConnection):
-        conn.began = True
-        _take_hold(conn, hold)
-    try:
-        yield
-        check_transaction_kept(conn)
-    except Exception as exc:
-        ended = ended_apart(conn, exc)
-        if ended is None:
-            raise
-        raise ended from exc
-    finally:
-        if isinstance(conn, JobConnection):
-            conn.handler_holds = False
-            conn.hold = None
 
 
 class JobTransaction:

@@ -262,8 +262,7 @@ class Worker:
             executor = JobExecutor(
                 store, writer=self.link, completer=completer,
                 slot_connections=self.slot_connections, leases=self.leases,
-                limiter=self.limiter, specs=self.specs,
-                batch_completions=self.config.batch_completions, wake=self.producer.wake,
+                limiter=self.limiter, specs=self.specs, wake=self.producer.wake,
                 metrics=self.metrics, rng=self.rng, stopped=self.stops.stopping)
             self._start_background(store)
             await self.producer.run(completer, executor, watched)
