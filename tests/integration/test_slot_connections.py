@@ -53,7 +53,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
     tx = JobTransaction(slots, 2)
     pid = tx.info.backend_pid  # a plain attribute is a use too
     conn = tx.taken
-    assert isinstance(conn, JobConnection) and conn.job_scope
+    assert isinstance(conn, JobConnection) and conn.handler_holds
     assert (len(slots.idle), slots.lent) == (1, 1)
     assert conn.info.transaction_status == TransactionStatus.IDLE  # nothing sent yet
     await tx.execute("CREATE TEMP TABLE scratch (x int)")
@@ -61,7 +61,7 @@ async def test_the_first_use_takes_the_connection_and_opens_the_job_transaction_
     assert pid == conn.info.backend_pid
     await tx.release()
     assert (len(slots.idle), slots.lent) == (2, 0)
-    assert conn in slots.idle and not conn.job_scope
+    assert conn in slots.idle and not conn.handler_holds
     assert conn.info.transaction_status == TransactionStatus.IDLE  # rolled back, reset
     again = JobTransaction(slots, 3)
     cur = await again.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename = 'scratch'")

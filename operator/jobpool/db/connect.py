@@ -282,16 +282,15 @@ def check_transaction_kept(conn: AsyncConnection[Any]) -> None:
 class JobConnection(AsyncConnection[Any]):
     """A worker's pooled connection.
 
-    While `job_scope` is set (a handler runs with it as `tx`; `jobpool.worker.executor`
-    alone sets and clears it), the job's transaction starts with the handler's first
-    statement, so a handler that sends none leaves the connection idle and its `done` can
-    be batched; a `tx.transaction()` block opened before any statement first starts the
-    job's transaction, so it stays a savepoint inside it. The BEGIN goes out in one round
-    trip with that first statement (`JobCursor`, a pipeline whose BEGIN waits for no answer
-    of its own); psycopg alone would wait for the BEGIN's answer first.
+    While a handler holds it as its `tx` (`handler_holds`: job scope), the job's transaction
+    starts with the handler's first statement, so a handler that sends none leaves the
+    connection idle and its `done` can be batched; a `tx.transaction()` block opened before
+    any statement first starts the job's transaction, so it stays a savepoint inside it. The
+    BEGIN goes out in one round trip with that first statement (`JobCursor`, a pipeline whose
+    BEGIN waits for no answer of its own); psycopg alone would wait for the BEGIN's answer
+    first.
     """
 
-    job_scope: bool = False
     handler_holds: bool = False
     """Set while a handler holds this connection as its `tx` (`jobpool.worker.executor`
     alone sets and clears it): `commit()`, `set_autocommit(True)`, `close()` and
@@ -331,8 +330,8 @@ class JobConnection(AsyncConnection[Any]):
 
     def opens_job_tx(self) -> bool:
         """Whether the next statement opens the job's transaction."""
-        return (self.job_scope and not self.autocommit
-                and self.info.transaction_status == TransactionStatus.IDLE)
+        return (self.handler_holds and not self._autocommit
+                and self.pgconn.transaction_status == TransactionStatus.IDLE)
 
     def ended_unread(self) -> bool:
         """Whether the transaction the handler holding this connection began is no longer
@@ -446,8 +445,7 @@ class JobConnection(AsyncConnection[Any]):
         (`Hold`), and found when the handler's transaction ended unread (`_begin_again`)."""
         self.sent_statements = True
         self._check_hold()
-        if (self.handler_holds and not self._autocommit
-                and self.pgconn.transaction_status == TransactionStatus.IDLE):
+        if self.opens_job_tx():
             self._begin_again()
             if self.begin_with_statement and self._pipeline is not None:
                 yield from self._exec_command(self._get_tx_start_command())

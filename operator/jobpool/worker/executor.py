@@ -5,7 +5,7 @@ and writes the outcome (done, retry, DLQ, handed back), returning it as a `JobOu
 
 The job's transaction: the handler's `tx` is a `JobTransaction`, which takes the slot's
 connection (`SlotConnections`) on the handler's first use of it and puts that connection in
-job scope (`JobConnection.job_scope`): the transaction starts with the handler's first
+job scope (`JobConnection.handler_holds`): the transaction starts with the handler's first
 statement, so a handler that sends none leaves the connection idle, and its `done` goes to
 the completer's batch; a handler that wrote gets its `done`, the session reset and the COMMIT
 in one query (`JobTransaction.end`).
@@ -522,8 +522,8 @@ def enter_job_scope(conn: AsyncConnection[Any], hold: Hold) -> None:
     """The job's transaction starts with the handler's first statement on `conn`; nothing
     was sent on it yet; the handler holds it (`JobConnection.handler_holds`, `hold`)."""
     if isinstance(conn, JobConnection):
-        conn.job_scope, conn.sent_statements, conn.began = True, False, False
-        conn.handler_holds, conn.handler_ended, conn.rolled_back = True, None, False
+        conn.handler_holds, conn.sent_statements, conn.began = True, False, False
+        conn.handler_ended, conn.rolled_back = None, False
         conn.hold, hold.conn = hold, conn
 
 
@@ -531,8 +531,7 @@ def leave_job_scope(conn: AsyncConnection[Any]) -> None:
     """`conn`'s transactions are plain ones again (the worker's own), and no handler holds
     it."""
     if isinstance(conn, JobConnection):
-        conn.job_scope = conn.handler_holds = False
-        conn.hold = None
+        conn.handler_holds, conn.hold = False, None
 
 
 def ended_apart(conn: AsyncConnection[Any] | None,
