@@ -19,12 +19,16 @@ from psycopg.types.json import set_json_loads
 import jobpool
 from jobpool.job import Job
 
+INSERT_RUN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)"
+"""One run of a job recorded in test_runs (`TEST_RUNS_DDL`): its id, attempt and a number
+(the worker's pid, or a row's mark)."""
+
 
 @jobpool.kind("test_record", max_attempts=3, stale_ttl=30.0)
 async def record(job: Job, tx: AsyncConnection[Any]) -> None:
     """Record this run in `test_runs` inside the job's transaction."""
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
 
@@ -35,7 +39,7 @@ async def fails_at_commit(job: Job, tx: AsyncConnection[Any]) -> None:
     constraint that only COMMIT checks: with `payload.twice` the same value twice, so that
     the job's transaction fails at its very end."""
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
     await tx.execute("SET work_mem = '1MB'")
@@ -50,7 +54,7 @@ async def slow_reset(job: Job, tx: AsyncConnection[Any]) -> None:
     `payload.tables` temp tables for DISCARD TEMP to drop, a `statement_timeout` of
     `payload.timeout_ms`."""
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
     tables = int(job.payload["tables"])  # no parameters: psycopg sends the text as it is
@@ -66,7 +70,7 @@ async def sleep(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     first = job.attempts == 1 or "retry_seconds" not in job.payload
     await asyncio.sleep(float(job.payload["seconds" if first else "retry_seconds"]))
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
     return {"slept": job.payload.get("seconds", 1)}
@@ -78,7 +82,7 @@ async def block(job: Job, tx: AsyncConnection[Any]) -> None:
     record the run."""
     time.sleep(float(job.payload["seconds"]))
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
 
@@ -86,7 +90,7 @@ async def block(job: Job, tx: AsyncConnection[Any]) -> None:
 @jobpool.kind("test_fail", max_attempts=2, backoff_base=2.0, backoff_max=2.0, backoff_jitter=0.0)
 async def fail(job: Job, tx: AsyncConnection[Any]) -> None:
     """Write a row (which must roll back), then fail as `payload` says."""
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+    await tx.execute(INSERT_RUN,
                      (job.id, job.attempts, os.getpid()))
     if job.payload.get("permanent"):
         raise jobpool.PermanentError(job.payload.get("message", "permanent failure"))
@@ -174,7 +178,7 @@ async def misbehave(job: Job, tx: AsyncConnection[Any]) -> Any:
     """Return or raise what `payload.do` names (see MISBEHAVIOURS, FAILURES); with
     `payload.write`, first write a row in the job's transaction (which must roll back)."""
     if job.payload.get("write"):
-        await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        await tx.execute(INSERT_RUN,
                          (job.id, job.attempts, os.getpid()))
     do = job.payload["do"]
     if do in FAILURES:
@@ -258,7 +262,7 @@ RAISES: dict[str, Any] = {
 async def ignores_cancel(job: Job, tx: AsyncConnection[Any]) -> None:
     """Write a test_runs row, then sleep `payload.seconds` catching every cancellation (a
     handler a worker cannot stop)."""
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+    await tx.execute(INSERT_RUN,
                      (job.id, job.attempts, os.getpid()))
     end = time.monotonic() + job.payload["seconds"]
     while time.monotonic() < end:
@@ -274,7 +278,12 @@ async def _commit_in_pipeline(tx: AsyncConnection[Any]) -> None:
 async def _rollback_then_write_in_pipeline(tx: AsyncConnection[Any], job: Job) -> None:
     async with tx.pipeline():
         await tx.execute("ROLLBACK")
-        await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+        await tx.execute(run_row(job, 1))
+
+
+async def _stream(tx: AsyncConnection[Any], statement: str) -> None:
+    async for _ in tx.cursor().stream(statement):
+        pass
 
 
 async def _rollback_in_pipeline(tx: AsyncConnection[Any]) -> None:
@@ -297,12 +306,12 @@ async def _write_in_own_transaction(tx: AsyncConnection[Any], job: Job) -> None:
     await tx.rollback()
     conn = tx.cursor().connection
     async with psycopg.AsyncTransaction(conn):
-        await conn.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+        await conn.execute(run_row(job, 1))
 
 
 async def _commit_through_own_cursor_then_write(tx: AsyncConnection[Any], job: Job) -> None:
     await psycopg.AsyncRawCursor(tx).execute("COMMIT")
-    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+    await tx.execute(run_row(job, 1))
 
 
 async def _commit_through_cursor(tx: AsyncConnection[Any]) -> None:
@@ -320,9 +329,10 @@ ENDINGS: dict[str, Any] = {
     "sql_in_text": lambda tx, job: tx.execute("SELECT 1; COMMIT"),
     "pipeline": lambda tx, job: _commit_in_pipeline(tx),
     "rollback_then_write_in_text": lambda tx, job: tx.execute(
-        f"ROLLBACK; {INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts)}"),
+        f"ROLLBACK; {run_row(job, 1)}"),
     "rollback_then_write_in_pipeline": lambda tx, job: _rollback_then_write_in_pipeline(tx, job),
     "own_cursor_commit": lambda tx, job: psycopg.AsyncRawCursor(tx).execute("COMMIT"),
+    "stream_commit": lambda tx, job: _stream(tx, "COMMIT"),
     "own_cursor_commit_then_write": lambda tx, job: _commit_through_own_cursor_then_write(
         tx, job),
     "own_cursor_commit_after_savepoint": lambda tx, job: _commit_after_savepoint(tx),
@@ -333,22 +343,25 @@ ENDINGS: dict[str, Any] = {
     "two_phase": lambda tx, job: tx.tpc_begin("jobpool-test"),
 }
 """Ways a handler could end its job's transaction with its writes kept, or write after it."""
-INSERT_RUN_AGAIN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES ({id}, {attempt}, 1)"
-"""A second test_runs row of the job's attempt (values as literals: a text of statements)."""
+
+
+def run_row(job: Job, mark: int) -> str:
+    """`INSERT_RUN` of `job`'s attempt marked `mark`, its values as literals (a statement of a
+    text of several, which takes no parameters)."""
+    return (f"INSERT INTO test_runs (job_id, attempt, worker_pid) "
+            f"VALUES ({int(job.id)}, {int(job.attempts)}, {int(mark)})")
 
 
 @jobpool.kind("test_commits_itself", max_attempts=3)
 async def commits_itself(job: Job, tx: AsyncConnection[Any]) -> None:
     """Write a test_runs row, then end the job's transaction as `payload.how` names (ENDINGS)."""
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
-                     (job.id, job.attempts))
+    await tx.execute(INSERT_RUN, (job.id, job.attempts, 0))
     await ENDINGS[job.payload["how"]](tx, job)
 
 
 LEFT_RUNNING: dict[str, Any] = {}
 """What a `test_left_running` job with the role "leave" left running, for the one with the role
 "meet" (an in-process worker): the task, the event that lets it write, how its write ended."""
-INSERT_RUN = "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)"
 
 
 @jobpool.kind("test_left_running", max_attempts=1)
@@ -376,50 +389,42 @@ async def left_running(job: Job, tx: AsyncConnection[Any]) -> None:
 
 
 GOING_ON: dict[str, Any] = {
-    "rollback": lambda tx: tx.rollback(),
-    "sql_rollback": lambda tx: tx.execute("ROLLBACK"),
-    "rollback_then_begin_in_text": lambda tx: tx.execute("ROLLBACK; BEGIN"),
-    "rollback_in_pipeline": lambda tx: _rollback_in_pipeline(tx),
-    "rollback_and_chain": lambda tx: tx.execute("ROLLBACK AND CHAIN"),
+    "rollback": lambda tx, job: tx.rollback(),
+    "sql_rollback": lambda tx, job: tx.execute("ROLLBACK"),
+    "rollback_then_begin_in_text": lambda tx, job: tx.execute("ROLLBACK; BEGIN"),
+    "rollback_in_pipeline": lambda tx, job: _rollback_in_pipeline(tx),
+    "rollback_and_chain": lambda tx, job: tx.execute("ROLLBACK AND CHAIN"),
+    # a third row written and undone by a savepoint (ROLLBACK TO SAVEPOINT answers with the
+    # same command tag as ROLLBACK); the first row stays
+    "savepoint_in_text": lambda tx, job: tx.execute("; ".join(_savepoint_undo(job))),
+    "savepoint_statements": lambda tx, job: _each(tx, _savepoint_undo(job)),
+    "savepoint_in_pipeline": lambda tx, job: _each_in_pipeline(tx, _savepoint_undo(job)),
 }
-"""Ways a handler may undo what it wrote and go on: its next statement is in a transaction
-that commits with its done."""
-SAVEPOINT_UNDO = ("SAVEPOINT s", "INSERT INTO test_runs (job_id, attempt, worker_pid) "
-                  "VALUES ({id}, {attempt}, 2)", "ROLLBACK TO SAVEPOINT s", "RELEASE SAVEPOINT s")
-"""A third test_runs row written and undone by a savepoint, as SQL (ROLLBACK TO SAVEPOINT
-answers with the same command tag as ROLLBACK)."""
+"""Ways a handler may undo what it wrote and go on: its next statement is in the job's
+transaction, and commits with its done."""
 
 
-async def _undo_to_savepoint(tx: AsyncConnection[Any], job: Job, how: str) -> None:
-    statements = [text.format(id=job.id, attempt=job.attempts) for text in SAVEPOINT_UNDO]
-    if how == "savepoint_in_text":
-        await tx.execute("; ".join(statements))
-    elif how == "savepoint_statements":
-        for statement in statements:
-            await tx.execute(statement)
-    else:  # "savepoint_in_pipeline"
-        async with tx.pipeline():
-            for statement in statements:
-                await tx.execute(statement)
+def _savepoint_undo(job: Job) -> list[str]:
+    return ["SAVEPOINT s", run_row(job, 2), "ROLLBACK TO SAVEPOINT s", "RELEASE SAVEPOINT s"]
 
 
-@jobpool.kind("test_undoes_to_savepoint", max_attempts=1)
-async def undoes_to_savepoint(job: Job, tx: AsyncConnection[Any]) -> None:
-    """Write a test_runs row, write and undo a third one with a savepoint as `payload.how`
-    names (in one text, as statements, in a pipeline), write a second one."""
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
-                     (job.id, job.attempts))
-    await _undo_to_savepoint(tx, job, job.payload["how"])
-    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+async def _each(tx: AsyncConnection[Any], statements: list[str]) -> None:
+    for statement in statements:
+        await tx.execute(statement)
+
+
+async def _each_in_pipeline(tx: AsyncConnection[Any], statements: list[str]) -> None:
+    async with tx.pipeline():
+        await _each(tx, statements)
 
 
 @jobpool.kind("test_rolls_back", max_attempts=1)
 async def rolls_back(job: Job, tx: AsyncConnection[Any]) -> None:
-    """Write a test_runs row, undo it as `payload.how` names (GOING_ON), write a second one."""
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, 0)",
-                     (job.id, job.attempts))
-    await GOING_ON[job.payload["how"]](tx)
-    await tx.execute(INSERT_RUN_AGAIN.format(id=job.id, attempt=job.attempts))
+    """Write a test_runs row (marked 0), undo as `payload.how` names (GOING_ON), write a
+    second one (marked 1)."""
+    await tx.execute(INSERT_RUN, (job.id, job.attempts, 0))
+    await GOING_ON[job.payload["how"]](tx, job)
+    await tx.execute(run_row(job, 1))
 
 
 @jobpool.kind("test_abuse_tx", max_attempts=1)
@@ -458,7 +463,7 @@ async def session_probe(job: Job, tx: AsyncConnection[Any]) -> None:
     row = await cur.fetchone()
     if not isinstance(row, dict) or any(row.values()):
         raise jobpool.PermanentError(f"inherited session state: {row}")
-    await tx.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+    await tx.execute(INSERT_RUN,
                      (job.id, job.attempts, os.getpid()))
 
 
@@ -488,8 +493,7 @@ async def poison(job: Job, tx: AsyncConnection[Any]) -> None:
     """Record the run in test_runs (committed on its own), then do what `payload.do` names
     (POISONS)."""
     async with await psycopg.AsyncConnection.connect(tx.info.dsn, autocommit=True) as own:
-        await own.execute("INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES "
-                          "(%s, %s, %s)", (job.id, job.attempts, os.getpid()))
+        await own.execute(INSERT_RUN, (job.id, job.attempts, os.getpid()))
     await POISONS[job.payload["do"]](tx)
 
 
@@ -512,7 +516,7 @@ async def wait_for_stop(job: Job, tx: AsyncConnection[Any]) -> None:
     """Record this run in the job's transaction (it must roll back), then wait until the
     worker cancels the handler (`jobpool jobs stop`)."""
     await tx.execute(
-        "INSERT INTO test_runs (job_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+        INSERT_RUN,
         (job.id, job.attempts, os.getpid()),
     )
     await asyncio.Event().wait()

@@ -55,6 +55,18 @@ async def done_audits(conn: Conn, job_id: int) -> int:
                                   "WHERE action = 'job_done' AND job_id = %s", (job_id,)))
 
 
+async def runs(conn: Conn, job_id: int) -> int:
+    """How many test_runs rows of job `job_id` committed."""
+    return int(await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                            (job_id,)))
+
+
+async def nothing_committed(conn: Conn, job_id: int) -> bool:
+    """Whether job `job_id` is still running (no `done` committed) and none of its writes
+    committed."""
+    return (await job(conn, job_id))["status"] == "running" and await runs(conn, job_id) == 0
+
+
 async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_its_done(
     conn: Conn, claimed: tuple[QueueStore, SlotConnections, dict[str, Any]], tmp_path: Path,
 ) -> None:
@@ -79,8 +91,7 @@ async def test_a_writing_job_takes_two_round_trips_and_commits_its_writes_with_i
     done = await job(conn, row["id"])
     assert (done["status"], done["result"], done["claimed_by"]) == ("done", {"n": 1}, WORKER)
     assert await done_audits(conn, row["id"]) == 1
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 1
+    assert await runs(conn, row["id"]) == 1
     assert taken.info.transaction_status == TransactionStatus.IDLE
 
 
@@ -101,8 +112,7 @@ async def test_a_claim_lost_before_the_end_rolls_the_handlers_writes_back(
     after = await job(conn, row["id"])
     assert (after["status"], after["claimed_by"]) == ("running", "other/1/x")
     assert await done_audits(conn, row["id"]) == 0
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 0
+    assert await runs(conn, row["id"]) == 0
     following = JobTransaction(slots, 0)
     cur = await following.execute("SELECT %s::int AS n", (5,))
     assert await cur.fetchone() == {"n": 5}
@@ -121,9 +131,7 @@ async def test_a_result_the_column_refuses_is_not_committed(
         await tx.end(store.done_statement(row["id"], row["attempts"],
                                           '{"t": "a\\u0000b"}'))
     assert isinstance(failed.value.error, psycopg.errors.DataError) and failed.value.by_done
-    assert (await job(conn, row["id"]))["status"] == "running"
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 0
+    assert await nothing_committed(conn, row["id"])
 
 
 async def test_the_done_statements_literals_arrive_as_they_were(
@@ -229,9 +237,7 @@ async def test_a_reset_that_fails_rolls_the_job_back_and_the_session_is_reset_on
     with pytest.raises(NotCommittedError, match="the reset failed") as failed:
         await tx.end(store.done_statement(row["id"], row["attempts"], None))
     assert not failed.value.by_done  # the handler's session, not the job's result
-    assert (await job(conn, row["id"]))["status"] == "running"
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 0
+    assert await nothing_committed(conn, row["id"])
     assert not taken.closed
     cur = await taken.execute("SELECT current_setting('work_mem') AS work_mem")
     assert await cur.fetchone() == {"work_mem": "4MB"}
@@ -283,9 +289,7 @@ async def test_a_deferred_constraint_the_handler_breaks_is_its_own_failure_not_t
         await tx.end(store.done_statement(row["id"], row["attempts"], None))
     assert isinstance(failed.value.error, psycopg.errors.ForeignKeyViolation)
     assert not failed.value.by_done
-    assert (await job(conn, row["id"]))["status"] == "running"
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 0
+    assert await nothing_committed(conn, row["id"])
 
 
 async def test_a_held_cursor_is_closed_before_the_commit_not_run_to_its_end(
@@ -302,8 +306,7 @@ async def test_a_held_cursor_is_closed_before_the_commit_not_run_to_its_end(
     await tx.execute("FETCH 1 FROM held")
     await tx.end(store.done_statement(row["id"], row["attempts"], None))
     assert (await job(conn, row["id"]))["status"] == "done"
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (row["id"],)) == 1
+    assert await runs(conn, row["id"]) == 1
 
 
 @pytest.mark.parametrize("scope", ["SET", "SET LOCAL"])
@@ -358,9 +361,10 @@ ENDINGS = [
     # the first row rolled back, the second committed on its own after the ROLLBACK
     ("rollback_then_write_in_text", 1, RAN_OUTSIDE),
     ("rollback_then_write_in_pipeline", 1, RAN_OUTSIDE),
-    # a COMMIT through a cursor class of the handler's own: found when the handler returns,
-    # or at its next statement, which is not sent
+    # a COMMIT whose answer the worker does not read (a cursor class of the handler's own,
+    # stream()): found when the handler returns, or at its next statement, which is not sent
     ("own_cursor_commit", 1, UNREAD), ("own_cursor_commit_then_write", 1, UNREAD),
+    ("stream_commit", 1, UNREAD),
     # a savepoint's rollback, whose tag is ROLLBACK's, is not taken for the transaction's
     ("own_cursor_commit_after_savepoint", 1, UNREAD),
     # the handler failed after it committed apart: a retry would write it again
@@ -386,8 +390,7 @@ async def test_a_handler_that_ends_its_jobs_transaction_sends_the_job_to_the_dlq
     assert (row["status"], row["attempts"]) == ("dlq", 1), row
     assert row["last_error"].startswith("TransactionEndedError: "), row["last_error"]
     assert says in row["last_error"], row["last_error"]
-    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
-                        (job_id,)) == kept
+    assert await runs(conn, job_id) == kept
 
 
 @pytest.mark.parametrize("how", ["rollback", "sql_rollback", "rollback_then_begin_in_text",
@@ -405,7 +408,7 @@ async def test_a_rollback_to_a_savepoint_keeps_the_jobs_transaction(
         conn: Conn, dsn: str, tenant: uuid.UUID, how: str) -> None:
     """ROLLBACK TO SAVEPOINT answers with ROLLBACK's command tag, but undoes only what follows
     the savepoint: what the handler writes after it is in the job's transaction, not outside."""
-    assert await rows_of_done_job(conn, dsn, tenant, "test_undoes_to_savepoint", how) == [0, 1]
+    assert await rows_of_done_job(conn, dsn, tenant, "test_rolls_back", how) == [0, 1]
 
 
 async def rows_of_done_job(conn: Conn, dsn: str, tenant: uuid.UUID, kind: str,

@@ -515,7 +515,8 @@ async def test_a_cursor_a_task_kept_after_its_job_is_refused_in_the_next_job(
 ) -> None:
     """A task the handler left running, with a cursor of `tx` (or its connection), wrote
     into the next job's transaction on the same slot connection, or rolled it back. Its
-    statements now fail in that task, and the next job commits only its own writes."""
+    statements now fail in that task (through the next job's `tx` too), and the next job
+    commits only its own writes."""
     slots = SlotConnections(1)
     await slots.fill(pool, timeout=5.0)
     first = JobTransaction(slots, 41)
@@ -535,6 +536,9 @@ async def test_a_cursor_a_task_kept_after_its_job_is_refused_in_the_next_job(
             await kept.connection.cancel_safe()  # it would cancel the next job's statement
         with pytest.raises(JobEndedError, match="tx of job 41"):
             kept.connection.cancel()
+        # the task belongs to the first job: the next job's own tx, handed to it, is refused
+        with pytest.raises(JobEndedError, match="tx of job 41"):
+            await following.execute(INSERT_LEFT, (4,))
     await following.end(NO_DONE)
     assert await left_rows() == [1, 2]
     await slots.close()

@@ -141,18 +141,16 @@ async def connect(dsn: str, *, autocommit: bool = False,
         prepare_threshold=prepare_threshold(transaction_pooler=transaction_pooler)))
 
 
-HANDLER_COMMITS = frozenset({b"COMMIT", b"PREPARE TRANSACTION"})
+COMMITTING = (b"COMMIT", b"PREPARE TRANSACTION")
 """The command tags of statements that end a job's transaction with its writes kept (END is
-COMMIT's alias and answers COMMIT)."""
+COMMIT's alias and answers COMMIT), which are also how the commands psycopg sends itself for
+them start (`_exec_command`: an `AsyncTransaction` of the handler's own, two-phase commit)."""
 ROLLBACK_TAG = b"ROLLBACK"
 """The command tag of ROLLBACK (and ABORT), but also of ROLLBACK TO SAVEPOINT, which keeps the
 transaction open: which one it was, the transaction's status tells once the answers are all
 read (`JobConnection._judge_rollback`)."""
 BEGIN_TAG = b"BEGIN"
 """The command tag of BEGIN and START TRANSACTION."""
-COMMANDS_THAT_COMMIT = (b"COMMIT", b"PREPARE TRANSACTION")
-"""The starts of the commands psycopg sends itself (`_exec_command`) that commit: an
-`AsyncTransaction` of the handler's own, two-phase commit."""
 RAN = frozenset({ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK})
 """The statuses of a statement's result that ran to its end."""
 
@@ -172,6 +170,13 @@ class Hold:
         self.job_id = job_id
         self.conn: AsyncConnection[Any] | None = None
         """The connection the handler was given, kept after the job ended."""
+
+    def ended(self) -> JobEndedError:
+        """The error of `tx`, or what was taken from it, used after this hold's job ended."""
+        return JobEndedError(
+            f"tx of job {self.job_id} used after the job ended (a task its handler started "
+            "and left running?): the connection went back to the worker, and may hold "
+            "another job's transaction; a job's tx lives as long as its handler")
 
 
 HOLD: ContextVar[Hold | None] = ContextVar("jobpool_hold", default=None)
@@ -262,13 +267,7 @@ def handler_end(conn: AsyncConnection[Any] | None) -> str | None:
     ENDED_UNREAD when the transaction it began is no longer open and it did not roll it back
     (a COMMIT the worker could not read); None if it kept it. Asked when the handler returned,
     and when it raised: what it committed apart stays committed either way."""
-    if not isinstance(conn, JobConnection):
-        return None
-    if conn.handler_holds and conn._pipeline is None:
-        conn._judge_rollback()
-    if conn.handler_ended is not None:
-        return conn.handler_ended
-    return ENDED_UNREAD if conn.ended_unread() else None
+    return conn.ended_how() if isinstance(conn, JobConnection) else None
 
 
 def check_transaction_kept(conn: AsyncConnection[Any]) -> None:
@@ -349,18 +348,29 @@ class JobConnection(AsyncConnection[Any]):
         (`_judge_rollback`): at once outside a pipeline, else at its end."""
         for result in results:
             tag = result.command_status
-            if tag in HANDLER_COMMITS:
-                self._handler_ends(committed_by_handler(tag.decode()))
+            if tag in COMMITTING:
+                self._note_end(committed_by_handler(tag.decode()))
             elif tag == ROLLBACK_TAG:
                 self.rollback_read, self.ran_after_rollback = True, False
             elif tag == BEGIN_TAG:
                 self.rollback_read = self.ran_after_rollback = False
             elif self.rollback_read and result.status in RAN:
                 self.ran_after_rollback = True
-        if self._pipeline is None:
+        if self._pipeline is None:  # in a pipeline: raised at the handler's end
             self._judge_rollback()
             if self.handler_ended is not None:
                 raise TransactionEndedError(self.handler_ended)
+
+    def ended_how(self) -> str | None:
+        """How the handler holding this connection ended its job's transaction itself, if it
+        did (`handler_ended`, or ENDED_UNREAD: `ended_unread`); None if it kept it. A ROLLBACK
+        read is judged first where its answers are all read: outside a pipeline, or with
+        none pending (`_judge_rollback`)."""
+        if self._pipeline is None or self.pgconn.transaction_status == TransactionStatus.IDLE:
+            self._judge_rollback()
+        if self.handler_ended is not None:
+            return self.handler_ended
+        return ENDED_UNREAD if self.ended_unread() else None
 
     def _judge_rollback(self) -> None:
         """Judge the ROLLBACK tag read last (`rollback_read`) by the transaction's status now
@@ -375,34 +385,29 @@ class JobConnection(AsyncConnection[Any]):
         if self.pgconn.transaction_status == TransactionStatus.IDLE:
             self.rolled_back = True
             if ran_outside:
-                self.handler_ended = RAN_OUTSIDE
+                self._note_end(RAN_OUTSIDE)
 
-    def _handler_ends(self, why: str) -> None:
-        self.handler_ended = why
-        if self._pipeline is None:  # in a pipeline: raised at the handler's end
-            raise TransactionEndedError(why)
+    def _note_end(self, why: str) -> None:
+        """Note how the handler ended its job's transaction (`handler_ended`): the first way
+        found is the one its error names."""
+        if self.handler_ended is None:
+            self.handler_ended = why
 
     def _check_hold(self) -> None:
         """Raise JobEndedError when the code sending on this connection runs for a handler
         whose job ended and gave it back (`Hold`)."""
         hold = HOLD.get()
         if hold is not None and hold.conn is self and self.hold is not hold:
-            raise JobEndedError(
-                f"tx of job {hold.job_id} used after the job ended, through a cursor or the "
-                "connection taken from it (a task its handler started and left running?): "
-                "the connection went back to the worker, and may hold another job's "
-                "transaction; a job's tx lives as long as its handler")
+            raise hold.ended()
 
     def _begin_again(self) -> None:
         """Note that the handler's next statement begins its job's transaction; raise
         TransactionEndedError when statements ran outside the transaction before
         (`_judge_rollback`), or when the transaction it began before ended unread
         (`ended_unread`)."""
-        self._judge_rollback()
-        if self.handler_ended is not None:
-            raise TransactionEndedError(self.handler_ended)
-        if self.ended_unread():
-            raise TransactionEndedError(ENDED_UNREAD)
+        why = self.ended_how()
+        if why is not None:
+            raise TransactionEndedError(why)
         self.began, self.rolled_back = True, False
 
     def _exec_command(self, command: QueryNoTemplate,
@@ -412,24 +417,20 @@ class JobConnection(AsyncConnection[Any]):
         for a job that ended (`Hold`); a COMMIT or PREPARE TRANSACTION (an `AsyncTransaction`
         of the handler's own, two-phase commit) raises TransactionEndedError before it is
         sent; a ROLLBACK is noted (`rolled_back`)."""
-        if self.handler_holds or HOLD.get() is not None:
-            self._check_hold()
-            if isinstance(command, str):
-                command = command.encode(self.pgconn._encoding)
-            elif isinstance(command, sql.Composable):
-                command = command.as_bytes(self)
-            if self.handler_holds:
-                self._note_command(command)
+        self._check_hold()
+        if self.handler_holds:
+            self._note_command(command)
         return super()._exec_command(command, result_format)
 
-    def _note_command(self, command: bytes) -> None:
-        if command.startswith(COMMANDS_THAT_COMMIT):
-            # noted too: psycopg's transaction may raise an error of its own over this one
-            self.handler_ended = (
-                f"{command.decode(errors='replace')} sent by psycopg on tx in a handler (a "
-                f"transaction or two-phase commit of the handler's own), refused before it "
-                f"was sent: {WRITE_APART}")
-            raise TransactionEndedError(self.handler_ended)
+    def _note_command(self, query: QueryNoTemplate) -> None:
+        command = (query.encode(self.pgconn._encoding) if isinstance(query, str)
+                   else query.as_bytes(self) if isinstance(query, sql.Composable) else query)
+        if command.startswith(COMMITTING):
+            why = (f"{command.decode(errors='replace')} sent by psycopg on tx in a handler (a "
+                   f"transaction or two-phase commit of the handler's own), refused before it "
+                   f"was sent: {WRITE_APART}")
+            self._note_end(why)  # noted too: psycopg's transaction may raise its own error
+            raise TransactionEndedError(why)
         if command == ROLLBACK_TAG:
             self._judge_rollback()  # what a pipeline's sync read before it; raised at the end
             self.rolled_back = True
@@ -505,9 +506,9 @@ class JobConnection(AsyncConnection[Any]):
         if hold is not None and hold.conn is self:
             self._check_hold()
             raise TransactionEndedError(
-                "close() on tx in a handler (or `async with tx`): the connection is the "
-                "worker's, which commits the job's transaction on it, with its done, and "
-                "hands it to the next job; a connection to close needs to be one's own")
+                "close() on tx in a handler: the connection is the worker's, which commits "
+                "the job's transaction on it, with its done, and hands it to the next job; a "
+                "connection to close needs to be one's own")
         await super().close()
 
     async def set_autocommit(self, value: bool) -> None:

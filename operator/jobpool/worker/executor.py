@@ -49,7 +49,6 @@ from jobpool.db.connect import (
 from jobpool.db.failures import interrupted_by_connection, transaction_conflict
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
 from jobpool.errors import (
-    JobEndedError,
     JobpoolError,
     PermanentError,
     RetryAfter,
@@ -582,9 +581,7 @@ class JobTransaction:
         JobEndedError once the job ended: a task the handler left running would otherwise
         take a slot's connection that no one gives back, and leave a transaction open on it."""
         if self._ended:
-            raise JobEndedError(
-                f"tx of job {self._hold.job_id} used after the job ended (a task its handler "
-                "started and left running?): a job's tx lives as long as its handler")
+            raise self._hold.ended()
         conn = self._conn
         if conn is None:
             conn, self._pool = self._slots.take(self._hold.job_id)

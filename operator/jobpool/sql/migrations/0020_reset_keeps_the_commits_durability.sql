@@ -1,10 +1,11 @@
 -- The session reset of a writing job now runs inside the job's transaction, after its `done`
 -- (`mdm.aa_job_end`) and just before its COMMIT, so that the job costs one transaction, not
--- two (a statement after a COMMIT is a transaction of its own). A handler's `synchronous_commit` (SET or SET LOCAL) must still
--- decide how its commit waits: the reset keeps the value in force for the rest of the
--- transaction (SET LOCAL after RESET ALL), and the session's own value is the reset one once
--- the transaction ends. Run in a transaction of its own (a worker resetting a session after a
--- failed job), that local value ends at once and changes nothing.
+-- two (a statement after a COMMIT is a transaction of its own). A handler's
+-- `synchronous_commit` (SET or SET LOCAL) must still decide how its commit waits: the reset
+-- keeps the value in force for the rest of the transaction (SET LOCAL after RESET ALL), and
+-- the session's own value is the reset one once the transaction ends. Run in a transaction of
+-- its own (a worker resetting a session after a failed job), that local value ends at once and
+-- changes nothing.
 -- Same signature and result as before, so that a worker of the previous release keeps working.
 -- Every name inside is schema-qualified: a handler's search_path is still in force.
 CREATE OR REPLACE FUNCTION mdm.aa_reset_session()
