@@ -21,6 +21,9 @@ worker id:
 - `worker`: what a worker sends: the same, with the session reset between the `done` and the
   COMMIT, the handler's deferred constraints checked first (`jobpool.db.connect.job_end_query`),
   in the job's transaction;
+- `one-call-end`: what a worker sends, with the `done` and the session reset in one function
+  call (`bench_job_end`: `mdm.aa_job_end` and `mdm.aa_reset_session` written as one) instead
+  of two; it prices merging them;
 - `lock-done`: not a way the worker takes: the `done` as a row lock with the same
   compare-and-set (`FOR NO KEY UPDATE`) and the audit row, without the UPDATE, no reset; it
   prices a design that leaves the status change to the batched `done` of the next claim.
@@ -44,7 +47,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
-from jobpool.db.connect import job_end_query
+from jobpool.db.connect import CHECK_DEFERRED_QUERY, job_end_query
 from jobpool.db.migrate import migrate
 from jobpool.db.store import COMPLETE_JOB_OR_RAISE, escaped_literal
 
@@ -81,9 +84,32 @@ BEGIN
             pg_catalog.jsonb_build_object('kind', done_kind));
     RETURN true;
 END $$""",
+    """CREATE FUNCTION bench_job_end(p_id bigint, p_attempts integer, p_worker_id text,
+                                     p_actor text, p_result jsonb)
+RETURNS TABLE (prepared integer, handler_made text[]) LANGUAGE plpgsql AS $$
+DECLARE
+    commit_durability text;
+BEGIN
+    PERFORM mdm.aa_job_done(p_id, p_attempts, p_worker_id, p_actor, p_result, true);
+    PERFORM pg_catalog.set_config('statement_timeout', '0', true);
+    SET SESSION AUTHORIZATION DEFAULT;
+    commit_durability := pg_catalog.current_setting('synchronous_commit');
+    RESET ALL;
+    PERFORM pg_catalog.set_config('synchronous_commit', commit_durability, true);
+    UNLISTEN *;
+    EXECUTE 'CLOSE ALL';
+    PERFORM pg_catalog.pg_advisory_unlock_all();
+    DISCARD TEMP;
+    DISCARD SEQUENCES;
+    RETURN QUERY
+        SELECT pg_catalog.count(*) FILTER (WHERE NOT s.from_sql)::integer,
+               pg_catalog.array_agg(s.name) FILTER (WHERE s.from_sql)
+          FROM pg_catalog.pg_prepared_statements s;
+END $$""",
 ]
-"""The handler's table, the jobs' tenant and kind, and `lock-done`'s function (written as
-`mdm.aa_job_done` is, its UPDATE replaced by the row lock)."""
+"""The handler's table, the jobs' tenant and kind, `lock-done`'s function (written as
+`mdm.aa_job_done` is, its UPDATE replaced by the row lock) and `one-call-end`'s (the bodies
+of `mdm.aa_job_end` and `mdm.aa_reset_session` in one)."""
 RUNNING_JOBS = """INSERT INTO mdm.aa_job (tenant_id, job_kind, status, claimed_by, claimed_at,
                                           attempts, max_attempts, heartbeat_at, lease_expires_at)
 SELECT (SELECT id FROM mdm.aa_tenant WHERE key = 'bench-writing'), 'bench_writing', 'running',
@@ -135,13 +161,18 @@ def variants() -> dict[str, Job]:
         await begin_with_insert(conn, n)
         await query(conn, job_end_query(done_text(job_id)))
 
+    async def one_call_end(conn: AsyncConnection[Any], job_id: int, n: int) -> None:
+        await begin_with_insert(conn, n)
+        await query(conn, CHECK_DEFERRED_QUERY + f"SELECT * FROM bench_job_end({job_id}, 1, "
+                          f"{escaped_literal(WORKER)}, 'bench', NULL);\nCOMMIT".encode())
+
     async def lock_done(conn: AsyncConnection[Any], job_id: int, n: int) -> None:
         await begin_with_insert(conn, n)
         await query(conn, f"SELECT bench_lock_done({job_id}, 1, {escaped_literal(WORKER)}, "
                           f"'bench');\nCOMMIT".encode())
 
     return {"insert-alone": insert_alone, "transaction": transaction, "done": done,
-            "worker": worker, "lock-done": lock_done}
+            "worker": worker, "one-call-end": one_call_end, "lock-done": lock_done}
 
 
 async def measure(dsn: str, job: Job, connections: int, jobs: int
