@@ -247,3 +247,94 @@ async def test_a_schedule_another_pool_owns_is_named_in_the_status_without_its_r
     assert entry == {"name": "nightly", "kind": "reindex", "expression": "30 2 * * *",
                      "declaredBy": "imports/mdm-jobs"}
     assert "declared by pool 'imports/mdm-jobs'" in conditions["Degraded"]["message"]
+
+
+# -- a deleted pool's schedules ----------------------------------------------------------------
+
+NIGHTLY = {"name": "nightly", "kind": "reindex", "cron": "30 2 * * *"}
+
+
+async def declared_by(dsn: str, owner: str) -> list[str]:
+    """The names of the schedules `owner` declared."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT name FROM mdm.aa_schedule WHERE owner = %s ORDER BY name", (owner,))
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def declare_nightly(dsn: str, owner: str, name: str = "nightly") -> None:
+    """Declare NIGHTLY (named `name`) for `owner`, as the pool's workers do when they start
+    (the fake cluster runs no pods)."""
+    import psycopg
+
+    from jobpool.core.schedules import parse_schedule
+    from jobpool.worker.scheduler import Declarations
+    from jobpool.worker.scheduler import declare as declare_schedules
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await declare_schedules(conn, Declarations(
+            owner, (parse_schedule({**NIGHTLY, "name": name}, "s"),), retire=True))
+
+
+async def delete_deployments(cluster: Cluster) -> None:
+    """What the garbage collector does once a pool is deleted (the fake has none)."""
+    for name in await deployments(cluster):
+        await cluster.api.request("DELETE", f"{DEPLOYMENTS}/{name}")
+
+
+async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_gone(
+    tmp_path: Path, dsn: str
+) -> None:
+    import psycopg
+
+    await declare_nightly(dsn, "imports/mdm-jobs", "imports-nightly")  # a namesake's
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        document = example_pool()
+        document["spec"]["schedules"] = [NIGHTLY]
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        await delete_deployments(cluster)
+
+        async def retired() -> bool:
+            return await declared_by(dsn, "mdm/mdm-jobs") == []
+
+        await eventually(retired, "the deleted pool's schedules retired")
+        assert cluster.server.refusals == []
+    assert await declared_by(dsn, "imports/mdm-jobs") == ["imports-nightly"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT actor_principal_id, payload FROM mdm.aa_audit_log "
+            "WHERE action = 'schedules_retired' AND payload->>'owner' = 'mdm/mdm-jobs'")
+        [(actor, payload)] = await cur.fetchall()
+    assert actor == "jobpool-operator"
+    assert list(payload["schedules"]) == ["nightly"]
+
+
+async def test_a_pool_deleted_and_created_again_keeps_its_schedules(
+    tmp_path: Path, dsn: str
+) -> None:
+    """`kubectl replace --force`: the pool created again takes over its Deployments, whose
+    pods declared the schedules before and will not again, so nothing may retire them."""
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        document = example_pool()
+        document["spec"]["schedules"] = [NIGHTLY]
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        first = (await pool_object(cluster))["metadata"]["uid"]
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        await cluster.api.request("POST", POOLS, body=document)
+        assert (await pool_object(cluster))["metadata"]["uid"] != first
+        # the Deployments gone twice and restored twice: full rounds ran since (a round
+        # restores them before it looks at the pools that are gone)
+        for _ in range(2):
+            await delete_deployments(cluster)
+            await eventually(lambda: _has(cluster, "mdm-jobs-default"),
+                             "mdm-jobs-default restored")
+        assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
