@@ -190,6 +190,19 @@ def test_invalid_fields_are_reported_with_their_path(path: str, value: Any, expe
     assert error_of(_set(TWO_LANES, path, value)).startswith(expected)
 
 
+def test_the_pools_own_status_never_makes_it_invalid() -> None:
+    # as the API server stores what the operator wrote: a schedule that never ran has no
+    # last run (`nullable` in the CRD), a lane not scaling down no time it began to
+    document = pool()
+    document["status"] = {
+        "lanes": [{"name": "default", "scaleDownSince": None}],
+        "schedules": [{"name": "nightly", "kind": "reindex", "expression": "30 2 * * *",
+                       "lastRunTime": None, "nextRunTime": "2026-12-08T02:30:00Z",
+                       "missedTicks": 0, "lastError": None}],
+    }
+    assert load_pool(document).name == "p"
+
+
 def test_unknown_fields_are_rejected_like_the_api_server_prunes_them() -> None:
     # the CRD is structural: an unknown field is an error here rather than silently dropped
     schema_text = json.dumps(poolspec.crd_document())

@@ -210,7 +210,12 @@ def crd_document() -> Mapping[str, Any]:
 
 @functools.cache
 def _validator() -> jsonschema.Draft4Validator:
+    """The CRD's schema for what a person writes: the spec, closed (`_closed`). Not the
+    status: the operator writes it, the API server checks it, and its OpenAPI `nullable`
+    fields (a schedule that never ran has no last run) are no JSON Schema a validator of
+    draft 4 knows, so a pool's own status would make it invalid."""
     schema = copy.deepcopy(crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    del schema["properties"]["status"]
     schema["properties"]["spec"] = _closed(schema["properties"]["spec"])
     return jsonschema.Draft4Validator(schema)
 
