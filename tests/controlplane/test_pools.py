@@ -264,3 +264,58 @@ def test_the_server_refuses_a_variable_the_operator_sets_and_pods_wait_for_the_s
     for deployment in found.values():
         period = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert period >= grace + 100 + 20, described(deployment)
+
+
+def test_deleting_a_pool_retires_its_schedules_once_its_children_are_collected(
+    release: Tools, namespace: str, operator: Operator, dsn: str
+) -> None:
+    import asyncio
+
+    from jobpool.core.schedules import parse_schedule
+    from jobpool.worker.scheduler import Declarations, declare
+
+    plane = release.plane
+    document = example_pool()
+    document["spec"]["schedules"] = [{"name": "nightly", "kind": "reindex",
+                                      "cron": "30 2 * * *"}]
+    plane.admin.create(pools_path(namespace), document)
+    every_deployment(plane, namespace, f"Deployments {sorted(CHILDREN)}", logs=operator)
+    owner = f"{namespace}/{POOL}"
+
+    async def declared_as_its_workers_do() -> None:  # kwok's pods run no worker
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await declare(conn, Declarations(
+                owner, (parse_schedule(document["spec"]["schedules"][0], "s"),), retire=True))
+
+    asyncio.run(declared_as_its_workers_do())
+
+    def owned() -> list[str]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return [row[0] for row in conn.execute(
+                "SELECT name FROM mdm.aa_schedule WHERE owner = %s", (owner,))]
+
+    assert owned() == ["nightly"]
+
+    def runs_shown() -> list[dict[str, Any]] | None:
+        status = (pool_object(plane, namespace) or {}).get("status") or {}
+        entries = status.get("schedules") or []
+        return entries if entries and entries[0].get("nextRunTime") else None
+
+    # the status the operator wrote (a schedule that never ran: no last run) does not make
+    # the pool invalid when the operator reads it back
+    [entry] = eventually(runs_shown, "the schedule's next run in the status", logs=operator)
+    assert entry.get("lastRunTime") is None
+    plane.admin.patch(f"{pools_path(namespace)}/{POOL}", {"spec": {"image": "jobpool:0.2.0"}})
+    eventually(lambda: ((pool_object(plane, namespace) or {}).get("status") or {}).get(
+        "observedGeneration") == 2, "observedGeneration 2", logs=operator)
+    assert condition(pool_object(plane, namespace), "Reconciled")["reason"] == \
+        "ChildrenMatchSpec"
+    plane.admin.delete(f"{pools_path(namespace)}/{POOL}")
+    eventually(lambda: not owned(), "the deleted pool's schedules retired", logs=operator)
+    # retired after the garbage collector took the pool's Deployments
+    assert not plane.admin.items(deployments_path(namespace))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (actor,) = conn.execute(
+            "SELECT actor_principal_id FROM mdm.aa_audit_log "
+            "WHERE action = 'schedules_retired' AND payload->>'owner' = %s", (owner,)).fetchone()
+    assert actor == "jobpool-operator"

@@ -278,10 +278,19 @@ async def declare_nightly(dsn: str, owner: str, name: str = "nightly") -> None:
             owner, (parse_schedule({**NIGHTLY, "name": name}, "s"),), retire=True))
 
 
-async def delete_deployments(cluster: Cluster) -> None:
-    """What the garbage collector does once a pool is deleted (the fake has none)."""
+async def delete_deployments(cluster: Cluster, pool: str = "mdm-jobs") -> None:
+    """What the garbage collector does once `pool` is deleted (the fake has none)."""
     for name in await deployments(cluster):
-        await cluster.api.request("DELETE", f"{DEPLOYMENTS}/{name}")
+        if name.startswith(f"{pool}-"):
+            await cluster.api.request("DELETE", f"{DEPLOYMENTS}/{name}")
+
+
+async def full_rounds(cluster: Cluster, pool: str) -> None:
+    """Until the operator has run two full rounds: `pool`'s Deployments deleted and restored
+    twice (a round restores them before it looks at the pools that are gone)."""
+    for _ in range(2):
+        await delete_deployments(cluster, pool)
+        await eventually(lambda: _has(cluster, f"{pool}-default"), f"{pool}-default restored")
 
 
 async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_gone(
@@ -295,9 +304,20 @@ async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_go
         document = example_pool()
         document["spec"]["schedules"] = [NIGHTLY]
         await cluster.api.request("POST", POOLS, body=document)
+        marker = example_pool()
+        marker["metadata"]["name"] = "marker"
+        await cluster.api.request("POST", POOLS, body=marker)
         await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         await declare_nightly(dsn, "mdm/mdm-jobs")
+        # one Deployment left behind, as `kubectl delete --cascade=orphan` leaves them all
+        await cluster.api.request("PATCH", f"{DEPLOYMENTS}/mdm-jobs-default",
+                                  content_type=MERGE,
+                                  body={"metadata": {"ownerReferences": None}})
         await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        await full_rounds(cluster, "marker")
+        # a Deployment of it is left, whose pods may run its schedules, and which a pool
+        # created again would take over, pods and all: not retired
+        assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
         await delete_deployments(cluster)
 
         async def retired() -> bool:
@@ -331,10 +351,27 @@ async def test_a_pool_deleted_and_created_again_keeps_its_schedules(
         await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
         await cluster.api.request("POST", POOLS, body=document)
         assert (await pool_object(cluster))["metadata"]["uid"] != first
-        # the Deployments gone twice and restored twice: full rounds ran since (a round
-        # restores them before it looks at the pools that are gone)
-        for _ in range(2):
-            await delete_deployments(cluster)
-            await eventually(lambda: _has(cluster, "mdm-jobs-default"),
-                             "mdm-jobs-default restored")
+        await full_rounds(cluster, "mdm-jobs")
         assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
+
+
+async def test_a_deleted_pool_whose_database_is_out_of_reach_leaves_its_schedules_to_a_person(
+    tmp_path: Path, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        document = example_pool()
+        document["spec"]["schedules"] = [NIGHTLY]
+        await cluster.api.request("POST", POOLS, body=document)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        await cluster.api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/secrets/jobpool-db")
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+
+        async def given_up() -> str | None:
+            return next((r.getMessage() for r in caplog.records
+                         if r.levelname == "ERROR" and "given up" in r.getMessage()), None)
+
+        message = await eventually(given_up, "the retirement given up")
+    assert "run `jobpool schedules retire mdm/mdm-jobs` against its database" in message
+    assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]

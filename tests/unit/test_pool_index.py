@@ -80,3 +80,31 @@ def test_a_list_brings_what_the_watch_missed() -> None:
     recreated["metadata"]["uid"] = "u9"  # deleted and made again under the same name
     index.resync([recreated], index.mark())
     assert index.take_changed() == [("mdm", "p")]
+
+
+def test_a_deleted_pool_is_kept_for_its_schedules_until_it_is_stored_again() -> None:
+    index = PoolIndex()
+    index.seen("ADDED", pool())
+    index.seen("DELETED", pool())
+    [(key, gone)] = index.gone()
+    assert key == ("mdm", "p") and gone.body["spec"] == {"image": "jobpool:1"}
+    assert gone.retired_at is None and gone.failures == 0
+    index.seen("ADDED", {**pool(), "metadata": {"namespace": "mdm", "name": "p", "uid": "u9"}})
+    assert index.gone() == []  # created again: its new workers own the schedules
+
+
+def test_a_pool_a_list_finds_gone_is_kept_for_its_schedules_until_dropped() -> None:
+    index = PoolIndex()
+    index.seen("ADDED", pool())
+    index.seen("ADDED", other("q"))
+    since = index.mark()
+    index.resync([other("q")], since)
+    assert [key for key, _ in index.gone()] == [("mdm", "p")]
+    index.forget_gone(("mdm", "p"))
+    assert index.gone() == []
+
+
+def test_a_pool_never_stored_leaves_nothing_to_retire() -> None:
+    index = PoolIndex()
+    index.seen("DELETED", pool())  # a DELETED for a pool the index never held
+    assert index.gone() == []

@@ -26,6 +26,7 @@ T = TypeVar("T")
 COUNT_LANE_JOBS = Many("count_lane_jobs")
 COUNT_TRANSACTION = One("count_transaction")
 SCHEDULE_RUNS = Many("schedule_runs")
+RETIRE_POOL_SCHEDULES = Many("retire_pool_schedules")
 
 CONNECT_TIMEOUT = 10
 """Seconds to wait for the database before a scaling round gives up."""
@@ -93,7 +94,9 @@ async def count_lane_jobs(
 
 
 class LaneCounter:
-    """`count_lane_jobs` for the operator, one pooled connection per database DSN.
+    """The operator's database work, one pooled connection per database DSN:
+    `count_lane_jobs`, its pools' schedule runs, and the retirement of a deleted pool's
+    schedules (`jobpool.k8s.retirement`).
 
     Each tick reuses the connection its DSN last used (a new connection per tick costs the
     database a backend start); one broken by an error is dropped and made again next tick,
@@ -121,6 +124,13 @@ class LaneCounter:
         a count does."""
         return await self._answer(
             dsn, lambda conn: SCHEDULE_RUNS(conn, {"owner": owner, "names": list(names)}))
+
+    async def retire_pool_schedules(self, dsn: str, owner: str, actor: str) -> list[str]:
+        """Delete every schedule `owner` declared at `dsn` (a pool deleted for good), audited
+        with `actor`; the names retired, sorted. Raises as a count does."""
+        rows = await self._answer(
+            dsn, lambda conn: RETIRE_POOL_SCHEDULES(conn, {"owner": owner, "actor": actor}))
+        return [str(row["name"]) for row in rows]
 
     async def _answer(self, dsn: str,
                       ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:

@@ -10,8 +10,9 @@ cut is forgotten, never given children again), and a changed pool at once: it ap
 lanes' children
 (server-side apply; missing or hand-changed children are restored), deletes the children
 of removed lanes, counts each lane's jobs and scales its Deployment (scale subresource),
-and patches the status only when it changed. Decisions live in core.scaling, k8s.reconcile,
-k8s.status and k8s.lease.
+and patches the status only when it changed; then it retires the schedules of the pools
+deleted for good, once that is safe (k8s.retirement). Decisions live in core.scaling,
+k8s.reconcile, k8s.status, k8s.retirement and k8s.lease.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ from jobpool.k8s.reconcile import (
     belongs_to,
     plan_reconcile,
     touches_keda,
+)
+from jobpool.k8s.retirement import (
+    GIVE_UP_AFTER,
+    GonePool,
+    linger_seconds,
+    retirement_step,
 )
 from jobpool.k8s.status import (
     condition_of,
@@ -131,6 +138,7 @@ class PoolIndex:
 
     def __init__(self) -> None:
         self._pools: dict[PoolKey, dict[str, Any]] = {}
+        self._gone: dict[PoolKey, GonePool] = {}
         self._changed: set[PoolKey] = set()
         self._wake = asyncio.Event()
         self._events = 0
@@ -172,14 +180,26 @@ class PoolIndex:
     def _store(self, key: PoolKey, body: Mapping[str, Any]) -> None:
         old = self._pools.get(key)
         self._pools[key] = copy.deepcopy(dict(body))
+        self._gone.pop(key, None)  # back: its workers own its schedules
         if old is None or old.get("spec") != body.get("spec") or (
             old.get("metadata") or {}).get("uid") != (body.get("metadata") or {}).get("uid"):
             self._changed.add(key)
             self._wake.set()
 
     def _forget(self, key: PoolKey) -> None:
-        self._pools.pop(key, None)
+        body = self._pools.pop(key, None)
         self._changed.discard(key)
+        if body is not None:
+            self._gone[key] = GonePool(body)
+
+    def gone(self) -> list[tuple[PoolKey, GonePool]]:
+        """The pools deleted since this index saw them, whose schedules may await retirement
+        (`k8s.retirement`), in a stable order; a pool stored again leaves this list."""
+        return sorted(self._gone.items(), key=lambda item: item[0])
+
+    def forget_gone(self, key: PoolKey) -> None:
+        """Drop a gone pool: its schedules are retired, or left to a person."""
+        self._gone.pop(key, None)
 
     def wrote_status(self, key: PoolKey, status: Mapping[str, Any]) -> None:
         """Remember a status just written (the watch event may come after the next sync)."""
@@ -259,9 +279,73 @@ class PoolController:
                 next_round = loop.time() + interval
                 if await self._refresh(pools):
                     await self._sync_all(pools, pools.keys())
+                    await self._retire_gone(pools, interval)
             else:
                 await self._sync_all(pools, pools.take_changed())
             await pools.wait(min(next_round - loop.time(), leader.timing.retry_every))
+
+    async def _retire_gone(self, pools: PoolIndex, interval: float) -> None:
+        """Retire the schedules of the pools deleted for good, when it is safe to
+        (`k8s.retirement`); `interval`: seconds between full rounds."""
+        if not isinstance(self.count_jobs, LaneCounter):
+            return
+        for key, gone in pools.gone():
+            if self.write_budget() is None:
+                return  # not leading: the leader retires them
+            try:
+                over = await self._retirement(self.count_jobs, key, gone, interval)
+            except Exception:  # one pool's failure must not stop the others, nor the loop
+                log.exception("retiring the schedules of deleted JobWorkerPool %s/%s failed",
+                              *key)
+                continue
+            if over:
+                pools.forget_gone(key)
+
+    async def _retirement(self, counter: LaneCounter, key: PoolKey, gone: GonePool,
+                          interval: float) -> bool:
+        """One round of a gone pool's retirement; whether it is over."""
+        namespace, name = key
+        try:
+            pool = load_pool(gone.body)
+        except PoolSpecError:
+            return True  # an invalid spec names no Secret to trust: left to a person
+        if not pool.schedules:
+            return True  # its workers retired every schedule its spec dropped
+        try:
+            stored = await self.api.read_pool(namespace, name) is not None
+            deployments = bool(await self.api.list_children(
+                "Deployment", namespace, pool_selector(name)))
+        except ApiError as exc:
+            log.warning("JobWorkerPool %s/%s is gone; looking for it and its Deployments "
+                        "failed (%s): its schedules are retired once that works", namespace,
+                        name, exc)
+            return False
+        step = retirement_step(gone, stored=stored, deployments=deployments,
+                               now=self.clock().timestamp(), linger=linger_seconds(pool, interval))
+        if step != "retire":
+            return step == "forget"
+        owner = schedule_owner(name, namespace)
+        try:
+            dsn = await self.api.read_secret_value(
+                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+            retired = await counter.retire_pool_schedules(dsn, owner, FIELD_MANAGER)
+        except Exception as exc:  # the Secret or the database: try again next round
+            gone.failures += 1
+            if gone.failures < GIVE_UP_AFTER:
+                log.warning("retiring the schedules of deleted JobWorkerPool %s/%s failed "
+                            "(try %d of %d): %s", namespace, name, gone.failures,
+                            GIVE_UP_AFTER, exc)
+                return False
+            log.error("retiring the schedules of deleted JobWorkerPool %s/%s failed %d times, "
+                      "given up (%s): run `jobpool schedules retire %s` against its database",
+                      namespace, name, gone.failures, exc, owner)
+            return True
+        if retired:
+            log.info("JobWorkerPool %s/%s is gone: its schedules retired: %s", namespace, name,
+                     ", ".join(retired))
+        if gone.retired_at is None:
+            gone.retired_at = self.clock().timestamp()
+        return False
 
     async def _write(self, call: Awaitable[T]) -> T:
         """Await the write `call` if this replica leads, within the seconds it may take.

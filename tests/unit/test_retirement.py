@@ -1,0 +1,45 @@
+"""When the operator retires a deleted pool's schedules (k8s.retirement)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobpool.core.poolspec import load_pool
+from jobpool.core.shutdown import termination_grace_seconds
+from jobpool.k8s.retirement import GonePool, linger_seconds, retirement_step
+
+LINGER = 100.0
+
+
+def gone(retired_at: float | None = None) -> GonePool:
+    return GonePool({"metadata": {"namespace": "mdm", "name": "p"}}, retired_at=retired_at)
+
+
+@pytest.mark.parametrize(("retired_at", "stored", "deployments", "now", "step"), [
+    # created again: its workers own the schedules, whatever else holds
+    (None, True, False, 0.0, "forget"),
+    (None, True, True, 0.0, "forget"),
+    (50.0, True, False, 60.0, "forget"),
+    # its Deployments not collected yet: a pool created again could take them over
+    (None, False, True, 0.0, "wait"),
+    (50.0, False, True, 60.0, "wait"),
+    # gone with its Deployments: retire, and again until its pods cannot declare any more
+    (None, False, False, 0.0, "retire"),
+    (50.0, False, False, 50.0 + LINGER - 1, "retire"),
+    (50.0, False, False, 50.0 + LINGER, "forget"),
+])
+def test_a_gone_pools_step(retired_at: float | None, stored: bool, deployments: bool,
+                           now: float, step: str) -> None:
+    assert retirement_step(gone(retired_at), stored=stored, deployments=deployments, now=now,
+                           linger=LINGER) == step
+
+
+def test_retiring_goes_on_for_a_pods_whole_shutdown_and_two_rounds() -> None:
+    pool = load_pool({
+        "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
+        "metadata": {"name": "p", "namespace": "mdm"},
+        "spec": {"image": "jobpool:1", "database": {"secretName": "db", "key": "dsn"},
+                 "worker": {"graceSeconds": 45}, "lanes": [{"name": "all"}]}})
+    grace = termination_grace_seconds(pool.grace_seconds, pool.stop_grace_seconds)
+    assert grace > 45
+    assert linger_seconds(pool, 15.0) == grace + 30.0
