@@ -468,9 +468,11 @@ def server_side_apply(
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
+    """RFC 7386 JSON merge patch, as the API server applies it: a value that replaces
+    another whole (a list) keeps none of its objects' null fields (a status entry written
+    with `lastRunTime: null` is stored without the field)."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _without_nulls(copy.deepcopy(patch))
     result = copy.deepcopy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -478,6 +480,15 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` without the null fields of the objects in it, at any depth."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 # -- CRD schemas: defaults, pruning, validation ------------------------------------------------

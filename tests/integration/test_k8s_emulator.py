@@ -190,6 +190,21 @@ async def test_generation_moves_with_the_spec_and_status_only_through_its_subres
     assert changed["status"] == {"laneCount": 1}
 
 
+async def test_a_merge_patch_stores_no_null_field_of_a_list_it_replaces(
+    connect: Connect,
+) -> None:
+    # as the API server applies a merge patch (tests/controlplane: a schedule's status entry
+    # written with lastRunTime null is read back without it)
+    admin = connect("admin")
+    await admin.request("POST", POOLS, body=a_pool())
+    entry = {"name": "nightly", "kind": "reindex", "expression": "30 2 * * *",
+             "lastRunTime": None, "missedTicks": 0}
+    patched = await admin.request("PATCH", f"{POOLS}/p/status", content_type=MERGE,
+                                  body={"status": {"schedules": [entry]}})
+    assert patched["status"]["schedules"] == [
+        {"name": "nightly", "kind": "reindex", "expression": "30 2 * * *", "missedTicks": 0}]
+
+
 async def test_a_stale_resource_version_is_a_conflict(connect: Connect) -> None:
     admin = connect("admin")
     created = await admin.request("POST", POOLS, body=a_pool())
