@@ -725,12 +725,18 @@ class KubernetesApi(k8s.KubernetesEmulator):
         await self._buses[resource].put({"type": event, "object": raw})
         return copy.deepcopy(raw)
 
-    async def _drop(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any]:
+    async def _drop(self, resource: Any, namespace: str | None, name: str, *,
+                    orphan: bool = False) -> dict[str, Any]:
+        """Delete the object, and what it owns (`orphan`: the owned objects lose their
+        reference to it instead, as with `propagationPolicy=Orphan`)."""
         obj = self._objects[(resource, namespace, name)]
         raw = copy.deepcopy(dict(obj.raw))
         obj.delete()
         await self._buses[resource].put({"type": "DELETED", "object": raw})
-        await self._collect_garbage(raw["metadata"].get("uid"))
+        if orphan:
+            await self._orphan_dependents(raw["metadata"].get("uid"))
+        else:
+            await self._collect_garbage(raw["metadata"].get("uid"))
         return raw
 
     async def delete_in_watch_gap(self, path: str) -> None:
@@ -915,7 +921,9 @@ class KubernetesApi(k8s.KubernetesEmulator):
         if current is None:
             raise Refused(404, "NotFound", f'{resource.plural} "{name}" not found')
         if not current["metadata"].get("finalizers"):
-            return 200, await self._drop(resource, namespace, name)
+            return 200, await self._drop(
+                resource, namespace, name,
+                orphan=request.params.get("propagationPolicy") == "Orphan")
         if not current["metadata"].get("deletionTimestamp"):
             current["metadata"]["deletionTimestamp"] = _now()
             current["metadata"]["resourceVersion"] = str(next(_versions))
@@ -941,6 +949,23 @@ class KubernetesApi(k8s.KubernetesEmulator):
             answer["apiVersion"] = group
             answer["kind"] = f"{info.kind}List" if info.kind else "List"
         return answer
+
+    async def _orphan_dependents(self, uid: str | None) -> None:
+        """Take the references to `uid` off the objects it owned (the GC's orphaning)."""
+        for (resource, namespace, name), obj in list(self.objects.items()):
+            refs = obj.get("metadata", {}).get("ownerReferences") or []
+            if obj.deleted or not any(ref.get("uid") == uid for ref in refs):
+                continue
+            current = self._stored(resource, namespace, name)
+            if current is None:
+                continue
+            kept = [ref for ref in refs if ref.get("uid") != uid]
+            if kept:
+                current["metadata"]["ownerReferences"] = kept
+            else:
+                current["metadata"].pop("ownerReferences", None)
+            current["metadata"]["resourceVersion"] = str(next(_versions))
+            await self._save(resource, namespace, current, "MODIFIED")
 
     async def _collect_garbage(self, uid: str | None) -> None:
         """Delete (or, with finalizers, mark deleted) the objects `uid` owned: the GC's job."""

@@ -279,10 +279,17 @@ async def declare_nightly(dsn: str, owner: str, name: str = "nightly") -> None:
 
 
 async def delete_deployments(cluster: Cluster, pool: str = "mdm-jobs") -> None:
-    """What the garbage collector does once `pool` is deleted (the fake has none)."""
+    """Delete `pool`'s Deployments (the ones the garbage collector left: orphaned)."""
     for name in await deployments(cluster):
         if name.startswith(f"{pool}-"):
             await cluster.api.request("DELETE", f"{DEPLOYMENTS}/{name}")
+
+
+async def delete_orphaning(cluster: Cluster, pool: str = "mdm-jobs") -> None:
+    """Delete the pool as `kubectl delete --cascade=orphan` does: its Deployments are left,
+    without their ownerReference, pods and all."""
+    await cluster.api.request("DELETE", f"{POOLS}/{pool}",
+                              query={"propagationPolicy": "Orphan"})
 
 
 async def full_rounds(cluster: Cluster, pool: str) -> None:
@@ -309,11 +316,7 @@ async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_go
         await cluster.api.request("POST", POOLS, body=marker)
         await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         await declare_nightly(dsn, "mdm/mdm-jobs")
-        # one Deployment left behind, as `kubectl delete --cascade=orphan` leaves them all
-        await cluster.api.request("PATCH", f"{DEPLOYMENTS}/mdm-jobs-default",
-                                  content_type=MERGE,
-                                  body={"metadata": {"ownerReferences": None}})
-        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        await delete_orphaning(cluster)
         await full_rounds(cluster, "marker")
         # a Deployment of it is left, whose pods may run its schedules, and which a pool
         # created again would take over, pods and all: not retired
@@ -338,26 +341,37 @@ async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_go
 async def test_a_pool_deleted_and_created_again_keeps_its_schedules(
     tmp_path: Path, dsn: str
 ) -> None:
-    """`kubectl replace --force`: the pool created again takes over its Deployments, whose
-    pods declared the schedules before and will not again, so nothing may retire them."""
+    """An orphaning delete, then the pool created again: it takes over the Deployments left,
+    whose pods declared the schedules before and will not again, so nothing may retire
+    them."""
     operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
     async with running_operator(tmp_path, dsn, operator) as cluster:
         document = example_pool()
         document["spec"]["schedules"] = [NIGHTLY]
         await cluster.api.request("POST", POOLS, body=document)
+        marker = example_pool()
+        marker["metadata"]["name"] = "marker"
+        await cluster.api.request("POST", POOLS, body=marker)
         await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
         await declare_nightly(dsn, "mdm/mdm-jobs")
-        first = (await pool_object(cluster))["metadata"]["uid"]
-        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+        await delete_orphaning(cluster)
         await cluster.api.request("POST", POOLS, body=document)
-        assert (await pool_object(cluster))["metadata"]["uid"] != first
-        await full_rounds(cluster, "mdm-jobs")
+        uid = (await pool_object(cluster))["metadata"]["uid"]
+
+        async def taken_over() -> bool:
+            found = await deployments(cluster)
+            return all(d["metadata"].get("ownerReferences", [{}])[0].get("uid") == uid
+                       for n, d in found.items() if n.startswith("mdm-jobs-"))
+
+        await eventually(taken_over, "the Deployments left taken over by the pool")
+        await full_rounds(cluster, "marker")
         assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
 
 
-async def test_a_deleted_pool_whose_database_is_out_of_reach_leaves_its_schedules_to_a_person(
-    tmp_path: Path, dsn: str, caplog: pytest.LogCaptureFixture
+async def test_a_deleted_pool_whose_secret_went_with_it_is_retired_at_its_last_database(
+    tmp_path: Path, dsn: str
 ) -> None:
+    # its namespace deleted, or one app holding the pool and its Secret
     operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
     async with running_operator(tmp_path, dsn, operator) as cluster:
         document = example_pool()
@@ -368,10 +382,36 @@ async def test_a_deleted_pool_whose_database_is_out_of_reach_leaves_its_schedule
         await cluster.api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/secrets/jobpool-db")
         await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
 
-        async def given_up() -> str | None:
-            return next((r.getMessage() for r in caplog.records
-                         if r.levelname == "ERROR" and "given up" in r.getMessage()), None)
+        async def retired() -> bool:
+            return await declared_by(dsn, "mdm/mdm-jobs") == []
 
-        message = await eventually(given_up, "the retirement given up")
-    assert "run `jobpool schedules retire mdm/mdm-jobs` against its database" in message
+        await eventually(retired, "the deleted pool's schedules retired")
+
+
+async def test_a_deleted_pools_unreachable_database_holds_up_no_other_pool(
+    tmp_path: Path, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        document = example_pool()
+        document["spec"]["schedules"] = [NIGHTLY]
+        await cluster.api.request("POST", POOLS, body=document)
+        marker = example_pool()
+        marker["metadata"]["name"] = "marker"
+        await cluster.api.request("POST", POOLS, body=marker)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        unreachable = "postgresql://jobpool@127.0.0.1:1/jobpool?connect_timeout=2"
+        await cluster.api.request(
+            "PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/jobpool-db", content_type=MERGE,
+            body={"data": {"dsn": base64.b64encode(unreachable.encode()).decode()}})
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+
+        async def warned() -> str | None:
+            return next((r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+                         and "retiring the schedules of deleted" in r.getMessage()), None)
+
+        message = await eventually(warned, "the failed retirement logged")
+        await full_rounds(cluster, "marker")  # the other pool's children still repaired
+    assert "JobWorkerPool mdm/mdm-jobs failed (1 tries in a row" in message
     assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]

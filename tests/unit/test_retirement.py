@@ -6,7 +6,15 @@ import pytest
 
 from jobpool.core.poolspec import load_pool
 from jobpool.core.shutdown import termination_grace_seconds
-from jobpool.k8s.retirement import GonePool, linger_seconds, retirement_step
+from jobpool.k8s.retirement import (
+    GIVE_UP_AFTER,
+    WARN_EVERY,
+    GonePool,
+    failed_try,
+    linger_seconds,
+    retirement_step,
+    succeeded,
+)
 
 LINGER = 100.0
 
@@ -43,3 +51,22 @@ def test_retiring_goes_on_for_a_pods_whole_shutdown_and_two_rounds() -> None:
     grace = termination_grace_seconds(pool.grace_seconds, pool.stop_grace_seconds)
     assert grace > 45
     assert linger_seconds(pool, 15.0) == grace + 30.0
+
+
+def test_failed_tries_warn_first_then_now_and_then_and_give_up_after_an_hour() -> None:
+    pool = gone()
+    outcomes = [failed_try(pool, 1000.0 + 15 * n) for n in range(WARN_EVERY)]
+    assert outcomes[0] == "warn" and outcomes[-1] == "warn"
+    assert set(outcomes[1:-1]) == {"quiet"}
+    assert failed_try(pool, 1000.0 + GIVE_UP_AFTER) == "give up"
+
+
+def test_a_retirement_that_went_through_starts_the_failures_over() -> None:
+    pool = gone()
+    failed_try(pool, 1000.0)
+    failed_try(pool, 1015.0)
+    succeeded(pool, 1030.0)
+    assert (pool.failures, pool.failing_since, pool.retired_at) == (0, None, 1030.0)
+    succeeded(pool, 1045.0)  # the linger's later rounds keep the first retirement's time
+    assert pool.retired_at == 1030.0
+    assert failed_try(pool, 1060.0 + GIVE_UP_AFTER - 1) == "warn"  # failing since then only

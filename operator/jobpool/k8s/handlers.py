@@ -69,8 +69,10 @@ from jobpool.k8s.reconcile import (
 from jobpool.k8s.retirement import (
     GIVE_UP_AFTER,
     GonePool,
+    failed_try,
     linger_seconds,
     retirement_step,
+    succeeded,
 )
 from jobpool.k8s.status import (
     condition_of,
@@ -201,6 +203,10 @@ class PoolIndex:
         """Drop a gone pool: its schedules are retired, or left to a person."""
         self._gone.pop(key, None)
 
+    def forget_all_gone(self) -> None:
+        """Drop every gone pool (a standby's: the leader retires their schedules)."""
+        self._gone.clear()
+
     def wrote_status(self, key: PoolKey, status: Mapping[str, Any]) -> None:
         """Remember a status just written (the watch event may come after the next sync)."""
         if key in self._pools:
@@ -261,6 +267,9 @@ class PoolController:
         self.write_budget = write_budget
         # default: capped counts on a kept connection per database, under a statement timeout
         self.count_jobs: CountJobs = count_jobs if count_jobs is not None else LaneCounter()
+        self._dsns: dict[PoolKey, str] = {}
+        """The DSN last read for each pool: a gone pool's schedules are retired there when
+        its Secret went with it."""
 
     async def run(self, pools: PoolIndex, leader: Leader, interval: float) -> None:
         """Until cancelled: while leading, sync every pool each `interval` seconds and a new
@@ -272,6 +281,7 @@ class PoolController:
         while True:
             if not leader.leading():  # a standby: a full round as soon as it leads
                 next_round = loop.time()
+                pools.forget_all_gone()  # the leader retires the schedules of those
                 await pools.wait(leader.timing.retry_every)
                 continue
             if loop.time() >= next_round:
@@ -286,66 +296,89 @@ class PoolController:
 
     async def _retire_gone(self, pools: PoolIndex, interval: float) -> None:
         """Retire the schedules of the pools deleted for good, when it is safe to
-        (`k8s.retirement`); `interval`: seconds between full rounds."""
+        (`k8s.retirement`); `interval`: seconds between full rounds. A database that failed
+        once in a round is not tried again in it: gone pools on an unreachable database
+        delay the next round by one try, not one per pool."""
         if not isinstance(self.count_jobs, LaneCounter):
             return
+        unreachable: set[str] = set()
         for key, gone in pools.gone():
-            if self.write_budget() is None:
-                return  # not leading: the leader retires them
-            try:
-                over = await self._retirement(self.count_jobs, key, gone, interval)
-            except Exception:  # one pool's failure must not stop the others, nor the loop
-                log.exception("retiring the schedules of deleted JobWorkerPool %s/%s failed",
-                              *key)
+            if gone.dsn is None:
+                gone.dsn = self._dsns.pop(key, None)
+            if gone.dsn is not None and gone.dsn in unreachable:
                 continue
+            budget = self.write_budget()
+            if budget is None:
+                return  # not leading any more: what is left is the next leader's
+            try:
+                async with asyncio.timeout(budget):
+                    over = await self._retirement(self.count_jobs, key, gone, interval)
+            except Exception as exc:  # the API, the Secret, the database: next round
+                if gone.dsn is not None:
+                    unreachable.add(gone.dsn)
+                over = self._retirement_failed(key, gone, exc)
             if over:
                 pools.forget_gone(key)
 
     async def _retirement(self, counter: LaneCounter, key: PoolKey, gone: GonePool,
                           interval: float) -> bool:
-        """One round of a gone pool's retirement; whether it is over."""
+        """One round of a gone pool's retirement; whether it is over. Raises what the API or
+        the database raised."""
         namespace, name = key
         try:
             pool = load_pool(gone.body)
-        except PoolSpecError:
-            return True  # an invalid spec names no Secret to trust: left to a person
+        except PoolSpecError as exc:
+            log.warning("JobWorkerPool %s/%s is gone, and its last spec was invalid (%s): its "
+                        "schedules, if any, are left to `jobpool schedules retire %s`",
+                        namespace, name, exc, schedule_owner(name, namespace))
+            return True
         if not pool.schedules:
             return True  # its workers retired every schedule its spec dropped
-        try:
-            stored = await self.api.read_pool(namespace, name) is not None
-            deployments = bool(await self.api.list_children(
-                "Deployment", namespace, pool_selector(name)))
-        except ApiError as exc:
-            log.warning("JobWorkerPool %s/%s is gone; looking for it and its Deployments "
-                        "failed (%s): its schedules are retired once that works", namespace,
-                        name, exc)
-            return False
-        step = retirement_step(gone, stored=stored, deployments=deployments,
-                               now=self.clock().timestamp(), linger=linger_seconds(pool, interval))
+        stored = await self.api.read_pool(namespace, name) is not None
+        left = await self.api.list_children("Deployment", namespace, pool_selector(name))
+        now = self.clock().timestamp()
+        step = retirement_step(gone, stored=stored, deployments=bool(left), now=now,
+                               linger=linger_seconds(pool, interval))
+        if step == "wait" and not gone.waiting:
+            gone.waiting = True
+            log.info("JobWorkerPool %s/%s is gone: its schedules are retired once its "
+                     "Deployments are (left: %s)", namespace, name,
+                     ", ".join(sorted(str(d["metadata"]["name"]) for d in left)))
         if step != "retire":
             return step == "forget"
-        owner = schedule_owner(name, namespace)
-        try:
-            dsn = await self.api.read_secret_value(
-                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
-            retired = await counter.retire_pool_schedules(dsn, owner, FIELD_MANAGER)
-        except Exception as exc:  # the Secret or the database: try again next round
-            gone.failures += 1
-            if gone.failures < GIVE_UP_AFTER:
-                log.warning("retiring the schedules of deleted JobWorkerPool %s/%s failed "
-                            "(try %d of %d): %s", namespace, name, gone.failures,
-                            GIVE_UP_AFTER, exc)
-                return False
-            log.error("retiring the schedules of deleted JobWorkerPool %s/%s failed %d times, "
-                      "given up (%s): run `jobpool schedules retire %s` against its database",
-                      namespace, name, gone.failures, exc, owner)
-            return True
+        gone.dsn = await self._gone_pool_dsn(namespace, pool, gone.dsn)
+        retired = await counter.retire_pool_schedules(
+            gone.dsn, schedule_owner(name, namespace), FIELD_MANAGER)
         if retired:
             log.info("JobWorkerPool %s/%s is gone: its schedules retired: %s", namespace, name,
                      ", ".join(retired))
-        if gone.retired_at is None:
-            gone.retired_at = self.clock().timestamp()
+        succeeded(gone, now)
         return False
+
+    async def _gone_pool_dsn(self, namespace: str, pool: PoolSpec, last: str | None) -> str:
+        """The DSN the gone `pool`'s Secret holds, or `last` (the one last read for it) when
+        the Secret is gone too; raises the Secret's ApiError or KeyError without one."""
+        try:
+            return await self.api.read_secret_value(
+                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+        except (ApiError, KeyError):
+            if last is None:
+                raise
+            return last
+
+    def _retirement_failed(self, key: PoolKey, gone: GonePool, exc: Exception) -> bool:
+        """Log a failed try of `gone`'s retirement as `failed_try` says; whether it is given
+        up."""
+        outcome = failed_try(gone, self.clock().timestamp())
+        if outcome == "give up":
+            log.error("retiring the schedules of deleted JobWorkerPool %s/%s failed for %.0f s, "
+                      "given up (%s): run `jobpool schedules retire %s` against its database",
+                      *key, GIVE_UP_AFTER, exc, schedule_owner(key[1], key[0]))
+        elif outcome == "warn":
+            log.warning("retiring the schedules of deleted JobWorkerPool %s/%s failed (%d "
+                        "tries in a row, tried each round for %.0f s): %s", *key,
+                        gone.failures, GIVE_UP_AFTER, exc)
+        return outcome == "give up"
 
     async def _write(self, call: Awaitable[T]) -> T:
         """Await the write `call` if this replica leads, within the seconds it may take.
@@ -622,6 +655,7 @@ class PoolController:
         try:
             dsn = await self.api.read_secret_value(
                 namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+            self._dsns[(namespace, pool.name)] = dsn  # for its schedules once it is gone
             counts = await self.count_jobs(dsn, pool.lanes)
             if pool.schedules and isinstance(self.count_jobs, LaneCounter):
                 runs = await self.count_jobs.schedule_runs(

@@ -15,9 +15,12 @@ every schedule the pool's owner declared, audited) once it is safe to:
   deleted pool still shutting down in that time (its container restarted before its pod
   was deleted) may declare the schedules again, once.
 
-A gone pool whose retirement keeps failing is given up after `GIVE_UP_AFTER` tries (the
-operator logs `jobpool schedules retire`, which does the same by hand). The operator keeps
-gone pools in memory: one deleted while no operator ran is not seen, and keeps its
+A gone pool's database is the one its DSN Secret names, or, when the Secret went with the
+pool (its namespace deleted, or one app holding both), the DSN the operator last read for
+it. A retirement that keeps failing (the database or the Secret out of reach) is tried each
+round and given up after `GIVE_UP_AFTER` seconds, logged with `jobpool schedules retire`,
+which does the same by hand. The operator keeps gone pools in memory, while it leads: one
+deleted while no operator led, or not yet retired when the leader stopped, keeps its
 schedules until that command runs.
 """
 
@@ -29,24 +32,34 @@ from typing import Any, Literal
 from jobpool.core.poolspec import PoolSpec
 from jobpool.core.shutdown import termination_grace_seconds
 
-GIVE_UP_AFTER = 10
-"""Failed tries (the database or the pool's Secret not reachable) before a gone pool's
-schedules are left to `jobpool schedules retire`."""
+GIVE_UP_AFTER = 3600.0
+"""Seconds of failed tries (the database or the pool's Secret out of reach) before a gone
+pool's schedules are left to `jobpool schedules retire`: longer than a database's usual
+maintenance window."""
+WARN_EVERY = 20
+"""Failed tries between two warnings (the first failure is always logged)."""
 
 Step = Literal["forget", "wait", "retire"]
 """What to do about a gone pool this round: forget it (nothing left to retire, or it is back),
 wait (its Deployments are not collected yet), or retire its schedules."""
 
+Failure = Literal["give up", "warn", "quiet"]
+"""What a failed try leads to: give the pool up, log a warning, or neither."""
+
 
 @dataclass
 class GonePool:
-    """A pool the operator saw deleted, as it was last stored (`body`), and how its
-    retirement went: when it first succeeded (seconds since the epoch, None before) and how
-    many tries failed."""
+    """A pool the operator saw deleted, as it was last stored (`body`); the DSN the operator
+    last read for it (`dsn`, None if none); and how its retirement went: when it first
+    succeeded and since when tries fail (seconds since the epoch, None if not), how many
+    failed in a row, whether its wait for its Deployments was logged."""
 
     body: dict[str, Any]
+    dsn: str | None = None
     retired_at: float | None = None
+    failing_since: float | None = None
     failures: int = field(default=0)
+    waiting: bool = False
 
 
 def retirement_step(gone: GonePool, *, stored: bool, deployments: bool, now: float,
@@ -69,3 +82,21 @@ def linger_seconds(pool: PoolSpec, interval: float) -> float:
     `interval` seconds for the garbage collector to delete the pods after their
     Deployments."""
     return termination_grace_seconds(pool.grace_seconds, pool.stop_grace_seconds) + 2 * interval
+
+
+def failed_try(gone: GonePool, now: float) -> Failure:
+    """Record a failed try of `gone`'s retirement at `now` (seconds since the epoch) and say
+    what it leads to (`Failure`)."""
+    gone.failures += 1
+    if gone.failing_since is None:
+        gone.failing_since = now
+    if now - gone.failing_since >= GIVE_UP_AFTER:
+        return "give up"
+    return "warn" if gone.failures == 1 or gone.failures % WARN_EVERY == 0 else "quiet"
+
+
+def succeeded(gone: GonePool, now: float) -> None:
+    """Record a retirement of `gone` that went through at `now`."""
+    gone.failures, gone.failing_since = 0, None
+    if gone.retired_at is None:
+        gone.retired_at = now
