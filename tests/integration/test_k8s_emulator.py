@@ -235,6 +235,23 @@ async def test_finalizers_hold_a_deletion_until_they_are_removed(connect: Connec
     assert (await refusal_of(admin.request("GET", f"{POOLS}/p"))).status == 404
 
 
+async def test_a_deletion_takes_what_the_object_owns_or_orphans_it(connect: Connect) -> None:
+    admin = connect("admin")
+    for name in ("a", "b"):
+        pool = await admin.request("POST", POOLS, body={
+            **a_pool(), "metadata": {"name": name, "namespace": "mdm"}})
+        owned = a_deployment()
+        owned["metadata"].update(name=f"{name}-d", ownerReferences=[{
+            "apiVersion": API_VERSION, "kind": "JobWorkerPool", "name": name,
+            "uid": pool["metadata"]["uid"], "controller": True}])
+        await admin.request("POST", DEPLOYMENTS, body=owned)
+    await admin.request("DELETE", f"{POOLS}/a")
+    await admin.request("DELETE", f"{POOLS}/b", query={"propagationPolicy": "Orphan"})
+    left = (await admin.request("GET", DEPLOYMENTS))["items"]
+    assert [d["metadata"]["name"] for d in left] == ["b-d"]
+    assert "ownerReferences" not in left[0]["metadata"]
+
+
 async def test_server_side_apply_tracks_field_managers(connect: Connect) -> None:
     admin = connect("admin")
     applied = await admin.request("PATCH", f"{DEPLOYMENTS}/d", body=a_deployment(),
