@@ -415,3 +415,21 @@ async def test_a_deleted_pools_unreachable_database_holds_up_no_other_pool(
         await full_rounds(cluster, "marker")  # the other pool's children still repaired
     assert "JobWorkerPool mdm/mdm-jobs failed (1 tries in a row" in message
     assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
+
+
+async def test_a_deleted_pool_loses_schedules_its_last_spec_had_dropped(
+    tmp_path: Path, dsn: str
+) -> None:
+    # the schedule left the spec, and the pool was deleted before its workers, started
+    # again, retired it
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        await cluster.api.request("POST", POOLS, body=example_pool())
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
+
+        async def retired() -> bool:
+            return await declared_by(dsn, "mdm/mdm-jobs") == []
+
+        await eventually(retired, "the schedule the spec had dropped retired")

@@ -332,8 +332,6 @@ class PoolController:
                         "schedules, if any, are left to `jobpool schedules retire %s`",
                         namespace, name, exc, schedule_owner(name, namespace))
             return True
-        if not pool.schedules:
-            return True  # its workers retired every schedule its spec dropped
         stored = await self.api.read_pool(namespace, name) is not None
         left = await self.api.list_children("Deployment", namespace, pool_selector(name))
         now = self.clock().timestamp()
@@ -341,8 +339,8 @@ class PoolController:
                                linger=linger_seconds(pool, interval))
         if step == "wait" and not gone.waiting:
             gone.waiting = True
-            log.info("JobWorkerPool %s/%s is gone: its schedules are retired once its "
-                     "Deployments are (left: %s)", namespace, name,
+            log.info("JobWorkerPool %s/%s is gone: the schedules it declared are retired once "
+                     "its Deployments are (left: %s)", namespace, name,
                      ", ".join(sorted(str(d["metadata"]["name"]) for d in left)))
         if step != "retire":
             return step == "forget"

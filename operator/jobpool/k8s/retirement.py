@@ -3,7 +3,8 @@
 A pool's workers declare its schedules when they start and retire those its spec no longer
 has; a pool deleted for good leaves its schedules behind, and every other worker of the
 database goes on enqueueing their ticks. The operator retires them (`retire_pool_schedules`:
-every schedule the pool's owner declared, audited) once it is safe to:
+every schedule the pool's owner declared, audited; also for a pool whose last spec had none,
+whose workers may not all have retired the ones it dropped) once it is safe to:
 
 - not while a pool of the same name is stored again (deleted and created again, by
   `kubectl replace --force` or a reinstall): that pool's workers own the schedules, and
