@@ -5,6 +5,12 @@ uvloop does not exist): a worker spent about 7 % less CPU per job on it than on
 asyncio's own loop, whose scheduling of tasks, callbacks and timers is a large part of a
 worker's work per job (bench/RESULTS.md, "The worker's CPU per job"). Without uvloop,
 asyncio's own loop runs everything the same way.
+
+A wait with a time limit is `async with asyncio.timeout(...)`, never `asyncio.wait_for`: on
+Python 3.11 `wait_for` runs the awaited wait as a task of its own, and a cancellation that
+arrives just as that wait completes is lost (`wait_for` returns the result), so a loop that
+waits again runs on; the operator's loop did so when it was stopped while a watch event woke
+it, and its process never ended. Python 3.12 builds `wait_for` on `timeout`.
 """
 
 from __future__ import annotations

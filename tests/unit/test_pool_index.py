@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
 
 from jobpool.k8s.handlers import PoolIndex
 
@@ -108,3 +111,16 @@ def test_a_pool_never_stored_leaves_nothing_to_retire() -> None:
     index = PoolIndex()
     index.seen("DELETED", pool())  # a DELETED for a pool the index never held
     assert index.gone() == []
+
+
+async def test_a_wait_cancelled_as_a_watch_event_wakes_it_ends() -> None:
+    # the operator's loop waits here; stopped just as an event came, it must stop, not wait
+    # again (asyncio.wait_for lost such a cancellation on Python 3.11)
+    index = PoolIndex()
+    waiting = asyncio.create_task(index.wait(10.0))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    index.seen("ADDED", pool())
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

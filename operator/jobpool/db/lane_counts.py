@@ -154,7 +154,8 @@ class LaneCounter:
         """`ask` on `conn`, the connection of `dsn` (see `_answer`)."""
         asking = asyncio.ensure_future(_in_count_transaction(conn, ask))
         try:
-            return await asyncio.wait_for(asyncio.shield(asking), ANSWER_TIMEOUT)
+            async with asyncio.timeout(ANSWER_TIMEOUT):  # not wait_for: see `event_loop`
+                return await asyncio.shield(asking)
         except TimeoutError:
             self._forget(dsn)
             conn.pgconn.finish()

@@ -229,7 +229,8 @@ class PoolIndex:
     async def wait(self, timeout: float) -> None:
         """Until a pool is new or changed, or `timeout` seconds passed."""
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
+            async with asyncio.timeout(max(timeout, 0.0)):  # not wait_for: see `event_loop`
+                await self._wake.wait()
         except TimeoutError:
             return
         finally:

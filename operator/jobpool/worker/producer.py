@@ -184,7 +184,8 @@ class Producer:
                 return not self.stopping.is_set()
             self.loop_beat = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), BEAT_EVERY)
+                async with asyncio.timeout(BEAT_EVERY):  # not wait_for: see `event_loop`
+                    await self.wake.wait()
 
     async def run(self, completer: Batches, executor: Attempts, returns: Returns) -> None:
         """Claim and start jobs until stopped (or, with `until_empty`, nothing is left)."""
@@ -249,7 +250,8 @@ class Producer:
     async def _wait_for_wake(self) -> None:
         """Wait for a wake-up, at most `_wait_for()` seconds."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), self._wait_for())
+            async with asyncio.timeout(self._wait_for()):  # not wait_for: see `event_loop`
+                await self.wake.wait()
 
     def _wait_for(self) -> float:
         """Seconds the loop may wait for a wake-up: the poll interval, or less while the

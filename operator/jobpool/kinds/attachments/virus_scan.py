@@ -101,7 +101,8 @@ async def connect_clamd(address: ClamdAddress) -> socket.socket:
         sock = socket.socket(family, socktype, proto)
         sock.setblocking(False)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, sockaddr), CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):  # not wait_for: see `event_loop`
+                await loop.sock_connect(sock, sockaddr)
         except (OSError, TimeoutError) as exc:
             sock.close()
             error = exc
@@ -186,18 +187,21 @@ async def instream(
     loop = asyncio.get_running_loop()
     stream = _Stream(size)
     try:
-        await asyncio.wait_for(loop.sock_sendall(sock, INSTREAM), SEND_TIMEOUT)
+        async with asyncio.timeout(SEND_TIMEOUT):  # not wait_for: see `event_loop`
+            await loop.sock_sendall(sock, INSTREAM)
         async for chunk in chunks:
             early = _reply_waiting(sock)
             if early is not None:
                 return await _early_verdict(sock, early, stream.sent, stream_limit)
             piece = stream.take(chunk)
             if piece:
-                await asyncio.wait_for(loop.sock_sendall(sock, frame(piece)), SEND_TIMEOUT)
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await loop.sock_sendall(sock, frame(piece))
                 stream.sent += len(piece)
             if stream.mismatch:
                 break
-        await asyncio.wait_for(loop.sock_sendall(sock, END_OF_STREAM), SEND_TIMEOUT)
+        async with asyncio.timeout(SEND_TIMEOUT):
+            await loop.sock_sendall(sock, END_OF_STREAM)
     except (BrokenPipeError, ConnectionResetError) as exc:
         with contextlib.suppress(TimeoutError):
             reply = await read_reply(sock, b"", CUT_REPLY_TIMEOUT)
