@@ -299,6 +299,36 @@ async def full_rounds(cluster: Cluster, pool: str) -> None:
         await delete_deployments(cluster, pool)
         await eventually(lambda: _has(cluster, f"{pool}-default"), f"{pool}-default restored")
 
+def nightly_pool() -> dict[str, Any]:
+    """The example pool with NIGHTLY in its spec."""
+    document = example_pool()
+    document["spec"]["schedules"] = [NIGHTLY]
+    return document
+
+
+@asynccontextmanager
+async def pool_declaring_nightly(tmp_path: Path, dsn: str, *, in_spec: bool = True,
+                                 marker: bool = False) -> AsyncIterator[Cluster]:
+    """The operator running with pool mdm-jobs reconciled (`nightly_pool` if `in_spec`, else
+    the example pool) and, if `marker`, pool marker (see `full_rounds`); NIGHTLY declared for
+    mdm/mdm-jobs, as its workers do when they start (the fake cluster runs no pods)."""
+    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
+    async with running_operator(tmp_path, dsn, operator) as cluster:
+        await cluster.api.request("POST", POOLS,
+                                  body=nightly_pool() if in_spec else example_pool())
+        if marker:
+            other = example_pool()
+            other["metadata"]["name"] = "marker"
+            await cluster.api.request("POST", POOLS, body=other)
+        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
+        await declare_nightly(dsn, "mdm/mdm-jobs")
+        yield cluster
+
+
+async def retired(dsn: str) -> bool:
+    """Whether mdm/mdm-jobs declares no schedule any more."""
+    return await declared_by(dsn, "mdm/mdm-jobs") == []
+
 
 async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_gone(
     tmp_path: Path, dsn: str
@@ -306,27 +336,14 @@ async def test_a_deleted_pools_schedules_are_retired_once_its_deployments_are_go
     import psycopg
 
     await declare_nightly(dsn, "imports/mdm-jobs", "imports-nightly")  # a namesake's
-    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
-    async with running_operator(tmp_path, dsn, operator) as cluster:
-        document = example_pool()
-        document["spec"]["schedules"] = [NIGHTLY]
-        await cluster.api.request("POST", POOLS, body=document)
-        marker = example_pool()
-        marker["metadata"]["name"] = "marker"
-        await cluster.api.request("POST", POOLS, body=marker)
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
-        await declare_nightly(dsn, "mdm/mdm-jobs")
+    async with pool_declaring_nightly(tmp_path, dsn, marker=True) as cluster:
         await delete_orphaning(cluster)
         await full_rounds(cluster, "marker")
         # a Deployment of it is left, whose pods may run its schedules, and which a pool
         # created again would take over, pods and all: not retired
         assert await declared_by(dsn, "mdm/mdm-jobs") == ["nightly"]
         await delete_deployments(cluster)
-
-        async def retired() -> bool:
-            return await declared_by(dsn, "mdm/mdm-jobs") == []
-
-        await eventually(retired, "the deleted pool's schedules retired")
+        await eventually(lambda: retired(dsn), "the deleted pool's schedules retired")
         assert cluster.server.refusals == []
     assert await declared_by(dsn, "imports/mdm-jobs") == ["imports-nightly"]
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -344,18 +361,9 @@ async def test_a_pool_deleted_and_created_again_keeps_its_schedules(
     """An orphaning delete, then the pool created again: it takes over the Deployments left,
     whose pods declared the schedules before and will not again, so nothing may retire
     them."""
-    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
-    async with running_operator(tmp_path, dsn, operator) as cluster:
-        document = example_pool()
-        document["spec"]["schedules"] = [NIGHTLY]
-        await cluster.api.request("POST", POOLS, body=document)
-        marker = example_pool()
-        marker["metadata"]["name"] = "marker"
-        await cluster.api.request("POST", POOLS, body=marker)
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
-        await declare_nightly(dsn, "mdm/mdm-jobs")
+    async with pool_declaring_nightly(tmp_path, dsn, marker=True) as cluster:
         await delete_orphaning(cluster)
-        await cluster.api.request("POST", POOLS, body=document)
+        await cluster.api.request("POST", POOLS, body=nightly_pool())
         uid = (await pool_object(cluster))["metadata"]["uid"]
 
         async def taken_over() -> bool:
@@ -372,35 +380,16 @@ async def test_a_deleted_pool_whose_secret_went_with_it_is_retired_at_its_last_d
     tmp_path: Path, dsn: str
 ) -> None:
     # its namespace deleted, or one app holding the pool and its Secret
-    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
-    async with running_operator(tmp_path, dsn, operator) as cluster:
-        document = example_pool()
-        document["spec"]["schedules"] = [NIGHTLY]
-        await cluster.api.request("POST", POOLS, body=document)
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
-        await declare_nightly(dsn, "mdm/mdm-jobs")
+    async with pool_declaring_nightly(tmp_path, dsn) as cluster:
         await cluster.api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/secrets/jobpool-db")
         await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
-
-        async def retired() -> bool:
-            return await declared_by(dsn, "mdm/mdm-jobs") == []
-
-        await eventually(retired, "the deleted pool's schedules retired")
+        await eventually(lambda: retired(dsn), "the deleted pool's schedules retired")
 
 
 async def test_a_deleted_pools_unreachable_database_holds_up_no_other_pool(
     tmp_path: Path, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
-    async with running_operator(tmp_path, dsn, operator) as cluster:
-        document = example_pool()
-        document["spec"]["schedules"] = [NIGHTLY]
-        await cluster.api.request("POST", POOLS, body=document)
-        marker = example_pool()
-        marker["metadata"]["name"] = "marker"
-        await cluster.api.request("POST", POOLS, body=marker)
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
-        await declare_nightly(dsn, "mdm/mdm-jobs")
+    async with pool_declaring_nightly(tmp_path, dsn, marker=True) as cluster:
         unreachable = "postgresql://jobpool@127.0.0.1:1/jobpool?connect_timeout=2"
         await cluster.api.request(
             "PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/jobpool-db", content_type=MERGE,
@@ -422,14 +411,6 @@ async def test_a_deleted_pool_loses_schedules_its_last_spec_had_dropped(
 ) -> None:
     # the schedule left the spec, and the pool was deleted before its workers, started
     # again, retired it
-    operator = operator_account(rbac_objects(OPERATOR_NEEDS, OPERATOR_NAMESPACE, "jp-jobpool"))
-    async with running_operator(tmp_path, dsn, operator) as cluster:
-        await cluster.api.request("POST", POOLS, body=example_pool())
-        await condition_reason(cluster, "Reconciled", "ChildrenMatchSpec")
-        await declare_nightly(dsn, "mdm/mdm-jobs")
+    async with pool_declaring_nightly(tmp_path, dsn, in_spec=False) as cluster:
         await cluster.api.request("DELETE", f"{POOLS}/mdm-jobs")
-
-        async def retired() -> bool:
-            return await declared_by(dsn, "mdm/mdm-jobs") == []
-
-        await eventually(retired, "the schedule the spec had dropped retired")
+        await eventually(lambda: retired(dsn), "the schedule the spec had dropped retired")
