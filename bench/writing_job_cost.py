@@ -22,8 +22,8 @@ worker id:
   COMMIT, the handler's deferred constraints checked first (`jobpool.db.connect.job_end_query`),
   in the job's transaction;
 - `one-call-end`: what a worker sends, with the `done` and the session reset in one function
-  call (`bench_job_end`: `mdm.aa_job_end` and `mdm.aa_reset_session` written as one) instead
-  of two; it prices merging them;
+  call (`bench_job_end`: the statements of `mdm.aa_job_end` and `mdm.aa_reset_session` as
+  one function, made from the migrated ones) instead of two; it prices merging them;
 - `lock-done`: not a way the worker takes: the `done` as a row lock with the same
   compare-and-set (`FOR NO KEY UPDATE`) and the audit row, without the UPDATE, no reset; it
   prices a design that leaves the status change to the batched `done` of the next claim.
@@ -84,32 +84,19 @@ BEGIN
             pg_catalog.jsonb_build_object('kind', done_kind));
     RETURN true;
 END $$""",
-    """CREATE FUNCTION bench_job_end(p_id bigint, p_attempts integer, p_worker_id text,
-                                     p_actor text, p_result jsonb)
-RETURNS TABLE (prepared integer, handler_made text[]) LANGUAGE plpgsql AS $$
-DECLARE
-    commit_durability text;
-BEGIN
-    PERFORM mdm.aa_job_done(p_id, p_attempts, p_worker_id, p_actor, p_result, true);
-    PERFORM pg_catalog.set_config('statement_timeout', '0', true);
-    SET SESSION AUTHORIZATION DEFAULT;
-    commit_durability := pg_catalog.current_setting('synchronous_commit');
-    RESET ALL;
-    PERFORM pg_catalog.set_config('synchronous_commit', commit_durability, true);
-    UNLISTEN *;
-    EXECUTE 'CLOSE ALL';
-    PERFORM pg_catalog.pg_advisory_unlock_all();
-    DISCARD TEMP;
-    DISCARD SEQUENCES;
-    RETURN QUERY
-        SELECT pg_catalog.count(*) FILTER (WHERE NOT s.from_sql)::integer,
-               pg_catalog.array_agg(s.name) FILTER (WHERE s.from_sql)
-          FROM pg_catalog.pg_prepared_statements s;
-END $$""",
 ]
-"""The handler's table, the jobs' tenant and kind, `lock-done`'s function (written as
-`mdm.aa_job_done` is, its UPDATE replaced by the row lock) and `one-call-end`'s (the bodies
-of `mdm.aa_job_end` and `mdm.aa_reset_session` in one)."""
+"""The handler's table, the jobs' tenant and kind, and `lock-done`'s function (written as
+`mdm.aa_job_done` is, its UPDATE replaced by the row lock)."""
+ONE_CALL_END = """CREATE FUNCTION bench_job_end(p_id bigint, p_attempts integer,
+                                 p_worker_id text, p_actor text, p_result jsonb)
+RETURNS TABLE (prepared integer, handler_made text[]) LANGUAGE plpgsql AS $bench$
+{declare}BEGIN{job_end}{reset}END $bench$"""
+"""`one-call-end`'s function: the statements of `mdm.aa_job_end`, then those of
+`mdm.aa_reset_session` (with its DECLARE), as the migrated database holds them
+(`create_one_call_end`)."""
+FUNCTION_SOURCES = """SELECT p.proname, p.prosrc FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'mdm' AND p.proname IN ('aa_job_end', 'aa_reset_session')"""
 RUNNING_JOBS = """INSERT INTO mdm.aa_job (tenant_id, job_kind, status, claimed_by, claimed_at,
                                           attempts, max_attempts, heartbeat_at, lease_expires_at)
 SELECT (SELECT id FROM mdm.aa_tenant WHERE key = 'bench-writing'), 'bench_writing', 'running',
@@ -208,12 +195,33 @@ async def measure(dsn: str, job: Job, connections: int, jobs: int
     return server / total * 1e6, client / total * 1e6, total / wall, xacts / total
 
 
+def plpgsql_block(source: str) -> tuple[str, str]:
+    """(its DECLARE section, the statements between BEGIN and END) of a PL/pgSQL body of one
+    block; ValueError for another shape."""
+    declare, begin, rest = source.partition("BEGIN")
+    body, end, _ = rest.rpartition("END")
+    if not begin or not end:
+        raise ValueError(f"not a PL/pgSQL body of one block: {source!r}")
+    return declare, body
+
+
+async def create_one_call_end(conn: AsyncConnection[Any]) -> None:
+    """Create `ONE_CALL_END` from the functions the worker's end calls."""
+    cur = await conn.execute(FUNCTION_SOURCES)
+    sources = dict(await cur.fetchall())
+    _, job_end = plpgsql_block(sources["aa_job_end"])
+    declare, reset = plpgsql_block(sources["aa_reset_session"])
+    await conn.execute(ONE_CALL_END.format(declare=declare, job_end=job_end,
+                                           reset=reset).encode())
+
+
 async def run_all(dsn: str, connections: int, jobs: int, rounds: int
                   ) -> dict[str, list[tuple[float, float, float, float]]]:
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         await migrate(conn)
         for statement in SETUP:
             await conn.execute(statement)
+        await create_one_call_end(conn)
     figures: dict[str, list[tuple[float, float, float, float]]] = {}
     for _ in range(rounds):
         for name, job in variants().items():
