@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobpool.core.poolspec import load_pool
-from jobpool.core.shutdown import termination_grace_seconds
+from jobpool.k8s.manifests import build_pod_template
 from jobpool.k8s.retirement import (
     GIVE_UP_AFTER,
     WARN_EVERY,
@@ -42,15 +42,18 @@ def test_a_gone_pools_step(retired_at: float | None, stored: bool, deployments: 
                            linger=LINGER) == step
 
 
-def test_retiring_goes_on_for_a_pods_whole_shutdown_and_two_rounds() -> None:
+def test_retiring_goes_on_past_the_longest_a_pod_of_the_pool_may_still_run() -> None:
     pool = load_pool({
         "apiVersion": "jobs.mdm.io/v1alpha1", "kind": "JobWorkerPool",
         "metadata": {"name": "p", "namespace": "mdm"},
         "spec": {"image": "jobpool:1", "database": {"secretName": "db", "key": "dsn"},
-                 "worker": {"graceSeconds": 45}, "lanes": [{"name": "all"}]}})
-    grace = termination_grace_seconds(pool.grace_seconds, pool.stop_grace_seconds)
-    assert grace > 45
-    assert linger_seconds(pool, 15.0) == grace + 30.0
+                 "worker": {"graceSeconds": 45},
+                 "lanes": [{"name": "all"}, {"name": "b", "kinds": ["reindex"]}]}})
+    # what the kubelet gives each lane's pods once they are deleted
+    longest = max(build_pod_template(pool, lane)["spec"]["terminationGracePeriodSeconds"]
+                  for lane in pool.lanes)
+    assert longest > 45
+    assert linger_seconds(pool, 15.0) >= longest + 2 * 15.0
 
 
 def test_failed_tries_warn_first_then_now_and_then_and_give_up_after_an_hour() -> None:

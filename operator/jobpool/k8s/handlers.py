@@ -354,12 +354,17 @@ class PoolController:
         succeeded(gone, now)
         return False
 
+    async def _secret_dsn(self, namespace: str, pool: PoolSpec) -> str:
+        """The DSN `pool`'s Secret holds; raises ApiError 404 or KeyError when the Secret or
+        its key is missing."""
+        return await self.api.read_secret_value(
+            namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+
     async def _gone_pool_dsn(self, namespace: str, pool: PoolSpec, last: str | None) -> str:
         """The DSN the gone `pool`'s Secret holds, or `last` (the one last read for it) when
         the Secret is gone too; raises the Secret's ApiError or KeyError without one."""
         try:
-            return await self.api.read_secret_value(
-                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+            return await self._secret_dsn(namespace, pool)
         except (ApiError, KeyError):
             if last is None:
                 raise
@@ -652,8 +657,7 @@ class PoolController:
         count_error: str | None = None
         runs: list[dict[str, Any]] | None = None
         try:
-            dsn = await self.api.read_secret_value(
-                namespace, pool.dsn_secret.name, pool.dsn_secret.key)
+            dsn = await self._secret_dsn(namespace, pool)
             self._dsns[(namespace, pool.name)] = dsn  # for its schedules once it is gone
             counts = await self.count_jobs(dsn, pool.lanes)
             if pool.schedules and isinstance(self.count_jobs, LaneCounter):

@@ -27,7 +27,7 @@ schedules until that command runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from jobpool.core.poolspec import PoolSpec
@@ -59,7 +59,7 @@ class GonePool:
     dsn: str | None = None
     retired_at: float | None = None
     failing_since: float | None = None
-    failures: int = field(default=0)
+    failures: int = 0
     waiting: bool = False
 
 
