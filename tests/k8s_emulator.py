@@ -950,35 +950,33 @@ class KubernetesApi(k8s.KubernetesEmulator):
             answer["kind"] = f"{info.kind}List" if info.kind else "List"
         return answer
 
+    def _dependents(self, uid: str | None) -> list[tuple[Any, str | None, str]]:
+        """The keys of the stored objects whose ownerReferences name `uid`."""
+        if uid is None:
+            return []
+        return [key for key, obj in list(self.objects.items())
+                if not obj.deleted and any(
+                    ref.get("uid") == uid
+                    for ref in obj.get("metadata", {}).get("ownerReferences") or [])]
+
     async def _orphan_dependents(self, uid: str | None) -> None:
         """Take the references to `uid` off the objects it owned (the GC's orphaning)."""
-        for (resource, namespace, name), obj in list(self.objects.items()):
-            refs = obj.get("metadata", {}).get("ownerReferences") or []
-            if obj.deleted or not any(ref.get("uid") == uid for ref in refs):
-                continue
+        for resource, namespace, name in self._dependents(uid):
             current = self._stored(resource, namespace, name)
             if current is None:
                 continue
-            kept = [ref for ref in refs if ref.get("uid") != uid]
+            kept = [ref for ref in current["metadata"]["ownerReferences"]
+                    if ref.get("uid") != uid]
             if kept:
                 current["metadata"]["ownerReferences"] = kept
             else:
-                current["metadata"].pop("ownerReferences", None)
+                del current["metadata"]["ownerReferences"]
             current["metadata"]["resourceVersion"] = str(next(_versions))
             await self._save(resource, namespace, current, "MODIFIED")
 
     async def _collect_garbage(self, uid: str | None) -> None:
         """Delete (or, with finalizers, mark deleted) the objects `uid` owned: the GC's job."""
-        if uid is None:
-            return
-        doomed = [
-            key for key, obj in list(self.objects.items())
-            if not obj.deleted and any(
-                ref.get("uid") == uid
-                for ref in obj.get("metadata", {}).get("ownerReferences") or []
-            )
-        ]
-        for resource, namespace, name in doomed:
+        for resource, namespace, name in self._dependents(uid):
             current = self._stored(resource, namespace, name)
             if current is None:
                 continue
@@ -987,7 +985,6 @@ class KubernetesApi(k8s.KubernetesEmulator):
                 await self._save(resource, namespace, current, "MODIFIED")
             else:
                 await self._drop(resource, namespace, name)
-
 
 def _scale_of(deployment: Mapping[str, Any]) -> dict[str, Any]:
     meta = deployment["metadata"]
