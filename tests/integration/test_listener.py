@@ -37,8 +37,8 @@ async def test_notify_wakes_an_idle_worker_and_survives_a_dead_listener(
         assert await _wait_for(conn, first, "done")  # no poll for an hour: NOTIFY woke it
 
         killed = await scalar(conn, "SELECT count(pg_terminate_backend(pid))"
-                              " FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'"
-                              " OR query = 'SELECT 1'")
+                              " FROM pg_stat_activity WHERE datname = current_database()"
+                              " AND (query ILIKE 'LISTEN%%' OR query = 'SELECT 1')")
         assert killed >= 1
         for _ in range(50):
             await asyncio.sleep(0.1)
