@@ -1,9 +1,11 @@
 """Database fixtures: one migrated template per session, a fresh copy per test.
 
-The server: JOBPOOL_TEST_DSN, else libpq's PG* variables, else the one answering on
-127.0.0.1:5432, else a throw-away cluster the suite starts for the run and removes at the end
-(`private_postgres`). A configured server that does not answer stops the run with an error
-naming the variable it came from; the run's header names the server used.
+The server: JOBPOOL_TEST_DSN, else libpq's PG* variables, else a throw-away cluster the suite
+starts for the run from the binaries in JOBPOOL_TEST_PG_BIN (to run it on another major
+version), else the one answering on 127.0.0.1:5432, else a throw-away cluster of the binaries
+found (`private_postgres`); either cluster is removed at the end. A configured server that
+does not answer stops the run with an error naming the variable it came from; the run's header
+names the server used.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def _start_suite_server() -> str:
     too); return its label for the header."""
     global _suite_server
     bin_dir = find_bin()
+    if bin_dir is None and os.environ.get("JOBPOOL_TEST_PG_BIN"):
+        pytest.exit(f"JOBPOOL_TEST_PG_BIN={os.environ['JOBPOOL_TEST_PG_BIN']} holds no initdb "
+                    f"and pg_ctl", returncode=3)
     if bin_dir is None:
         pytest.exit("no PostgreSQL server answers on 127.0.0.1:5432 and none can be started: "
                     "install PostgreSQL's server binaries (Debian: postgresql) or the local "
@@ -78,8 +83,8 @@ def _start_suite_server() -> str:
         _suite_server = PrivateServer(bin_dir, TEST_SETTINGS)
         _suite_server.start()
     except RuntimeError as exc:
-        pytest.exit(f"no PostgreSQL server answers on 127.0.0.1:5432, and the suite's own "
-                    f"cluster (binaries from {bin_dir}) did not start: {exc}", returncode=3)
+        pytest.exit(f"the suite's own cluster (binaries from {bin_dir}) did not start: {exc}",
+                    returncode=3)
     os.environ["JOBPOOL_TEST_DSN"] = _suite_server.dsn()
     version = _server_version(_suite_server.dsn())
     return (f"a throw-away cluster of the suite's own on 127.0.0.1:{_suite_server.port}, "
@@ -97,6 +102,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             pytest.exit(f"the test server configured by {source} does not answer: "
                         f"{str(exc).strip()}", returncode=3)
         _server_label = f"{source}, PostgreSQL {version} on {_where(server_dsn())}"
+        return
+    if os.environ.get("JOBPOOL_TEST_PG_BIN"):
+        _server_label = f"{_start_suite_server()} (JOBPOOL_TEST_PG_BIN)"
         return
     try:
         version = _server_version(LOCAL_DSN)

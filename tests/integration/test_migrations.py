@@ -490,12 +490,14 @@ async def test_a_migration_held_up_by_an_open_transaction_gives_up_naming_it(
     """It tries again within its limit, then stops with the session to end, unrecorded; once
     that session's transaction ended, it applies."""
     label = await _forget_time_checks_migration(conn)
-    # the session's own settings; a statement timeout shorter than the lock timeout included
-    await conn.execute("SET lock_timeout = '777ms'; SET statement_timeout = '100ms';"
-                       " SET idle_session_timeout = '300ms'; SET application_name = 'deploy'")
     holder = await _hold_the_job_table(dsn)
     try:
         async with _job_table_held_in_another_database(dsn, template_db):
+            # the session's own settings (a statement timeout shorter than the lock timeout
+            # included), set once the holders are in place: the session idles only in migrate
+            await conn.execute("SET lock_timeout = '777ms'; SET statement_timeout = '100ms';"
+                               " SET idle_session_timeout = '300ms';"
+                               " SET application_name = 'deploy'")
             with pytest.raises(MigrationLockError, match=label) as raised:
                 await migrate(conn, lock_timeout=0.3, lock_wait=2.0)  # a pause longer than idle
             restored = await _session_settings(conn)
