@@ -47,7 +47,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
-from jobpool.db.connect import CHECK_DEFERRED_QUERY, job_end_query
+from jobpool.db.connect import END_PREAMBLE, job_end_query
 from jobpool.db.migrate import migrate
 from jobpool.db.store import COMPLETE_JOB_OR_RAISE, escaped_literal
 
@@ -150,7 +150,7 @@ def variants() -> dict[str, Job]:
 
     async def one_call_end(conn: AsyncConnection[Any], job_id: int, n: int) -> None:
         await begin_with_insert(conn, n)
-        await query(conn, CHECK_DEFERRED_QUERY + f"SELECT * FROM bench_job_end({job_id}, 1, "
+        await query(conn, END_PREAMBLE + f"SELECT * FROM bench_job_end({job_id}, 1, "
                           f"{escaped_literal(WORKER)}, 'bench', NULL);\nCOMMIT".encode())
 
     async def lock_done(conn: AsyncConnection[Any], job_id: int, n: int) -> None:

