@@ -70,7 +70,8 @@ HELD_ROWS: list[asyncio.Task[None]] = []
 
 @jobpool.kind("test_done_waits", max_attempts=1)
 async def done_waits(job: Job, tx: AsyncConnection[Any]) -> None:
-    """Record this run and leave a `statement_timeout` of `payload.timeout_ms`, while another
+    """Record this run and leave `payload.setting` (`statement_timeout` or `lock_timeout`) at
+    `payload.timeout_ms`, while another
     session holds the job's row (FOR UPDATE) until `payload.hold_ms` after the handler
     returns: the job's `done` waits for that lock longer than the handler's timeout. With
     `payload.apart`, also change `tx`'s row factory: the job then ends in statements of their
@@ -87,8 +88,8 @@ async def done_waits(job: Job, tx: AsyncConnection[Any]) -> None:
         await holder.close()
 
     HELD_ROWS.append(asyncio.create_task(release()))
-    await tx.execute("SELECT set_config('statement_timeout', %s, false)",
-                     (f"{int(job.payload['timeout_ms'])}ms",))
+    await tx.execute("SELECT set_config(%s, %s, false)",
+                     (job.payload["setting"], f"{int(job.payload['timeout_ms'])}ms"))
 
 
 @jobpool.kind("test_sleep", max_attempts=3, stale_ttl=3.0, backoff_base=1.0, backoff_max=1.0)

@@ -385,20 +385,21 @@ async def test_a_writing_jobs_reset_is_not_cut_short_by_the_handlers_statement_t
     assert await statuses(conn, probes) == {"done"}, [await job(conn, i) for i in probes]
 
 
+@pytest.mark.parametrize("setting", ["statement_timeout", "lock_timeout"])
 @pytest.mark.parametrize("apart", [False, True], ids=["one-query", "statements-apart"])
-async def test_a_writing_jobs_done_is_not_cut_short_by_the_handlers_statement_timeout(
-    conn: Conn, dsn: str, tenant: uuid.UUID, apart: bool
+async def test_a_writing_jobs_done_is_not_cut_short_by_the_handlers_timeouts(
+    conn: Conn, dsn: str, tenant: uuid.UUID, apart: bool, setting: str
 ) -> None:
     """The job's `done` waits for its row's lock (here another session holds it for 300 ms
-    after the handler returns) without the handler's statement timeout of 5 ms: cut short,
-    it would roll the job and its write back and, with one attempt, park it in the DLQ. So
-    too when the job ends in statements of their own (a handler changed its connection's
-    psycopg attributes). The job is done with its row, and the next jobs on that connection
-    run without the timeout."""
+    after the handler returns) without the handler's statement or lock timeout of 5 ms: cut
+    short, it would roll the job and its write back and, with one attempt, park it in the
+    DLQ. So too when the job ends in statements of their own (a handler changed its
+    connection's psycopg attributes). The job is done with its row, and the next jobs on that
+    connection run without the timeout."""
     await prepare(conn)
     waits = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_done_waits", priority=0,
-                                   payload={"hold_ms": 300, "timeout_ms": 5,
-                                            "apart": apart})).id
+                                   payload={"hold_ms": 300, "timeout_ms": 5, "apart": apart,
+                                            "setting": setting})).id
     probes = [m.id for m in await jobpool.enqueue_many(
         conn, [jobpool.NewJob(tenant, "test_session_probe")] * 3)]
     await run_until_empty(dsn, "test_done_waits", "test_session_probe", slots=1)

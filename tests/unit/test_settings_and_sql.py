@@ -77,18 +77,20 @@ def test_the_claim_and_the_batched_done_fit_psycopgs_query_cache() -> None:
 def test_a_writing_job_resets_its_session_inside_its_transaction_and_commits_last() -> None:
     """One transaction per writing job: nothing follows the COMMIT. The handler's deferred
     constraints are checked first, in a statement of their own (their failure is the
-    handler's, told from the `done`'s by its place), then the handler's statement timeout is
-    lifted, in a statement of its own before the `done` (a timeout starts with its statement),
+    handler's, told from the `done`'s by its place), then the handler's statement and lock
+    timeouts are lifted, in a statement of its own before the `done` (a timeout starts with
+    its statement),
     then the `done` (`mdm.aa_job_end` also readies the transaction for the reset), the reset,
     the COMMIT."""
     assert "mdm.aa_job_end(" in COMPLETE_JOB_OR_RAISE.text
-    statements = job_end_query(b"DONE;").decode().splitlines()
-    assert statements == ["SET CONSTRAINTS ALL IMMEDIATE;",
-                          "SELECT pg_catalog.set_config('statement_timeout', '0', true);",
-                          "DONE;",
-                          "SELECT prepared, handler_made FROM mdm.aa_reset_session();",
+    statements = job_end_query(b"DONE;").decode().split(";\n")
+    assert statements == ["SET CONSTRAINTS ALL IMMEDIATE",
+                          "SELECT pg_catalog.set_config('statement_timeout', '0', true),\n"
+                          "pg_catalog.set_config('lock_timeout', '0', true)",
+                          "DONE",
+                          "SELECT prepared, handler_made FROM mdm.aa_reset_session()",
                           "COMMIT;"]
-    assert statements[DONE_STATEMENT] == "DONE;"
+    assert statements[DONE_STATEMENT] == "DONE"
     kept = job_end_query(b"DONE;", keep_when_idle=True).decode().splitlines()
     assert kept[-2:] == ["SET idle_session_timeout = 0;", "COMMIT;"]
 

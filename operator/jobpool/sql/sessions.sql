@@ -29,12 +29,14 @@ SET CONSTRAINTS ALL IMMEDIATE;
 
 -- name: end_without_timeout :exec
 -- The second statement of a writing job's end, once the handler's deferred constraints were
--- checked under its settings: no statement timeout for the rest of the job's transaction, so
--- that the handler's (a SET or SET LOCAL of a few milliseconds) cuts short neither its `done`,
--- which may wait for the job row's lock (a lease renewal holds it briefly), nor the session
--- reset: either cut short would roll the job and its writes back. A statement of its own,
--- before the `done`: a statement's timeout starts with it, at the value then in force.
-SELECT pg_catalog.set_config('statement_timeout', '0', true);
+-- checked under its settings: no statement or lock timeout for the rest of the job's
+-- transaction, so that the handler's (a SET or SET LOCAL of a few milliseconds) cuts short
+-- neither its `done`, which may wait for the job row's lock (a lease renewal holds it
+-- briefly), nor the session reset: either cut short would roll the job and its writes back.
+-- A statement of its own, before the `done`: a statement's timeout starts with it, at the
+-- value then in force.
+SELECT pg_catalog.set_config('statement_timeout', '0', true),
+       pg_catalog.set_config('lock_timeout', '0', true);
 
 -- name: reset_before_commit :one
 -- The session reset of a writing job, inside its transaction after `mdm.aa_job_end` (which
