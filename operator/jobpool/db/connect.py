@@ -617,10 +617,9 @@ def job_end_query(done: bytes, *, keep_when_idle: bool = False) -> bytes:
     """The one query that ends a writing job, in its transaction, so that the job is one
     transaction (any statement after a COMMIT is a transaction of its own): the handler's
     deferred constraints checked under its settings and role (`CHECK_DEFERRED`), no statement
-    timeout from then on (`END_WITHOUT_TIMEOUT`), its `done` (`done`, ending with ";"), the
-    session reset (`RESET_BEFORE_COMMIT`, which keeps its
-    `synchronous_commit` for the COMMIT), `KEEP_WHEN_IDLE` again if `keep_when_idle`, then
-    COMMIT."""
+    or lock timeout from then on (`END_WITHOUT_TIMEOUT`), its `done` (`done`, ending with
+    ";"), the session reset (`RESET_BEFORE_COMMIT`, which keeps its `synchronous_commit` for
+    the COMMIT), `KEEP_WHEN_IDLE` again if `keep_when_idle`, then COMMIT."""
     ending = KEEP_WHEN_IDLE_AGAIN + COMMIT_QUERY if keep_when_idle else COMMIT_QUERY
     return END_PREAMBLE + done + RESET_BEFORE_COMMIT_QUERY + ending
 
