@@ -294,12 +294,15 @@ async def test_a_stopped_index_build_cancels_its_backend_and_drops_the_invalid_i
         build: dict[str, Any] = {}
 
         async def building() -> bool:
+            # the progress view's phase, not the statement's text: the statement is active
+            # before its first transaction has committed the INVALID index's catalog entry
             cur = await conn.execute(
-                "SELECT pid, query FROM pg_stat_activity WHERE application_name = %s"
-                " AND state = 'active'", (f"jobpool index_sync job {job_id}",))
+                "SELECT a.pid, p.phase FROM pg_stat_activity a"
+                " JOIN pg_stat_progress_create_index p ON p.pid = a.pid"
+                " WHERE a.application_name = %s", (f"jobpool index_sync job {job_id}",))
             row = await cur.fetchone()
             build.update(row or {})
-            return row is not None and row["query"].startswith("CREATE INDEX CONCURRENTLY")
+            return row is not None and row["phase"] == "waiting for old snapshots"
 
         await wait_until(building, "the build waits for the old snapshot", 30)
         assert (await index_state(conn, name) or {}).get("valid") is False  # INVALID meanwhile
