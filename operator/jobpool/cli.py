@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -196,6 +195,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _run_processes(args: argparse.Namespace, settings: Settings, count: int) -> int:
     """`count` worker processes of this `jobpool run`, one health and metrics endpoint."""
+    from jobpool.core.process_group import STOP_SIGNALS
     from jobpool.worker.health import start_worker_health
     from jobpool.worker.processes import ProcessGroup, stop_when_orphaned
 
@@ -207,7 +207,7 @@ async def _run_processes(args: argparse.Namespace, settings: Settings, count: in
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
     group = ProcessGroup(run_args, count, inherited | replace(settings, dsn=dsn).to_env())
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, group.stop)
     health = await start_worker_health(group, dsn, args.metrics_port,
                                        transaction_pooler=settings.pooler == "transaction")

@@ -205,7 +205,10 @@ class _Batch:
                 except ValueError as problem:
                     raise ValueError(f"{_place(index, count)}payload of a job of kind "
                                      f"{job.kind} is refused: {problem}") from None
-            raise ValueError(f"cannot enqueue: {exc}") from None
+            # each payload passes alone: together they are past what one jsonb value holds
+            raise ValueError(f"cannot enqueue the {count} jobs in one batch: their payloads "
+                             f"together are more JSON than one jsonb value holds ({exc}); "
+                             "enqueue them in smaller batches") from None
         self.priorities = _numbers(priorities)
         self.times = None if times.count(None) == count else times
         self.attempts = _numbers(attempts)

@@ -19,6 +19,7 @@ from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from jobpool.core.actors import service_account_problem
 from jobpool.core.jsondata import text_problem
 
 PREFIX = "JOBPOOL_"
@@ -81,6 +82,17 @@ class Stored(Text):
         problem = text_problem(value)
         if problem is not None:
             raise ValueError(f"is text the database cannot keep: it {problem}")
+
+
+@dataclass(frozen=True)
+class ServiceAccount(Text):
+    """The name audit rows give a worker's actions (`service_account_problem`)."""
+
+    def check(self, value: Any) -> None:
+        super().check(value)
+        problem = service_account_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -289,7 +301,7 @@ class Settings:
     log_level: str = _setting("info", Choice(LOG_LEVELS), "log level: debug, info, warning, error",
                               "--log-level")
     service_account: str = _setting(
-        "jobpool-worker", Stored(),
+        "jobpool-worker", ServiceAccount(),
         "the workers' service account, the audit log's principal of what they do (a CLI "
         "command names the person running it, see [Audit actors](command-line.md#audit-actors))",
         applies=("worker",))

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from integration.helpers import job, prepare, scalar
 
 import jobpool
@@ -97,6 +98,26 @@ async def test_sigterm_hands_back_a_job_longer_than_the_grace_period(
     run_cli(dsn, *worker_args("test_sleep", until_empty=True))
     row = await job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("done", 1)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_sighup_stops_a_worker_as_sigterm_does(
+    conn: Conn, dsn: str, tenant: uuid.UUID, processes: int
+) -> None:
+    """A closing terminal or SSH session sends SIGHUP, whose default would end the worker as
+    kill -9 does (its claims left to lapse, an attempt used): it stops as on SIGTERM, the
+    job longer than the grace period handed back, also from a group of processes."""
+    await prepare(conn)
+    job_id = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_sleep",
+                                    payload={"seconds": 60})).id
+    w = start(dsn, *worker_args("test_sleep", grace=1, processes=processes))
+    await _wait_status(conn, job_id, "running")
+    w.send_signal(signal.SIGHUP)
+    _, err = await asyncio.to_thread(w.communicate, timeout=30)
+    assert w.returncode == 0, err
+    assert "handed back" in err, err
+    row = await job(conn, job_id)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
 
 
 async def test_sigterm_lets_a_short_job_finish(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:

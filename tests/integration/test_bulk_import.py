@@ -200,6 +200,37 @@ async def test_a_row_the_database_refuses_does_not_sink_its_batch(
     assert row["line_no"] == 4 and "test_refuse" in row["error"]
 
 
+async def test_a_row_past_a_server_limit_is_rejected_alone(
+    conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
+) -> None:
+    """120 searchable names of 1,000 distinct words each make a search vector past
+    PostgreSQL's 1 MB (SQLSTATE class 54, which every retry of the import would meet): that
+    row is rejected naming the limit, not its value, and the rest of its batch is imported."""
+    names = [f"n{a}" for a in range(120)]
+    await create_type(conn, tenant, "customer", [
+        {"attr_key": name, "data_type": "string", "searchable": True} for name in names])
+    long_row = {name: " ".join(f"w{a}x{n}" for n in range(1_000))
+                for a, name in enumerate(names)}
+    rows = [{"n0": "a"}, {"n0": "b"}, long_row, {"n0": "c"}, {"n0": "d"}]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"external_key": f"k{i}", **row}) + "\n"
+                            for i, row in enumerate(rows, 1)), encoding="utf-8")
+    import_id = await _stage(conn, tenant, path)
+
+    await run_worker(dsn, "bulk_import")
+
+    [job] = await jobs_of(conn, "bulk_import")
+    assert job["status"] == "done"
+    assert (job["result"]["inserted"], job["result"]["rejected"]) == (4, 1)
+    cur = await conn.execute("SELECT line_no, error FROM mdm.aa_import_row WHERE"
+                             " import_job_id = %s AND status = 'rejected'", (import_id,))
+    [row] = await cur.fetchall()
+    assert row["line_no"] == 3
+    assert row["error"].startswith("line 3: refused by the database: string is too long for "
+                                   "tsvector (")
+    assert "w0x1 " not in row["error"]
+
+
 async def test_hostile_or_unknown_type_in_the_import_command_is_refused(
     dsn: str, conn: Conn, tenant: uuid.UUID, tmp_path: Path
 ) -> None:

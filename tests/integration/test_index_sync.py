@@ -197,6 +197,31 @@ async def test_duplicate_key_in_a_unique_build_goes_to_the_dlq_at_once_naming_th
     assert "twice@example.com" in attribute["index_error"]
 
 
+async def test_a_value_past_the_index_rows_limit_goes_to_the_dlq_at_once_naming_it(
+    dsn: str, conn: Conn, tenant: uuid.UUID
+) -> None:
+    """A stored value too long for an index row (SQLSTATE class 54, which every retry would
+    meet): no retries, the INVALID index dropped, the limit named."""
+    _, attr_id = await _customer(conn, tenant)
+    await conn.execute(  # 9,600 characters: past what one index row holds
+        "UPDATE mdm.ddm_entity SET attributes = jsonb_build_object('email',"
+        " (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 300) AS g))"
+        " WHERE external_key = 'c7'")
+    await conn.execute("UPDATE mdm.ddm_entity_type_attribute SET sortable = true WHERE id = %s",
+                       (attr_id,))
+
+    await run_worker(dsn, "index_sync")
+
+    [job] = await jobs_of(conn, "index_sync")
+    assert job["status"] == "dlq" and job["attempts"] == 1
+    name = attribute_index_name(str(tenant), "customer", "email")
+    assert (f"index {name} cannot be built, a stored value is past a server limit: index row "
+            "requires ") in job["last_error"]
+    assert "the INVALID index it left was dropped" in job["last_error"]
+    assert await index_state(conn, name) is None
+    assert (await _attribute(conn, attr_id))["index_status"] == "failed"
+
+
 async def test_a_build_blocked_by_a_repeatable_read_transaction_times_out_then_succeeds(
     dsn: str, conn: Conn, tenant: uuid.UUID
 ) -> None:

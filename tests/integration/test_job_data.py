@@ -128,28 +128,49 @@ async def outcome(conn: Conn, job_id: int) -> tuple[str, str]:
     return row["status"], row["last_error"]
 
 
+REFUSALS = {
+    # a constraint the result breaks (an integrity violation)
+    "check": ("CHECK (result IS NULL OR NOT result ? 'refuse')",
+              "CheckViolation: new row for relation \"aa_job\" violates check constraint "
+              "\"test_refuse_result\")"),
+    # a result past a server limit (SQLSTATE class 54, as jsonb past 256 MB is): raised
+    # here by a function, as a result of that size would be
+    "limit": ("CHECK (result IS NULL OR NOT test_past_limit(result))",
+              "ProgramLimitExceeded: total size of jsonb object elements exceeds the maximum "
+              "of 268435455 bytes)"),
+}
+
+
+@pytest.mark.parametrize("writes", [False, True], ids=["batched", "writing"])
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
 async def test_a_done_the_database_refuses_fails_its_job_alone(
-    conn: Conn, dsn: str, tenant: uuid.UUID
+    conn: Conn, dsn: str, tenant: uuid.UUID, refusal: str, writes: bool
 ) -> None:
-    """A batch of `done`s that the database refuses is recorded job by job: the culprit goes
-    to the DLQ naming the refusal, the rest of its batch is done."""
+    """A `done` the database refuses for the result it records fails that job alone, to the
+    DLQ naming the refusal without the result's text: in a batch (recorded job by job, the
+    rest of its batch done) and in a writing job's transaction (its write rolled back)."""
     await prepare(conn)
-    await conn.execute("ALTER TABLE mdm.aa_job ADD CONSTRAINT test_refuse_result "
-                       "CHECK (result IS NULL OR NOT result ? 'refuse')")
+    await conn.execute(
+        "CREATE FUNCTION test_past_limit(result jsonb) RETURNS boolean IMMUTABLE"
+        " LANGUAGE plpgsql AS $$ BEGIN IF result ? 'refuse' THEN RAISE EXCEPTION"
+        " 'total size of jsonb object elements exceeds the maximum of 268435455 bytes'"
+        " USING ERRCODE = 'program_limit_exceeded'; END IF; RETURN false; END $$")
+    constraint, error = REFUSALS[refusal]
+    await conn.execute(f"ALTER TABLE mdm.aa_job ADD CONSTRAINT test_refuse_result {constraint}")
     normal = await normal_jobs(conn, [tenant, await second_tenant(conn)], count=30)
     refused = (await jobpool.enqueue(conn, tenant_id=tenant, kind="test_misbehave",
-                                     payload={"do": "refused_result"})).id
+                                     payload={"do": "refused_result", "write": writes})).id
     normal += await normal_jobs(conn, [tenant], count=30)
 
     await run_until_empty(dsn, "test_noop", "test_misbehave", slots=8)
 
     assert await statuses(conn, normal) == {"done"}
     row = await job(conn, refused)
-    assert row["status"] == "dlq"
-    assert row["last_error"].startswith(
-        "ResultRefused: the database refused to record the job done with its result "
-        "(CheckViolation: new row for relation \"aa_job\" violates check constraint "
-        "\"test_refuse_result\"")
+    assert (row["status"], row["attempts"]) == ("dlq", 1)
+    assert row["last_error"] == (
+        f"ResultRefused: the database refused to record the job done with its result ({error}")
+    assert await scalar(conn, "SELECT count(*) FROM test_runs WHERE job_id = %s",
+                        (refused,)) == 0
 
 
 TEN_YEARS = 10 * 365 * 86_400

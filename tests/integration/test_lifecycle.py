@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 import jobpool
-from integration.helpers import job, prepare, run_until_empty, scalar, worker
+from integration.helpers import job, prepare, run_until_empty, scalar, wait_until, worker
 from jobpool.db.connect import open_pool
 from jobpool.db.store import QueueStore
 from jobpool.job import Job
@@ -43,6 +43,11 @@ async def steal(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
 @jobpool.kind("test_timeout", timeout=0.5, backoff_base=60.0)
 async def too_slow(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
     await tx.execute("SELECT pg_sleep(5)")
+
+
+@jobpool.kind("test_tiny_stale", stale_ttl=0.05)
+async def tiny_stale(job: Job, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Never enqueued: its 50 ms stale TTL caps the lease of a worker that serves it."""
 
 
 async def _enqueue(conn: Conn, tenant: uuid.UUID, kind: str, payload: Any = None,
@@ -206,6 +211,31 @@ async def test_claim_orders_by_priority_then_available_at(conn: Conn, dsn: str,
     finally:
         await pool.close()
     assert [r["id"] for r in rows] == [urgent, late]
+
+
+async def test_a_stale_ttl_shorter_than_a_renewal_leaves_live_claims_alone(
+    conn: Conn, dsn: str, tenant: uuid.UUID
+) -> None:
+    """Two workers serving a kind whose stale TTL is 50 ms lease their claims for 0.5 s at
+    least: neither takes back a job whose handler still runs, so each job runs once."""
+    await prepare(conn)
+    ids = [await _enqueue(conn, tenant, "test_sleep", {"seconds": 1.5}) for _ in range(4)]
+    workers = [worker(dsn, ("test_tiny_stale", "test_sleep"), slots=2, until_empty=False)
+               for _ in range(2)]  # long-running: each recovers lapsed claims
+    running = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await wait_until(lambda: _all_done(conn, ids), "every job is done", 60)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*running)
+    assert [r["attempts"] for r in [await job(conn, i) for i in ids]] == [1] * 4
+    assert await scalar(conn, "SELECT count(*) FROM test_runs") == 4
+
+
+async def _all_done(conn: Conn, ids: list[int]) -> bool:
+    return await scalar(conn, "SELECT count(*) FROM mdm.aa_job WHERE id = ANY(%s)"
+                              " AND status = 'done'", (ids,)) == len(ids)
 
 
 async def test_claims_never_overlap(conn: Conn, dsn: str, tenant: uuid.UUID) -> None:

@@ -75,3 +75,22 @@ def test_both_enqueue_statements_audit_and_notify_alike() -> None:
     assert "'job_enqueued'" in audit_and_notify(unkeyed)
     assert "pg_notify('jobpool', job_kind)" in audit_and_notify(unkeyed)
     assert audit_and_notify(unkeyed) == audit_and_notify(keyed)
+
+
+def test_a_batch_whose_payloads_together_pass_what_jsonb_holds_is_refused_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each payload passes alone, the batch's one JSON array does not: refused before anything
+    is sent (the server would abort the caller's transaction), telling to split it. The limit
+    is lowered here (its own size is tested in test_jsondata.py)."""
+    monkeypatch.setattr("jobpool.core.jsondata.MAX_JSONB_BYTES", 1000)
+    _Batch([NewJob(TENANT, "k_one", {"t": "x" * 900})])
+    with pytest.raises(ValueError) as caught:
+        _Batch([NewJob(TENANT, "k_one", {"t": "x" * 600}) for _ in range(2)])
+    assert str(caught.value).startswith(
+        "cannot enqueue the 2 jobs in one batch: their payloads together are more JSON than "
+        "one jsonb value holds (payloads is 1,222 bytes of JSON, more than the 1,000")
+    assert str(caught.value).endswith("; enqueue them in smaller batches")
+    with pytest.raises(ValueError, match=r"job 2 of 2 in the batch: payload of a job of kind "
+                                         r"k_one is refused: payload is 1,009 bytes of JSON"):
+        _Batch([NewJob(TENANT, "k_one"), NewJob(TENANT, "k_one", {"t": "x" * 1000})])

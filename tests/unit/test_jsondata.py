@@ -9,6 +9,7 @@ import pytest
 
 from jobpool.core.jsondata import (
     MAX_DEPTH,
+    MAX_JSONB_BYTES,
     UndecodableJson,
     load_json,
     nesting_depth,
@@ -78,6 +79,20 @@ def test_a_circular_reference_is_named_and_ends_the_walk() -> None:
     loop["self"] = loop
     with pytest.raises(ValueError, match="Circular reference"):
         to_json_text(loop, name="payload")
+
+
+def test_a_value_past_what_jsonb_holds_is_refused_by_its_size_in_bytes() -> None:
+    """A text of MAX_JSONB_BYTES bytes passes, one byte more does not; a character past
+    ASCII counts its UTF-8 bytes (the server would refuse the value, or lose the connection
+    on it past 1 GB, on every retry)."""
+    quoted = MAX_JSONB_BYTES - len('{"t": ""}')
+    assert len(to_json_text({"t": "x" * quoted}, name="result")) == MAX_JSONB_BYTES
+    with pytest.raises(ValueError) as caught:
+        to_json_text({"t": "x" * (quoted + 1)}, name="result")
+    assert str(caught.value).startswith(
+        "result is 268,435,456 bytes of JSON, more than the 268,435,455 a jsonb value holds")
+    with pytest.raises(ValueError, match="payload is 268,435,457 bytes of JSON"):
+        to_json_text({"t": "é" * (quoted // 2 + 1)}, name="payload")
 
 
 def test_storable_values_pass_unchanged() -> None:

@@ -14,6 +14,7 @@ from jobpool.core.process_group import (
     group_problems,
     lane_exit,
     process_count,
+    stopped_cleanly,
     usable_cpus,
 )
 
@@ -105,3 +106,13 @@ def test_while_stopping_a_clean_exit_or_the_sigterm_itself_is_done() -> None:
     assert decide(-signal.SIGTERM, stopping=True, started=False) == LaneExit("done", "")
     assert decide(-9, stopping=True) == LaneExit(
         "done", "lane a worker 0 exited with -9 while stopping", code=9)
+
+
+def test_a_worker_process_killed_by_the_sigterm_passed_on_stopped_cleanly() -> None:
+    """`jobpool run --processes N`: a child that got the group's SIGTERM before its handlers
+    were installed held no job, and the group still exits 0."""
+    assert stopped_cleanly(0, stopping=False)
+    assert stopped_cleanly(-signal.SIGTERM, stopping=True)
+    assert not stopped_cleanly(-signal.SIGTERM, stopping=False)  # killed by someone else
+    assert not stopped_cleanly(-signal.SIGKILL, stopping=True)
+    assert not stopped_cleanly(2, stopping=True)

@@ -17,7 +17,8 @@ from jobpool.registry import (
     builtin_kinds,
     load_kind_modules,
 )
-from jobpool.worker.config import WorkerConfig, resolve_kinds
+from jobpool.settings import MIN_LEASE_TTL
+from jobpool.worker.config import WorkerConfig, claim_lease, resolve_kinds
 
 
 def test_decorator_registers_with_overrides() -> None:
@@ -150,6 +151,18 @@ def test_whole_numbers_are_accepted_for_durations() -> None:
     assert isinstance(defaults.stale_ttl, float) and defaults.stale_ttl == 600.0
     assert isinstance(defaults.timeout, float)
     assert isinstance(defaults.backoff.base, float)
+
+
+@pytest.mark.parametrize(("lease_ttl", "stale_ttls", "lease"), [
+    (30.0, [], 30.0),
+    (30.0, [600.0, 5.0], 5.0),  # capped by the shortest stale TTL served
+    (30.0, [0.05, 600.0], MIN_LEASE_TTL),  # never below what a renewal thread keeps up with
+    (0.5, [0.001], 0.5),
+])
+def test_a_claims_lease_is_capped_by_the_stale_ttls_and_floored(
+    lease_ttl: float, stale_ttls: list[float], lease: float
+) -> None:
+    assert claim_lease(lease_ttl, stale_ttls) == lease
 
 
 def test_a_handler_must_be_async() -> None:

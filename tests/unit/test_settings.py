@@ -25,6 +25,7 @@ from jobpool.settings import (
     Names,
     Networks,
     Seconds,
+    ServiceAccount,
     Settings,
     Stored,
     Text,
@@ -168,6 +169,14 @@ def test_a_choice_is_read_in_any_case() -> None:
     ("JOBPOOL_SMTP_URL", "http://mail:25", "JOBPOOL_SMTP_URL must start with smtp:// or "
      "smtps://, got http://"),
     ("JOBPOOL_CLAMD_URL", "clamd:3310", "JOBPOOL_CLAMD_URL must start with tcp:// or unix://"),
+    ("JOBPOOL_SERVICE_ACCOUNT", "token:alice@example.com",
+     "JOBPOOL_SERVICE_ACCOUNT must be a bare name, got 'token:alice@example.com' (the prefix "
+     "'token:' marks an audit actor as an admin API token)"),
+    ("JOBPOOL_SERVICE_ACCOUNT", "user:bob", "JOBPOOL_SERVICE_ACCOUNT must be a bare name, got "
+     "'user:bob' (the prefix 'user:' marks an audit actor as a person)"),
+    ("JOBPOOL_SERVICE_ACCOUNT", "evil\x1b[31m\nline", "JOBPOOL_SERVICE_ACCOUNT is not one "
+     "printable line: it contains U+001B at index 4"),
+    ("JOBPOOL_SERVICE_ACCOUNT", "   ", "JOBPOOL_SERVICE_ACCOUNT must name the account"),
     ("JOBPOOL_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/8, intranet",
      "JOBPOOL_WEBHOOK_ALLOW_NETWORKS must be comma-separated CIDR networks (e.g. 127.0.0.0/8, "
      "::1/128), got 'intranet'"),
@@ -247,6 +256,7 @@ def _refused_text(kind: Text) -> str | None:
     examples: dict[type[Text], str] = {
         Whole: str(getattr(kind, "high", 0) + 1), Seconds: "soon", Choice: "loud",
         Url: "ftp://host", Dsn: "not a dsn", Networks: "intranet", Stored: "lane-\udcff",
+        ServiceAccount: "token:alice@example.com",
     }
     return examples[type(kind)]  # KeyError: a new kind needs a refused example here
 

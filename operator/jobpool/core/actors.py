@@ -50,6 +50,22 @@ def cli_actor(name: str) -> str:
     return name if name.startswith(PERSON_PREFIX) else PERSON_PREFIX + name
 
 
+def service_account_problem(name: str) -> str | None:
+    """What keeps `name` from being a service account's name in audit rows, or None: it must
+    name someone, be one printable line (the audit history prints it) and carry no kind's
+    prefix (`user:`, `token:`), with which the audit history would show a worker's actions as
+    a person's or an admin API token's."""
+    if not name.strip():
+        return f"must name the account, got {name!r}"
+    for prefix, kind in _PREFIXES:
+        if name.startswith(prefix):
+            shown = "an admin API token" if kind == "token" else "a person"
+            return (f"must be a bare name, got {name[:80]!r} (the prefix {prefix!r} marks an "
+                    f"audit actor as {shown})")
+    problem = line_problem(name)
+    return None if problem is None else f"is not one printable line: it {problem}"
+
+
 def token_subject(subject: str) -> str:
     """The actor of an admin API request: its token's `sub`."""
     return TOKEN_PREFIX + subject

@@ -24,6 +24,14 @@ everything else on the stack. Real payloads are a few levels deep; 100 leaves an
 magnitude on both sides.
 """
 
+MAX_JSONB_BYTES = 268_435_455
+"""Largest JSON text, in UTF-8 bytes, that `to_json_text` passes: a jsonb value holds at most
+2^28 - 1 bytes. Past it the server refuses the value (SQLSTATE class 54) and aborts the
+caller's transaction; past 1 GB the statement cannot even be sent and the connection is lost,
+again on every retry. Measured on the text, close to the stored size: escapes make the text
+larger, many small numbers make it smaller, so the server may still refuse a value near the
+limit (a job's result so refused goes to the DLQ, `ResultRefused`)."""
+
 PREVIEW = 200
 """Characters of an undecodable value's stored text that `UndecodableJson` keeps."""
 
@@ -182,19 +190,34 @@ def to_json_text(value: Any, *, name: str, limit: int = MAX_DEPTH) -> str:
 
     name: how messages call the value ("payload", "result"). Raises ValueError naming the
     place and the problem: a value that is not JSON (NaN or Infinity, an object of another
-    type, a circular reference), a string with a NUL character or a lone surrogate, or
-    nesting deeper than `limit` levels. The checks of the text are exact; the walk that
-    names the place only runs when one fails.
+    type, a circular reference), a string with a NUL character or a lone surrogate,
+    nesting deeper than `limit` levels, or a text past `MAX_JSONB_BYTES`. The checks of the
+    text are exact; the walk that names the place only runs when one fails.
     """
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(value_problem(value, name, limit) or f"{name} is not JSON: {exc}"
                          ) from None
+    size = size_past_jsonb_limit(text)
+    if size is not None:
+        raise ValueError(f"{name} is {size:,} bytes of JSON, more than the {MAX_JSONB_BYTES:,} "
+                         "a jsonb value holds; keep large data elsewhere (a table, object "
+                         "storage) and pass a reference")
     problem = json_text_problem(text, limit)
     if problem is not None:
         raise ValueError(value_problem(value, name, limit) or f"{name} {problem}")
     return text
+
+
+def size_past_jsonb_limit(text: str) -> int | None:
+    """The size of `text` in UTF-8 bytes when past `MAX_JSONB_BYTES`, else None. Encodes only
+    a text long enough to be (a character takes 1 to 4 bytes; a lone surrogate, refused
+    later, counts 3)."""
+    if len(text) * 4 <= MAX_JSONB_BYTES:
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > MAX_JSONB_BYTES else None
 
 
 def json_text_problem(text: str, limit: int = MAX_DEPTH) -> str | None:

@@ -12,6 +12,12 @@ from typing import Literal
 
 from jobpool.core.retry import retry_pause
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals that stop a worker, a process group or a pool as SIGTERM does (the first: running
+jobs get the grace period; the second: they are handed back at once). SIGHUP is the one a
+closing terminal or SSH session sends: without a handler it would end the process at once,
+as kill -9 does, leaving its claimed jobs to wait a lease before they run again."""
+
 
 def usable_cpus(affinity: int, cpu_max: str | None) -> int:
     """CPUs this process may use: its affinity (`os.sched_getaffinity`), capped by a cgroup v2
@@ -100,6 +106,13 @@ class LaneExit:
     failures: int = 0
 
 
+def stopped_cleanly(code: int, *, stopping: bool) -> bool:
+    """Whether a worker process that exited with `code` (negative: killed by that signal)
+    ended cleanly: 0, or, once its parent was stopping, killed by the SIGTERM passed on to it
+    before its handlers were installed (it held no job yet)."""
+    return code == 0 or (stopping and code == -signal.SIGTERM)
+
+
 def lane_exit(code: int, *, name: str, started: bool, uptime: float, stopping: bool,
               until_empty: bool, failures: int, rng: random.Random) -> LaneExit:
     """Decide about lane process `name` ("lane L worker i") that exited with `code`
@@ -115,8 +128,7 @@ def lane_exit(code: int, *, name: str, started: bool, uptime: float, stopping: b
     (`retry_pause`: RESTART_FIRST seconds doubling to RESTART_MAX, jittered).
     """
     if stopping:
-        # SIGTERM before its handlers were installed: it held no job yet
-        clean = code in (0, -signal.SIGTERM)
+        clean = stopped_cleanly(code, stopping=True)
         return LaneExit("done", "" if clean else f"{name} exited with {code} while stopping",
                         code=0 if clean else exit_status(code))
     if code == 0 and until_empty:

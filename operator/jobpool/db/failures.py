@@ -1,4 +1,5 @@
-"""What a psycopg error says: a lost connection, or a transaction that conflicted with another.
+"""What a psycopg error says: a lost connection, a transaction that conflicted with another, or
+a value the server refuses to store.
 
 Functions of the exception (and of the connection it was raised on), apart from the worker's
 connection module, so that the operator's counts and the admin API use them too."""
@@ -18,6 +19,25 @@ def transaction_conflict(exc: BaseException) -> bool:
     same transaction may well succeed when run again."""
     return any(isinstance(e, psycopg.Error) and (e.sqlstate or "").startswith("40")
                for e in _chain(exc))
+
+
+PROGRAM_LIMIT_CLASS = "54"
+"""SQLSTATE class of a value past one of the server's limits (program_limit_exceeded: a jsonb
+past 256 MB, a tsvector past 1 MB, nesting past the stack's depth)."""
+
+
+def refuses_value(exc: psycopg.Error) -> bool:
+    """Whether the server refused a statement for a value it was to store, so that every retry
+    of the same value is refused the same: a data exception (a DataError), an integrity
+    violation (an IntegrityError) or a value past a server limit (SQLSTATE class 54)."""
+    return (isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError)
+            or (exc.sqlstate or "").startswith(PROGRAM_LIMIT_CLASS))
+
+
+def primary_message(exc: psycopg.Error) -> str:
+    """The server's primary message of `exc`, without its detail (a failing row), context or
+    the statement's text, which carry the refused value itself (a job's result, a row)."""
+    return exc.diag.message_primary or str(exc).partition("\n")[0]
 
 
 def interrupted_by_connection(exc: BaseException) -> bool:

@@ -23,7 +23,7 @@ from typing import Protocol
 import psycopg
 
 from jobpool.core.retry import error_text, retry_pause
-from jobpool.db.failures import lost_connection
+from jobpool.db.failures import lost_connection, primary_message, refuses_value
 from jobpool.db.queries import Row
 from jobpool.db.reconnect import RECONNECT_FIRST
 from jobpool.db.store import UNCAPPED, Completion, Written
@@ -51,11 +51,17 @@ CLAIM_RETRY_MAX = 30.0
 
 
 class ResultRefused(PermanentError):
-    """The database refused to record the job done with its result."""
+    """The database refused to record the job done with its result.
+
+    The message keeps the server's primary message only: its detail (the failing row) and
+    the statement's text around the error would carry the result itself into `last_error`.
+    """
 
     def __init__(self, exc: psycopg.Error) -> None:
         super().__init__(f"the database refused to record the job done with its result "
-                         f"({type(exc).__name__}: {exc})")
+                         f"({type(exc).__name__}: {primary_message(exc)})")
+
+
 
 
 class CompletionStore(Protocol):
@@ -192,8 +198,8 @@ class Completer:
                 self._requeue(batch)
                 self.link.lost(exc)
                 return []
-            log.warning("the batched done of %d job(s) was refused (%s); recording each on "
-                        "its own", len(batch), exc)
+            log.warning("the batched done of %d job(s) was refused (%s: %s); recording each "
+                        "on its own", len(batch), type(exc).__name__, primary_message(exc))
             await self._complete_one_by_one(batch)
             return []
         self.claim_failures = 0
@@ -261,15 +267,15 @@ class Completer:
 
     async def _complete_one_by_one(self, batch: list[Pending]) -> None:
         """Record each `done` of a refused batch in its own transaction, so that only the job
-        whose `done` the database refuses fails: refuses its value (a DataError or an
-        IntegrityError: ResultRefused, to the DLQ). Any other refusal (a lost connection, a
+        whose `done` the database refuses fails: refuses its value (`refuses_value`:
+        ResultRefused, to the DLQ). Any other refusal (a lost connection, a
         conflict, what a pooler or a session refuses) says nothing about the job: the rest
         of the batch goes with a later claim, as after a failed claim."""
         for index, (completion, done) in enumerate(batch):
             try:
                 done.set_result(await self.store.complete_alone(completion))
             except psycopg.Error as exc:
-                if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
+                if refuses_value(exc):
                     done.set_exception(ResultRefused(exc))
                     continue
                 rest = batch[index:]

@@ -6,12 +6,13 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from jobpool.core.suggestions import did_you_mean
 from jobpool.core.tenants import tenant_ref
-from jobpool.settings import POOLERS, Settings, default_of
+from jobpool.settings import MIN_LEASE_TTL, POOLERS, Settings, default_of
 
 log = logging.getLogger("jobpool.worker")
 
@@ -19,6 +20,15 @@ POLL_ONLY_INTERVAL = 0.5
 """Seconds between claims, at most, of a worker without a LISTEN connection (behind a
 transaction pooler with no `listen_dsn`): a new job waits at most this long for a free slot
 to claim it."""
+
+
+
+def claim_lease(lease_ttl: float, stale_ttls: Iterable[float]) -> float:
+    """Seconds each claim is leased for: `lease_ttl`, capped by the served kinds' stale TTLs
+    (seconds), never below `MIN_LEASE_TTL`: the lease is renewed every third of it, and a
+    kind may declare a stale TTL of a millisecond, which would lapse under a live worker
+    between two renewals (its jobs then run twice, at once, and use up their attempts)."""
+    return max(MIN_LEASE_TTL, min([lease_ttl, *stale_ttls]))
 
 
 @dataclass(frozen=True)

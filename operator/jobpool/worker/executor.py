@@ -46,7 +46,7 @@ from jobpool.db.connect import (
     handler_end,
     reset_session,
 )
-from jobpool.db.failures import interrupted_by_connection, transaction_conflict
+from jobpool.db.failures import interrupted_by_connection, refuses_value, transaction_conflict
 from jobpool.db.store import CLAIM_NOT_HELD, Completion
 from jobpool.errors import (
     JobpoolError,
@@ -495,12 +495,13 @@ def raise_refused_done(exc: psycopg.Error) -> NoReturn:
 def refused_done(exc: psycopg.Error) -> Exception:
     """What the server's refusal of a job's `done`, written in the job's transaction, means
     for the job: ClaimLostError (this worker no longer holds the claim), ResultRefused (the
-    result does not fit the column), PermanentError (the handler left its transaction under
-    another role or read-only, as every attempt would), else `exc` itself (a conflict, a
-    lost connection, a transaction the handler left aborted)."""
+    result does not fit the column or a server limit: `refuses_value`), PermanentError (the
+    handler left its transaction under another role or read-only, as every attempt would),
+    else `exc` itself (a conflict, a lost connection, a transaction the handler left
+    aborted)."""
     if exc.sqlstate == CLAIM_NOT_HELD:
         return ClaimLostError(str(exc))
-    if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityError):
+    if refuses_value(exc):
         return ResultRefused(exc)
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         if "permission denied for function" in str(exc):

@@ -35,6 +35,7 @@ from jobpool.core.process_group import (
     ProcessStatus,
     group_beat,
     group_problems,
+    stopped_cleanly,
     usable_cpus,
 )
 from jobpool.metrics import MetricsExposition, multiprocess_metrics
@@ -166,7 +167,8 @@ class ProcessGroup:
                 child.send_signal(signum)
 
     async def run(self) -> int:
-        """Start the children and wait for all of them; the worst exit code."""
+        """Start the children and wait for all of them; the worst exit code (`stopped_cleanly`
+        counts as 0)."""
         try:
             for n in range(self.count):
                 argv = [sys.executable, "-m", "jobpool", *self.run_args,
@@ -190,4 +192,5 @@ class ProcessGroup:
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.folder)
-        return max((abs(child.returncode or 0) for child in self.children.values()), default=0)
+        return max((0 if stopped_cleanly(child.returncode, stopping=self.stopping)
+                    else abs(child.returncode) for child in self.children.values()), default=0)

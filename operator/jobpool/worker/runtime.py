@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobpool.core.connection_budget import Need, plan_slots
+from jobpool.core.process_group import STOP_SIGNALS
 from jobpool.core.retry import error_text
 from jobpool.core.shutdown import SHUTDOWN_SETTLE_TIMEOUT
 from jobpool.db.connect import KEEP_WHEN_IDLE, connection_allowance, with_tcp_liveness
@@ -48,6 +48,7 @@ from jobpool.worker.completer import Completer
 from jobpool.worker.config import (
     POLL_ONLY_INTERVAL,
     WorkerConfig,
+    claim_lease,
     make_worker_id,
     resolve_kinds,
 )
@@ -135,8 +136,10 @@ class Worker:
         """Where LISTEN goes; None: poll-only (a transaction pooler without a direct DSN)."""
         self.poll_interval = (config.poll_interval if self.listen_dsn is not None
                               else min(config.poll_interval, POLL_ONLY_INTERVAL))
-        self.lease = min([config.lease_ttl, *(s.defaults.stale_ttl for s in self.specs.values())])
-        """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale TTLs."""
+        self.lease = claim_lease(config.lease_ttl,
+                                 (s.defaults.stale_ttl for s in self.specs.values()))
+        """Seconds each claim is leased for: the worker's lease, capped by its kinds' stale
+        TTLs, at least `MIN_LEASE_TTL` (`claim_lease`)."""
         self.stops = Stops(grace=config.stop_grace, finishing=lambda job_id:
                            self.leases.is_finishing(job_id),
                            abandon=self._abandon)
@@ -231,7 +234,7 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self.stop)
 
     async def run(self) -> None:

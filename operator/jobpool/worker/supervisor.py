@@ -17,7 +17,7 @@ from pathlib import Path
 
 from jobpool.cli_arguments import worker_command
 from jobpool.core.poolspec import Lane, PoolSpec
-from jobpool.core.process_group import lane_exit
+from jobpool.core.process_group import STOP_SIGNALS, lane_exit
 from jobpool.settings import PREFIX, Settings
 
 log = logging.getLogger("jobpool.pool")
@@ -181,7 +181,7 @@ def supervise(processes: Sequence[LaneProcess], *, grace: float, until_empty: bo
     folder = Path(tempfile.mkdtemp(prefix="jobpool-pool-"))
     running = [_Running(proc, folder / f"lane-{n}.json") for n, proc in enumerate(processes)]
     stop = _Stop(running, grace)
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     status = 0
     try:
         for run in running:

@@ -20,6 +20,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from jobpool.db.failures import primary_message, refuses_value
 from jobpool.db.queries import Exec, Many, One
 from jobpool.errors import JobpoolError
 from jobpool.job import Job
@@ -124,10 +125,12 @@ async def _upsert_one_by_one(side: Conn, spec: ImportSpec, chunk: list[Entity],
         try:
             async with side.transaction():
                 one_inserted, one_updated = await _upsert(side, spec, [entity])
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+        except psycopg.Error as exc:
+            if not refuses_value(exc):
+                raise
             plan.reject(entity.line_no, None,
                         f"line {entity.line_no}: refused by the database: "
-                        f"{exc.diag.message_primary or exc}")
+                        f"{primary_message(exc)}")
             continue
         inserted += one_inserted
         updated += one_updated
@@ -140,8 +143,11 @@ async def _write_entities(side: Conn, spec: ImportSpec, plan: BatchPlan) -> tupl
         try:
             async with side.transaction():
                 chunk_inserted, chunk_updated = await _upsert(side, spec, chunk)
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            log.warning("import %d: a chunk was refused (%s); retrying row by row", spec.id, exc)
+        except psycopg.Error as exc:
+            if not refuses_value(exc):
+                raise
+            log.warning("import %d: a chunk was refused (%s); retrying row by row", spec.id,
+                        primary_message(exc))
             chunk_inserted, chunk_updated = await _upsert_one_by_one(side, spec, chunk, plan)
         refused = sum(plan.outcomes[e.line_no].status == "rejected" for e in chunk)
         inserted += chunk_inserted

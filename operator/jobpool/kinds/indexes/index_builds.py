@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from jobpool.db.failures import primary_message, refuses_value
 from jobpool.db.queries import Exec, NamedQuery, One
 from jobpool.errors import JobpoolError, PermanentError
 from jobpool.kinds.indexes.index_plans import (
@@ -178,8 +179,13 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
         raise PermanentError(
             f"index {work.name} cannot be built, a stored value does not convert: "
             f"{exc.diag.message_primary or exc} ({note})") from exc
-    except psycopg.Error:
-        await _cleanup_invalid(side, work.name)
+    except psycopg.Error as exc:
+        note = await _cleanup_invalid(side, work.name)
+        if refuses_value(exc):  # a value past a server limit (an index row too long)
+            raise PermanentError(
+                f"index {work.name} cannot be built, a stored value is past a server limit: "
+                f"{primary_message(exc)} ({note}); shorten the values, then toggle the "
+                "attribute again or replay the job") from exc
         raise
     await side.execute(template(COMMENT_INDEX, index=mdm_index(work.name),
                                 signature=sql.Literal(work.signature)))
