@@ -20,13 +20,16 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from jobpool.core.kinds import check_kind_name
 from jobpool.db.queries import Many, One, Row
 from jobpool.db.tenant_lookup import resolve_tenant as resolve_tenant  # its home for the worker too
-from jobpool.errors import JobNotFoundError, JobStateError
+from jobpool.errors import JobNotFoundError, JobStateError, UnknownKindError
 
 DISCARD_JOB = One("discard_job")
 GET_JOB = One("get_job")
 JOB_COUNTS = Many("job_counts")
+KIND_EXISTS = One("kind_exists")
+LIST_KINDS = Many("list_kinds")
 LIST_DLQ = Many("list_dlq")
 REPLAY_JOB = One("replay_job")
 STOP_JOB = One("stop_job")
@@ -152,6 +155,16 @@ async def stop(conn: AsyncConnection[Any], job_id: int, *, actor: str,
                allowed="only pending, running or dlq jobs can be stopped", tenants=tenants)
 
 
+async def check_registered_kind(conn: AsyncConnection[Any], kind: str) -> None:
+    """Raise UnknownKindError, with the registered kinds that look like it, for a `kind` that
+    is not registered (ValueError for a name no kind can have): a filter or a scope by a
+    misspelt kind would otherwise find nothing, and say nothing."""
+    check_kind_name(kind)
+    found = await KIND_EXISTS(conn, {"kind": kind})
+    if not (found and found["registered"]):
+        raise UnknownKindError(kind, [k["name"] for k in await LIST_KINDS(conn)])
+
+
 async def list_dlq(
     conn: AsyncConnection[Any], *, tenant_id: uuid.UUID | None = None, kind: str | None = None,
     after: int = 0, limit: int = DEFAULT_PAGE, tenants: Tenants = None,
@@ -162,8 +175,11 @@ async def list_dlq(
     PREVIEW_CHARS characters of the payload's JSON text; None for a payload stored in more
     than PREVIEW_READ_LIMIT bytes), `payload_size` (bytes stored), `payload_truncated`,
     `last_error_preview` (ERROR_PREVIEW_CHARS characters), `last_error_length` (characters),
-    `last_error_truncated`. The whole job is `get_job`'s.
+    `last_error_truncated`. The whole job is `get_job`'s. Raises UnknownKindError for a
+    `kind` that is not registered (`check_registered_kind`).
     """
+    if kind is not None:
+        await check_registered_kind(conn, kind)
     return await LIST_DLQ(conn, {
         "tenant_id": tenant_id, "kind": kind, "after": after, "limit": limit,
         "tenants": _keys(tenants), **preview_params(),

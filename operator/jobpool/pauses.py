@@ -20,14 +20,11 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from jobpool import admin
-from jobpool.core.kinds import check_kind_name
 from jobpool.core.pause_scopes import check_reason, check_scope, scope_text, with_held_jobs
 from jobpool.db.queries import Many, One
-from jobpool.errors import JobpoolError, JobStateError, UnknownKindError
+from jobpool.errors import JobpoolError, JobStateError
 
 GET_PAUSE = One("get_pause")
-KIND_EXISTS = One("kind_exists")
-LIST_KINDS = Many("list_kinds")
 LIST_PAUSES = Many("list_pauses")
 OVERVIEW_COUNTS = Many("overview_counts")
 PAUSE_SCOPE = One("pause_scope")
@@ -114,11 +111,7 @@ async def _scope_params(conn: AsyncConnection[Any], tenant: str | None, kind: st
             f"a token scoped to tenants {', '.join(tenants)} cannot pause or resume a kind "
             "for every tenant: name one of its tenants")
     if kind is not None:
-        check_kind_name(kind)
-        found = await KIND_EXISTS(conn, {"kind": kind})
-        if not (found and found["registered"]):
-            kinds = await LIST_KINDS(conn)
-            raise UnknownKindError(kind, [k["name"] for k in kinds])
+        await admin.check_registered_kind(conn, kind)
     tenant_id = tenant_key = None
     if tenant is not None:
         found_tenant = await admin.resolve_tenant(conn, tenant, tenants=tenants)

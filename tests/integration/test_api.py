@@ -233,8 +233,10 @@ async def test_dlq_pages_by_keyset_and_filters(api: Client, conn: Conn, tenant: 
     assert (first["last_error_preview"], first["last_error_length"], first["tenant_key"]) == (
         "boom", 4, "acme")
     assert (first["payload_preview"], first["payload_truncated"]) == ('{"n": 0}', False)
-    _, body, _ = await api.call("GET", "/v1/dlq?kind=no_such_kind", bearer=token())
-    assert body == {"items": [], "next_after": None}
+    # a misspelt kind is named, not answered with an empty page
+    status, body, _ = await api.call("GET", f"/v1/dlq?kind={KIND}x", bearer=token())
+    assert status == 404
+    assert body["detail"].startswith(f"unknown job kind '{KIND}x' (did you mean '{KIND}'?)")
 
 
 async def test_stats_count_by_tenant_kind_and_status(api: Client, conn: Conn, tenant: uuid.UUID

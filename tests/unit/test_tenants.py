@@ -29,9 +29,15 @@ def test_invalid_keys_name_the_rule(key: str) -> None:
         check_tenant_key(key)
 
 
-def test_a_key_may_not_shadow_a_tenant_id() -> None:
+@pytest.mark.parametrize("key", [
+    "00000000-0000-0000-0000-000000000000",
+    "e177aafe45304604974c4d04e62e9995",  # what uuid.UUID, so enqueue's tenant_id, reads too
+    "e177aafe-45304604-974c4d04-e62e9995",
+])
+def test_a_key_may_not_shadow_a_tenant_id(key: str) -> None:
     with pytest.raises(ValueError, match="must not look like a tenant id"):
-        check_tenant_key("00000000-0000-0000-0000-000000000000")
+        check_tenant_key(key)
+    assert check_tenant_key(key[:-1]) == key[:-1]  # 31 hex digits name no uuid
 
 
 UPPER = "7C4B5BD2-3F0E-4C43-9D0F-4F8A4A3F8E01"

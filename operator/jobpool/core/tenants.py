@@ -35,13 +35,24 @@ def check_tenant_key(key: str) -> str:
     """Return `key` if it is a valid tenant key, else raise ValueError naming the rule.
 
     A key is 1 to 63 characters of lower-case letters, digits, `_`, `.` and `-`, starting
-    with a letter or digit, and is not shaped like a uuid (which would shadow a tenant id).
+    with a letter or digit, and is not text a uuid reads from: 32 hex digits, with hyphens
+    anywhere or none, which `uuid.UUID` takes, so the library's `tenant_id` would name
+    another tenant by it than the CLI's `--tenant`.
     """
     if not TENANT_KEY.fullmatch(key):
         raise ValueError(f"invalid tenant key {key!r}: use {_KEY_RULE}")
-    if TENANT_ID.fullmatch(key):
-        raise ValueError(f"invalid tenant key {key!r}: a key must not look like a tenant id")
+    if _reads_as_uuid(key):
+        raise ValueError(f"invalid tenant key {key!r}: a key must not look like a tenant id "
+                         "(32 hex digits, with or without hyphens, read as a uuid)")
     return key
+
+
+def _reads_as_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def tenant_ref(text: str) -> str:
