@@ -43,6 +43,7 @@ from jobpool.core.jsondata import (
     escape_line,
     nesting_depth,
     to_json_text,
+    unique_keys,
     within_depth,
 )
 from jobpool.core.kinds import MAX_SECONDS, PRIORITY_RANGE
@@ -96,7 +97,8 @@ def _json_arg(name: str) -> Callable[[str], Any]:
                 f"{name} is nested {nesting_depth(text)} levels deep, more than the limit of "
                 f"{MAX_DEPTH}")
         try:
-            value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+            value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite,
+                               object_pairs_hook=unique_keys)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
         try:

@@ -35,6 +35,11 @@ from jobpool.cli import main
     (["operator", "--scale-interval", "inf"],
      "argument --scale-interval: must be from 1 to 3600 seconds, got inf"),
     (["api", "--port", "99999"], "argument --port: must be a whole number from 0 to 65535"),
+    # JSON a person wrote: a key given twice would keep one of its values without a word
+    (["enqueue", "k", "--tenant", "t", "--payload", '{"to": "a@x", "to": "b@x"}'],
+     "argument --payload: not valid JSON: the key 'to' is given twice in one object"),
+    (["tenants", "add", "acme", "--metadata", '{"rate_limit": {}, "rate_limit": {}}'],
+     "argument --metadata: not valid JSON: the key 'rate_limit' is given twice"),
 ])
 def test_a_flag_out_of_range_is_a_usage_error_naming_it(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -58,6 +63,9 @@ def test_a_flag_out_of_range_is_a_usage_error_naming_it(
      "jobpool: error: JOBPOOL_API_PORT must be a whole number from 0 to 65535"),
     ("JOBPOOL_SCALE_INTERVAL", "0", ["operator"],
      "jobpool: error: JOBPOOL_SCALE_INTERVAL must be from 1 to 3600 seconds"),
+    ("JOBPOOL_RATE_LIMITS", '{"providers": {"smtp": {"rps": 1}, "smtp": {"rps": 2}}}',
+     ["run", "--kinds", "email_send"],
+     "jobpool: error: JOBPOOL_RATE_LIMITS: the key 'smtp' is given twice in one object"),
 ])
 def test_a_variable_out_of_range_is_an_error_naming_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

@@ -210,6 +210,20 @@ def to_json_text(value: Any, *, name: str, limit: int = MAX_DEPTH) -> str:
     return text
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict, for `json.loads(object_pairs_hook=...)` on text a
+    person wrote (a flag, a variable): a key given twice raises ValueError naming it, where
+    JSON readers, PostgreSQL's jsonb among them, keep the last value and drop the first
+    without a word."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the key {key[:80]!r} is given twice in one object (only one "
+                             "value would be kept)")
+        found[key] = value
+    return found
+
+
 def size_past_jsonb_limit(text: str) -> int | None:
     """The size of `text` in UTF-8 bytes when past `MAX_JSONB_BYTES`, else None. Encodes only
     a text long enough to be (a character takes 1 to 4 bytes; a lone surrogate, refused

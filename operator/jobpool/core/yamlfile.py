@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from jobpool.core.jsondata import unique_keys
 from jobpool.core.ratelimit import ProviderCaps, parse_provider_caps
 from jobpool.errors import JobpoolError
 
@@ -136,7 +137,7 @@ def provider_caps_from_text(text: str) -> ProviderCaps:
     if len(text) > MAX_CHARS:
         raise ValueError(f"longer than {MAX_CHARS} characters ({len(text)})")
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError:
         raw = _yaml_document(text)
     except RecursionError:
