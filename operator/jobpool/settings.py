@@ -85,8 +85,9 @@ class Stored(Text):
 
 
 @dataclass(frozen=True)
-class ServiceAccount(Text):
-    """The name audit rows give a worker's actions (`service_account_problem`)."""
+class ServiceAccount(Stored):
+    """The name audit rows give a worker's actions: text the database keeps (`Stored`), and
+    `service_account_problem`'s rules."""
 
     def check(self, value: Any) -> None:
         super().check(value)

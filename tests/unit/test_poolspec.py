@@ -630,6 +630,16 @@ def test_a_setting_in_env_is_checked_as_the_workers_check_it(
     assert message.startswith(f"spec.worker.env[1].value: {expected}"), message
 
 
+@pytest.mark.parametrize("name", ["SOME_TOKEN", "JOBPOOL_SMTP_FROM"])
+def test_a_nul_in_an_env_value_is_refused_naming_the_entry(name: str) -> None:
+    """No environment variable holds a NUL: the lane's start would fail on it, naming no
+    field."""
+    env = {"env": [{"name": "A", "value": "1"}, {"name": name, "value": "a\x00b"}]}
+    assert error_of(pool({"name": "a"}, worker=env)) == (
+        "spec.worker.env[1].value: contains a NUL character (\\x00), which no environment "
+        "variable can hold")
+
+
 def test_a_variable_given_twice_in_env_is_refused_as_the_api_server_would() -> None:
     env = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"},
                    {"name": "A", "value": "3"}]}

@@ -385,6 +385,9 @@ def _env_settings(env: Sequence[tuple[str, str]]
             raise PoolSpecError(f"spec.worker.env[{index}].name: {env_name} is given twice "
                                 f"(also spec.worker.env[{first[env_name]}])")
         first[env_name] = index
+        if "\x00" in value:  # the process's start would fail on it, naming no field
+            raise PoolSpecError(f"spec.worker.env[{index}].value: contains a NUL character "
+                                "(\\x00), which no environment variable can hold")
         if env_name.startswith(PREFIX) and env_name not in known:
             nearest = close_names(env_name.removeprefix(PREFIX), suffixes, limit=1)
             hint = f" (did you mean {PREFIX}{nearest[0]}?)" if nearest else ""
