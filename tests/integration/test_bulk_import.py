@@ -179,6 +179,17 @@ async def test_jsonl_with_ignored_unknown_keys_typed_values_and_a_repeated_key_r
                                         "already; a file may set each entity once")]
 
 
+async def _the_one_rejected_row(conn: Conn, import_id: int) -> dict[str, Any]:
+    """The rejected row of an import whose job is done with 4 rows imported and 1 rejected."""
+    [job] = await jobs_of(conn, "bulk_import")
+    assert job["status"] == "done"
+    assert (job["result"]["inserted"], job["result"]["rejected"]) == (4, 1)
+    cur = await conn.execute("SELECT line_no, error FROM mdm.aa_import_row WHERE"
+                             " import_job_id = %s AND status = 'rejected'", (import_id,))
+    [row] = await cur.fetchall()
+    return row
+
+
 async def test_a_row_the_database_refuses_does_not_sink_its_batch(
     conn: Conn, dsn: str, tenant: uuid.UUID, tmp_path: Path
 ) -> None:
@@ -191,12 +202,7 @@ async def test_a_row_the_database_refuses_does_not_sink_its_batch(
 
     await run_worker(dsn, "bulk_import")
 
-    [job] = await jobs_of(conn, "bulk_import")
-    assert job["status"] == "done"
-    assert (job["result"]["inserted"], job["result"]["rejected"]) == (4, 1)
-    cur = await conn.execute("SELECT line_no, error FROM mdm.aa_import_row WHERE"
-                             " import_job_id = %s AND status = 'rejected'", (import_id,))
-    [row] = await cur.fetchall()
+    row = await _the_one_rejected_row(conn, import_id)
     assert row["line_no"] == 4 and "test_refuse" in row["error"]
 
 
@@ -219,12 +225,7 @@ async def test_a_row_past_a_server_limit_is_rejected_alone(
 
     await run_worker(dsn, "bulk_import")
 
-    [job] = await jobs_of(conn, "bulk_import")
-    assert job["status"] == "done"
-    assert (job["result"]["inserted"], job["result"]["rejected"]) == (4, 1)
-    cur = await conn.execute("SELECT line_no, error FROM mdm.aa_import_row WHERE"
-                             " import_job_id = %s AND status = 'rejected'", (import_id,))
-    [row] = await cur.fetchall()
+    row = await _the_one_rejected_row(conn, import_id)
     assert row["line_no"] == 3
     assert row["error"].startswith("line 3: refused by the database: string is too long for "
                                    "tsvector (")

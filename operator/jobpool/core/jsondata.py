@@ -27,10 +27,10 @@ magnitude on both sides.
 MAX_JSONB_BYTES = 268_435_455
 """Largest JSON text, in UTF-8 bytes, that `to_json_text` passes: a jsonb value holds at most
 2^28 - 1 bytes. Past it the server refuses the value (SQLSTATE class 54) and aborts the
-caller's transaction; past 1 GB the statement cannot even be sent and the connection is lost,
-again on every retry. Measured on the text, close to the stored size: escapes make the text
-larger, many small numbers make it smaller, so the server may still refuse a value near the
-limit (a job's result so refused goes to the DLQ, `ResultRefused`)."""
+caller's transaction, again on every retry (PostgreSQL takes no value past 1 GB at all).
+Measured on the text, close to the stored size: escapes make the text larger, many small
+numbers make it smaller, so the server may still refuse a value near the limit (a job's
+result so refused goes to the DLQ, `ResultRefused`)."""
 
 PREVIEW = 200
 """Characters of an undecodable value's stored text that `UndecodableJson` keeps."""

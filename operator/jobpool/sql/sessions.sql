@@ -41,7 +41,8 @@ SELECT pg_catalog.set_config('statement_timeout', '0', true),
 -- name: reset_before_commit :one
 -- The session reset of a writing job, inside its transaction after `mdm.aa_job_end` (which
 -- brought the worker's role back; the handler's timeouts were lifted before it,
--- `end_without_timeout`) and before its COMMIT (the caller sends it after this), so that the job is one transaction;
+-- `end_without_timeout`) and before its COMMIT (the caller sends it after this), so that
+-- the job is one transaction;
 -- `mdm.aa_reset_session` keeps the handler's `synchronous_commit` for the COMMIT. Session
 -- advisory locks the handler still holds are released here, just before its writes become
 -- visible: a lock that must cover them until then is a transaction-level one, which the

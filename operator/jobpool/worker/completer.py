@@ -62,8 +62,6 @@ class ResultRefused(PermanentError):
                          f"({type(exc).__name__}: {primary_message(exc)})")
 
 
-
-
 class CompletionStore(Protocol):
     """What the completer needs of the queue store (`jobpool.db.store.QueueStore`)."""
 

@@ -22,7 +22,6 @@ transaction pooler with no `listen_dsn`): a new job waits at most this long for 
 to claim it."""
 
 
-
 def claim_lease(lease_ttl: float, stale_ttls: Iterable[float]) -> float:
     """Seconds each claim is leased for: `lease_ttl`, capped by the served kinds' stale TTLs
     (seconds), never below `MIN_LEASE_TTL`: the lease is renewed every third of it, and a

@@ -169,7 +169,7 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
         note = await _cleanup_invalid(side, work.name)
         raise BuildBlockedError(
-            f"building index {work.name} gave up: {exc.diag.message_primary or exc} "
+            f"building index {work.name} gave up: {primary_message(exc)} "
             f"(lock_timeout {timeouts.lock_timeout:g}s, statement_timeout "
             f"{timeouts.statement_timeout:g}s; a long transaction may hold a lock on "
             f"mdm.ddm_entity or an old snapshot); {note}"
@@ -178,10 +178,10 @@ async def _build(side: Conn, work: IndexWork, timeouts: BuildTimeouts) -> None:
         note = await _cleanup_invalid(side, work.name)
         raise PermanentError(
             f"index {work.name} cannot be built, a stored value does not convert: "
-            f"{exc.diag.message_primary or exc} ({note})") from exc
+            f"{primary_message(exc)} ({note})") from exc
     except psycopg.Error as exc:
         note = await _cleanup_invalid(side, work.name)
-        if refuses_value(exc):  # a value past a server limit (an index row too long)
+        if refuses_value(exc):  # left for these: a value past a server limit (an index row)
             raise PermanentError(
                 f"index {work.name} cannot be built, a stored value is past a server limit: "
                 f"{primary_message(exc)} ({note}); shorten the values, then toggle the "
@@ -196,7 +196,7 @@ async def _drop(side: Conn, name: str, timeouts: BuildTimeouts) -> None:
         await drop_index(side, name)
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
         raise BuildBlockedError(
-            f"dropping index {name} gave up: {exc.diag.message_primary or exc} "
+            f"dropping index {name} gave up: {primary_message(exc)} "
             f"(lock_timeout {timeouts.lock_timeout:g}s)") from exc
 
 
